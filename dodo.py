@@ -1,0 +1,27 @@
+"""mnnbuild's task DAG: `doit list` shows the tasks, `doit bundle:<model>-<arch>` builds one.
+
+This file only declares tasks; the stages live in `mnnbuild/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from mnnbuild import dag
+from mnnbuild.logs import configure_logging
+
+configure_logging()
+PROJECT = dag.Project.load(Path(__file__).resolve().parent)
+DOIT_CONFIG = PROJECT.doit_config()
+
+
+def task_fetch() -> Iterator[dict[str, Any]]:
+    """Link (local) or download (Hugging Face) each model's files."""
+    yield from dag.fetch_tasks(PROJECT)
+
+
+def task_io() -> Iterator[dict[str, Any]]:
+    """Generate each model's decode/prefill reference inputs and outputs."""
+    yield from dag.io_tasks(PROJECT)

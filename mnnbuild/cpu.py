@@ -1,0 +1,94 @@
+"""Running MNN graphs on the CPU with PyPI MNN, with fixed, recorded runtime settings."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+
+class CpuRuntime(BaseModel):
+    """MNN runtime settings used for every reference computation; recorded in manifests."""
+
+    model_config = ConfigDict(frozen=True)
+
+    backend: str = "CPU"
+    precision: str = "high"
+    num_thread: int = 1
+
+    def create(self, weight_file: Path | None = None) -> Any:
+        """An MNN RuntimeManager with these settings (and the external weight file, if any)."""
+        nn = import_mnn().nn
+        rt = nn.create_runtime_manager(
+            ({"backend": self.backend, "precision": self.precision, "numThread": self.num_thread},)
+        )
+        if weight_file is not None:
+            rt.set_external(str(weight_file))
+        return rt
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    # MNN's import prints a CPU feature line on stdout, which would corrupt machine-readable output.
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def import_mnn() -> Any:
+    """Import PyPI MNN (never MNN.tools: it installs packages and sends telemetry)."""
+    with _quiet_stdout():
+        import MNN
+        import MNN.expr
+        import MNN.nn
+    return MNN
+
+
+def load_module(model: Path, rt: Any, inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> Any:
+    """Load ``model`` (or the sub-graph between named tensors) as an MNN Module."""
+    mnn = import_mnn()
+    return mnn.nn.load_module_from_file(str(model), list(inputs), list(outputs), runtime_manager=rt)
+
+
+_DTYPES = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.int32): "int",
+    np.dtype(np.int64): "int64",
+    np.dtype(np.uint8): "uint8",
+    np.dtype(np.int8): "int8",
+}
+
+
+def to_var(array: np.ndarray, name: str | None = None, nhwc: bool = False) -> Any:
+    """A constant MNN Var holding ``array`` (float32 or int32), optionally named."""
+    F = import_mnn().expr
+    array = np.ascontiguousarray(array)
+    dtype = getattr(F, _DTYPES[array.dtype])
+    var = F.const(array, list(array.shape), F.NHWC if nhwc else F.NCHW, dtype)
+    if name is not None:
+        var.name = name
+    return var
+
+
+def to_numpy(var: Any) -> np.ndarray:
+    """A copy of a Var's content as a numpy array."""
+    return np.array(var.read(), copy=True)
+
+
+def save_vars(path: Path, arrays: dict[str, np.ndarray], nhwc: Sequence[str] = ()) -> None:
+    """Write named arrays as an MNN Var file (``input.mnn``/``output.mnn``), via a temp name."""
+    F = import_mnn().expr
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    F.save([to_var(a, n, n in nhwc) for n, a in arrays.items()], str(tmp))
+    os.replace(tmp, path)
+
+
+def load_vars(path: Path) -> dict[str, np.ndarray]:
+    """Read an MNN Var file into named numpy arrays (in file order)."""
+    F = import_mnn().expr
+    return {v.name: to_numpy(v) for v in F.load_as_list(str(path))}

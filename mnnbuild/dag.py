@@ -1,0 +1,179 @@
+"""Turning stages into doit tasks. This is the only module that knows about doit.
+
+Every stage task follows one pattern (see `stage_task`): its action calls the stage's entry
+function ``(inputs, params, out_dir) -> Manifest``; its target is the manifest the stage
+writes; it depends on the files it reads by content, and is up to date only while its
+parameters, the versions of the tools it calls, its own code (the stage module and every
+mnnbuild module it imports) and its manifest schema are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+from pydantic import BaseModel, ValidationError
+
+from mnnbuild.errors import MnnbuildError
+from mnnbuild.fingerprint import code_fingerprint
+from mnnbuild.manifest import Manifest, tool_versions
+from mnnbuild.settings import Settings
+from mnnbuild.spec import HfSource, ModelSpec, discover_specs
+from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
+from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
+
+log = logging.getLogger(__name__)
+
+StageFn = Callable[[Any, Any, Path], Manifest]
+
+
+@dataclass(frozen=True)
+class Project:
+    """The specs and settings every task is declared from."""
+
+    settings: Settings
+    specs: dict[str, ModelSpec]
+
+    @classmethod
+    def load(cls, project_root: Path) -> Project:
+        settings = Settings.from_env(project_root)
+        return cls(settings=settings, specs=discover_specs(list(settings.spec_dirs)))
+
+    def fetch_dir(self, spec: ModelSpec) -> Path:
+        return self.settings.model_root(spec.name) / "model"
+
+    def io_dir(self, spec: ModelSpec) -> Path:
+        return self.settings.model_root(spec.name) / "io"
+
+    def doit_config(self) -> dict[str, Any]:
+        """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
+        self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
+        return {
+            "dep_file": str(self.settings.artifact_root / ".doit.db"),
+            "backend": "sqlite3",
+            "check_file_uptodate": "md5",
+            "subtasks": True,
+            "verbosity": 1,
+        }
+
+
+def run_stage(stage: StageFn, inputs: BaseModel, params: BaseModel, out_dir: Path) -> TaskFailed | None:
+    """doit action: run one stage; bad input becomes a one-line task failure, not a traceback."""
+    try:
+        manifest = stage(inputs, params, out_dir)
+    except (MnnbuildError, ValidationError) as exc:
+        return TaskFailed(f"{type(exc).__name__}: {exc}")
+    log.debug("%s wrote %s", manifest.stage, out_dir)
+    return None
+
+
+def stage_key(
+    stage_module: str,
+    manifest: type[Manifest],
+    params: BaseModel,
+    tools: dict[str, str],
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """What a stage's result depends on besides its input files, as one string for doit."""
+    return json.dumps(
+        {
+            "code": code_fingerprint(stage_module),
+            "schema": manifest.schema_hash(),
+            "params": params.model_dump(mode="json"),
+            "tools": tools,
+            **(extra or {}),
+        },
+        sort_keys=True,
+    )
+
+
+def stage_task(
+    *,
+    name: str,
+    doc: str,
+    stage: StageFn,
+    manifest: type[Manifest],
+    inputs: BaseModel,
+    params: BaseModel,
+    out_dir: Path,
+    file_dep: list[Path],
+    tools: dict[str, str],
+    uptodate: list[Any] | None = None,
+    task_dep: list[str] | None = None,
+) -> dict[str, Any]:
+    """The doit task dict of one stage run (a subtask named ``name`` of its stage)."""
+    return {
+        "name": name,
+        "doc": doc,
+        "actions": [(run_stage, [stage, inputs, params, out_dir])],
+        "file_dep": [str(p) for p in file_dep],
+        "targets": [str(out_dir / manifest.filename())],
+        "uptodate": [config_changed(stage_key(stage.__module__, manifest, params, tools)), *(uptodate or [])],
+        "task_dep": task_dep or [],
+        "clean": [(shutil.rmtree, [str(out_dir)], {"ignore_errors": True})],
+    }
+
+
+def _hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
+    """Up to date while the fetched commit is still the one the lock file pins."""
+
+    def check() -> bool:
+        try:
+            lock = HfLock.model_validate_json(lock_path.read_text(encoding="utf-8"))
+            return FetchManifest.read(out_dir).source.commit == lock.commit
+        except (OSError, ValueError, MnnbuildError):
+            return False
+
+    return check
+
+
+def fetch_tasks(project: Project) -> Iterator[dict[str, Any]]:
+    for spec in project.specs.values():
+        out_dir = project.fetch_dir(spec)
+        params = FetchParams()
+        if isinstance(spec.source, HfSource):
+            inputs = FetchInputs(model=spec.name, source=spec.source, lock_path=spec.lock_path)
+            file_dep: list[Path] = []
+            uptodate = [_hf_pinned(spec.lock_path, out_dir)]
+            where = f"HF {spec.source.hf}@{spec.source.revision}"
+        else:
+            source_dir = spec.local_dir()
+            inputs = FetchInputs(model=spec.name, source=spec.source, source_dir=source_dir)
+            file_dep = [source_dir / n for n in params.files if (source_dir / n).is_file()]
+            uptodate = []
+            where = str(source_dir)
+        yield stage_task(
+            name=spec.name,
+            doc=f"link the {spec.name} model files from {where} into {out_dir}",
+            stage=fetch,
+            manifest=FetchManifest,
+            inputs=inputs,
+            params=params,
+            out_dir=out_dir,
+            file_dep=file_dep,
+            tools=tool_versions(),
+            uptodate=uptodate,
+        )
+
+
+def io_tasks(project: Project) -> Iterator[dict[str, Any]]:
+    for spec in project.specs.values():
+        model_dir = project.fetch_dir(spec)
+        yield stage_task(
+            name=spec.name,
+            doc=f"decode and prefill-{spec.chunk_size} reference io of {spec.name} (MNN CPU)",
+            stage=generate_io,
+            manifest=IoManifest,
+            inputs=IoInputs(model=spec.name, model_dir=model_dir),
+            params=IoParams(chunk_size=spec.chunk_size, seed=spec.seed),
+            out_dir=project.io_dir(spec),
+            file_dep=[model_dir / FetchManifest.filename()],
+            tools=tool_versions(mnn=True),
+        )

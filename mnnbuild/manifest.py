@@ -1,0 +1,134 @@
+"""Stage manifests: what a stage read, with which parameters and tools, and what it wrote.
+
+Every stage writes ``<stage>.manifest.json`` inside its output directory. A manifest names
+files by content (size + sha256), holds no timestamps, and carries a schema version derived
+from its pydantic model's JSON schema, so a changed manifest model is detected on read.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from importlib import metadata
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+import mnnbuild
+from mnnbuild.errors import StageError
+from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
+
+M = TypeVar("M", bound="Manifest")
+
+
+class FileRecord(BaseModel):
+    """One file by path (relative to a stated base), size and sha256."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: str
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(cls, path: Path, base: Path) -> FileRecord:
+        path = Path(path)
+        return cls(
+            path=Path(path).relative_to(base).as_posix() if path.is_absolute() else path.as_posix(),
+            size=path.stat().st_size,
+            sha256=sha256_file(path),
+        )
+
+
+class Manifest(BaseModel):
+    """Base of every stage manifest. Subclasses set ``stage`` and type ``params``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stage: ClassVar[str] = ""
+
+    schema_version: str = Field(default="", description="Hash of this manifest model's JSON schema.")
+    model: str = Field(description="Model name from the spec.")
+    target: str | None = Field(default=None, description="DSP arch, for target-dependent stages.")
+    inputs: list[FileRecord] = Field(
+        default_factory=list, description="Files read, relative to the artifact root or the source dir."
+    )
+    params: Any = None
+    tools: dict[str, str] = Field(default_factory=dict, description="Versions of mnnbuild and the external tools used.")
+    outputs: list[FileRecord] = Field(default_factory=list, description="Files written, relative to the output dir.")
+
+    @classmethod
+    @functools.cache
+    def schema_hash(cls) -> str:
+        """A short hash of this model's JSON schema: changes exactly when the manifest format does."""
+        schema = json.dumps(cls.model_json_schema(), sort_keys=True)
+        return sha256_bytes(f"{cls.stage}:{schema}".encode())[:16]
+
+    @model_validator(mode="after")
+    def _fill_schema_version(self) -> Manifest:
+        if not self.schema_version:
+            self.schema_version = self.schema_hash()
+        return self
+
+    @classmethod
+    def filename(cls) -> str:
+        return f"{cls.stage}.manifest.json"
+
+    def write(self, out_dir: Path) -> Path:
+        """Write this manifest into ``out_dir`` (atomically) and return its path."""
+        path = Path(out_dir) / self.filename()
+        atomic_write_text(path, self.model_dump_json(indent=2) + "\n")
+        return path
+
+    @classmethod
+    def read(cls: type[M], out_dir: Path) -> M:
+        """Read the manifest a stage left in ``out_dir``; errors name the file and the problem."""
+        path = Path(out_dir) / cls.filename()
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise StageError(f"{path}: manifest missing; run the {cls.stage} stage first") from None
+        except json.JSONDecodeError as exc:
+            raise StageError(f"{path}: manifest is not valid JSON: {exc}") from None
+        if data.get("schema_version") != cls.schema_hash():
+            raise StageError(
+                f"{path}: field 'schema_version' is {data.get('schema_version')!r}, expected "
+                f"{cls.schema_hash()!r}; the {cls.stage} stage must be re-run"
+            )
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise StageError(f"{path}: invalid {cls.stage} manifest: {exc}") from None
+
+    def output(self, rel_path: str) -> FileRecord:
+        """The output record for a path relative to the output dir."""
+        for rec in self.outputs:
+            if rec.path == rel_path:
+                return rec
+        raise KeyError(rel_path)
+
+
+def package_version(dist: str) -> str | None:
+    """Installed version of a distribution, or None when it is not installed."""
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def tool_versions(*, mnn: bool = False, qnn: str | None = None) -> dict[str, str]:
+    """Versions a manifest records: mnnbuild always, MNN and the QNN build when the stage used them."""
+    tools = {"mnnbuild": mnnbuild.__version__}
+    if mnn:
+        tools["MNN"] = package_version("MNN") or "unknown"
+    if qnn:
+        tools["QNN"] = qnn
+    return tools
+
+
+def record_outputs(out_dir: Path, exclude: tuple[str, ...] = ()) -> list[FileRecord]:
+    """Records for every regular file under ``out_dir`` (sorted, symlinks followed)."""
+    out_dir = Path(out_dir)
+    files = sorted(p for p in out_dir.rglob("*") if p.is_file() and p.name not in exclude)
+    return [FileRecord.of(p, out_dir) for p in files]

@@ -1,0 +1,145 @@
+"""fetch: make a model's files available under ``artifacts/<model>/model/`` without copying them.
+
+A ``local`` source is linked in place. An ``hf`` source is downloaded through
+huggingface-hub into its cache (only the files the chain needs), pinned by a lock file
+next to the spec, and linked from there.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from mnnbuild.errors import ModelDirError
+from mnnbuild.fsutil import atomic_write_text, relative_symlink, staged_dir
+from mnnbuild.manifest import FileRecord, Manifest, tool_versions
+from mnnbuild.modeldir import ALL_FILES, validate_model_dir
+from mnnbuild.spec import HfSource, LocalSource
+
+log = logging.getLogger(__name__)
+
+
+class HfLock(BaseModel):
+    """The commit a requested HF revision resolved to; delete the lock (or run update) to move on."""
+
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    revision: str
+    commit: str
+
+
+class FetchInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    source: LocalSource | HfSource
+    source_dir: Path | None = None
+    """Resolved directory of a local source."""
+    lock_path: Path | None = None
+    """Lock file of an hf source."""
+
+
+class FetchParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    files: tuple[str, ...] = ALL_FILES
+    """File names the chain needs; nothing else is downloaded."""
+
+
+class SourceRecord(BaseModel):
+    kind: Literal["local", "hf"]
+    location: str
+    """The spec's local path, or the HF repo id."""
+    revision: str | None = None
+    commit: str | None = None
+
+
+class FetchManifest(Manifest):
+    stage = "fetch"
+    params: FetchParams
+    source: SourceRecord
+
+
+def read_lock(path: Path, source: HfSource) -> HfLock | None:
+    """The lock for ``source`` if the lock file pins that repo and revision."""
+    if not path.is_file():
+        return None
+    try:
+        lock = HfLock.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise ModelDirError(f"{path}: invalid lock file ({exc.errors()[0]['msg']}); delete it to re-resolve") from None
+    if lock.repo != source.hf or lock.revision != source.revision:
+        log.info(
+            "%s pins %s@%s; spec asks for %s@%s, re-resolving",
+            path,
+            lock.repo,
+            lock.revision,
+            source.hf,
+            source.revision,
+        )
+        return None
+    return lock
+
+
+def download_hf(source: HfSource, lock_path: Path, files: tuple[str, ...]) -> tuple[Path, str]:
+    """Download (or find in the HF cache) the chain's files; returns the snapshot dir and commit."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    lock = read_lock(lock_path, source)
+    revision = lock.commit if lock else source.revision
+    try:
+        snapshot = Path(snapshot_download(source.hf, revision=revision, allow_patterns=list(files)))
+    except LocalEntryNotFoundError as exc:
+        raise ModelDirError(
+            f"HF repo {source.hf}@{revision}: not in the local Hugging Face cache and downloads are off "
+            f"(HF_HUB_OFFLINE); run once with network access: {exc}"
+        ) from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise ModelDirError(f"HF repo {source.hf}@{revision}: download failed: {exc}") from None
+    commit = snapshot.name
+    if lock is None:
+        atomic_write_text(
+            lock_path, HfLock(repo=source.hf, revision=source.revision, commit=commit).model_dump_json(indent=2) + "\n"
+        )
+        log.info("pinned %s@%s to %s in %s", source.hf, source.revision, commit, lock_path)
+    return snapshot, commit
+
+
+def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManifest:
+    """Link the model's files into ``out_dir`` and record each one by size and sha256."""
+    if isinstance(inputs.source, HfSource):
+        if inputs.lock_path is None:
+            raise ValueError("an hf source needs lock_path")
+        src_dir, commit = download_hf(inputs.source, inputs.lock_path, params.files)
+        where = f"HF repo {inputs.source.hf}@{commit} (cached at {src_dir})"
+        record = SourceRecord(kind="hf", location=inputs.source.hf, revision=inputs.source.revision, commit=commit)
+    else:
+        if inputs.source_dir is None:
+            raise ValueError("a local source needs source_dir")
+        src_dir = inputs.source_dir
+        where = f"model directory {src_dir} (source of {inputs.model})"
+        record = SourceRecord(kind="local", location=inputs.source.local)
+
+    names = [n for n in validate_model_dir(src_dir, where) if n in params.files]
+    with staged_dir(out_dir) as tmp:
+        records = []
+        for name in names:
+            # Link to the real file (HF snapshot entries are symlinks themselves): weights are never copied.
+            # A relative link keeps working when the checkout and its artifacts move together.
+            relative_symlink(src_dir / name, tmp / name)
+            records.append(FileRecord.of(tmp / name, tmp))
+        manifest = FetchManifest(
+            model=inputs.model,
+            inputs=records,
+            params=params,
+            tools=tool_versions(),
+            outputs=records,
+            source=record,
+        )
+        manifest.write(tmp)
+    log.info("fetch %s: %d files from %s", inputs.model, len(records), where)
+    return manifest

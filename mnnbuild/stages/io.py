@@ -1,0 +1,153 @@
+"""io: the reference input/output samples of the whole LLM graph (upstream ``generateLlmIO``).
+
+For the decode shape (1 token) and the prefill shape (``chunk_size`` tokens) it writes
+``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
+``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
+diagonal), ``position_ids`` ``[1,seq]`` and ``logits_index`` ``[1]`` (0 for prefill, -1 for decode),
+and the model's outputs for them, computed by PyPI MNN on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from mnnbuild.cpu import CpuRuntime, load_module, save_vars, to_numpy, to_var
+from mnnbuild.errors import ModelDirError
+from mnnbuild.fsutil import staged_dir
+from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.modeldir import LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.stages.fetch import FetchManifest
+
+log = logging.getLogger(__name__)
+
+INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index")
+DECODE_SEQ = 1
+
+
+class IoInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    model_dir: Path
+    """The fetch stage's output directory."""
+
+
+class IoParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    chunk_size: int = Field(gt=DECODE_SEQ)
+    seed: int = 0
+    runtime: CpuRuntime = CpuRuntime()
+
+
+class TensorInfo(BaseModel):
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+class IoSample(BaseModel):
+    seq_len: int
+    dir: str
+    """Relative to the output dir: ``testdir/<seq_len>``."""
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+
+
+class IoManifest(Manifest):
+    stage = "io"
+    params: IoParams
+    samples: list[IoSample]
+    """Decode first, then prefill: the order the partition names graphs in."""
+
+    def sample_dirs(self, out_dir: Path) -> list[Path]:
+        return [Path(out_dir) / s.dir for s in self.samples]
+
+
+def testdir(out_dir: Path, seq_len: int) -> Path:
+    return Path(out_dir) / "testdir" / str(seq_len)
+
+
+def make_inputs(seq_len: int, hidden_size: int, seed: int) -> dict[str, np.ndarray]:
+    """The inputs of one sample; the generator is seeded by (seed, seq_len), so each shape is reproducible."""
+    rng = np.random.default_rng([seed, seq_len])
+    lowest = np.finfo(np.float32).min
+    mask = np.triu(np.full((seq_len, seq_len), lowest, dtype=np.float32), k=1)
+    return {
+        "input_ids": rng.random((seq_len, 1, hidden_size), dtype=np.float32),
+        "attention_mask": mask.reshape(1, 1, seq_len, seq_len),
+        "position_ids": np.arange(seq_len, dtype=np.int32).reshape(1, seq_len),
+        "logits_index": np.array([-1 if seq_len == DECODE_SEQ else 0], dtype=np.int32),
+    }
+
+
+def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
+    return [TensorInfo(name=n, shape=list(a.shape), dtype=str(a.dtype)) for n, a in arrays.items()]
+
+
+def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
+    """Run the whole LLM graph on the decode and prefill samples and save inputs and outputs."""
+    model_dir = Path(inputs.model_dir)
+    config = read_llm_config(model_dir)
+    if config["attention_mask"] != "float":
+        raise ModelDirError(
+            f"{model_dir / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
+            'only "float" attention masks are supported'
+        )
+    hidden = config["hidden_size"]
+    fetched = FetchManifest.read(model_dir)
+    rt = params.runtime.create(model_dir / WEIGHT_FILE)
+    module = load_module(model_dir / MODEL_FILE, rt)
+    info = module.get_info()
+    names, out_names = list(info["inputNames"]), list(info["outputNames"])
+    unknown = sorted(set(names) - set(INPUT_NAMES))
+    if unknown:
+        raise ModelDirError(
+            f"{model_dir / MODEL_FILE}: graph input {unknown[0]!r} is not an LLM input; "
+            f"expected inputs among {', '.join(INPUT_NAMES)}"
+        )
+
+    samples = []
+    with staged_dir(out_dir) as tmp:
+        for seq_len in (DECODE_SEQ, params.chunk_size):
+            feed = make_inputs(seq_len, hidden, params.seed)
+            feed = {n: feed[n] for n in names}
+            outputs = module.forward([to_var(feed[n]) for n in names])
+            results = {n: to_numpy(v) for n, v in zip(out_names, outputs, strict=True)}
+            for n, a in results.items():
+                if a.dtype.kind == "f" and not np.isfinite(a).all():
+                    raise ModelDirError(
+                        f"{model_dir / MODEL_FILE}: output {n!r} has non-finite values at seq {seq_len}"
+                    )
+            sample_dir = testdir(tmp, seq_len)
+            sample_dir.mkdir(parents=True)
+            save_vars(sample_dir / "input.mnn", feed, nhwc=("logits_index",))
+            save_vars(sample_dir / "output.mnn", results)
+            samples.append(
+                IoSample(seq_len=seq_len, dir=f"testdir/{seq_len}", inputs=_info(feed), outputs=_info(results))
+            )
+            log.info(
+                "io %s: seq %d -> %s",
+                inputs.model,
+                seq_len,
+                ", ".join(f"{n}{list(a.shape)}" for n, a in results.items()),
+            )
+        used = {MODEL_FILE, WEIGHT_FILE, LLM_CONFIG}
+        manifest = IoManifest(
+            model=inputs.model,
+            inputs=[
+                FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256)
+                for r in fetched.outputs
+                if r.path in used
+            ],
+            params=params,
+            tools=tool_versions(mnn=True),
+            outputs=record_outputs(tmp),
+            samples=samples,
+        )
+        manifest.write(tmp)
+    return manifest
