@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from doit.exceptions import TaskFailed
+from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.tools import config_changed
 from pydantic import BaseModel, ValidationError
 
@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 StageFn = Callable[[Any, Any, Path], Manifest]
 
+# What a bare `doit` builds: the shipped tiny model, so a fresh clone proves the whole chain.
+DEFAULT_MODEL = "tiny-qwen3"
+
 
 @dataclass(frozen=True)
 class Project:
@@ -44,7 +47,12 @@ class Project:
     @classmethod
     def load(cls, project_root: Path) -> Project:
         settings = Settings.from_env(project_root)
-        return cls(settings=settings, specs=discover_specs(list(settings.spec_dirs)))
+        try:
+            specs = discover_specs(list(settings.spec_dirs))
+        except MnnbuildError as exc:
+            # doit prints InvalidDodoFile as one clean line instead of a traceback
+            raise InvalidDodoFile(str(exc)) from None
+        return cls(settings=settings, specs=specs)
 
     def fetch_dir(self, spec: ModelSpec) -> Path:
         return self.settings.model_root(spec.name) / "model"
@@ -60,6 +68,7 @@ class Project:
             "backend": "sqlite3",
             "check_file_uptodate": "md5",
             "subtasks": True,
+            "default_tasks": [f"io:{DEFAULT_MODEL}"] if DEFAULT_MODEL in self.specs else [],
             "verbosity": 1,
         }
 

@@ -54,7 +54,7 @@ class ModelSpec(BaseModel):
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     source: LocalSource | HfSource
-    chunk_size: Annotated[int, Field(gt=0, le=4096)] = 128
+    chunk_size: Annotated[int, Field(gt=1, le=4096, description="Prefill tokens per chunk; decode is 1.")] = 128
     targets: Annotated[list[str], Field(min_length=1)]
     socs: dict[str, str] = Field(default_factory=dict, description="Per-arch SoC override, e.g. {v79 = 'SM8735'}.")
     seed: int = Field(default=0, description="Seed of the random io samples.")
@@ -99,7 +99,8 @@ class ModelSpec(BaseModel):
 def _describe(err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
     got = f" (got {err['input']!r})" if err["type"] not in ("missing",) and "input" in err else ""
-    return f"field {loc!r}: {err['msg']}{got}"
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"field {loc!r}: {msg}{got}"
 
 
 def load_spec(path: Path) -> ModelSpec:

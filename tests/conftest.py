@@ -1,0 +1,58 @@
+"""Shared test fixtures: the shipped tiny model, fixture models, and running doit like a user."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TINY_MODEL_DIR = PROJECT_ROOT / "models" / "tiny-qwen3"
+FIXTURE_MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
+
+RunDoit = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def tiny_model_dir() -> Path:
+    return TINY_MODEL_DIR
+
+
+@pytest.fixture
+def run_doit(tmp_path: Path) -> RunDoit:
+    """Run ``doit`` on the project's dodo.py from an unrelated directory, artifacts under tmp_path.
+
+    Keyword ``env`` adds environment variables; ``check`` (default True) asserts success.
+    """
+    artifacts = tmp_path / "artifacts"
+
+    def run(*args: str, env: Mapping[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+        full_env.update({"MNNBUILD_ARTIFACTS": str(artifacts), "HF_HUB_OFFLINE": "1"})
+        full_env.update(env or {})
+        proc = subprocess.run(
+            [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
+            cwd=tmp_path,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        if check:
+            assert proc.returncode == 0, f"doit {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+        return proc
+
+    return run
+
+
+def executed_tasks(output: str) -> list[str]:
+    """Tasks doit ran (lines ``.  name``), as opposed to up-to-date ones (``-- name``)."""
+    return [line[3:].strip() for line in output.splitlines() if line.startswith(".  ")]
+
+
+def skipped_tasks(output: str) -> list[str]:
+    return [line[3:].strip() for line in output.splitlines() if line.startswith("-- ")]

@@ -1,0 +1,140 @@
+"""fetch: linking local models, and Hugging Face models from a pre-populated offline cache."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mnnbuild.errors import ModelDirError
+from mnnbuild.fsutil import sha256_file
+from mnnbuild.spec import LocalSource
+from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
+from tests.conftest import TINY_MODEL_DIR, RunDoit, executed_tasks, skipped_tasks
+
+
+def fetch_local(src: Path, out: Path) -> FetchManifest:
+    return fetch(FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src), FetchParams(), out)
+
+
+def copy_model(tmp_path: Path) -> Path:
+    dst = tmp_path / "src-model"
+    shutil.copytree(TINY_MODEL_DIR, dst)
+    return dst
+
+
+def test_local_fetch_links_and_hashes(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    manifest = fetch_local(TINY_MODEL_DIR, out)
+    names = {r.path for r in manifest.outputs}
+    assert {"llm.mnn", "llm.mnn.weight", "llm_config.json", "config.json"} <= names
+    assert names & {"tokenizer.txt", "tokenizer.mtok"}
+    for rec in manifest.outputs:
+        link = out / rec.path
+        assert link.is_symlink(), "model files are linked, never copied"
+        assert link.resolve() == (TINY_MODEL_DIR / rec.path).resolve()
+        assert rec.sha256 == sha256_file(TINY_MODEL_DIR / rec.path)
+        assert rec.size == (TINY_MODEL_DIR / rec.path).stat().st_size
+    assert FetchManifest.read(out) == manifest
+    assert manifest.tools["mnnbuild"]
+
+
+def test_missing_model_dir(tmp_path: Path) -> None:
+    with pytest.raises(ModelDirError, match="does-not-exist.*model directory does not exist"):
+        fetch_local(tmp_path / "does-not-exist", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: (d / "llm.mnn.weight").unlink(), "required file llm.mnn.weight is missing"),
+        (lambda d: (d / "llm.mnn.weight").write_bytes(b""), "weight file is empty"),
+        (lambda d: (d / "llm_config.json").write_text('{"attention_mask": "float"}'), "field 'hidden_size'"),
+        (lambda d: (d / "llm_config.json").write_text('{"hidden_size": 128}'), "field 'attention_mask'"),
+        (lambda d: (d / "llm_config.json").write_text("{nope"), "not valid JSON"),
+        (lambda d: [p.unlink() for p in d.glob("tokenizer.*")], "no tokenizer file"),
+    ],
+)
+def test_bad_model_dir_leaves_nothing(tmp_path: Path, mutate, expected: str) -> None:  # noqa: ANN001
+    src = copy_model(tmp_path)
+    out = tmp_path / "out"
+    fetch_local(src, out)
+    before = sorted(p.name for p in out.iterdir())
+    mutate(src)
+    with pytest.raises(ModelDirError, match=expected):
+        fetch_local(src, out)
+    # the previous good output is untouched and no temp dir is left behind
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def make_hf_cache(cache: Path, repo: str, files: dict[str, bytes], commit: str = "a" * 40) -> str:
+    """Write a repo into an HF hub cache in huggingface-hub's layout (blobs, snapshots, refs)."""
+    org, name = repo.split("/")
+    root = cache / f"models--{org}--{name}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(commit)
+    snapshot = root / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (root / "blobs").mkdir()
+    for fname, data in files.items():
+        blob = root / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        (snapshot / fname).symlink_to(Path("..") / ".." / "blobs" / blob.name)
+    return commit
+
+
+def tiny_files() -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in TINY_MODEL_DIR.iterdir() if p.is_file() and p.name != "README.md"}
+
+
+def hf_spec(directory: Path, repo: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    spec = directory / "fake-hf.toml"
+    spec.write_text(f'name = "fake-hf"\nsource = {{ hf = "{repo}" }}\nchunk_size = 8\ntargets = ["v79"]\n')
+    return spec
+
+
+def test_hf_fetch_offline_from_cache(tmp_path: Path, run_doit: RunDoit) -> None:
+    cache = tmp_path / "hf-cache"
+    commit = make_hf_cache(cache, "acme/tiny-mnn", {**tiny_files(), "README.md": b"not needed"})
+    spec = hf_spec(tmp_path / "specs", "acme/tiny-mnn")
+    env = {"MNNBUILD_MODELS_PATH": str(spec.parent), "HF_HUB_CACHE": str(cache)}
+    proc = run_doit("fetch:fake-hf", env=env)
+    assert executed_tasks(proc.stdout) == ["fetch:fake-hf"]
+    out = tmp_path / "artifacts" / "fake-hf" / "model"
+    manifest = FetchManifest.read(out)
+    assert manifest.source.kind == "hf" and manifest.source.commit == commit
+    assert not (out / "README.md").exists(), "only the files the chain needs are linked"
+    assert (out / "llm.mnn.weight").resolve().parent.name == "blobs"
+    lock = HfLock.model_validate_json(spec.with_suffix(".lock.json").read_text())
+    assert lock == HfLock(repo="acme/tiny-mnn", revision="main", commit=commit)
+    # pinned: a second run does nothing
+    again = run_doit("fetch:fake-hf", env=env)
+    assert executed_tasks(again.stdout) == [] and skipped_tasks(again.stdout) == ["fetch:fake-hf"]
+
+
+def test_hf_fetch_missing_file_names_file_and_repo(tmp_path: Path, run_doit: RunDoit) -> None:
+    cache = tmp_path / "hf-cache"
+    files = tiny_files()
+    del files["llm.mnn.weight"]
+    make_hf_cache(cache, "acme/broken", files)
+    spec = hf_spec(tmp_path / "specs", "acme/broken")
+    env = {"MNNBUILD_MODELS_PATH": str(spec.parent), "HF_HUB_CACHE": str(cache)}
+    proc = run_doit("fetch:fake-hf", env=env, check=False)
+    assert proc.returncode != 0
+    text = proc.stdout + proc.stderr
+    assert "acme/broken" in text and "llm.mnn.weight is missing" in text
+    assert "Traceback" not in text
+    assert not (tmp_path / "artifacts" / "fake-hf" / "model").exists()
+
+
+def test_hf_fetch_not_in_cache_is_clear(tmp_path: Path, run_doit: RunDoit) -> None:
+    spec = hf_spec(tmp_path / "specs", "acme/absent")
+    env = {"MNNBUILD_MODELS_PATH": str(spec.parent), "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    proc = run_doit("fetch:fake-hf", env=env, check=False)
+    assert proc.returncode != 0
+    assert "HF repo acme/absent@main: not in the local Hugging Face cache" in proc.stdout + proc.stderr

@@ -1,0 +1,91 @@
+"""io: the decode and prefill reference samples of the whole graph."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnnbuild.cpu import CpuRuntime, load_module, load_vars, to_numpy, to_var
+from mnnbuild.errors import ModelDirError
+from mnnbuild.spec import LocalSource
+from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
+from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
+from tests.conftest import TINY_MODEL_DIR
+
+
+def fetched(src: Path, out: Path) -> Path:
+    fetch(FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src), FetchParams(), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_io(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, IoManifest]:
+    tmp = tmp_path_factory.mktemp("io")
+    model_dir = fetched(TINY_MODEL_DIR, tmp / "model")
+    manifest = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_size=16, seed=3), tmp / "io")
+    return model_dir, tmp / "io", manifest
+
+
+def test_writes_decode_and_prefill_samples(tiny_io: tuple[Path, Path, IoManifest]) -> None:
+    _, io_dir, manifest = tiny_io
+    assert [s.seq_len for s in manifest.samples] == [1, 16]
+    for seq in (1, 16):
+        inputs = load_vars(io_dir / "testdir" / str(seq) / "input.mnn")
+        assert list(inputs) == ["input_ids", "attention_mask", "position_ids", "logits_index"]
+        hidden = json.loads((TINY_MODEL_DIR / "llm_config.json").read_text())["hidden_size"]
+        assert inputs["input_ids"].shape == (seq, 1, hidden) and inputs["input_ids"].dtype == np.float32
+        mask = inputs["attention_mask"].reshape(seq, seq)
+        lowest = np.finfo(np.float32).min
+        assert (mask[np.triu_indices(seq, 1)] == lowest).all() and (mask[np.tril_indices(seq)] == 0).all()
+        assert inputs["position_ids"].dtype == np.int32
+        np.testing.assert_array_equal(inputs["position_ids"], np.arange(seq).reshape(1, seq))
+        assert inputs["logits_index"].tolist() == ([-1] if seq == 1 else [0])
+        outputs = load_vars(io_dir / "testdir" / str(seq) / "output.mnn")
+        assert "logits" in outputs and np.isfinite(outputs["logits"]).all()
+    assert manifest.params.runtime == CpuRuntime()
+    assert manifest.tools["MNN"]
+    assert {r.path for r in manifest.inputs} == {"model/llm.mnn", "model/llm.mnn.weight", "model/llm_config.json"}
+
+
+def test_outputs_equal_a_fresh_mnn_run(tiny_io: tuple[Path, Path, IoManifest]) -> None:
+    model_dir, io_dir, manifest = tiny_io
+    for sample in manifest.samples:
+        rt = manifest.params.runtime.create(model_dir / "llm.mnn.weight")
+        module = load_module(model_dir / "llm.mnn", rt)
+        info = module.get_info()
+        inputs = load_vars(io_dir / sample.dir / "input.mnn")
+        got = module.forward([to_var(inputs[n]) for n in info["inputNames"]])
+        expected = load_vars(io_dir / sample.dir / "output.mnn")
+        assert list(expected) == list(info["outputNames"])
+        for name, var in zip(info["outputNames"], got, strict=True):
+            np.testing.assert_array_equal(to_numpy(var), expected[name])
+
+
+def test_same_seed_same_files(tiny_io: tuple[Path, Path, IoManifest], tmp_path: Path) -> None:
+    model_dir, io_dir, manifest = tiny_io
+    again = generate_io(IoInputs(model="m", model_dir=model_dir), manifest.params, tmp_path / "io")
+    assert again.outputs == manifest.outputs
+    other = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_size=16, seed=4), tmp_path / "io2")
+    assert other.output("testdir/16/input.mnn").sha256 != manifest.output("testdir/16/input.mnn").sha256
+
+
+def test_non_float_mask_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(TINY_MODEL_DIR, src)
+    config = json.loads((src / "llm_config.json").read_text())
+    config["attention_mask"] = "int"
+    (src / "llm_config.json").write_text(json.dumps(config))
+    model_dir = fetched(src, tmp_path / "model")
+    with pytest.raises(ModelDirError, match=r"llm_config.json: field 'attention_mask' is 'int'; only \"float\""):
+        generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_size=4), tmp_path / "io")
+    assert not (tmp_path / "io").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_chunk_size_must_exceed_decode() -> None:
+    with pytest.raises(ValueError, match="greater than 1"):
+        IoParams(chunk_size=1)
