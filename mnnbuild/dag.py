@@ -12,15 +12,18 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from doit.exceptions import InvalidDodoFile, TaskFailed
+from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
 from pydantic import BaseModel, ValidationError
 
+from mnnbuild.cache import ArtifactCache, cache_key, human_bytes, write_origin
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import code_fingerprint
 from mnnbuild.manifest import Manifest, tool_versions
@@ -70,17 +73,45 @@ class Project:
             "subtasks": True,
             "default_tasks": [f"io:{DEFAULT_MODEL}"] if DEFAULT_MODEL in self.specs else [],
             "verbosity": 1,
+            "reporter": BuildSummaryReporter,
         }
 
 
-def run_stage(stage: StageFn, inputs: BaseModel, params: BaseModel, out_dir: Path) -> TaskFailed | None:
-    """doit action: run one stage; bad input becomes a one-line task failure, not a traceback."""
+def run_stage(
+    stage: StageFn, inputs: BaseModel, params: BaseModel, out_dir: Path, key_config: str, file_dep: list[Path]
+) -> TaskFailed | dict[str, Any]:
+    """doit action: restore the stage's outputs from the cache, or run the stage and store them.
+
+    Bad input becomes a one-line task failure, not a traceback. The returned values tell the
+    build summary whether the outputs were built or restored.
+    """
+    name = stage_name(stage)
+    cache = ArtifactCache.from_env()
+    key = cache_key(name, key_config, file_dep) if cache else None
+    if cache and key:
+        restored = cache.restore(name, key, out_dir)
+        if restored is not None:
+            write_origin(out_dir, name, {"origin": "cache", "key": key, "cache": cache.url})
+            return {"origin": "cache", "bytes": restored}
+    started = time.perf_counter()
     try:
-        manifest = stage(inputs, params, out_dir)
+        stage(inputs, params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
-    log.debug("%s wrote %s", manifest.stage, out_dir)
-    return None
+    seconds = time.perf_counter() - started
+    moved = 0
+    if cache and key:
+        try:
+            moved = cache.store(name, key, out_dir)
+        except OSError as exc:  # a cache is an optimisation: never fail a good build on it
+            log.warning("cache: could not store %s: %s", name, exc)
+    write_origin(out_dir, name, {"origin": "built", "key": key, "seconds": round(seconds, 3)})
+    return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
+
+
+def stage_name(stage: StageFn) -> str:
+    """A stage's name is its module's name (``mnnbuild.stages.io`` -> ``io``)."""
+    return stage.__module__.rpartition(".")[2]
 
 
 def stage_key(
@@ -118,13 +149,14 @@ def stage_task(
     task_dep: list[str] | None = None,
 ) -> dict[str, Any]:
     """The doit task dict of one stage run (a subtask named ``name`` of its stage)."""
+    key_config = stage_key(stage.__module__, manifest, params, tools)
     return {
         "name": name,
         "doc": doc,
-        "actions": [(run_stage, [stage, inputs, params, out_dir])],
+        "actions": [(run_stage, [stage, inputs, params, out_dir, key_config, file_dep])],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(out_dir / manifest.filename())],
-        "uptodate": [config_changed(stage_key(stage.__module__, manifest, params, tools)), *(uptodate or [])],
+        "uptodate": [config_changed(key_config), *(uptodate or [])],
         "task_dep": task_dep or [],
         "clean": [(shutil.rmtree, [str(out_dir)], {"ignore_errors": True})],
     }
@@ -186,3 +218,46 @@ def io_tasks(project: Project) -> Iterator[dict[str, Any]]:
             file_dep=[model_dir / FetchManifest.filename()],
             tools=tool_versions(mnn=True),
         )
+
+
+class BuildSummaryReporter(ConsoleReporter):
+    """doit's console output, plus a closing summary: which tasks were built, restored, up to date."""
+
+    desc = "console output with a build summary (built / from cache / up to date)"
+
+    def __init__(self, outstream: Any, options: dict[str, Any]) -> None:
+        super().__init__(outstream, options)
+        self.built: list[str] = []
+        self.restored: list[str] = []
+        self.up_to_date: list[str] = []
+        self.bytes_restored = 0
+        self.bytes_stored = 0
+
+    def add_success(self, task: Any) -> None:
+        super().add_success(task)
+        origin = task.values.get("origin")
+        if origin == "cache":
+            self.restored.append(task.name)
+            self.bytes_restored += int(task.values.get("bytes", 0))
+        elif origin == "built":
+            self.built.append(task.name)
+            self.bytes_stored += int(task.values.get("bytes", 0))
+
+    def skip_uptodate(self, task: Any) -> None:
+        super().skip_uptodate(task)
+        if not task.name.startswith("_"):
+            self.up_to_date.append(task.name)
+
+    def complete_run(self) -> None:
+        super().complete_run()
+        if not (self.built or self.restored or self.up_to_date):
+            return
+        lines = [
+            f"build summary: {len(self.built)} built, {len(self.restored)} from cache "
+            f"({human_bytes(self.bytes_restored)}), {len(self.up_to_date)} up to date, "
+            f"{human_bytes(self.bytes_stored)} stored in cache"
+        ]
+        for label, names in (("built", self.built), ("from cache", self.restored), ("up to date", self.up_to_date)):
+            if names:
+                lines.append(f"  {label + ':':12} {' '.join(names)}")
+        self.outstream.write("\n".join(lines) + "\n")

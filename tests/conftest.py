@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -26,16 +27,20 @@ def tiny_model_dir() -> Path:
 def run_doit(tmp_path: Path) -> RunDoit:
     """Run ``doit`` on the project's dodo.py from an unrelated directory, artifacts under tmp_path.
 
-    Keyword ``env`` adds environment variables; ``check`` (default True) asserts success.
+    Keywords: ``env`` adds environment variables; ``check`` (default True) asserts success;
+    ``project`` runs another copy of the project (its own dodo.py and mnnbuild package).
     """
     artifacts = tmp_path / "artifacts"
 
-    def run(*args: str, env: Mapping[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, env: Mapping[str, str] | None = None, check: bool = True, project: Path = PROJECT_ROOT
+    ) -> subprocess.CompletedProcess[str]:
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
-        full_env.update({"MNNBUILD_ARTIFACTS": str(artifacts), "HF_HUB_OFFLINE": "1"})
+        # the cache is off unless a test turns it on, so no test reads or fills ~/.cache
+        full_env.update({"MNNBUILD_ARTIFACTS": str(artifacts), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
         full_env.update(env or {})
         proc = subprocess.run(
-            [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
+            [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
             cwd=tmp_path,
             env=full_env,
             capture_output=True,
@@ -56,3 +61,10 @@ def executed_tasks(output: str) -> list[str]:
 
 def skipped_tasks(output: str) -> list[str]:
     return [line[3:].strip() for line in output.splitlines() if line.startswith("-- ")]
+
+
+def copy_project(dest: Path) -> Path:
+    """A copy of the project's sources, as a fresh clone elsewhere would have them (no artifacts)."""
+    ignore = shutil.ignore_patterns(".git", ".venv", "venv", "artifacts", "__pycache__", "*.egg-info", ".*cache")
+    shutil.copytree(PROJECT_ROOT, dest, ignore=ignore, symlinks=True)
+    return dest

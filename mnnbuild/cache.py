@@ -1,0 +1,185 @@
+"""A content-addressed cache of stage outputs, local or shared through any fsspec URL.
+
+An entry is keyed by the stage name, the stage's fingerprint (code, manifest schema, tool
+versions), its parameters and the sha256 of every input file. Its value is the stage's output
+tree: file contents live once as blobs named by their sha256, and ``<stage>/<key>.json`` lists
+the tree. Every restored file is checked against its sha256; a corrupted entry is discarded
+and the stage rebuilt. Blobs and entries are written under a temp name and renamed, and an
+entry is written only after all of its blobs, so concurrent writers of the same key are safe.
+
+``MNNBUILD_CACHE`` picks the cache: a directory or an fsspec URL (``file://``, ``s3://``,
+``gs://``, ``hf://`` ...); ``off`` disables it. The default is ``~/.cache/mnnbuild``
+(``$XDG_CACHE_HOME/mnnbuild``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from mnnbuild.fsutil import sha256_bytes, sha256_file, staged_dir
+
+log = logging.getLogger(__name__)
+
+CACHE_ENV = "MNNBUILD_CACHE"
+DISABLED = ("off", "0", "false", "no", "none")
+# Files in a stage dir that describe how it was produced, not what it is: never cached.
+SIDECAR_SUFFIX = ".origin.json"
+
+
+class CachedFile(BaseModel):
+    path: str
+    size: int
+    sha256: str
+    link: str | None = None
+    """For a symlink: its target as written (the content is checked through it on restore)."""
+
+
+class CacheEntry(BaseModel):
+    stage: str
+    key: str
+    files: list[CachedFile]
+
+
+def cache_key(stage: str, config: str, input_files: list[Path]) -> str:
+    """The entry key: stage + its fingerprint/params (``config``) + content of every input file."""
+    inputs = [(Path(p).name, sha256_file(p)) for p in input_files]
+    return sha256_bytes(json.dumps([stage, config, inputs], sort_keys=True).encode())
+
+
+def default_cache_url(environ: Mapping[str, str]) -> str:
+    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "mnnbuild")
+
+
+class ArtifactCache:
+    """Stage outputs by key, in a local directory or any fsspec filesystem."""
+
+    def __init__(self, url: str) -> None:
+        from fsspec.core import url_to_fs
+
+        self.url = url
+        self.fs, root = url_to_fs(url)
+        self.root = root.rstrip("/")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ArtifactCache | None:
+        """The cache ``MNNBUILD_CACHE`` names (default: the user cache dir), or None when it is off."""
+        env = os.environ if environ is None else environ
+        url = env.get(CACHE_ENV, "").strip()
+        if url.lower() in DISABLED:
+            return None
+        return cls(url or default_cache_url(env))
+
+    def _blob(self, sha: str) -> str:
+        return f"{self.root}/blobs/{sha[:2]}/{sha}"
+
+    def _entry(self, stage: str, key: str) -> str:
+        return f"{self.root}/{stage}/{key}.json"
+
+    def _put_atomic(self, local: Path | None, data: bytes | None, dest: str) -> None:
+        parent = dest.rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
+        if local is not None:
+            self.fs.put_file(str(local), tmp)
+        else:
+            self.fs.pipe_file(tmp, data)
+        self.fs.mv(tmp, dest)
+
+    def has(self, stage: str, key: str) -> bool:
+        return bool(self.fs.exists(self._entry(stage, key)))
+
+    def store(self, stage: str, key: str, out_dir: Path) -> int:
+        """Add ``out_dir`` under ``key``; returns the bytes uploaded (blobs already present are skipped)."""
+        files: list[CachedFile] = []
+        moved = 0
+        for path in sorted(p for p in Path(out_dir).rglob("*") if p.is_file() or p.is_symlink()):
+            rel = path.relative_to(out_dir).as_posix()
+            if rel.endswith(SIDECAR_SUFFIX):
+                continue
+            sha = sha256_file(path)
+            if path.is_symlink():
+                files.append(CachedFile(path=rel, size=path.stat().st_size, sha256=sha, link=os.readlink(path)))
+                continue
+            files.append(CachedFile(path=rel, size=path.stat().st_size, sha256=sha))
+            if not self.fs.exists(self._blob(sha)):
+                self._put_atomic(path, None, self._blob(sha))
+                moved += path.stat().st_size
+        entry = CacheEntry(stage=stage, key=key, files=files)
+        self._put_atomic(None, entry.model_dump_json(indent=1).encode(), self._entry(stage, key))
+        log.info("cache: stored %s %s (%s uploaded)", stage, key[:12], human_bytes(moved))
+        return moved
+
+    def restore(self, stage: str, key: str, out_dir: Path) -> int | None:
+        """Recreate ``out_dir`` from the entry; returns bytes restored, or None on a miss or a bad entry."""
+        try:
+            raw = self.fs.cat_file(self._entry(stage, key))
+        except FileNotFoundError:
+            return None
+        try:
+            entry = CacheEntry.model_validate_json(raw)
+        except ValidationError:
+            log.warning("cache: entry %s %s is unreadable; discarding it", stage, key[:12])
+            self.discard(stage, key)
+            return None
+        moved = 0
+        try:
+            with staged_dir(out_dir) as tmp:
+                for rec in entry.files:
+                    dest = tmp / rec.path
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    if rec.link is not None:
+                        os.symlink(rec.link, dest)
+                        if not dest.exists() or sha256_file(dest) != rec.sha256:
+                            # the linked source differs on this machine: rebuild, but keep the entry
+                            raise _Miss(f"link {rec.path} -> {rec.link} does not resolve to the cached content")
+                        continue
+                    self.fs.get_file(self._blob(rec.sha256), str(dest))
+                    if sha256_file(dest) != rec.sha256:
+                        self._remove(self._blob(rec.sha256))
+                        self.discard(stage, key)
+                        raise _Miss(f"{rec.path} does not match its sha256; entry discarded")
+                    moved += rec.size
+        except _Miss as miss:
+            log.warning("cache: %s %s not restored: %s", stage, key[:12], miss)
+            return None
+        except FileNotFoundError as exc:
+            log.warning("cache: %s %s is incomplete (%s); discarding it", stage, key[:12], exc)
+            self.discard(stage, key)
+            return None
+        log.info("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
+        return moved
+
+    def discard(self, stage: str, key: str) -> None:
+        self._remove(self._entry(stage, key))
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.fs.rm(path)
+        except FileNotFoundError:
+            pass
+
+
+class _Miss(Exception):
+    pass
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
+def write_origin(out_dir: Path, stage: str, origin: dict[str, Any]) -> None:
+    """Record how a stage dir came to be (built or restored), beside its manifest, outside its content."""
+    (Path(out_dir) / f"{stage}{SIDECAR_SUFFIX}").write_text(json.dumps(origin, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,535 @@
+#!/usr/bin/env python3
+"""Build the committed random-weight MNN test models with PyPI ``llmexport``.
+
+Each model is a tiny Hugging Face model (config + random weights drawn with a fixed
+seed + a byte-level BPE tokenizer trained here on text generated here) that is written
+to a temporary directory and exported by llmexport into an MNN LLM directory. Only the
+files the mnnbuild chain needs are copied to the destination.
+
+Fully offline: nothing is downloaded (HF_HUB_OFFLINE=1). Needs the ``export`` extra
+(``pip install -e '.[export]'``). This is a maintenance tool: it is never run by CI or tests.
+
+The MNN conversion inside llmexport normally goes through ``MNN.tools.mnnconvert``,
+whose logger runs ``pip install aliyun-log-python-sdk`` and sends usage telemetry.
+This script avoids that by handing llmexport a ``--mnnconvert`` executable that calls
+the converter core ``_tools.mnnconvert`` directly (see README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shlex
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from tokenizers import Tokenizer
+
+LOG = logging.getLogger("make_models")
+
+SCRIPT_DIR = Path(__file__).resolve().parent
+REPO_ROOT = SCRIPT_DIR.parent.parent
+
+DEFAULT_SEED = 20251129
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+
+# Qwen2/Qwen3 pre-tokenizer split pattern (same as the released Qwen tokenizer.json).
+QWEN2_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+# Files copied from llmexport's output directory (if present).
+KEEP_FILES = (
+    "config.json",
+    "llm_config.json",
+    "llm.mnn",
+    "llm.mnn.weight",
+    "tokenizer.txt",
+    "tokenizer.mtok",
+    "embeddings_bf16.bin",
+)
+
+BASE_TEXT = """\
+MNN is a lightweight deep learning inference engine. It runs large language models on
+phones, laptops and embedded boards. A model is exported from PyTorch, converted to the
+MNN format and quantized to four or eight bits. The weights are stored in blocks; every
+block has a scale and a zero point. The runtime loads the graph, maps the weights and
+runs the attention layers with a key value cache.
+Qualcomm chips have a Hexagon tensor processor. The QNN library composes graphs, prepares
+them for a target and serializes a context binary. The build system splits the model into
+sub graphs, compiles each one and writes a bundle that the phone can load.
+The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs.
+How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow.
+User: What is the capital of France? Assistant: The capital of France is Paris.
+User: Write a short poem about the sea. Assistant: The sea is wide, the sea is blue,
+it sings all night and morning too.
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2048 3.14 2.718 -1 +7 1e-5.
+Code: def add(a, b):\n    return a + b\nfor i in range(10):\n    print(i)\n
+Symbols: ( ) [ ] { } < > = + - * / % & | ^ ~ ! ? , . ; : ' " @ # $ _ \\
+Unicode: café, naïve, über, señor, 你好世界, こんにちは, привет, 😀.
+"""
+
+WORDS = """
+the a an and or but if then else when while for to of in on at by with from into over under
+model layer tensor graph weight bias scale zero point block quant int4 int8 float half bf16
+token vocab merge byte pair encoding decode encode prompt reply chat user assistant system
+hidden size head heads key value query cache attention rotary embedding norm residual mlp
+gate up down projection linear convolution matrix vector shape reshape concat slice gather
+phone laptop chip processor memory cache bandwidth latency throughput battery power speed
+build compile prepare serialize load run test check verify bundle context binary library
+small tiny large random seed export convert runtime engine backend kernel operator network
+apple river mountain city house garden window table chair book paper music story light
+red green blue yellow black white bright dark warm cold fast slow early late new old good
+run walk jump read write speak listen think learn teach open close start stop make take
+one two three four five six seven eight nine ten hundred thousand first second last next
+""".split()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One test model: HF architecture, dimensions and llmexport quantization."""
+
+    name: str
+    dest: str  # relative to the repository root
+    arch: str  # "qwen3" or "llama"
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_embeddings: bool
+    quant_bit: int
+    quant_block: int  # 0 = channel-wise
+    symmetric: bool
+    purpose: str
+
+
+MODELS: tuple[ModelSpec, ...] = (
+    ModelSpec(
+        name="tiny-qwen3",
+        dest="models/tiny-qwen3",
+        arch="qwen3",
+        hidden_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        tie_embeddings=True,
+        quant_bit=4,
+        quant_block=64,
+        symmetric=False,
+        purpose="main end-to-end test model (Qwen3, tied embeddings, int4 block 64 asymmetric)",
+    ),
+    ModelSpec(
+        name="qwen3-untied-int8-b32",
+        dest="tests/fixtures/models/qwen3-untied-int8-b32",
+        arch="qwen3",
+        hidden_size=96,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=24,
+        intermediate_size=192,
+        tie_embeddings=False,
+        quant_bit=8,
+        quant_block=32,
+        symmetric=False,
+        purpose="untied embeddings (embeddings_bf16.bin), int8 block 32, MQA (1 KV head), 3 layers",
+    ),
+    ModelSpec(
+        name="llama-int4-cw",
+        dest="tests/fixtures/models/llama-int4-cw",
+        arch="llama",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=4,
+        head_dim=16,
+        intermediate_size=160,
+        tie_embeddings=False,
+        quant_bit=4,
+        quant_block=0,
+        symmetric=True,
+        purpose="Llama architecture (no q/k norm), int4 channel-wise symmetric, MHA",
+    ),
+)
+
+
+def build_corpus(seed: int) -> list[str]:
+    """Deterministic training text for the tokenizer: fixed prose plus generated sentences."""
+    rng = random.Random(seed)
+    lines = BASE_TEXT.splitlines()
+    for _ in range(3000):
+        n = rng.randint(4, 14)
+        words = [rng.choice(WORDS) for _ in range(n)]
+        words[0] = words[0].capitalize()
+        sentence = " ".join(words) + rng.choice([".", ".", ".", "?", "!", ",", ":"])
+        if rng.random() < 0.2:
+            sentence += f" {rng.randint(0, 9999)}"
+        lines.append(sentence)
+    return lines
+
+
+def train_tokenizer(seed: int, vocab_size: int) -> Tokenizer:
+    """Train a Qwen2-style byte-level BPE tokenizer (``tokenizers.Tokenizer``)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        show_progress=False,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(build_corpus(seed), trainer=trainer)
+    return tok
+
+
+def save_tokenizer(tok: Tokenizer, out_dir: Path) -> int:
+    """Save ``tok`` as a Qwen2 fast tokenizer with a chat template; return its vocab size."""
+    from transformers import PreTrainedTokenizerFast
+
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=None,
+        bos_token=None,
+        model_max_length=4096,
+    )
+    hf_tok.chat_template = CHAT_TEMPLATE
+    hf_tok.save_pretrained(out_dir)
+    cfg_path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["tokenizer_class"] = "Qwen2Tokenizer"
+    cfg["chat_template"] = CHAT_TEMPLATE
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return len(hf_tok)
+
+
+def build_hf_model(spec: ModelSpec, seed: int, vocab_size: int, out_dir: Path) -> None:
+    """Create the random-weight HF model for ``spec`` and save it (fp32 safetensors)."""
+    import torch
+    import transformers
+
+    tok_ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads,
+        "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": spec.tie_embeddings,
+        "bos_token_id": tok_ids[ENDOFTEXT],
+        "eos_token_id": tok_ids[IM_END],
+        # No pad_token_id: HF would zero that embedding row, giving all-zero quant blocks (scale 0).
+        "pad_token_id": None,
+        "initializer_range": 0.02,
+        "rope_theta": 1000000.0 if spec.arch == "qwen3" else 500000.0,
+    }
+    config: transformers.PretrainedConfig
+    if spec.arch == "qwen3":
+        config = transformers.Qwen3Config(**common, attention_bias=False, use_sliding_window=False)
+        model_cls: type = transformers.Qwen3ForCausalLM
+    elif spec.arch == "llama":
+        config = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
+        model_cls = transformers.LlamaForCausalLM
+    else:
+        raise ValueError(f"unknown arch {spec.arch!r}")
+
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32).eval()
+    with torch.no_grad():
+        # RMSNorm weights are initialised to exactly 1; perturb them so a wrong norm weight shows.
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.1)
+    model.save_pretrained(out_dir, safe_serialization=True)
+
+
+def llmexport_dir() -> Path:
+    """Folder of the installed llmexport package (its ``llmexport.py`` imports ``utils.*``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llmexport")
+    if spec is None or spec.origin is None:
+        raise SystemExit("llmexport is not installed: pip install -e '.[export]'")
+    return Path(spec.origin).resolve().parent
+
+
+def write_mnnconvert_shim(work: Path) -> Path:
+    """Executable that runs MNN's converter core without ``MNN.tools`` (no telemetry logger)."""
+    shim = work / "mnnconvert-nolog"
+    code = "import sys, _tools; _tools.mnnconvert(sys.argv)"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -c {shlex.quote(code)} "$@"\n', encoding="utf-8")
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return shim
+
+
+def run_llmexport(spec: ModelSpec, hf_dir: Path, out_dir: Path, work: Path, shim: Path) -> None:
+    """Run ``python llmexport.py ... --export mnn`` in ``work`` (it writes .export.log to cwd)."""
+    exp_dir = llmexport_dir()
+    cmd = [
+        sys.executable,
+        str(exp_dir / "llmexport.py"),
+        "--path",
+        str(hf_dir),
+        "--export",
+        "mnn",
+        "--dst_path",
+        str(out_dir),
+        "--quant_bit",
+        str(spec.quant_bit),
+        "--quant_block",
+        str(spec.quant_block),
+        "--mnnconvert",
+        str(shim),
+    ]
+    if spec.symmetric:
+        cmd.append("--sym")
+    if any(ch.isspace() or ch in "'\"$`\\;&|<>*?" for ch in str(work)):
+        # llmexport runs the converter through os.popen(" ".join(args)) without quoting.
+        raise SystemExit(f"temporary dir {work} must not contain spaces or shell characters (set TMPDIR)")
+    env = dict(os.environ)
+    env.update(
+        {
+            "PYTHONPATH": os.pathsep.join([str(exp_dir), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONHASHSEED": "0",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    LOG.info("running: %s", " ".join(cmd))
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, check=False)
+    log_file = work / ".export.log"
+    if proc.returncode != 0 or not (out_dir / "llm.mnn").exists():
+        LOG.error("llmexport stdout:\n%s", proc.stdout)
+        LOG.error("llmexport stderr:\n%s", proc.stderr)
+        if log_file.exists():
+            LOG.error("converter log:\n%s", log_file.read_text(errors="replace"))
+        raise SystemExit(f"llmexport failed for {spec.name} (exit {proc.returncode})")
+    LOG.debug("llmexport stdout:\n%s", proc.stdout)
+
+
+def check_export(spec: ModelSpec, out_dir: Path) -> None:
+    """Sanity checks on llmexport's output before copying."""
+    llm_cfg = json.loads((out_dir / "llm_config.json").read_text(encoding="utf-8"))
+    if llm_cfg.get("hidden_size") != spec.hidden_size:
+        raise SystemExit(f"{spec.name}: llm_config hidden_size {llm_cfg.get('hidden_size')}")
+    if llm_cfg.get("attention_mask") != "float":
+        raise SystemExit(f"{spec.name}: llm_config attention_mask {llm_cfg.get('attention_mask')}")
+    has_embed = (out_dir / "embeddings_bf16.bin").exists()
+    if has_embed == spec.tie_embeddings:
+        raise SystemExit(f"{spec.name}: tie={spec.tie_embeddings} but embeddings_bf16.bin={has_embed}")
+    if spec.tie_embeddings and "tie_embeddings" not in llm_cfg:
+        raise SystemExit(f"{spec.name}: tied model without tie_embeddings in llm_config.json")
+
+
+def pin_model_uuid(spec: ModelSpec, seed: int, mnn_path: Path) -> None:
+    """Replace the random ``Net.mnn_uuid`` MNNConvert writes with one derived from name and seed.
+
+    The UUID is the only byte difference between two exports with the same seed; it is a
+    36-character string, so it is swapped in place without touching the flatbuffer layout.
+    """
+    import MNN  # top-level package only; never MNN.tools
+
+    old = MNN.get_model_uuid(str(mnn_path)).encode("ascii")
+    new = str(uuid.uuid5(uuid.NAMESPACE_URL, f"mnnbuild-test-model:{spec.name}:{seed}")).encode("ascii")
+    data = mnn_path.read_bytes()
+    if len(old) != len(new) or data.count(old) != 1:
+        raise SystemExit(f"{spec.name}: cannot pin mnn_uuid {old!r} in {mnn_path}")
+    mnn_path.write_bytes(data.replace(old, new))
+    if MNN.get_model_uuid(str(mnn_path)) != new.decode("ascii"):
+        raise SystemExit(f"{spec.name}: mnn_uuid not pinned")
+
+
+def quant_dequant(weight: torch.Tensor, bits: int, block: int, symmetric: bool) -> torch.Tensor:
+    """What llmexport stores for a Linear weight, dequantized back to float."""
+    import torch
+
+    oc, ic = weight.shape
+    bs = ic if block == 0 else block
+    while ic % bs:
+        bs //= 2
+    x = weight.reshape(oc, ic // bs, bs)
+    offset = 1 << (bits - 1)
+    cmax = offset - 1
+    if symmetric:
+        scale = x.abs().amax(-1, keepdim=True) / cmax
+        q = torch.clamp(torch.round(x / scale.clamp_min(1e-30)), -cmax, cmax)
+        deq = q * scale
+    else:
+        cmin = -offset
+        mx = x.amax(-1, keepdim=True)
+        mn = x.amin(-1, keepdim=True)
+        scale = (mx - mn) / (cmax - cmin)
+        q = torch.clamp(torch.round((x - mn) / scale.clamp_min(1e-30)) + cmin, cmin, cmax)
+        deq = (q - cmin) * scale + mn
+    return deq.reshape(oc, ic)
+
+
+VERIFY_STRINGS = (
+    "The quick brown fox",
+    "Hello, world! 1234 café 你好 😀\n\n  x",
+    "def add(a, b):\n    return a + b",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+)
+VERIFY_IDS = (10, 200, 300, 400, 500, 600, 700)
+
+
+def verify_export(spec: ModelSpec, hf_dir: Path, out_dir: Path) -> None:
+    """Check the export against the HF model it came from.
+
+    1. MNN's tokenizer (``tokenizer.mtok``) encodes like the HF tokenizer.
+    2. MNN's prefill logits equal the HF model's with every Linear weight quantized and
+       dequantized the way llmexport stores it (and untied embeddings rounded to bf16).
+    """
+    import MNN.llm
+    import numpy as np
+    import torch
+    import transformers
+
+    if str(SCRIPT_DIR) not in sys.path:
+        sys.path.insert(0, str(SCRIPT_DIR))
+    from check_models import run_module
+
+    hf_tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+    mnn_llm = MNN.llm.create(str(out_dir / "config.json"))
+    mnn_llm.load()
+    for text in VERIFY_STRINGS:
+        want = hf_tok.encode(text, add_special_tokens=False)
+        got = list(mnn_llm.tokenizer_encode(text))
+        if want != got:
+            raise SystemExit(f"{spec.name}: tokenizer mismatch on {text!r}: HF {want} MNN {got}")
+    del mnn_llm
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    ids = list(VERIFY_IDS)
+    with torch.no_grad():
+        fp32 = model(torch.tensor([ids])).logits[0, -1].numpy()
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(quant_dequant(module.weight, spec.quant_bit, spec.quant_block, spec.symmetric))
+        if not spec.tie_embeddings:
+            emb = model.get_input_embeddings().weight
+            emb.copy_(emb.bfloat16().float())
+        ref = model(torch.tensor([ids])).logits[0, -1].numpy()
+    got = run_module(out_dir, ids).reshape(-1)
+    diff = float(np.abs(ref - got).max())
+    corr = float(np.corrcoef(fp32, got)[0, 1])
+    LOG.info(
+        "%s: MNN vs HF(quant-dequant) max abs diff %.3g; corr with fp32 HF %.4f (quantization error)",
+        spec.name,
+        diff,
+        corr,
+    )
+    if diff > 1e-3:
+        raise SystemExit(f"{spec.name}: MNN logits differ from the quant-dequant HF reference by {diff}")
+
+
+def copy_outputs(out_dir: Path, dest: Path) -> None:
+    """Replace ``dest``'s model files with the kept files from ``out_dir``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in KEEP_FILES:
+        stale = dest / name
+        if stale.exists():
+            stale.unlink()
+    for name in KEEP_FILES:
+        src = out_dir / name
+        if src.exists():
+            shutil.copyfile(src, dest / name)
+            LOG.info("  %-22s %9d bytes", name, (dest / name).stat().st_size)
+
+
+def make_model(spec: ModelSpec, seed: int, tokenizer: Tokenizer, keep_tmp: bool, verify: bool) -> None:
+    """Build, export and copy one model."""
+    dest = REPO_ROOT / spec.dest
+    work = Path(tempfile.mkdtemp(prefix=f"mnnbuild-{spec.name}-"))
+    try:
+        hf_dir = work / "hf"
+        out_dir = work / "mnn"
+        hf_dir.mkdir()
+        vocab_size = save_tokenizer(tokenizer, hf_dir)
+        build_hf_model(spec, seed, vocab_size, hf_dir)
+        shim = write_mnnconvert_shim(work)
+        run_llmexport(spec, hf_dir, out_dir, work, shim)
+        check_export(spec, out_dir)
+        pin_model_uuid(spec, seed, out_dir / "llm.mnn")
+        if verify:
+            verify_export(spec, hf_dir, out_dir)
+        LOG.info("%s -> %s", spec.name, dest)
+        copy_outputs(out_dir, dest)
+    finally:
+        if keep_tmp:
+            LOG.info("kept temporary dir %s", work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for tokenizer text and weights")
+    parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (incl. specials)")
+    parser.add_argument("--only", action="append", choices=[m.name for m in MODELS], help="build only these models")
+    parser.add_argument("--no-verify", action="store_true", help="skip the tokenizer/logits check against the HF model")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+    tokenizer = train_tokenizer(args.seed, args.vocab_size)
+    for spec in MODELS:
+        if args.only and spec.name not in args.only:
+            continue
+        make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
