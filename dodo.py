@@ -25,3 +25,8 @@ def task_fetch() -> Iterator[dict[str, Any]]:
 def task_io() -> Iterator[dict[str, Any]]:
     """Generate each model's decode/prefill reference inputs and outputs."""
     yield from dag.io_tasks(PROJECT)
+
+
+def task_config() -> Iterator[dict[str, Any]]:
+    """Write each model's config_qnn.json per target."""
+    yield from dag.config_tasks(PROJECT)

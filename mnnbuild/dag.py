@@ -29,6 +29,7 @@ from mnnbuild.fingerprint import code_fingerprint
 from mnnbuild.manifest import Manifest, tool_versions
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, ModelSpec, discover_specs
+from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 
@@ -62,6 +63,9 @@ class Project:
 
     def io_dir(self, spec: ModelSpec) -> Path:
         return self.settings.model_root(spec.name) / "io"
+
+    def target_dir(self, spec: ModelSpec, arch: str, stage: str) -> Path:
+        return self.settings.target_root(spec.name, arch) / stage
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
@@ -261,3 +265,20 @@ class BuildSummaryReporter(ConsoleReporter):
             if names:
                 lines.append(f"  {label + ':':12} {' '.join(names)}")
         self.outstream.write("\n".join(lines) + "\n")
+
+
+def config_tasks(project: Project) -> Iterator[dict[str, Any]]:
+    for spec in project.specs.values():
+        model_dir = project.fetch_dir(spec)
+        for arch in spec.targets:
+            yield stage_task(
+                name=f"{spec.name}-{arch}",
+                doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {spec.chunk_size}, 1)",
+                stage=write_config,
+                manifest=ConfigManifest,
+                inputs=ConfigInputs(model=spec.name, target=arch, model_dir=model_dir),
+                params=ConfigParams(chunk_size=spec.chunk_size),
+                out_dir=project.target_dir(spec, arch, "config"),
+                file_dep=[model_dir / FetchManifest.filename()],
+                tools=tool_versions(),
+            )

@@ -41,8 +41,11 @@ def warm_cache(tmp_path: Path, run_doit: RunDoit) -> Path:
 
 def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm_cache: Path) -> None:
     clone = copy_project(tmp_path / "clone")
-    env = {"MNNBUILD_CACHE": str(warm_cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"),
-           **no_mnn_env(tmp_path)}
+    env = {
+        "MNNBUILD_CACHE": str(warm_cache),
+        "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"),
+        **no_mnn_env(tmp_path),
+    }
     proc = run_doit(env=env, project=clone)
     assert summary(proc.stdout) == {"from cache": DEFAULT_CHAIN}, proc.stdout
     io_dir = tmp_path / "clone-artifacts" / "tiny-qwen3" / "io"
@@ -72,7 +75,10 @@ def test_corrupted_entry_is_discarded_and_rebuilt(tmp_path: Path, run_doit: RunD
     assert summary(proc.stdout) == {"built": ["io:tiny-qwen3"], "from cache": ["fetch:tiny-qwen3"]}, proc.stdout
     assert "does not match its sha256; entry discarded" in proc.stderr
     rebuilt = tmp_path / "other" / "tiny-qwen3" / "io" / "testdir" / "128" / "output.mnn"
-    assert rebuilt.read_bytes() == (tmp_path / "artifacts" / "tiny-qwen3" / "io" / "testdir" / "128" / "output.mnn").read_bytes()
+    assert (
+        rebuilt.read_bytes()
+        == (tmp_path / "artifacts" / "tiny-qwen3" / "io" / "testdir" / "128" / "output.mnn").read_bytes()
+    )
     # the rebuild stored a good entry again
     assert cache.has("io", entry.key)
 
@@ -97,7 +103,8 @@ def test_bumping_a_manifest_schema_reruns_its_stages(tmp_path: Path, run_doit: R
     fetch_src = clone / "mnnbuild" / "stages" / "fetch.py"
     text = fetch_src.read_text()
     assert "class SourceRecord(BaseModel):\n" in text
-    fetch_src.write_text(text.replace("class SourceRecord(BaseModel):\n",
-                                      "class SourceRecord(BaseModel):\n    note: str = ''\n"))
+    fetch_src.write_text(
+        text.replace("class SourceRecord(BaseModel):\n", "class SourceRecord(BaseModel):\n    note: str = ''\n")
+    )
     # fetch's manifest changed shape: fetch and io (which reads it) re-run
     assert executed_tasks(run_doit(project=clone).stdout) == DEFAULT_CHAIN
