@@ -108,3 +108,14 @@ def test_bumping_a_manifest_schema_reruns_its_stages(tmp_path: Path, run_doit: R
     )
     # fetch's manifest changed shape: fetch and io (which reads it) re-run
     assert executed_tasks(run_doit(project=clone).stdout) == DEFAULT_CHAIN
+
+
+def test_new_target_runs_only_target_stages(tmp_path: Path, run_doit: RunDoit) -> None:
+    clone = copy_project(tmp_path / "clone")
+    first = executed_tasks(run_doit("config:tiny-qwen3-v79", "io:tiny-qwen3", project=clone).stdout)
+    assert "config:tiny-qwen3-v79" in first and "io:tiny-qwen3" in first
+    spec = clone / "models" / "tiny-qwen3.toml"
+    spec.write_text(spec.read_text().replace('targets = ["v79"]', 'targets = ["v79", "v75"]'))
+    proc = run_doit("config:tiny-qwen3-v79", "config:tiny-qwen3-v75", "io:tiny-qwen3", project=clone)
+    assert executed_tasks(proc.stdout) == ["config:tiny-qwen3-v75"]
+    assert "config:tiny-qwen3-v79" in skipped_tasks(proc.stdout)
