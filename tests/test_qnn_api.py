@@ -1,0 +1,237 @@
+"""QNN C API layer: real Qualcomm libraries (onnxruntime-qnn), x86 HTP simulator, no network."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnnbuild.errors import QnnError
+from mnnbuild.qnn import (
+    ContextBuilder,
+    ContextRunner,
+    HtpTarget,
+    QnnLibrary,
+    Quant,
+    find_qnn_libraries,
+    load_context,
+    read_binary_info,
+)
+
+V79 = HtpTarget(69, 79)  # SM8750
+V75 = HtpTarget(57, 75)  # SM8650
+HIDDEN = 64
+
+
+@pytest.fixture(scope="module")
+def lib() -> QnnLibrary:
+    return QnnLibrary()
+
+
+@pytest.fixture(scope="module")
+def weight() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((HIDDEN, HIDDEN)).astype(np.float32)
+
+
+def build_fc(
+    lib: QnnLibrary,
+    weight: np.ndarray,
+    graphs: list[tuple[str, int]],
+    *,
+    target: HtpTarget = V79,
+    weight_sharing: bool = False,
+) -> bytes:
+    """One FullyConnected per graph, all naming their weight "fc.weight" (shareable)."""
+    out_features, in_features = weight.shape
+    with ContextBuilder(lib, target, weight_sharing=weight_sharing) as ctx:
+        for name, rows in graphs:
+            g = ctx.add_graph(name)
+            x = g.add_input("t0", (rows, in_features))
+            w = g.add_static("fc.weight", weight)
+            y = g.add_output("t7", (rows, out_features))
+            g.add_node("fc", "FullyConnected", [x, w], [y])
+        return ctx.serialize()
+
+
+@pytest.fixture(scope="module")
+def fc_binary(lib: QnnLibrary, weight: np.ndarray) -> bytes:
+    return build_fc(lib, weight, [("graph0", 4)])
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray) -> None:
+    got64, ref64 = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    cos = float(got64 @ ref64 / (np.linalg.norm(got64) * np.linalg.norm(ref64)))
+    max_err = float(np.abs(got64 - ref64).max())
+    assert cos >= 0.999, cos
+    assert max_err <= 0.02 * float(np.abs(ref64).max()), (max_err, float(np.abs(ref64).max()))
+
+
+def test_library_found_with_versions(lib: QnnLibrary, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
+    paths = find_qnn_libraries()
+    assert paths.backend.name == "libQnnHtp.so" and paths.system.name == "libQnnSystem.so"
+    v = lib.version
+    assert v.provider == "HTP_QTI_AISW"
+    assert v.core_api[0] == 2 and v.core_api >= (2, 32, 0)
+    assert v.build_id.startswith("v2.")
+    assert v.as_dict()["core_api"] == ".".join(map(str, v.core_api))
+
+
+def test_fc_binary_info(lib: QnnLibrary, fc_binary: bytes) -> None:
+    info = read_binary_info(lib, fc_binary)
+    assert info.graph_names == ["graph0"]
+    g = info.graph("graph0")
+    assert [(t.name, t.dims, t.dtype) for t in g.inputs] == [("t0", (4, HIDDEN), "float32")]
+    assert [(t.name, t.dims, t.dtype) for t in g.outputs] == [("t7", (4, HIDDEN), "float32")]
+    assert (info.soc_type, info.dsp_arch, info.soc_model) == ("SM8750", 79, 69)
+    info.check_target(69, 79)
+    # The upstream HTP graph settings are recorded per graph.
+    assert g.htp is not None
+    assert (g.htp.vtcm_bytes, g.htp.optimization_level, g.htp.hvx_threads) == (8 << 20, 3, 4)
+    assert not info.weight_shared
+    assert info.build_id == lib.version.build_id
+
+
+def test_fc_executes_in_simulator(lib: QnnLibrary, fc_binary: bytes, weight: np.ndarray) -> None:
+    x = np.random.default_rng(1).standard_normal((4, HIDDEN)).astype(np.float32)
+    with load_context(lib, fc_binary) as runner:
+        out = runner.execute("graph0", {"t0": x})
+    assert list(out) == ["t7"]
+    assert out["t7"].shape == (4, HIDDEN) and out["t7"].dtype == np.float32
+    assert_close(out["t7"], x.astype(np.float64) @ weight.T.astype(np.float64))
+
+
+def test_two_inputs_native_tensor_and_params(lib: QnnLibrary) -> None:
+    """Several inputs/outputs (tensor array stride), a NATIVE tensor, scalar and tensor params, int32 static."""
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((8, 16)).astype(np.float32)
+    b = rng.standard_normal((8, 16)).astype(np.float32)
+    with ContextBuilder(lib, V79) as ctx:
+        g = ctx.add_graph("mm")
+        ta, tb = g.add_input("t1", a.shape), g.add_input("t2", b.shape)
+        mm = g.add_native("mm_out", (8, 8))
+        relu = g.add_output("t3", (8, 8))
+        rows = g.add_output("t4", (2, 16))
+        g.add_node("matmul", "MatMul", [ta, tb], [mm], {"transpose_in0": False, "transpose_in1": True})
+        g.add_node("relu", "Relu", [mm], [relu])
+        idx = g.add_static("rows.index", np.array([5, 1], dtype=np.int32))
+        g.add_node("gather", "Gather", [ta, idx], [rows], {"axis": np.int32(0)})
+        tr = g.add_output("t5", (16, 8))
+        g.add_node("transpose", "Transpose", [tb], [tr], {"perm": np.array([1, 0], dtype=np.uint32)})
+        binary = ctx.serialize()
+    info = read_binary_info(lib, binary)
+    g_info = info.graph("mm")
+    assert [t.name for t in g_info.inputs] == ["t1", "t2"]
+    assert [(t.name, t.dims) for t in g_info.outputs] == [("t3", (8, 8)), ("t4", (2, 16)), ("t5", (16, 8))]
+    assert len({t.id for t in g_info.inputs + g_info.outputs}) == 5
+    with ContextRunner(lib, binary, device=False) as runner:
+        out = runner.execute("mm", {"t1": a, "t2": b})
+    assert_close(out["t3"], np.maximum(a.astype(np.float64) @ b.T.astype(np.float64), 0.0))
+    assert_close(out["t4"], a[[5, 1]])
+    assert_close(out["t5"], b.T)
+
+
+def test_weight_sharing_keeps_one_copy(lib: QnnLibrary) -> None:
+    # Big enough that weights, not per-graph overhead (~20 KB), dominate the size.
+    weight = np.random.default_rng(4).standard_normal((512, 512)).astype(np.float32)
+    decode_prefill = [("graph0", 1), ("graph1_0", 16)]
+    shared = build_fc(lib, weight, decode_prefill, weight_sharing=True)
+    unshared = build_fc(lib, weight, decode_prefill, weight_sharing=False)
+    prefill_alone = build_fc(lib, weight, [("graph1_0", 16)])
+    assert len(shared) <= 1.2 * len(prefill_alone), (len(shared), len(prefill_alone))
+    assert len(shared) < len(unshared)
+    info = read_binary_info(lib, shared)
+    assert info.graph_names == ["graph0", "graph1_0"]  # creation order is binary order
+    assert info.weight_shared
+    assert all(g.htp is not None and g.htp.shared_weights_size and g.htp.const_size == 0 for g in info.graphs)
+    assert not read_binary_info(lib, unshared).weight_shared
+    # The x86 library crashes the process on a shared binary: refused before QNN sees it.
+    with pytest.raises(QnnError, match="weight-shared"):
+        load_context(lib, shared)
+    # The unshared twin runs both graphs.
+    x = np.random.default_rng(3).standard_normal((16, 512)).astype(np.float32)
+    with load_context(lib, unshared) as runner:
+        assert_close(runner.execute("graph1_0", {"t0": x})["t7"], x.astype(np.float64) @ weight.T)
+
+
+def test_v75_build_is_tagged_differently(lib: QnnLibrary, weight: np.ndarray, fc_binary: bytes) -> None:
+    v75 = read_binary_info(lib, build_fc(lib, weight, [("graph0", 4)], target=V75))
+    v79 = read_binary_info(lib, fc_binary)
+    assert (v75.soc_type, v75.dsp_arch, v75.soc_model) == ("SM8650", 75, 57)
+    assert v75.soc_version != v79.soc_version
+    with pytest.raises(QnnError, match="v75"):
+        v75.check_target(57, 79)
+
+
+def test_missing_library_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "no-sdk"))
+    with pytest.raises(QnnError, match="QNN_SDK_ROOT"):
+        QnnLibrary()
+    monkeypatch.delenv("QNN_SDK_ROOT")
+    with pytest.raises(QnnError, match="onnxruntime-qnn"):
+        QnnLibrary(tmp_path)
+
+
+def test_finalize_failure_names_graph_and_qnn_message(lib: QnnLibrary, caplog: pytest.LogCaptureFixture) -> None:
+    with ContextBuilder(lib, V79) as ctx:
+        g = ctx.add_graph("broken_graph")
+        x = g.add_input("t0", (1, 8))
+        y = g.add_output("t1", (1, 8))
+        g.add_node("mystery", "NoSuchOp", [x], [y])
+        with caplog.at_level(logging.ERROR, logger="mnnbuild.qnn.lib"), pytest.raises(QnnError) as err:
+            g.finalize()
+    text = str(err.value)
+    assert "broken_graph" in text and "graphFinalize" in text
+    assert "could not create op" in text  # QNN's own words, via the log callback
+    assert any("NoSuchOp" in r.getMessage() for r in caplog.records)  # routed to Python logging
+    assert ctx._closed and ctx.session._closed
+
+
+def test_bad_inputs(lib: QnnLibrary, fc_binary: bytes) -> None:
+    with pytest.raises(QnnError, match="context binary"):
+        read_binary_info(lib, b"not a context binary" * 50)
+    with pytest.raises(QnnError, match="dsp arch"):
+        HtpTarget(69, 77)
+    with pytest.raises(QnnError, match="unknown SoC"):
+        HtpTarget.for_soc("SM0000")
+    assert HtpTarget.for_soc("sm8750") == V79
+    with load_context(lib, fc_binary) as runner:
+        with pytest.raises(QnnError, match="missing"):
+            runner.execute("graph0", {})
+        with pytest.raises(QnnError, match="expected"):
+            runner.execute("graph0", {"t0": np.zeros((3, 3), np.float32)})
+        with pytest.raises(QnnError, match="no graph"):
+            runner.execute("nope", {"t0": np.zeros((4, HIDDEN), np.float32)})
+    with ContextBuilder(lib, V79) as ctx:
+        g = ctx.add_graph("g")
+        g.add_input("t0", (1, 4))
+        with pytest.raises(QnnError, match="already exists"):
+            g.add_input("t0", (1, 4))
+        with pytest.raises(QnnError, match="needs a Quant"):
+            g.add_static("q", np.zeros(4, np.uint8), dtype="ufixed8")
+        with pytest.raises(QnnError, match="declared"):
+            g.add_static("f", np.zeros(4, np.float64), dtype="float32")
+        # Quantized statics, per tensor and per channel, are accepted by QNN.
+        g.add_static("q8", np.arange(8, dtype=np.uint8).reshape(2, 4), dtype="ufixed8", quant=Quant(0.1, -128))
+        g.add_static("qc", np.zeros((2, 4), np.int8), dtype="sfixed8", quant=Quant([0.1, 0.2], 0, axis=0))
+        with pytest.raises(QnnError, match="graphAddNode"):
+            g.add_node("bad", "Relu", ["t0"], ["q8"])  # a static tensor cannot be an output
+
+
+def test_int8_weight_fc_matches_dequantized(lib: QnnLibrary, weight: np.ndarray) -> None:
+    """Weight-only int8 (per output channel) in an fp16 graph: matches the dequantized weight."""
+    scale = np.abs(weight).max(axis=1) / 127.0
+    w_q = np.round(weight / scale[:, None]).astype(np.int8)
+    with ContextBuilder(lib, V79) as ctx:
+        g = ctx.add_graph("q")
+        x = g.add_input("t0", (4, HIDDEN))
+        w = g.add_static("fc.weight", w_q, dtype="sfixed8", quant=Quant(scale.tolist(), 0, axis=0))
+        y = g.add_output("t1", (4, HIDDEN))
+        g.add_node("fc", "FullyConnected", [x, w], [y])
+        binary = ctx.serialize()
+    x_in = np.random.default_rng(5).standard_normal((4, HIDDEN)).astype(np.float32)
+    with load_context(lib, binary) as runner:
+        out = runner.execute("q", {"t0": x_in})["t1"]
+    assert_close(out, x_in.astype(np.float64) @ (w_q * scale[:, None]).T.astype(np.float64))
