@@ -1,0 +1,109 @@
+"""The MNN model format: read, edit and write ``.mnn`` files, decode their weights.
+
+No stage logic lives here; the partition stage and the QNN lowering build on this API.
+
+Graph::
+
+    model = load_model("llm.mnn")             # never opens llm.mnn.weight
+    for op in model.ops:                       # Op(type, name, inputs, outputs, main, ...)
+        if op.type == "LayerNorm":
+            eps = op.main.epsilon              # main: generated *T object (LayerNormT)
+            rms = get_field(op.main, "useRMSNorm")  # == op.main.useRmsnorm (flatc camelCase)
+        elif op.type == "BinaryOp":
+            kind = enum_name(schema.BinaryOpOperation, op.main.opType)
+    model.tensor_names[op.inputs[0]]; model.input_names; model.output_names
+    model.add_op(make_plugin_op("qnn0", ins, outs, {"path": "qnn/graph0.bin",
+                                                   "inputs": ["t3"], "allInputShape": [1, 128],
+                                                   "o_0_0": make_blob([1, 1, 128])}))
+    model.delete_ops(lambda op: ...); model.reindex_tensors(); model.topological_sort()
+    save_model(model, "qnn/llm.mnn")            # atomic
+
+Weights::
+
+    for cw in iter_conv_weights(model):        # one op at a time
+        cw.weight  # float32 [out, in];  cw.bias float32 [out];  cw.quant: bits, block, symmetric
+    read_embeddings(model_dir, token_ids)      # float32 [n, hidden], tied or embeddings_bf16.bin
+
+Parameter classes and enums of the schema (``Convolution2DT``, ``BinaryOpOperation``, ``DataType`` ...)
+are attributes of ``schema`` (the generated module). Every read error is ``MNNFormatError``.
+"""
+
+from __future__ import annotations
+
+from mnnbuild.errors import MNNFormatError
+from mnnbuild.mnn._generated import mnn_fb as schema
+from mnnbuild.mnn.model import (
+    DATA_FORMATS,
+    DATA_TYPES,
+    OP_TYPE_NAMES,
+    OP_TYPES,
+    PARAM_TYPES,
+    MnnModel,
+    Op,
+    attribute_value,
+    enum_name,
+    get_field,
+    load_model,
+    make_attribute,
+    make_blob,
+    make_plugin_op,
+    parse_model,
+    plugin_attributes,
+    save_model,
+    serialize_model,
+)
+from mnnbuild.mnn.summary import summarize
+from mnnbuild.mnn.weights import (
+    ConvWeights,
+    EmbeddingInfo,
+    QuantInfo,
+    QuantizedLinear,
+    WeightFile,
+    conv_ops,
+    conv_stored_bytes,
+    decode_conv,
+    embedding_info,
+    iter_conv_weights,
+    quantize_linear,
+    read_embeddings,
+    unpack_codes,
+    weight_path_for,
+)
+
+__all__ = [
+    "DATA_FORMATS",
+    "DATA_TYPES",
+    "OP_TYPES",
+    "OP_TYPE_NAMES",
+    "PARAM_TYPES",
+    "ConvWeights",
+    "EmbeddingInfo",
+    "MNNFormatError",
+    "MnnModel",
+    "Op",
+    "QuantInfo",
+    "QuantizedLinear",
+    "WeightFile",
+    "attribute_value",
+    "conv_ops",
+    "conv_stored_bytes",
+    "decode_conv",
+    "embedding_info",
+    "enum_name",
+    "get_field",
+    "iter_conv_weights",
+    "load_model",
+    "make_attribute",
+    "make_blob",
+    "make_plugin_op",
+    "parse_model",
+    "plugin_attributes",
+    "quantize_linear",
+    "read_embeddings",
+    "save_model",
+    "schema",
+    "serialize_model",
+    "summarize",
+    "unpack_codes",
+    "weight_path_for",
+]

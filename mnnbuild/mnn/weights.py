@@ -1,0 +1,526 @@
+"""Decode Convolution weights and LLM embeddings into float32 numpy arrays.
+
+Layout facts (MNN ``ConvolutionCommon::load`` / ``IDSTDecoder`` and llmexport's writer):
+
+- ``Convolution2D.external`` with a ``quanParameter``: ``[offset, weight_bytes, alpha_bytes, bias_bytes,
+  sparse_index_bytes]`` into the weight file (``llm.mnn.weight``), the three blocks back to back. Without
+  a ``quanParameter``: ``[offset, float_weight_bytes, float_bias_bytes]``. ``bias_bytes == 0`` means a
+  zero bias.
+- IDSTQuan type 1 weight block: ``u8 ndim``, ``ndim`` dims (uint16, or int32 when ``shapeInt32``),
+  ``u8 n`` (0 means 256) then ``n`` int8 code values, then every weight's index into the (ascending)
+  code table packed MSB-first with ``ceil(log2 n)`` bits. llmexport writes the linear table
+  ``-2^(b-1) .. 2^(b-1)-1``, so a weight's integer is ``index - 2^(b-1)``.
+- alpha: per group (an output channel, or one block of ``block`` inputs of it, in ``[out, block]``
+  order) either ``scale`` (symmetric, ``readType == 0``) or ``(zero, scale)`` pairs (asymmetric), fp32 or,
+  with ``scaleStorage == FP16``, fp16. ``w = q * scale + zero``.
+- Tied embeddings (``llm_config.json`` ``tie_embeddings = [weight_offset, alpha_offset, alpha_size, bits,
+  block(, alpha_fp16)]`` or the dict form) point into the lm_head conv's packed bytes: rows of
+  ``hidden * bits / 8`` bytes of unsigned codes; untied models ship ``embeddings_bf16.bin``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import numpy as np
+
+from mnnbuild.errors import MNNFormatError
+from mnnbuild.mnn.model import MnnModel, Op
+
+log = logging.getLogger(__name__)
+
+# IDSTQuan.type values
+QUANT_IDST = 1  # packed low-bit codes + alpha (what llmexport writes)
+QUANT_SPARSE = 2
+QUANT_FP16 = 3
+QUANT_INT8 = 4  # raw int8 + alpha
+QUANT_EXTERNAL_FLOAT = 8  # float weights in the external file (set by MNN's loader, not in files)
+_SUPPORTED_QUANT = (QUANT_IDST, QUANT_FP16, QUANT_INT8, QUANT_EXTERNAL_FLOAT)
+# Deconvolution stores its weights transposed; LLM graphs have none, so it is not decoded here
+_CONV_TYPES = ("Convolution", "ConvolutionDepthwise")
+
+
+@dataclass(frozen=True)
+class QuantInfo:
+    """How one Convolution's weights are stored."""
+
+    quant_type: int  # IDSTQuan.type, 0 for plain float
+    bits: int  # 32 float, 16 fp16, else code bits
+    block_size: int  # inputs per scale group (== inputs for channel-wise)
+    groups: int  # scale groups (out * blocks)
+    symmetric: bool
+    alpha_dtype: str  # "fp32" / "fp16" / "" when there is no alpha
+
+
+@dataclass
+class ConvWeights:
+    """Decoded weights of one Convolution op: ``weight`` float32 ``[out, in/group * kh * kw]`` (``[out, in]``
+    for the 1x1 convs of LLMs) and ``bias`` float32 ``[out]``; ``y = x @ weight.T + bias``."""
+
+    name: str
+    weight: np.ndarray
+    bias: np.ndarray
+    quant: QuantInfo
+    stored_bytes: int  # bytes the weight/alpha/bias occupy where they are stored
+
+    @property
+    def channel_wise(self) -> bool:
+        """One scale group per output channel (as opposed to block-wise)."""
+        return self.quant.groups == self.weight.shape[0]
+
+
+def weight_path_for(model_path: str | os.PathLike[str]) -> Path:
+    """MNN's convention: the external weights of ``x.mnn`` are in ``x.mnn.weight``."""
+    return Path(str(model_path) + ".weight")
+
+
+class WeightFile:
+    """Read-only, memory-mapped view of an external weight file with bounds-checked slices.
+
+    Pages are only touched when a slice is decoded, so memory stays bounded by one op."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        try:
+            self.size = self.path.stat().st_size
+        except OSError as exc:
+            raise MNNFormatError(f"{self.path}: cannot open weight file: {exc}") from exc
+        self._map: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r") if self.size else None
+
+    def read(self, offset: int, size: int, what: str) -> np.ndarray:
+        """``size`` bytes at ``offset`` as a uint8 array view; MNNFormatError if the file is shorter."""
+        if offset < 0 or size < 0 or offset + size > self.size:
+            raise MNNFormatError(
+                f"{self.path}: {what} needs bytes [{offset}, {offset + size}) but the weight file has "
+                f"{self.size} bytes (truncated or not this model's weight file)"
+            )
+        if size == 0 or self._map is None:
+            return np.zeros(0, dtype=np.uint8)
+        return self._map[offset : offset + size]
+
+    def close(self) -> None:
+        if self._map is not None:
+            mm = getattr(self._map, "_mmap", None)
+            self._map = None
+            if mm is not None:
+                mm.close()
+
+    def __enter__(self) -> WeightFile:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+# ---- low-level decoders -----------------------------------------------------------------------------
+
+
+def unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """``count`` unsigned ``bits``-wide codes packed MSB-first in ``packed`` (uint8) -> uint8 array."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    need = (count * bits + 7) // 8
+    if packed.size < need:
+        raise MNNFormatError(f"{count} codes of {bits} bits need {need} bytes, got {packed.size}")
+    if bits == 8:
+        return np.array(packed[:count], dtype=np.uint8)
+    if bits == 4:
+        out = np.empty(2 * need, dtype=np.uint8)
+        src = packed[:need]
+        np.right_shift(src, 4, out=out[0::2])
+        np.bitwise_and(src, 0x0F, out=out[1::2])
+        return out[:count]
+    if bits == 2:
+        out = np.empty(4 * need, dtype=np.uint8)
+        src = packed[:need]
+        for k in range(4):
+            np.bitwise_and(np.right_shift(src, 6 - 2 * k), 3, out=out[k::4])
+        return out[:count]
+    # generic bit stream (1, 3, 5, 6, 7 bits), in chunks to keep the bit expansion small
+    out = np.empty(count, dtype=np.uint8)
+    weights = (1 << np.arange(bits - 1, -1, -1)).astype(np.uint8)
+    chunk = 8 * 65536  # codes per chunk, a multiple of 8 so chunks start on byte boundaries
+    for start in range(0, count, chunk):
+        n = min(chunk, count - start)
+        first = start * bits // 8
+        raw = np.unpackbits(packed[first : first + (n * bits + 7) // 8])[: n * bits]
+        out[start : start + n] = raw.reshape(n, bits) @ weights
+    return out
+
+
+def _decode_idst_block(buf: np.ndarray, shape_int32: bool, where: str) -> tuple[np.ndarray, int, list[int], int]:
+    """Parse an IDSTQuan type-1 weight block -> (values, value offset, dims, code bits); a weight's
+    integer is ``value - value_offset``."""
+    pos = 0
+
+    def take(n: int, what: str) -> np.ndarray:
+        nonlocal pos
+        if pos + n > buf.size:
+            raise MNNFormatError(f"{where}: weight block ends inside the {what} ({buf.size} bytes)")
+        out = buf[pos : pos + n]
+        pos += n
+        return out
+
+    ndim = int(take(1, "header")[0])
+    if not 1 <= ndim <= 4:
+        raise MNNFormatError(f"{where}: quantized weight header has {ndim} dims, expected 1..4")
+    dim_dtype = "<i4" if shape_int32 else "<u2"
+    dims = [int(d) for d in take(ndim * np.dtype(dim_dtype).itemsize, "dims").view(dim_dtype)]
+    count = math.prod(dims)
+    n_codes = int(take(1, "code table size")[0]) or 256
+    table = np.sort(take(n_codes, "code table").view(np.int8).astype(np.int16))
+    bits = max(1, math.ceil(math.log2(n_codes))) if n_codes > 1 else 1
+    idx = unpack_codes(take((count * bits + 7) // 8, "packed codes"), bits, count)
+    offset = 1 << (bits - 1)
+    linear = n_codes == (1 << bits) and np.array_equal(table, np.arange(-offset, offset, dtype=np.int16))
+    if linear:
+        # keep the unsigned codes; the offset is folded into the zero point when dequantizing
+        return idx, offset, dims, bits
+    if idx.max(initial=0) >= n_codes:
+        raise MNNFormatError(f"{where}: code {int(idx.max())} beyond the {n_codes}-entry table")
+    return table[idx], 0, dims, bits
+
+
+def _alpha_from(raw: np.ndarray, fp16: bool) -> np.ndarray:
+    return raw.view("<f2").astype(np.float32) if fp16 else raw.view("<f4").astype(np.float32)
+
+
+def _dequantize(values: np.ndarray, value_offset: int, alpha: np.ndarray, asymmetric: bool, where: str) -> np.ndarray:
+    """``(values - value_offset) * scale + zero`` per scale group, computed as ``values * scale + zero'``
+    (offset folded into the zero point) to save a pass over the data."""
+    groups = alpha.size // 2 if asymmetric else alpha.size
+    if groups == 0 or values.size % groups:
+        raise MNNFormatError(f"{where}: {values.size} weights do not split into {groups} scale groups")
+    v2 = values.reshape(groups, -1)
+    scale = alpha[1::2] if asymmetric else alpha
+    zero = alpha[0::2] if asymmetric else np.zeros_like(alpha)
+    if value_offset:
+        zero = zero - np.float32(value_offset) * scale
+    out = np.empty(v2.shape, dtype=np.float32)
+    np.multiply(v2, scale[:, None], out=out, casting="unsafe")
+    if asymmetric or value_offset:
+        out += zero[:, None]
+    return out
+
+
+# ---- Convolution ------------------------------------------------------------------------------------
+
+
+def conv_stored_bytes(op: Op) -> int:
+    """Bytes of weight, alpha and bias one conv occupies (in the weight file or inline), without reading
+    them."""
+    c = op.main
+    ext = list(c.external) if c.external is not None else []
+    if len(ext) > 1:
+        return int(sum(ext[1:]))
+    total = 0
+    for vec in (c.weight, c.bias):
+        total += 0 if vec is None else len(vec) * 4
+    q = c.quanParameter
+    if q is not None:
+        for vec, size in ((q.buffer, 1), (q.alpha, 4), (q.alphaFp16, 2)):
+            total += 0 if vec is None else len(vec) * size
+    return total
+
+
+def conv_ops(model: MnnModel) -> list[Op]:
+    """The Convolution / ConvolutionDepthwise ops (parameter Convolution2D), in graph order."""
+    return [op for op in model.ops if op.type in _CONV_TYPES and op.param_type == "Convolution2D"]
+
+
+def decode_conv(op: Op, weights: WeightFile | None) -> ConvWeights:
+    """Decode one Convolution op into float32 ``[out, in]`` weight and ``[out]`` bias.
+
+    ``weights`` is the model's external weight file (``None`` is fine when everything is inline)."""
+    c = op.param("Convolution2D")
+    where = f"op {op.name!r}"
+    common = c.common
+    out_ch = int(common.outputCount) if common is not None else 0
+    ext = [int(v) for v in c.external] if c.external is not None else []
+    external = len(ext) > 1
+    q = c.quanParameter
+
+    def need_file() -> WeightFile:
+        if weights is None:
+            raise MNNFormatError(f"{where}: weights are in the external weight file but none was given")
+        return weights
+
+    bias: np.ndarray | None = None
+    if q is None:
+        if external:
+            f = need_file()
+            w = f.read(ext[0], ext[1], f"{where} float weight").view("<f4").astype(np.float32)
+            if len(ext) > 2 and ext[2]:
+                bias = f.read(ext[0] + ext[1], ext[2], f"{where} bias").view("<f4").astype(np.float32)
+        else:
+            if c.weight is None:
+                raise MNNFormatError(f"{where}: Convolution2D has neither weights nor external data")
+            w = np.asarray(c.weight, dtype=np.float32)
+        info = QuantInfo(0, 32, 0, 0, True, "")
+        weight = w
+    else:
+        qtype = int(q.type)
+        if qtype not in _SUPPORTED_QUANT:
+            kind = (
+                "sparse (type 2) quantization is not supported"
+                if qtype == QUANT_SPARSE
+                else (f"unknown quantization type {qtype}")
+            )
+            raise MNNFormatError(f"{where}: {kind}; expected IDSTQuan.type in {list(_SUPPORTED_QUANT)}")
+        fp16_alpha = int(q.scaleStorage) == 1
+        if external and q.buffer is None:
+            f = need_file()
+            raw = f.read(ext[0], ext[1], f"{where} quantized weight")
+            alpha_raw = f.read(ext[0] + ext[1], ext[2], f"{where} scales") if len(ext) > 2 else None
+            if len(ext) > 3 and ext[3] > 0:
+                bias = f.read(ext[0] + ext[1] + ext[2], ext[3], f"{where} bias").view("<f4").astype(np.float32)
+        else:
+            raw = np.asarray(q.buffer if q.buffer is not None else [], dtype=np.int8).view(np.uint8)
+            if fp16_alpha and q.alphaFp16 is not None:
+                alpha_raw = np.asarray(q.alphaFp16, dtype="<u2").view(np.uint8)
+            elif q.alpha is not None:
+                alpha_raw = np.asarray(q.alpha, dtype="<f4").view(np.uint8)
+                fp16_alpha = False
+            else:
+                alpha_raw = None
+        if qtype in (QUANT_FP16, QUANT_EXTERNAL_FLOAT):
+            weight = raw.view("<f2").astype(np.float32) if qtype == QUANT_FP16 else raw.view("<f4").astype(np.float32)
+            info = QuantInfo(qtype, 16 if qtype == QUANT_FP16 else 32, 0, 0, True, "")
+        else:
+            if qtype == QUANT_IDST:
+                ints, value_offset, _dims, bits = _decode_idst_block(np.asarray(raw), bool(q.shapeInt32), where)
+            else:
+                ints, value_offset, bits = np.asarray(raw).view(np.int8), 0, 8
+            if alpha_raw is None or alpha_raw.size == 0:
+                raise MNNFormatError(f"{where}: quantized weights without scales (alpha)")
+            alpha = _alpha_from(np.asarray(alpha_raw), fp16_alpha)
+            old_type4 = qtype == QUANT_INT8 and q.aMin == 0 and abs(q.quantScale) < 1e-6
+            asymmetric = int(q.readType) != 0 or old_type4
+            if asymmetric:
+                clamp_min = -128 if q.aMin == 0 else int(q.aMin)
+                if clamp_min < 0:  # older exporters stored the minimum instead of the zero point
+                    alpha[0::2] -= clamp_min * alpha[1::2]
+            if not q.hasScaleInt and not old_type4 and q.quantScale != 1.0:
+                alpha *= np.float32(q.quantScale)
+            weight = _dequantize(ints, value_offset, alpha, asymmetric, where)
+            groups = alpha.size // 2 if asymmetric else alpha.size
+            info = QuantInfo(
+                qtype,
+                bits,
+                ints.size // groups if groups else 0,
+                groups,
+                not asymmetric,
+                "fp16" if fp16_alpha else "fp32",
+            )
+        if bias is None and c.bias is not None and len(c.bias):
+            bias = np.asarray(c.bias, dtype=np.float32)
+    if out_ch <= 0:
+        out_ch = bias.size if bias is not None else 1
+    if weight.size % out_ch:
+        raise MNNFormatError(f"{where}: {weight.size} weights do not split into {out_ch} output channels")
+    weight = weight.reshape(out_ch, -1)
+    if bias is None:
+        bias = np.zeros(out_ch, dtype=np.float32)
+    if bias.size != out_ch:
+        raise MNNFormatError(f"{where}: bias has {bias.size} values, expected {out_ch}")
+    return ConvWeights(op.name, weight, bias, info, conv_stored_bytes(op))
+
+
+def iter_conv_weights(model: MnnModel, weight_path: str | os.PathLike[str] | None = None) -> Iterator[ConvWeights]:
+    """Decode every Convolution of ``model``, one at a time (the previous one can be freed before the next
+    is decoded). ``weight_path`` defaults to ``<model path>.weight``."""
+    if weight_path is None and model.path is not None:
+        candidate = weight_path_for(model.path)
+        weight_path = candidate if candidate.exists() else None
+    wf = WeightFile(weight_path) if weight_path is not None else None
+    try:
+        for op in conv_ops(model):
+            cw = decode_conv(op, wf)
+            log.debug("decoded %s: %s %s", op.name, cw.weight.shape, cw.quant)
+            yield cw
+    finally:
+        if wf is not None:
+            wf.close()
+
+
+# ---- embeddings -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmbeddingInfo:
+    """Where a model's token embeddings are and how they are stored."""
+
+    path: Path
+    hidden: int
+    vocab: int
+    kind: str  # "bf16", "fp16" or "quant"
+    weight_offset: int = 0
+    alpha_offset: int = 0
+    alpha_size: int = 0
+    bits: int = 16
+    block: int = 0
+    alpha_fp16: bool = False
+
+
+def _read_config(model_dir: Path) -> dict[str, Any]:
+    path = model_dir / "llm_config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise MNNFormatError(f"{path}: cannot read llm_config.json: {exc}") from exc
+
+
+def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
+    """Locate the embeddings of an exported LLM dir the way MNN's llm engine does."""
+    model_dir = Path(model_dir)
+    cfg = _read_config(model_dir)
+    cfg_path = model_dir / "llm_config.json"
+    hidden = int(cfg.get("hidden_size", 0))
+    if hidden <= 0:
+        raise MNNFormatError(f"{cfg_path}: hidden_size missing or not positive")
+    tie = cfg.get("tie_embeddings")
+    if tie:
+        if isinstance(tie, list):
+            if len(tie) < 5:
+                raise MNNFormatError(f"{cfg_path}: tie_embeddings {tie} needs 5 numbers")
+            w_off, a_off, a_size, bits, block = (int(v) for v in tie[:5])
+            a_fp16 = len(tie) > 5 and bool(tie[5])
+        else:
+            w_off, a_off = int(tie.get("weight_offset", 0)), int(tie.get("alpha_offset", 0))
+            a_size, bits = int(tie.get("alpha_size", 0)), int(tie.get("quant_bit", 0))
+            block, a_fp16 = int(tie.get("quant_block", 0)), tie.get("alpha_dtype", "fp32") == "fp16"
+        if w_off == 0:  # a separate embedding_int4/8.bin
+            path = model_dir / cfg.get("embedding_file", "embeddings_bf16.bin")
+        else:
+            path = model_dir / cfg.get("llm_weight", "llm.mnn.weight")
+        if bits == 16:
+            vocab = (a_off - w_off) // (2 * hidden) if a_off > w_off else 0
+            return EmbeddingInfo(path, hidden, vocab, "fp16", w_off, a_off, a_size, 16, 0, a_fp16)
+        if bits not in (2, 3, 4, 8):
+            raise MNNFormatError(f"{cfg_path}: tie_embeddings quant_bit {bits}, expected 2, 3, 4, 8 or 16")
+        vocab = (a_off - w_off) * 8 // bits // hidden
+        return EmbeddingInfo(path, hidden, vocab, "quant", w_off, a_off, a_size, bits, block, a_fp16)
+    path = model_dir / cfg.get("embedding_file", "embeddings_bf16.bin")
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise MNNFormatError(f"{path}: untied model without its bf16 embedding file: {exc}") from exc
+    if size % (2 * hidden):
+        raise MNNFormatError(f"{path}: {size} bytes is not a whole number of bf16 rows of {hidden}")
+    return EmbeddingInfo(path, hidden, size // (2 * hidden), "bf16")
+
+
+def read_embeddings(model_dir: str | os.PathLike[str], tokens: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
+    """Embedding rows as float32 ``[len(tokens), hidden]`` (all ``[vocab, hidden]`` when ``tokens`` is
+    None), read from ``embeddings_bf16.bin`` or, for tied embeddings, from the lm_head's quantized bytes."""
+    info = embedding_info(model_dir)
+    rows = np.arange(info.vocab) if tokens is None else np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if rows.size and (rows.min() < 0 or rows.max() >= info.vocab):
+        raise MNNFormatError(f"{info.path}: token ids must be in [0, {info.vocab})")
+    with WeightFile(info.path) as wf:
+        if info.kind == "bf16":
+            table = wf.read(0, info.vocab * info.hidden * 2, "bf16 embeddings").view("<u2")
+            picked = table.reshape(info.vocab, info.hidden)[rows]
+            return (picked.astype(np.uint32) << 16).view(np.float32)
+        if info.kind == "fp16":
+            table = wf.read(info.weight_offset, info.vocab * info.hidden * 2, "fp16 embeddings").view("<f2")
+            return table.reshape(info.vocab, info.hidden)[rows].astype(np.float32)
+        row_bytes = info.hidden * info.bits // 8
+        packed = wf.read(info.weight_offset, info.vocab * row_bytes, "tied embedding codes")
+        packed = packed.reshape(info.vocab, row_bytes)[rows]
+        alpha = _alpha_from(wf.read(info.alpha_offset, info.alpha_size, "tied embedding scales"), info.alpha_fp16)
+    block = info.block or info.hidden
+    blocks = info.hidden // block
+    codes = unpack_codes(packed.reshape(-1), info.bits, rows.size * info.hidden).reshape(rows.size, blocks, block)
+    offset = 1 << (info.bits - 1)
+    ints = codes.astype(np.float32) - offset
+    if alpha.size == info.vocab * blocks:
+        scale = alpha.reshape(info.vocab, blocks)[rows]
+        out = ints * scale[:, :, None]
+    elif alpha.size == 2 * info.vocab * blocks:
+        pairs = alpha.reshape(info.vocab, blocks, 2)[rows]
+        out = ints * pairs[:, :, 1:2] + pairs[:, :, 0:1]
+    else:
+        raise MNNFormatError(
+            f"{info.path}: {alpha.size} tied-embedding scales fit neither {info.vocab}x{blocks} nor twice that"
+        )
+    return out.reshape(rows.size, info.hidden).astype(np.float32)
+
+
+# ---- encoder (llmexport's layout), for synthetic models, tests and benchmarks -------------------------
+
+
+@dataclass
+class QuantizedLinear:
+    """A ``[out, in]`` matrix quantized the way llmexport stores it: ``weight_block`` (header, code table,
+    packed codes) and ``alpha`` go to the weight file back to back; ``dequantized`` is what a decoder
+    must give back."""
+
+    weight_block: bytes
+    alpha: bytes
+    dequantized: np.ndarray
+    bits: int
+    block_size: int
+    symmetric: bool
+    alpha_fp16: bool
+
+    def idst_quan(self) -> Any:
+        """The matching ``IDSTQuanT`` (type 1) for a Convolution2D with external data."""
+        from mnnbuild.mnn._generated import mnn_fb as fb
+
+        out_ch, in_ch = self.dequantized.shape
+        q = fb.IDSTQuanT()
+        q.type, q.aMaxOrBits, q.quantScale = QUANT_IDST, self.bits, 1.0
+        q.aMin, q.readType = (0, 0) if self.symmetric else (1, out_ch * (in_ch // self.block_size))
+        q.shapeInt32 = out_ch > 65535 or in_ch > 65535
+        q.scaleStorage = fb.ScaleStorageType.FP16 if self.alpha_fp16 else fb.ScaleStorageType.FP32
+        return q
+
+
+def quantize_linear(
+    w: np.ndarray, bits: int, block_size: int = 0, symmetric: bool = False, alpha_fp16: bool = False
+) -> QuantizedLinear:
+    """Quantize float ``w`` [out, in] to ``bits`` (1..8) per ``block_size`` inputs (0: channel-wise)."""
+    w = np.asarray(w, dtype=np.float32)
+    out_ch, in_ch = w.shape
+    block = block_size or in_ch
+    if in_ch % block or not 1 <= bits <= 8:
+        raise ValueError(f"cannot quantize [{out_ch}, {in_ch}] to {bits} bits in blocks of {block}")
+    groups = w.reshape(out_ch * (in_ch // block), block)
+    offset = 1 << (bits - 1)
+    if symmetric:
+        scale = np.abs(groups).max(axis=1) / max(offset - 1, 1)
+        scale[scale == 0] = 1.0
+        q = np.clip(np.rint(groups / scale[:, None]), -(offset - 1), offset - 1)
+        alpha = scale
+        zero = np.zeros_like(scale)
+    else:
+        lo, hi = groups.min(axis=1), groups.max(axis=1)
+        scale = (hi - lo) / (2 * offset - 1)
+        scale[scale == 0] = 1.0
+        q = np.clip(np.rint((groups - lo[:, None]) / scale[:, None]) - offset, -offset, offset - 1)
+        zero = lo + scale * offset
+        alpha = np.stack([zero, scale], axis=1).reshape(-1)
+    stored = alpha.astype("<f2" if alpha_fp16 else "<f4")
+    a = stored.astype(np.float32)
+    scale_s, zero_s = (a, np.zeros_like(a)) if symmetric else (a[1::2], a[0::2])
+    deq = (q * scale_s[:, None] + zero_s[:, None]).astype(np.float32).reshape(out_ch, in_ch)
+    codes = (q + offset).astype(np.uint8).reshape(-1)
+    if bits == 8:
+        packed = codes
+    else:
+        packed = np.packbits(np.unpackbits(codes[:, None], axis=1)[:, 8 - bits :].reshape(-1))
+    dim_dtype = "<i4" if out_ch > 65535 or in_ch > 65535 else "<u2"
+    table = np.arange(-offset, offset, dtype=np.int8)
+    header = bytes([2]) + np.array([out_ch, in_ch], dim_dtype).tobytes()
+    header += bytes([0 if table.size == 256 else table.size]) + table.tobytes()
+    return QuantizedLinear(header + packed.tobytes(), stored.tobytes(), deq, bits, block, symmetric, alpha_fp16)

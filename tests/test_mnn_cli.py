@@ -1,0 +1,65 @@
+"""``python -m mnnbuild inspect``: text and JSON summaries, clear failure on bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mnnbuild.__main__ import main
+from mnnbuild.mnn import load_model
+from tests.test_mnn_model import MODEL_DIRS, ROOT, model_dirs
+
+
+@model_dirs
+def test_inspect_json(model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["inspect", str(model_dir / "llm.mnn"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    model = load_model(model_dir / "llm.mnn")
+    assert summary["ops"] == len(model.ops) and summary["tensors"] == len(model.tensor_names)
+    assert sum(summary["op_types"].values()) == len(model.ops)
+    assert summary["op_types"]["Convolution"] == summary["convolutions"]["count"] > 0
+    assert [i["name"] for i in summary["inputs"]] == ["input_ids", "attention_mask", "position_ids", "logits_index"]
+    assert summary["inputs"][3]["dtype"] == "DT_INT32"
+    assert [o["name"] for o in summary["outputs"]] == ["logits", "hidden_states"]
+    weight_file = (model_dir / "llm.mnn.weight").stat().st_size
+    assert summary["weight_file"]["bytes"] == weight_file
+    assert summary["weight_bytes"]["external"] == weight_file  # every byte of the file is referenced once
+
+
+def test_inspect_storage_labels(capsys: pytest.CaptureFixture[str]) -> None:
+    labels = {}
+    for key, model_dir in MODEL_DIRS.items():
+        main(["inspect", str(model_dir / "llm.mnn"), "--json"])
+        labels[key] = json.loads(capsys.readouterr().out)["convolutions"]["storage"]
+    assert labels["tiny-qwen3"] == {"int4 asym block64": 15}
+    assert labels["qwen3-untied-int8-b32"] == {"int8 asym block32": 22}
+    assert labels["llama-int4-cw"] == {"int4 sym channel": 15}
+
+
+def test_inspect_text_from_another_directory(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mnnbuild", "inspect", str(MODEL_DIRS["tiny-qwen3"] / "llm.mnn")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "ops: 254" in out and "Convolution" in out and "input_ids" in out and "logits" in out
+    assert "int4 asym block64: 15" in out and "weight bytes:" in out
+
+
+def test_inspect_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.mnn"
+    bad.write_bytes(b"definitely not a flatbuffer\n" * 3)
+    assert main(["inspect", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "MNN model" in err
