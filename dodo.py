@@ -27,6 +27,11 @@ def task_io() -> Iterator[dict[str, Any]]:
     yield from dag.io_tasks(PROJECT)
 
 
+def task_partition() -> Iterator[dict[str, Any]]:
+    """Cut each model into CPU ops and QNN Plugin ops (qnn/llm.mnn, graph dirs, npu_postreat.json)."""
+    yield from dag.partition_tasks(PROJECT)
+
+
 def task_config() -> Iterator[dict[str, Any]]:
     """Write each model's config_qnn.json per target."""
     yield from dag.config_tasks(PROJECT)

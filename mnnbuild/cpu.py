@@ -75,8 +75,19 @@ def to_var(array: np.ndarray, name: str | None = None, nhwc: bool = False) -> An
     return var
 
 
+def var_format(var: Any) -> str:
+    """MNN data format name of a Var (``NCHW``, ``NHWC``, ``NC4HW4``)."""
+    return str(var.data_format).rpartition(".")[2]
+
+
 def to_numpy(var: Any) -> np.ndarray:
-    """A copy of a Var's content as a numpy array."""
+    """A copy of a Var's values in logical (NCHW) order.
+
+    ``read()`` alone returns NC4HW4 data still packed in blocks of four channels.
+    """
+    if var_format(var) == "NC4HW4":
+        F = import_mnn().expr
+        var = F.convert(var, F.NCHW)
     return np.array(var.read(), copy=True)
 
 

@@ -32,6 +32,7 @@ from mnnbuild.spec import HfSource, ModelSpec, discover_specs
 from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
+from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,9 @@ class Project:
 
     def io_dir(self, spec: ModelSpec) -> Path:
         return self.settings.model_root(spec.name) / "io"
+
+    def partition_dir(self, spec: ModelSpec) -> Path:
+        return self.settings.model_root(spec.name) / "partition"
 
     def target_dir(self, spec: ModelSpec, arch: str, stage: str) -> Path:
         return self.settings.target_root(spec.name, arch) / stage
@@ -265,6 +269,22 @@ class BuildSummaryReporter(ConsoleReporter):
             if names:
                 lines.append(f"  {label + ':':12} {' '.join(names)}")
         self.outstream.write("\n".join(lines) + "\n")
+
+
+def partition_tasks(project: Project) -> Iterator[dict[str, Any]]:
+    for spec in project.specs.values():
+        model_dir, io_dir = project.fetch_dir(spec), project.io_dir(spec)
+        yield stage_task(
+            name=spec.name,
+            doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{spec.chunk_size} graphs)",
+            stage=partition,
+            manifest=PartitionManifest,
+            inputs=PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=io_dir),
+            params=PartitionParams(chunk_size=spec.chunk_size, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
+            out_dir=project.partition_dir(spec),
+            file_dep=[model_dir / FetchManifest.filename(), io_dir / IoManifest.filename()],
+            tools=tool_versions(mnn=True),
+        )
 
 
 def config_tasks(project: Project) -> Iterator[dict[str, Any]]:

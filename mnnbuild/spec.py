@@ -58,6 +58,10 @@ class ModelSpec(BaseModel):
     targets: Annotated[list[str], Field(min_length=1)]
     socs: dict[str, str] = Field(default_factory=dict, description="Per-arch SoC override, e.g. {v79 = 'SM8735'}.")
     seed: int = Field(default=0, description="Seed of the random io samples.")
+    skips: list[str] = Field(default_factory=list, description="Op names the partition keeps on the CPU.")
+    max_kv_size: int = Field(
+        default=0, ge=0, description="KV cache length for NPU Attention; 0 keeps Attention on the CPU."
+    )
     spec_path: Path = Field(exclude=True, description="The TOML file this spec was read from.")
 
     @field_validator("targets")

@@ -1,0 +1,13 @@
+"""The partition (upstream ``compilefornpu``): cut an MNN LLM graph into CPU ops and QNN subgraphs.
+
+- ``semantics``: which inputs of an MNN op are read for their content, which decide its output shape.
+- ``cut``: the pure graph algorithm (needed ops, folding, break ops, splits, boundaries, plugins).
+- ``fold``: per-shape constant values of the folded tensors and the folded copies of the model.
+- ``reference``: run every module in order on one sample (the per-graph reference IO).
+- ``rewrite``: the Plugin ops, their attributes (per shape, then fused), and ``qnn/llm.mnn``.
+- ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graph<k>``).
+- ``report``: the partition report (JSON and text).
+- ``execute``: run a partitioned model on the CPU with a pluggable runner for each Plugin op.
+
+The stage entry is ``mnnbuild.stages.partition.partition``.
+"""

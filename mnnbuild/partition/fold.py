@@ -1,0 +1,82 @@
+"""Per-shape constants: the values of folded tensors, and model copies where they are Const ops.
+
+A folded tensor (see ``cut``) is fixed once the input shapes are, so MNN computes it from the
+sample inputs; a *folded model* is the source model with the producers of those tensors replaced by
+``Const`` ops holding the values. Sub-graphs of a folded model load with just their data inputs,
+which is how upstream runs each subgraph, and what a QNN graph for that shape sees as static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mnnbuild.cpu import load_module, to_numpy, to_var
+from mnnbuild.errors import StageError
+from mnnbuild.mnn import MnnModel, Op, make_blob, save_model
+
+# numpy dtype -> (MNN DataType name, BlobT field holding the values)
+_BLOB_FIELDS: dict[np.dtype, tuple[str, str]] = {
+    np.dtype(np.float32): ("DT_FLOAT", "float32s"),
+    np.dtype(np.int32): ("DT_INT32", "int32s"),
+    np.dtype(np.int64): ("DT_INT64", "int64s"),
+    np.dtype(np.uint8): ("DT_UINT8", "uint8s"),
+    np.dtype(np.int8): ("DT_INT8", "int8s"),
+}
+
+
+def forward(module: Any, arrays: Sequence[np.ndarray]) -> list[Any]:
+    """Run an MNN module on numpy inputs; always a list of output Vars."""
+    result = module.forward([to_var(a) for a in arrays])
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def compute_folded(
+    model_path: Path,
+    rt: Any,
+    feeds: Mapping[str, np.ndarray],
+    names: Sequence[str],
+) -> dict[str, np.ndarray]:
+    """Values of the named folded tensors for the sample ``feeds`` (graph input name -> array)."""
+    if not names:
+        return {}
+    module = load_module(model_path, rt, list(feeds), list(names))
+    values = {n: to_numpy(v) for n, v in zip(names, forward(module, list(feeds.values())), strict=True)}
+    for n, a in values.items():
+        if a.dtype not in _BLOB_FIELDS:
+            raise StageError(
+                f"{model_path}: folded tensor {n!r} has type {a.dtype}; expected one of "
+                f"{', '.join(str(d) for d in _BLOB_FIELDS)}"
+            )
+    return values
+
+
+def const_op(name: str, tensor: int, value: np.ndarray, dimension_format: int) -> Op:
+    """A ``Const`` op writing ``value`` to ``tensor``."""
+    type_name, field_name = _BLOB_FIELDS[value.dtype]
+    blob = make_blob(list(value.shape), type_name, "NCHW")
+    setattr(blob, field_name, np.ascontiguousarray(value).reshape(-1))
+    return Op(type="Const", name=name, outputs=[tensor], main=blob, default_dimension_format=dimension_format)
+
+
+def folded_model(model: MnnModel, values: Mapping[int, np.ndarray]) -> MnnModel:
+    """A copy of ``model`` whose ops producing ``values``' tensors are Const ops with those values
+    (one Const per folded output). ``model`` itself is not changed."""
+    ops: list[Op] = []
+    for op in model.ops:
+        hit = [t for t in op.outputs if t in values]
+        if not hit:
+            ops.append(op)
+            continue
+        for j, t in enumerate(hit):
+            suffix = "_Const" if len(hit) == 1 else f"_Const{j}"
+            ops.append(const_op(f"{op.name}{suffix}", t, values[t], op.default_dimension_format))
+    return dataclasses.replace(model, ops=ops, path=None)
+
+
+def write_folded_model(model: MnnModel, values: Mapping[int, np.ndarray], path: Path) -> Path:
+    return save_model(folded_model(model, values), path)

@@ -1,0 +1,189 @@
+"""The JSON files the partition writes: ``qnn/<graph>/graph.json`` and ``partition.json``.
+
+Tensor indexes are those of the *source* model (``llm.mnn``); a tensor's QNN name is
+``t<source index>``, as MNN's QNN backend names graph tensors and as the Plugin op's ``inputs``
+and ``outputs`` attributes list them (the Plugin's own tensor indexes in ``qnn/llm.mnn`` are
+re-numbered; the runtime binds the i-th input of the op to the graph tensor named ``inputs[i]``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from mnnbuild.cpu import load_vars
+from mnnbuild.errors import StageError
+
+GRAPH_FILE = "graph.json"
+REFERENCE_INPUT = "input.mnn"
+REFERENCE_OUTPUT = "output.mnn"
+FOLDED_VALUES = "folded.mnn"
+INLINE_VALUES_MAX = 256
+"""Folded values up to this many elements are written into graph.json too (all are in folded.mnn)."""
+
+
+def qnn_name(index: int) -> str:
+    """QNN tensor name of source tensor ``index``."""
+    return f"t{index}"
+
+
+def graph_name(shape_index: int, plugin: int) -> str:
+    """Upstream naming: the first sample shape (decode) ``graph<k>``, shape s>0 ``graph<s>_<k>``."""
+    return f"graph{plugin}" if shape_index == 0 else f"graph{shape_index}_{plugin}"
+
+
+def binary_path(plugin: int) -> str:
+    """The Plugin's ``path`` (and op name): the context binary holding all shapes of plugin k."""
+    return f"qnn/graph{plugin}.bin"
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    """Tensor index in the source model."""
+    name: str
+    """MNN tensor name (the same in the source model and in qnn/llm.mnn)."""
+    qnn_name: str
+    shape: list[int]
+    dtype: str
+    """numpy dtype of the values (float32, int32 ...)."""
+    format: str
+    """MNN data format the tensor has in MNN (NCHW, NC4HW4 ...); values are stored in NCHW order."""
+
+
+class FoldedTensor(TensorSpec):
+    values: list[Any] | None = None
+    """Flattened values when small; always in folded.mnn under ``name``."""
+
+
+class ConstTensor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    name: str
+    qnn_name: str
+    op: int
+    """Index of the Const op in the source model that holds the data."""
+    shape: list[int]
+    dtype: str
+
+
+class OpRef(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    """Op index in the source model."""
+    name: str
+    type: str
+    inputs: list[int]
+    outputs: list[int]
+
+
+class GraphDescription(BaseModel):
+    """What the QNN stage needs to build one graph (one plugin at one shape)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    graph: str
+    plugin: int
+    shape_index: int
+    binary: str
+    source_model: str
+    """The source model file name (in the model dir); op and tensor indexes refer to it."""
+    ops: list[OpRef]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    internal: list[TensorSpec]
+    """Every other tensor the ops make, with its shape at this graph's shape."""
+    folded: list[FoldedTensor]
+    """Per-shape constants the ops read (shape arithmetic folded for this shape)."""
+    constants: list[ConstTensor]
+    """Const-op tensors the ops read (weights other than convolution parameters, tables)."""
+    reference_input: str = REFERENCE_INPUT
+    reference_output: str = REFERENCE_OUTPUT
+    folded_values: str | None = None
+
+    def load_reference(self, graph_dir: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The reference inputs and outputs, in boundary order and with their exact shapes (an MNN
+        variable file stores a scalar as shape [1])."""
+        ins = load_vars(Path(graph_dir) / self.reference_input)
+        outs = load_vars(Path(graph_dir) / self.reference_output)
+        return (
+            [ins[t.name].reshape(t.shape) for t in self.inputs],
+            [outs[t.name].reshape(t.shape) for t in self.outputs],
+        )
+
+    def load_folded(self, graph_dir: Path) -> dict[int, np.ndarray]:
+        """Folded values by source tensor index, with their exact shapes."""
+        if not self.folded_values:
+            return {}
+        arrays = load_vars(Path(graph_dir) / self.folded_values)
+        return {f.index: arrays[f.name].reshape(f.shape) for f in self.folded}
+
+    @classmethod
+    def read(cls, graph_dir: Path) -> GraphDescription:
+        path = Path(graph_dir) / GRAPH_FILE
+        try:
+            return cls.model_validate_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise StageError(f"{path}: graph description missing; run the partition stage") from None
+        except ValueError as exc:
+            raise StageError(f"{path}: invalid graph description: {exc}") from None
+
+
+class BoundaryShapes(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    qnn_name: str
+    shapes: list[list[int]]
+    """Shape per sample shape index."""
+    dtype: str
+
+
+class PluginReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    plugin: int
+    name: str
+    graphs: list[str]
+    op_count: int
+    op_types: dict[str, int]
+    first_op: str
+    last_op: str
+    inputs: list[BoundaryShapes]
+    outputs: list[BoundaryShapes]
+    weight_bytes: int
+
+
+class CpuOpReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    index: int
+    name: str
+    type: str
+    reason: str
+
+
+class PartitionReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    sample_shapes: list[int]
+    """Sequence length of each sample (decode first)."""
+    source_ops: int
+    needed_ops: int
+    folded_ops: int
+    plugins: list[PluginReport]
+    cpu_ops: list[CpuOpReport]
+    npu_op_count: int
+    npu_weight_bytes: int
+    total_weight_bytes: int
+    result_ops: int
+    """Ops in qnn/llm.mnn."""
+    max_abs_diff: list[float]
+    """Per sample: largest difference between the chained subgraph outputs and the sample output.mnn."""

@@ -1,0 +1,375 @@
+"""partition: cut ``llm.mnn`` into CPU ops and QNN Plugin ops (upstream ``compilefornpu``).
+
+Reads the model (fetch output) and the io samples (decode first, then prefill), and writes::
+
+    qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph
+    qnn/graph<k>/               decode graph of plugin k: graph.json, input.mnn, output.mnn, folded.mnn
+    qnn/graph1_<k>/             the same at the prefill shape
+    npu_postreat.json           {"type": "QNN", "merge": {"qnn/graph<k>.bin": [...]}, "cache": "qnn"}
+    partition.json, partition.txt, partition.manifest.json
+
+The cut is in ``mnnbuild.partition.cut``; see ``mnnbuild.partition.records`` for tensor naming.
+``qnn/llm.mnn`` keeps using the model's ``llm.mnn.weight``: its CPU ops are the source ops with
+their external weight offsets unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from mnnbuild.cpu import CpuRuntime, load_vars, save_vars
+from mnnbuild.errors import MNNFormatError, StageError
+from mnnbuild.fsutil import atomic_write_text, staged_dir
+from mnnbuild.lowering.support import SupportCheck, unsupported_reason
+from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
+from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
+from mnnbuild.partition.cut import Cut, Module, plan_cut
+from mnnbuild.partition.fold import compute_folded, write_folded_model
+from mnnbuild.partition.records import (
+    FOLDED_VALUES,
+    GRAPH_FILE,
+    INLINE_VALUES_MAX,
+    REFERENCE_INPUT,
+    REFERENCE_OUTPUT,
+    ConstTensor,
+    FoldedTensor,
+    GraphDescription,
+    OpRef,
+    TensorSpec,
+    binary_path,
+    graph_name,
+    qnn_name,
+)
+from mnnbuild.partition.reference import ModuleIO, run_modules
+from mnnbuild.partition.report import build_report, format_report
+from mnnbuild.partition.rewrite import fuse_attributes, rewrite_model, shape_attributes
+from mnnbuild.stages.fetch import FetchManifest
+from mnnbuild.stages.io import IoManifest
+
+log = logging.getLogger(__name__)
+
+QNN_DIR = "qnn"
+RESULT_MODEL = f"{QNN_DIR}/llm.mnn"
+POSTREAT_FILE = "npu_postreat.json"
+REPORT_JSON = "partition.json"
+REPORT_TEXT = "partition.txt"
+_BLOB_DTYPES = {"DT_FLOAT": "float32", "DT_INT32": "int32", "DT_INT64": "int64", "DT_UINT8": "uint8", "DT_INT8": "int8"}
+CHAIN_TOLERANCE = 1e-3
+"""Chained subgraphs must reproduce the whole-graph sample outputs this closely (relative to their scale)."""
+
+
+class PartitionInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    model_dir: Path
+    """The fetch stage's output directory."""
+    io_dir: Path
+    """The io stage's output directory."""
+
+
+class PartitionParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    chunk_size: int = Field(gt=1)
+    """Prefill length; must be the io stage's."""
+    skips: tuple[str, ...] = ()
+    """Op names forced to stay on the CPU."""
+    max_kv_size: int = Field(default=0, ge=0)
+    """0 keeps Attention with a KV cache on the CPU (upstream KVCACHE_SIZE_LIMIT)."""
+    runtime: CpuRuntime = CpuRuntime()
+
+
+class PluginRecord(BaseModel):
+    plugin: int
+    path: str
+    graphs: list[str]
+    ops: int
+
+
+class PartitionManifest(Manifest):
+    stage = "partition"
+    params: PartitionParams
+    seq_lens: list[int]
+    """Sample shapes, in graph-name order (decode first)."""
+    plugins: list[PluginRecord]
+    cpu_ops: int
+
+
+def _read_samples(io_dir: Path, io: IoManifest) -> list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    samples = []
+    for sample, sample_dir in zip(io.samples, io.sample_dirs(io_dir), strict=True):
+        values = []
+        for file in (REFERENCE_INPUT, REFERENCE_OUTPUT):
+            path = sample_dir / file
+            if not path.is_file():
+                raise StageError(
+                    f"{path}: sample file missing; expected the io stage's testdir/{sample.seq_len}/{file}"
+                )
+            try:
+                arrays = load_vars(path)
+            except Exception as exc:  # MNN raises plain RuntimeError/SystemError on a bad file
+                raise StageError(f"{path}: not an MNN variable file: {exc}") from None
+            if not arrays:
+                raise StageError(f"{path}: holds no variables; expected the sample's {file.split('.')[0]}s")
+            values.append(arrays)
+        samples.append((sample.seq_len, values[0], values[1]))
+    if not samples:
+        raise StageError(f"{io_dir / IoManifest.filename()}: field 'samples' is empty; expected decode and prefill")
+    return samples
+
+
+def _check_names(model: MnnModel, model_path: Path, io_dir: Path, samples: list[Any], skips: tuple[str, ...]) -> None:
+    expected_inputs = set(model.input_names)
+    tensors = set(model.tensor_names)
+    for seq, feeds, outputs in samples:
+        where = io_dir / "testdir" / str(seq)
+        got = set(feeds)
+        if got != expected_inputs:
+            extra = sorted(got - expected_inputs)
+            missing = sorted(expected_inputs - got)
+            detail = f"unknown {extra}" if extra else f"missing {missing}"
+            raise StageError(
+                f"{where / REFERENCE_INPUT}: input names do not match {model_path} ({detail}); "
+                f"expected {sorted(expected_inputs)}"
+            )
+        unknown = sorted(set(outputs) - tensors)
+        if unknown:
+            raise StageError(
+                f"{where / REFERENCE_OUTPUT}: output {unknown[0]!r} is not a tensor of {model_path}; "
+                f"expected outputs such as {model.output_names}"
+            )
+    names = [s[1] for s in samples]
+    if any(list(n) != list(names[0]) for n in names):
+        raise StageError(f"{io_dir}: samples list their inputs in different orders; expected one order")
+    op_names = {op.name for op in model.ops}
+    bad = [s for s in skips if s not in op_names]
+    if bad:
+        raise StageError(f"partition params: field 'skips' names {bad[0]!r}, which is not an op of {model_path}")
+
+
+def _graph_description(
+    cut: Cut, m: Module, shape_index: int, io: ModuleIO, folded: dict[int, np.ndarray], folded_file: str | None
+) -> GraphDescription:
+    assert m.graph is not None
+    model = cut.model
+    ops = [
+        OpRef(
+            index=i,
+            name=model.ops[i].name,
+            type=model.ops[i].type,
+            inputs=model.ops[i].inputs,
+            outputs=model.ops[i].outputs,
+        )
+        for i in m.ops
+    ]
+    read = sorted(m.consumed)
+    producer = {t: i for i, op in enumerate(model.ops) if op.type in ("Const", "TrainableParam") for t in op.outputs}
+    constants = []
+    for t in read:
+        if t in producer:
+            blob = model.ops[producer[t]].main
+            dims = [] if blob is None or blob.dims is None else [int(d) for d in blob.dims]
+            dtype = _BLOB_DTYPES.get(enum_name(schema.DataType, blob.dataType), "float32") if blob else "float32"
+            constants.append(
+                ConstTensor(
+                    index=t, name=model.tensor_names[t], qnn_name=qnn_name(t), op=producer[t], shape=dims, dtype=dtype
+                )
+            )
+    folded_specs = []
+    for t in read:
+        if t in folded:
+            value = folded[t]
+            folded_specs.append(
+                FoldedTensor(
+                    index=t,
+                    name=model.tensor_names[t],
+                    qnn_name=qnn_name(t),
+                    shape=list(value.shape),
+                    dtype=str(value.dtype),
+                    format="NCHW",
+                    values=value.reshape(-1).tolist() if value.size <= INLINE_VALUES_MAX else None,
+                )
+            )
+    boundary = set(m.inputs) | set(m.outputs)
+    return GraphDescription(
+        graph=graph_name(shape_index, m.graph),
+        plugin=m.graph,
+        shape_index=shape_index,
+        binary=binary_path(m.graph),
+        source_model=MODEL_FILE,
+        ops=ops,
+        inputs=[io.specs[t] for t in m.inputs],
+        outputs=[io.specs[t] for t in m.outputs],
+        internal=[spec for t, spec in sorted(io.specs.items()) if t not in boundary],
+        folded=folded_specs,
+        constants=constants,
+        folded_values=folded_file if folded_specs else None,
+    )
+
+
+def _write_graph_dir(
+    graph_dir: Path, cut: Cut, m: Module, shape_index: int, io: ModuleIO, folded: dict[int, np.ndarray]
+) -> None:
+    graph_dir.mkdir(parents=True)
+    names = cut.model.tensor_names
+    save_vars(graph_dir / REFERENCE_INPUT, {names[t]: io.inputs[t] for t in m.inputs})
+    save_vars(graph_dir / REFERENCE_OUTPUT, {names[t]: io.outputs[t] for t in m.outputs})
+    mine = {t: folded[t] for t in sorted(m.consumed) if t in folded}
+    if mine:
+        save_vars(graph_dir / FOLDED_VALUES, {names[t]: v for t, v in mine.items()})
+    desc = _graph_description(cut, m, shape_index, io, folded, FOLDED_VALUES)
+    atomic_write_text(graph_dir / GRAPH_FILE, desc.model_dump_json(indent=1) + "\n")
+
+
+def _chain_error(env: dict[int, np.ndarray], cut: Cut, expected: dict[str, np.ndarray], where: Path) -> float:
+    names = cut.model.tensor_names
+    worst = 0.0
+    for t in cut.outputs:
+        want = expected[names[t]]
+        got = env[t]
+        if got.shape != want.shape:
+            raise StageError(
+                f"{where}: chained subgraphs give {names[t]!r} shape {list(got.shape)}, "
+                f"the sample has {list(want.shape)}; the cut is inconsistent"
+            )
+        diff = float(np.max(np.abs(got.astype(np.float64) - want))) if want.size else 0.0
+        scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
+        if diff > CHAIN_TOLERANCE * scale:
+            raise StageError(
+                f"{where}: chained subgraphs give {names[t]!r} off by {diff:.3g} from the sample "
+                f"(allowed {CHAIN_TOLERANCE * scale:.3g}); the cut is inconsistent"
+            )
+        worst = max(worst, diff)
+    return worst
+
+
+def partition(
+    inputs: PartitionInputs,
+    params: PartitionParams,
+    out_dir: Path,
+    *,
+    support: SupportCheck = unsupported_reason,
+) -> PartitionManifest:
+    """Cut the model, run every subgraph on both samples, write the Plugin model and graph dirs.
+
+    ``support`` is the QNN lowering's op check (replaceable in tests)."""
+    model_dir, io_dir = Path(inputs.model_dir), Path(inputs.io_dir)
+    fetched = FetchManifest.read(model_dir)
+    io = IoManifest.read(io_dir)
+    if io.params.chunk_size != params.chunk_size:
+        raise StageError(
+            f"{io_dir / IoManifest.filename()}: field 'params.chunk_size' is {io.params.chunk_size}, "
+            f"the partition expects {params.chunk_size}; re-run the io stage"
+        )
+    model_path, weight_path = model_dir / MODEL_FILE, model_dir / WEIGHT_FILE
+    try:
+        model = load_model(model_path)
+    except MNNFormatError as exc:
+        raise StageError(str(exc)) from None
+    samples = _read_samples(io_dir, io)
+    _check_names(model, model_path, io_dir, samples, params.skips)
+    cut = plan_cut(
+        model,
+        list(samples[0][1]),
+        list(samples[0][2]),
+        skips=params.skips,
+        max_kv_size=params.max_kv_size,
+        support=support,
+    )
+    if not cut.plugins:
+        log.warning("partition %s: no subgraph qualifies for the NPU; qnn/llm.mnn equals the CPU graph", inputs.model)
+    rt = params.runtime.create(weight_path)
+    frontier_names = [model.tensor_names[t] for t in cut.frontier]
+    per_shape: list[list[ModuleIO]] = []
+    diffs: list[float] = []
+    with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="mnnbuild-partition-") as work:
+        qnn = tmp / QNN_DIR
+        qnn.mkdir()
+        for s, (seq, feeds, expected) in enumerate(samples):
+            values = compute_folded(model_path, rt, feeds, frontier_names)
+            folded = {model.tensor_index(n): v for n, v in values.items()}
+            folded_path = write_folded_model(model, folded, Path(work) / f"folded{s}.mnn")
+            label = f"{inputs.model} seq {seq}"
+            ios, env = run_modules(cut, folded_path, rt, feeds, label)
+            diffs.append(_chain_error(env, cut, expected, io_dir / "testdir" / str(seq)))
+            per_shape.append(ios)
+            for m, mio in zip(cut.modules, ios, strict=True):
+                if m.graph is not None:
+                    _write_graph_dir(qnn / graph_name(s, m.graph), cut, m, s, mio, folded)
+            log.info(
+                "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
+                inputs.model,
+                seq,
+                diffs[-1],
+            )
+
+        plugin_attrs: dict[int, dict[str, Any]] = {}
+        boundary: dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]] = {}
+        for pos, m in enumerate(cut.modules):
+            if m.graph is None:
+                continue
+            ins = [[per_shape[s][pos].specs[t] for t in m.inputs] for s in range(len(samples))]
+            outs = [[per_shape[s][pos].specs[t] for t in m.outputs] for s in range(len(samples))]
+            attrs = shape_attributes(m, 0, ins[0], outs[0])
+            for s in range(1, len(samples)):
+                attrs = fuse_attributes(attrs, shape_attributes(m, s, ins[s], outs[s]))
+            plugin_attrs[m.graph] = attrs
+            boundary[m.graph] = (ins, outs)
+        result = rewrite_model(cut, plugin_attrs)
+        save_model(result, tmp / RESULT_MODEL)
+
+        merge = {
+            binary_path(m.graph): [f"{QNN_DIR}/{graph_name(s, m.graph)}" for s in range(len(samples))]
+            for m in cut.plugins
+            if m.graph is not None
+        }
+        postreat = {"type": "QNN", "merge": merge, "cache": QNN_DIR}
+        atomic_write_text(tmp / POSTREAT_FILE, json.dumps(postreat, indent=4) + "\n")
+
+        seq_lens = [s[0] for s in samples]
+        report = build_report(inputs.model, cut, seq_lens, boundary, len(result.ops), diffs)
+        atomic_write_text(tmp / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
+        atomic_write_text(tmp / REPORT_TEXT, format_report(report))
+
+        used = {MODEL_FILE, WEIGHT_FILE}
+        manifest = PartitionManifest(
+            model=inputs.model,
+            inputs=[
+                *(
+                    FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256)
+                    for r in fetched.outputs
+                    if r.path in used
+                ),
+                *(
+                    FileRecord(path=f"io/{r.path}", size=r.size, sha256=r.sha256)
+                    for r in io.outputs
+                    if r.path.endswith(".mnn")
+                ),
+            ],
+            params=params,
+            tools=tool_versions(mnn=True),
+            outputs=record_outputs(tmp),
+            seq_lens=seq_lens,
+            plugins=[
+                PluginRecord(plugin=p.plugin, path=p.name, graphs=p.graphs, ops=p.op_count) for p in report.plugins
+            ],
+            cpu_ops=len(report.cpu_ops),
+        )
+        manifest.write(tmp)
+    log.info(
+        "partition %s: %d plugins (%d ops on the NPU), %d ops on the CPU",
+        inputs.model,
+        len(report.plugins),
+        report.npu_op_count,
+        len(report.cpu_ops),
+    )
+    return manifest

@@ -1,0 +1,56 @@
+"""Run a finished mnnbuild bundle the way the phone does: CPU parts in MNN, QNN plugins in the HTP simulator.
+
+::
+
+    from mnnbuild_runtime import HybridModel, greedy_generate, llm_inputs, Embeddings
+
+    with HybridModel("artifacts/tiny-qwen3/v79/bundle/model/tiny-qwen3",
+                     binary_overrides={"qnn/graph0.bin": twin_path}) as model:
+        emb = Embeddings(model.bundle.model_dir)
+        logits = model.forward(llm_inputs(emb([1, 2, 3]), seq=model.bundle.chunk_size))["logits"]
+        tokens = greedy_generate(model, [1, 2, 3], max_new_tokens=8).tokens
+        report = model.report()   # which binary each plugin ran, simulator vs MNN time
+"""
+
+from mnnbuild_runtime.bundle import Bundle, OutputDesc, PluginSpec
+from mnnbuild_runtime.errors import BinaryCheckError, BundleError, PluginShapeError, RuntimeBundleError
+from mnnbuild_runtime.generate import (
+    Embeddings,
+    GenerationResult,
+    causal_mask,
+    cpu_forward_fn,
+    cpu_greedy_generate,
+    greedy_generate,
+    llm_inputs,
+    recompute_generate,
+)
+from mnnbuild_runtime.hybrid import ForwardResult, HybridModel, PluginStep, Segment, StepTiming, build_plan
+from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structure, select_shape_index
+
+__all__ = [
+    "BinaryCheckError",
+    "BinaryOverride",
+    "Bundle",
+    "BundleError",
+    "Embeddings",
+    "ForwardResult",
+    "GenerationResult",
+    "HybridModel",
+    "OutputDesc",
+    "PluginRunner",
+    "PluginShapeError",
+    "PluginSpec",
+    "PluginStep",
+    "RuntimeBundleError",
+    "Segment",
+    "StepTiming",
+    "build_plan",
+    "causal_mask",
+    "check_structure",
+    "cpu_forward_fn",
+    "cpu_greedy_generate",
+    "greedy_generate",
+    "llm_inputs",
+    "recompute_generate",
+    "select_shape_index",
+]
