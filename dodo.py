@@ -32,6 +32,16 @@ def task_partition() -> Iterator[dict[str, Any]]:
     yield from dag.partition_tasks(PROJECT)
 
 
+def task_modellib() -> Iterator[dict[str, Any]]:
+    """Lower each model's graphs to QNN graph descriptions and static tensors."""
+    yield from dag.modellib_tasks(PROJECT)
+
+
 def task_config() -> Iterator[dict[str, Any]]:
     """Write each model's config_qnn.json per target."""
     yield from dag.config_tasks(PROJECT)
+
+
+# context:<model>-<arch> (one subtask per plugin) and bundle:<model>-<arch> are created once
+# partition:<model> has run, since the plugins are only known then.
+globals().update(dag.npu_task_creators(PROJECT))

@@ -9,6 +9,7 @@ mnnbuild module it imports) and its manifest schema are unchanged.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from doit import create_after
 from doit.exceptions import InvalidDodoFile, TaskFailed
 from doit.reporter import ConsoleReporter
 from doit.tools import config_changed
@@ -29,9 +31,12 @@ from mnnbuild.fingerprint import code_fingerprint
 from mnnbuild.manifest import Manifest, tool_versions
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, ModelSpec, discover_specs
+from mnnbuild.stages.bundle import BundleInputs, BundleManifest, BundleParams, assemble_bundle
 from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
+from mnnbuild.stages.context import ContextInputs, ContextManifest, ContextParams, build_context, read_merge
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
+from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
 
 log = logging.getLogger(__name__)
@@ -68,8 +73,15 @@ class Project:
     def partition_dir(self, spec: ModelSpec) -> Path:
         return self.settings.model_root(spec.name) / "partition"
 
+    def modellib_dir(self, spec: ModelSpec) -> Path:
+        return self.settings.model_root(spec.name) / "modellib"
+
     def target_dir(self, spec: ModelSpec, arch: str, stage: str) -> Path:
         return self.settings.target_root(spec.name, arch) / stage
+
+    def default_tasks(self) -> list[str]:
+        spec = self.specs.get(DEFAULT_MODEL)
+        return [f"bundle:{spec.name}-{arch}" for arch in spec.targets] if spec else []
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
@@ -79,7 +91,7 @@ class Project:
             "backend": "sqlite3",
             "check_file_uptodate": "md5",
             "subtasks": True,
-            "default_tasks": [f"io:{DEFAULT_MODEL}"] if DEFAULT_MODEL in self.specs else [],
+            "default_tasks": self.default_tasks(),
             "verbosity": 1,
             "reporter": BuildSummaryReporter,
         }
@@ -144,7 +156,7 @@ def stage_key(
 
 def stage_task(
     *,
-    name: str,
+    name: str | None,
     doc: str,
     stage: StageFn,
     manifest: type[Manifest],
@@ -158,7 +170,7 @@ def stage_task(
 ) -> dict[str, Any]:
     """The doit task dict of one stage run (a subtask named ``name`` of its stage)."""
     key_config = stage_key(stage.__module__, manifest, params, tools)
-    return {
+    task = {
         "name": name,
         "doc": doc,
         "actions": [(run_stage, [stage, inputs, params, out_dir, key_config, file_dep])],
@@ -168,6 +180,9 @@ def stage_task(
         "task_dep": task_dep or [],
         "clean": [(shutil.rmtree, [str(out_dir)], {"ignore_errors": True})],
     }
+    if name is None:  # a task of its own rather than a subtask of its stage
+        del task["name"]
+    return task
 
 
 def _hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
@@ -287,6 +302,22 @@ def partition_tasks(project: Project) -> Iterator[dict[str, Any]]:
         )
 
 
+def modellib_tasks(project: Project) -> Iterator[dict[str, Any]]:
+    for spec in project.specs.values():
+        model_dir, partition_dir = project.fetch_dir(spec), project.partition_dir(spec)
+        yield stage_task(
+            name=spec.name,
+            doc=f"lower every {spec.name} graph to a QNN graph description + static tensor raws",
+            stage=build_modellib,
+            manifest=ModellibManifest,
+            inputs=ModellibInputs(model=spec.name, model_dir=model_dir, partition_dir=partition_dir),
+            params=ModellibParams(),
+            out_dir=project.modellib_dir(spec),
+            file_dep=[model_dir / FetchManifest.filename(), partition_dir / PartitionManifest.filename()],
+            tools=tool_versions(),
+        )
+
+
 def config_tasks(project: Project) -> Iterator[dict[str, Any]]:
     for spec in project.specs.values():
         model_dir = project.fetch_dir(spec)
@@ -302,3 +333,94 @@ def config_tasks(project: Project) -> Iterator[dict[str, Any]]:
                 file_dep=[model_dir / FetchManifest.filename()],
                 tools=tool_versions(),
             )
+
+
+@functools.cache
+def qnn_build_id() -> str:
+    """The QNN build the context stage would use; recorded in task keys so a new QNN rebuilds."""
+    from mnnbuild.qnn import QnnLibrary
+
+    try:
+        return QnnLibrary().version.build_id
+    except MnnbuildError as exc:
+        return f"unavailable ({exc})"
+
+
+def model_name(spec: ModelSpec) -> str:
+    """The model's directory name on the device: the HF repo's name, or the local directory's."""
+    if isinstance(spec.source, HfSource):
+        return spec.source.hf.rpartition("/")[2]
+    return spec.local_dir().name
+
+
+def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
+    """context and bundle tasks of one model: how many plugins it has is known after its partition."""
+    partition_dir, modellib_dir = project.partition_dir(spec), project.modellib_dir(spec)
+    merge = read_merge(partition_dir)
+    for arch in spec.targets:
+        soc = spec.soc(arch)
+        target = f"{spec.name}-{arch}"
+        context_manifests = []
+        binaries = []
+        for binary, graphs in merge.items():
+            plugin = Path(binary).stem
+            out_dir = project.target_dir(spec, arch, "context") / plugin
+            context_manifests.append(out_dir / ContextManifest.filename())
+            binaries.append(out_dir / binary)
+            yield {
+                **stage_task(
+                    name=plugin,
+                    doc=f"HTP context binary {binary} ({', '.join(graphs)}) for {soc.name}",
+                    stage=build_context,
+                    manifest=ContextManifest,
+                    inputs=ContextInputs(model=spec.name, modellib_dir=modellib_dir, binary=binary, graphs=graphs),
+                    params=ContextParams(soc=soc),
+                    out_dir=out_dir,
+                    file_dep=[modellib_dir / ModellibManifest.filename()],
+                    tools=tool_versions(qnn=qnn_build_id()),
+                ),
+                "basename": f"context:{target}",
+            }
+        config_dir = project.target_dir(spec, arch, "config")
+        yield {
+            **stage_task(
+                name=None,
+                doc=f"device bundle of {spec.name} for {soc.name} (HTP {arch})",
+                stage=assemble_bundle,
+                manifest=BundleManifest,
+                inputs=BundleInputs(
+                    model=spec.name,
+                    model_name=model_name(spec),
+                    model_dir=project.fetch_dir(spec),
+                    config_dir=config_dir,
+                    qnn_model=partition_dir / "qnn" / "llm.mnn",
+                    context_binaries=binaries,
+                ),
+                params=BundleParams(soc=soc, qnn_build=qnn_build_id()),
+                out_dir=project.target_dir(spec, arch, "bundle"),
+                file_dep=[
+                    project.fetch_dir(spec) / FetchManifest.filename(),
+                    config_dir / ConfigManifest.filename(),
+                    partition_dir / PartitionManifest.filename(),
+                    *context_manifests,
+                ],
+                tools=tool_versions(qnn=qnn_build_id()),
+            ),
+            "basename": f"bundle:{target}",
+        }
+
+
+def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
+    """One delayed task creator per model (``task_npu_<model>``), run by doit after ``partition:<model>``."""
+    creators = {}
+    for spec in project.specs.values():
+        creates = [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("context", "bundle")]
+
+        def creator(spec: ModelSpec = spec) -> Iterator[dict[str, Any]]:
+            yield from npu_tasks(project, spec)
+
+        creator.__doc__ = (
+            f"{spec.name}: HTP context binaries (a subtask per plugin) / device bundle, after its partition"
+        )
+        creators[f"task_npu_{spec.name}"] = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
+    return creators

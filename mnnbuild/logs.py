@@ -17,3 +17,5 @@ def configure_logging(level: str | None = None) -> None:
         handler.setFormatter(logging.Formatter("%(levelname).1s %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(name)
+    # QNN's own INFO lines are many per graph; show them only when debugging
+    logging.getLogger("mnnbuild.qnn.lib").setLevel(name if name == "DEBUG" else max(logging.WARNING, logger.level))

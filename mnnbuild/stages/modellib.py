@@ -1,0 +1,137 @@
+"""modellib: lower every partition graph to a QNN graph description with its static tensors.
+
+For each ``qnn/<graph>/`` of the partition it writes ``qnn/<graph>/graph.json`` (tensors and
+nodes, see `mnnbuild.lowering.graph`), one ``.raw`` per static tensor, and ``<graph>.bin``, a
+tar of the raws (upstream ``tar -cf graph.bin *.raw``) that is byte-identical whenever the raw
+contents are (sorted members, fixed metadata). The context stage composes QNN graphs from it.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tarfile
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+from tqdm import tqdm
+
+from mnnbuild.errors import StageError
+from mnnbuild.fsutil import staged_dir
+from mnnbuild.lowering.context import TensorMeta
+from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError
+from mnnbuild.lowering.lower import lower_subgraph
+from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.mnn import load_model
+from mnnbuild.mnn.weights import WeightFile
+from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
+from mnnbuild.partition.records import GraphDescription as SubgraphRecord
+from mnnbuild.stages.partition import QNN_DIR, PartitionManifest
+
+log = logging.getLogger(__name__)
+
+
+class ModellibInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    model_dir: Path
+    """fetch output (the source llm.mnn and its weights)."""
+    partition_dir: Path
+
+
+class ModellibParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class LoweredRecord(BaseModel):
+    graph: str
+    plugin: int
+    nodes: int
+    static_tensors: int
+    static_bytes: int
+
+
+class ModellibManifest(Manifest):
+    stage = "modellib"
+    params: ModellibParams
+    graphs: list[LoweredRecord]
+
+
+def tar_raws(graph_dir: Path, dest: Path) -> None:
+    """A tar of the ``.raw`` files of ``graph_dir``, identical bytes for identical contents."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for raw in sorted(graph_dir.glob("*.raw")):
+            info = tarfile.TarInfo(raw.name)
+            info.size = raw.stat().st_size
+            info.mode = 0o644
+            info.mtime = 0
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(raw, "rb") as f:
+                tar.addfile(info, f)
+    dest.write_bytes(buffer.getvalue())
+
+
+def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta]:
+    """Shapes and dtypes of every tensor of one subgraph at its shape, with folded values."""
+    folded = record.load_folded(graph_dir)
+    info: dict[int, TensorMeta] = {}
+    for spec in (*record.inputs, *record.outputs, *record.internal, *record.folded):
+        info[spec.index] = TensorMeta(shape=tuple(spec.shape), dtype=spec.dtype, value=folded.get(spec.index))
+    for const in record.constants:
+        info.setdefault(const.index, TensorMeta(shape=tuple(const.shape), dtype=const.dtype))
+    return info
+
+
+def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path) -> ModellibManifest:
+    """Lower each graph of the partition; errors name the graph and the MNN op."""
+    partition = PartitionManifest.read(inputs.partition_dir)
+    model_path = Path(inputs.model_dir) / MODEL_FILE
+    model = load_model(model_path)
+    graphs = [(p.plugin, g) for p in partition.plugins for g in p.graphs]
+    records: list[LoweredRecord] = []
+    with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / WEIGHT_FILE) as weights:
+        for plugin, graph in tqdm(graphs, desc=f"lower {inputs.model}", unit="graph", disable=len(graphs) < 8):
+            src = Path(inputs.partition_dir) / QNN_DIR / graph
+            record = SubgraphRecord.read(src)
+            try:
+                lowered = lower_subgraph(
+                    model,
+                    weights,
+                    [op.index for op in record.ops],
+                    tensor_info(record, src),
+                    [t.index for t in record.inputs],
+                    [t.index for t in record.outputs],
+                )
+            except LoweringError as exc:
+                raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
+            dest = tmp / QNN_DIR / graph
+            lowered.write(dest)
+            tar_raws(dest, dest / f"{graph}.bin")
+            statics = lowered.description.static_tensors
+            records.append(
+                LoweredRecord(
+                    graph=graph,
+                    plugin=plugin,
+                    nodes=len(lowered.description.nodes),
+                    static_tensors=len(statics),
+                    static_bytes=sum((dest / str(t.raw)).stat().st_size for t in statics),
+                )
+            )
+            log.debug("modellib %s: %s -> %d QNN nodes", inputs.model, graph, len(lowered.description.nodes))
+        manifest = ModellibManifest(
+            model=inputs.model,
+            inputs=[FileRecord.of(inputs.partition_dir / PartitionManifest.filename(), inputs.partition_dir)],
+            params=params,
+            tools=tool_versions(),
+            outputs=record_outputs(tmp),
+            graphs=records,
+        )
+        manifest.write(tmp)
+    log.info("modellib %s: %d graphs lowered, %d QNN nodes", inputs.model, len(records), sum(r.nodes for r in records))
+    return manifest
+
+
+__all__ = ["GRAPH_JSON", "ModellibInputs", "ModellibManifest", "ModellibParams", "build_modellib", "tar_raws"]
