@@ -26,6 +26,7 @@ from mnnbuild_runtime.generate import (
 )
 from mnnbuild_runtime.hybrid import ForwardResult, HybridModel, PluginStep, Segment, StepTiming, build_plan
 from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structure, select_shape_index
+from mnnbuild_runtime.tokenizer import Tokenizer
 
 __all__ = [
     "BinaryCheckError",
@@ -44,6 +45,7 @@ __all__ = [
     "RuntimeBundleError",
     "Segment",
     "StepTiming",
+    "Tokenizer",
     "build_plan",
     "causal_mask",
     "check_structure",

@@ -1,0 +1,341 @@
+"""Reading a finished bundle (``config_qnn.json`` + ``qnn/llm.mnn``) and validating its QNN plugin ops.
+
+Only files a phone receives are read; nothing from the build's intermediate directories.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mnnbuild.errors import MNNFormatError
+from mnnbuild.mnn import MnnModel, embedding_info, enum_name, load_model, plugin_attributes, schema
+from mnnbuild_runtime.errors import BundleError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "config_qnn.json"
+DEFAULT_WEIGHT = "llm.mnn.weight"
+PLUGIN_TYPE = "QNN"
+
+#: MNN DataType -> numpy dtype, for the types a plugin output may carry.
+MNN_NUMPY_DTYPES: dict[int, np.dtype] = {
+    schema.DataType.DT_FLOAT: np.dtype(np.float32),
+    schema.DataType.DT_INT32: np.dtype(np.int32),
+    schema.DataType.DT_INT64: np.dtype(np.int64),
+    schema.DataType.DT_HALF: np.dtype(np.float16),
+    schema.DataType.DT_UINT8: np.dtype(np.uint8),
+    schema.DataType.DT_INT8: np.dtype(np.int8),
+    schema.DataType.DT_INT16: np.dtype(np.int16),
+}
+
+
+@dataclass(frozen=True)
+class OutputDesc:
+    """One ``o_<shape>_<output>`` attribute: what the plugin's output looks like for one shape."""
+
+    dims: tuple[int, ...]
+    data_type: int  # MNN DataType
+    data_format: int  # MNN_DATA_FORMAT
+
+    @property
+    def dtype(self) -> np.dtype:
+        return MNN_NUMPY_DTYPES[self.data_type]
+
+    @property
+    def format_name(self) -> str:
+        return enum_name(schema.MNN_DATA_FORMAT, self.data_format)
+
+
+@dataclass(frozen=True)
+class PluginSpec:
+    """A ``Plugin(type="QNN")`` op of ``qnn/llm.mnn`` with its attributes decoded and checked.
+
+    ``input_tensors``/``output_tensors`` are the MNN tensor names the op reads and writes;
+    ``qnn_inputs``/``qnn_outputs`` the QNN tensor names (``t<index>``) bound to them, in the same order.
+    Shape index ``s`` runs graph ``graph_names[s]`` and produces ``outputs[s]``.
+    """
+
+    name: str
+    op_index: int
+    path: str
+    file: Path
+    input_tensors: tuple[str, ...]
+    output_tensors: tuple[str, ...]
+    qnn_inputs: tuple[str, ...]
+    qnn_outputs: tuple[str, ...]
+    graph_names: tuple[str, ...]
+    all_input_shape: tuple[int, ...]
+    outputs: tuple[tuple[OutputDesc, ...], ...]
+    offset: int = 0
+    size: int = 0  # 0: the whole file
+
+    @property
+    def num_shapes(self) -> int:
+        return len(self.graph_names)
+
+    def where(self) -> str:
+        return f"plugin {self.name!r} ({self.path})"
+
+    def input_shapes(self, ranks: tuple[int, ...] | list[int]) -> list[list[tuple[int, ...]]]:
+        """``allInputShape`` split per shape index and input, given each input's rank."""
+        per_shape = sum(ranks)
+        if per_shape == 0:
+            return [[() for _ in ranks] for _ in range(self.num_shapes)]
+        flat = self.all_input_shape
+        result = []
+        for s in range(len(flat) // per_shape):
+            at, dims = s * per_shape, []
+            for r in ranks:
+                dims.append(tuple(flat[at : at + r]))
+                at += r
+            result.append(dims)
+        return result
+
+    def read_binary(self) -> bytes:
+        """The bytes of this plugin's context binary (honouring the ``offset``/``size`` attributes)."""
+        try:
+            with open(self.file, "rb") as fh:
+                if self.size:
+                    fh.seek(self.offset)
+                    data = fh.read(self.size)
+                else:
+                    data = fh.read()
+        except OSError as exc:
+            raise BundleError(f"{self.where()}: cannot read context binary {self.file}: {exc}") from exc
+        if self.size and len(data) != self.size:
+            raise BundleError(
+                f"{self.where()}: {self.file} is too short: expected {self.size} bytes at offset {self.offset}, "
+                f"got {len(data)}"
+            )
+        return data
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise BundleError(f"{path}: file missing; a bundle model dir must have {path.name}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BundleError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise BundleError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _pair_to_size(value: Any, where: str, key: str) -> int:
+    """``offset``/``size`` attributes are a 64-bit number stored as two int32 (low, high)."""
+    if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int) for v in value):
+        raise BundleError(f"{where}: attribute {key!r} must be a list of two ints (low, high 32 bits), got {value!r}")
+    low, high = (int(v) & 0xFFFFFFFF for v in value)
+    return (high << 32) | low
+
+
+def _str_list(attrs: dict[str, Any], key: str, where: str, count: int | None = None) -> tuple[str, ...]:
+    value = attrs.get(key)
+    if value is None:
+        raise BundleError(f"{where}: attribute {key!r} missing; expected a list of strings")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BundleError(f"{where}: attribute {key!r} must be a list of strings, got {value!r}")
+    if count is not None and len(value) != count:
+        raise BundleError(f"{where}: attribute {key!r} has {len(value)} names, expected {count} (one per op tensor)")
+    return tuple(value)
+
+
+def parse_plugin(model: MnnModel, op_index: int, model_dir: Path, model_file: Path) -> PluginSpec:
+    """Decode and check one Plugin op's attributes (see :class:`PluginSpec`)."""
+    op = model.ops[op_index]
+    where = f"{model_file}: plugin {op.name!r} (op #{op_index})"
+    plugin_type = getattr(op.main, "type", None)
+    if plugin_type != PLUGIN_TYPE:
+        raise BundleError(f"{where}: Plugin type is {plugin_type!r}, expected {PLUGIN_TYPE!r}")
+    try:
+        attrs = plugin_attributes(op)
+    except MNNFormatError as exc:
+        raise BundleError(f"{where}: {exc}") from exc
+    if "state" in attrs:
+        raise BundleError(
+            f"{where}: attribute 'state' (KV cache kept on the NPU) is not supported by this runtime; "
+            "expected plugins without state (attention on the CPU)"
+        )
+    path = attrs.get("path")
+    if not isinstance(path, str) or not path:
+        raise BundleError(f"{where}: attribute 'path' missing or not a string; expected e.g. 'qnn/graph0.bin'")
+    file = model_dir / path
+    if not file.is_file():
+        raise BundleError(f"{where}: attribute 'path' = {path!r} but {file} does not exist")
+    qnn_inputs = _str_list(attrs, "inputs", where, len(op.inputs))
+    qnn_outputs = _str_list(attrs, "outputs", where, len(op.outputs))
+    graph_names = _str_list(attrs, "allGraphName", where)
+    if not graph_names:
+        raise BundleError(f"{where}: attribute 'allGraphName' is empty; expected one graph name per shape")
+    if len(set(graph_names)) != len(graph_names):
+        raise BundleError(f"{where}: attribute 'allGraphName' {list(graph_names)} repeats a name")
+    shape_attr = attrs.get("allInputShape")
+    if shape_attr is None or not isinstance(shape_attr, list) or not all(isinstance(v, int) for v in shape_attr):
+        raise BundleError(f"{where}: attribute 'allInputShape' missing or not a list of ints: {shape_attr!r}")
+    if len(shape_attr) % len(graph_names):
+        raise BundleError(
+            f"{where}: attribute 'allInputShape' has {len(shape_attr)} dims, not a multiple of the "
+            f"{len(graph_names)} shapes named by 'allGraphName'"
+        )
+    if any(d <= 0 for d in shape_attr):
+        raise BundleError(f"{where}: attribute 'allInputShape' {shape_attr} has a non-positive dimension")
+    outputs = []
+    for s in range(len(graph_names)):
+        descs = []
+        for i in range(len(op.outputs)):
+            key = f"o_{s}_{i}"
+            blob = attrs.get(key)
+            if not isinstance(blob, schema.BlobT):
+                raise BundleError(
+                    f"{where}: attribute {key!r} missing or not a Blob; expected the dims, data type and "
+                    f"format of output {i} for shape {s}"
+                )
+            dims = tuple(int(d) for d in (blob.dims if blob.dims is not None else []))
+            if int(blob.dataType) not in MNN_NUMPY_DTYPES:
+                raise BundleError(
+                    f"{where}: attribute {key!r} has data type {enum_name(schema.DataType, blob.dataType)}; "
+                    f"expected one of {[enum_name(schema.DataType, t) for t in MNN_NUMPY_DTYPES]}"
+                )
+            descs.append(OutputDesc(dims, int(blob.dataType), int(blob.dataFormat)))
+        outputs.append(tuple(descs))
+    offset = _pair_to_size(attrs["offset"], where, "offset") if "offset" in attrs else 0
+    size = _pair_to_size(attrs["size"], where, "size") if "size" in attrs else 0
+    return PluginSpec(
+        name=op.name or path,  # unnamed ops are known by their binary
+        op_index=op_index,
+        path=path,
+        file=file,
+        input_tensors=tuple(model.tensor_names[t] for t in op.inputs),
+        output_tensors=tuple(model.tensor_names[t] for t in op.outputs),
+        qnn_inputs=qnn_inputs,
+        qnn_outputs=qnn_outputs,
+        graph_names=graph_names,
+        all_input_shape=tuple(shape_attr),
+        outputs=tuple(outputs),
+        offset=offset,
+        size=size,
+    )
+
+
+@dataclass
+class Bundle:
+    """A bundle's model directory, opened and validated: config, the plugin graph and its plugins."""
+
+    model_dir: Path
+    config: dict[str, Any]
+    model_file: Path
+    model: MnnModel
+    weight_file: Path | None
+    plugins: tuple[PluginSpec, ...]
+
+    @classmethod
+    def open(cls, model_dir: str | os.PathLike[str], config_name: str = CONFIG_FILE) -> Bundle:
+        """Read ``<model_dir>/config_qnn.json`` and the model it names; check every Plugin op."""
+        model_dir = Path(model_dir).resolve()
+        config_path = model_dir / config_name
+        config = _read_json(config_path)
+        llm_model = config.get("llm_model", "llm.mnn")
+        if not isinstance(llm_model, str) or not llm_model:
+            raise BundleError(f"{config_path}: field 'llm_model' must be a path string such as 'qnn/llm.mnn'")
+        chunks = config.get("chunk_limits")
+        if chunks is not None and (
+            not isinstance(chunks, list) or not chunks or not all(isinstance(c, int) and c > 0 for c in chunks)
+        ):
+            raise BundleError(f"{config_path}: field 'chunk_limits' must be a list of positive ints, got {chunks!r}")
+        model_file = model_dir / llm_model
+        if not model_file.is_file():
+            raise BundleError(f"{config_path}: field 'llm_model' = {llm_model!r} but {model_file} does not exist")
+        try:
+            model = load_model(model_file)
+        except MNNFormatError as exc:
+            raise BundleError(str(exc)) from exc
+        weight_name = config.get("llm_weight", DEFAULT_WEIGHT)
+        weight_file = model_dir / weight_name if isinstance(weight_name, str) else None
+        if weight_file is not None and not weight_file.is_file():
+            if _needs_external_weights(model):
+                raise BundleError(
+                    f"{config_path}: {model_file.name} keeps weights in an external file but "
+                    f"{weight_file} does not exist (field 'llm_weight', default {DEFAULT_WEIGHT!r})"
+                )
+            weight_file = None
+        if weight_file is not None:
+            _check_weight_extent(model, model_dir, weight_file)
+        plugins = tuple(
+            parse_plugin(model, i, model_dir, model_file) for i, op in enumerate(model.ops) if op.type == "Plugin"
+        )
+        names = [p.name for p in plugins]
+        dup_names = sorted({n for n in names if names.count(n) > 1})
+        if dup_names:
+            raise BundleError(f"{model_file}: several Plugin ops are named {dup_names}; expected unique op names")
+        paths = [p.path for p in plugins if not p.size]
+        dup = sorted({p for p in paths if paths.count(p) > 1})
+        if dup:
+            raise BundleError(f"{model_file}: several plugins use the same context binary {dup}; expected one each")
+        log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
+        return cls(model_dir, config, model_file, model, weight_file, plugins)
+
+    @property
+    def chunk_limits(self) -> list[int]:
+        return list(self.config.get("chunk_limits") or [])
+
+    @property
+    def chunk_size(self) -> int:
+        """The prefill length (the largest of ``chunk_limits``), as MNN's LLM engine picks it."""
+        if not self.chunk_limits:
+            raise BundleError(f"{self.model_dir / CONFIG_FILE}: no 'chunk_limits'; expected e.g. [128, 1]")
+        return max(self.chunk_limits)
+
+    def plugin(self, name_or_path: str) -> PluginSpec:
+        for p in self.plugins:
+            if name_or_path in (p.name, p.path):
+                return p
+        raise KeyError(f"no plugin named {name_or_path!r}; plugins: {[p.name for p in self.plugins]}")
+
+    @property
+    def input_names(self) -> list[str]:
+        return self.model.input_names
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.model.output_names)
+
+
+def _needs_external_weights(model: MnnModel) -> bool:
+    for op in model.ops:
+        ext = getattr(op.main, "external", None)
+        if ext is not None and len(ext) > 1:
+            return True
+    return False
+
+
+def _check_weight_extent(model: MnnModel, model_dir: Path, weight_file: Path) -> None:
+    """The weight file must cover every external range ``qnn/llm.mnn`` and ``tie_embeddings`` point into:
+    a weight file of another model usually fails here instead of producing garbage."""
+    size = weight_file.stat().st_size
+    for op in model.ops:
+        ext = getattr(op.main, "external", None)
+        if ext is not None and len(ext) > 1:
+            end = int(ext[0]) + sum(int(v) for v in ext[1:])
+            if end > size:
+                raise BundleError(
+                    f"{weight_file}: op {op.name!r} ({op.type}) reads bytes up to {end} but the file has {size}: "
+                    "not the weight file of this model"
+                )
+    if (model_dir / "llm_config.json").is_file():
+        try:
+            info = embedding_info(model_dir)
+        except MNNFormatError as exc:
+            raise BundleError(f"{model_dir / 'llm_config.json'}: {exc}") from exc
+        if info.path == weight_file and info.alpha_offset + info.alpha_size > size:
+            raise BundleError(
+                f"{weight_file}: llm_config.json 'tie_embeddings' reads bytes up to "
+                f"{info.alpha_offset + info.alpha_size} but the file has {size}: not the weight file of this model"
+            )

@@ -1,0 +1,353 @@
+"""One QNN plugin: check its context binary against the plugin attributes, load it once, execute graphs.
+
+Mirrors MNN's QNN plugin kernel: the shape index comes from matching the live input shapes against
+``allInputShape``; the binary is described through QnnSystem binary info, a context is created from
+it and every graph is retrieved in ``allGraphName`` order; buffers are bound by the QNN tensor names
+of the ``inputs``/``outputs`` attributes; graph ``allGraphName[shape index]`` is executed.
+
+The x86 HTP library cannot load a weight-shared context binary (see ``mnnbuild/qnn/README.md``), so a
+:class:`BinaryOverride` can name an unshared twin built from the same graphs: the shipped binary is
+still checked through binary info (and, if its hash is given, byte for byte), and the run report says
+which binary was executed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mnnbuild.errors import QnnError
+from mnnbuild.mnn import schema
+from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info
+from mnnbuild_runtime.bundle import PluginSpec
+from mnnbuild_runtime.errors import BinaryCheckError, PluginShapeError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BinaryOverride:
+    """Run ``binary`` (bytes or a file) instead of a plugin's shipped context binary.
+
+    ``shipped_sha256``: the hash the shipped binary had when the twin was built next to it; a bundle
+    whose binary differs (a flipped byte, a swapped file) is then refused. ``label`` names the twin
+    in reports (defaults to its path, or ``"<bytes>"``).
+    """
+
+    binary: bytes | Path
+    shipped_sha256: str | None = None
+    label: str | None = None
+
+    def read(self) -> bytes:
+        if isinstance(self.binary, (bytes, bytearray)):
+            return bytes(self.binary)
+        try:
+            return Path(self.binary).read_bytes()
+        except OSError as exc:
+            raise BinaryCheckError(f"binary override {self.binary}: cannot read: {exc}") from exc
+
+    @property
+    def source(self) -> str:
+        if self.label:
+            return self.label
+        return str(self.binary) if isinstance(self.binary, (str, os.PathLike)) else "<bytes>"
+
+
+OverrideLike = BinaryOverride | bytes | Path | str
+
+
+def as_override(value: OverrideLike) -> BinaryOverride:
+    if isinstance(value, BinaryOverride):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return BinaryOverride(bytes(value))
+    return BinaryOverride(Path(value))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def select_shape_index(spec: PluginSpec, shapes: Sequence[tuple[int, ...]]) -> int:
+    """The index of the first ``allInputShape`` entry equal to the live input shapes (as MNN does it).
+
+    Inputs with rank 0 in total select shape 0. No match raises :class:`PluginShapeError`."""
+    ranks = [len(s) for s in shapes]
+    if sum(ranks) == 0:
+        return 0
+    candidates = spec.input_shapes(ranks)
+    live = [tuple(int(d) for d in s) for s in shapes]
+    # only as many shape entries as there are graphs can be selected
+    for index, expected in enumerate(candidates[: spec.num_shapes]):
+        if expected == live:
+            return index
+    shown = [[list(d) for d in c] for c in candidates] if len(spec.all_input_shape) % sum(ranks) == 0 else None
+    raise PluginShapeError(
+        f"{spec.where()}: input shapes {[list(s) for s in live]} (tensors {list(spec.input_tensors)}) match none "
+        f"of its allInputShape {shown if shown is not None else list(spec.all_input_shape)} "
+        f"(graphs {list(spec.graph_names)})"
+    )
+
+
+_QNN_NUMPY_COMPATIBLE = {np.dtype(np.float32), np.dtype(np.int32)}
+
+
+def check_structure(spec: PluginSpec, info: BinaryInfo, what: str) -> None:
+    """Raise :class:`BinaryCheckError` unless ``info`` holds exactly the plugin's graphs, in ``allGraphName``
+    order, each with the plugin's input/output tensor names, the shapes of ``allInputShape`` and
+    ``o_<shape>_<output>``, and float32/int32 IO."""
+    where = f"{spec.where()}: {what}"
+    names = list(info.graph_names)
+    for g in spec.graph_names:
+        if g not in names:
+            raise BinaryCheckError(
+                f"{where}: attribute 'allGraphName' names graph {g!r}, which the context binary does not contain; "
+                f"it holds {names}"
+            )
+    if names != list(spec.graph_names):
+        raise BinaryCheckError(
+            f"{where}: context binary holds graphs {names}; expected exactly {list(spec.graph_names)} "
+            "in that order (attribute 'allGraphName')"
+        )
+    ranks: list[int] | None = None
+    for s, gname in enumerate(spec.graph_names):
+        graph = info.graph(gname)
+        got_in = sorted(t.name for t in graph.inputs)
+        got_out = sorted(t.name for t in graph.outputs)
+        if got_in != sorted(spec.qnn_inputs):
+            raise BinaryCheckError(
+                f"{where}: graph {gname!r} has inputs {got_in}; expected the plugin's 'inputs' "
+                f"{sorted(spec.qnn_inputs)}"
+            )
+        if got_out != sorted(spec.qnn_outputs):
+            raise BinaryCheckError(
+                f"{where}: graph {gname!r} has outputs {got_out}; expected the plugin's 'outputs' "
+                f"{sorted(spec.qnn_outputs)}"
+            )
+        tin = [graph.input(n) for n in spec.qnn_inputs]
+        these = [len(t.dims) for t in tin]
+        if ranks is None:
+            ranks = these
+            if sum(ranks) * spec.num_shapes != len(spec.all_input_shape):
+                raise BinaryCheckError(
+                    f"{where}: graph inputs have ranks {ranks} ({sum(ranks)} dims per shape) but attribute "
+                    f"'allInputShape' holds {len(spec.all_input_shape)} dims for {spec.num_shapes} shapes"
+                )
+        elif these != ranks:
+            raise BinaryCheckError(
+                f"{where}: graph {gname!r} input ranks {these} differ from the first graph's {ranks}"
+            )
+        expected_in = spec.input_shapes(ranks)[s]
+        for t, dims in zip(tin, expected_in, strict=True):
+            if tuple(t.dims) != tuple(dims):
+                raise BinaryCheckError(
+                    f"{where}: graph {gname!r} input {t.name!r} has dims {list(t.dims)}; attribute 'allInputShape' "
+                    f"gives {list(dims)} for shape {s}"
+                )
+            if t.numpy_dtype not in _QNN_NUMPY_COMPATIBLE:
+                raise BinaryCheckError(
+                    f"{where}: graph {gname!r} input {t.name!r} is {t.dtype}; expected float32 or int32 IO"
+                )
+        for i, (qname, desc) in enumerate(zip(spec.qnn_outputs, spec.outputs[s], strict=True)):
+            t = graph.output(qname)
+            same = (
+                int(np.prod(t.dims)) == int(np.prod(desc.dims))
+                if desc.data_format == schema.MNN_DATA_FORMAT.NHWC
+                else tuple(t.dims) == desc.dims
+            )
+            if not same:
+                raise BinaryCheckError(
+                    f"{where}: graph {gname!r} output {qname!r} has dims {list(t.dims)}; attribute "
+                    f"'o_{s}_{i}' gives {list(desc.dims)}"
+                )
+            expected_dtype = np.dtype(np.float32) if desc.dtype.kind == "f" else np.dtype(np.int32)
+            if t.numpy_dtype != expected_dtype:
+                raise BinaryCheckError(
+                    f"{where}: graph {gname!r} output {qname!r} is {t.dtype}; attribute 'o_{s}_{i}' "
+                    f"({desc.dtype}) needs {expected_dtype}"
+                )
+
+
+def _target_tags(info: BinaryInfo) -> dict[str, Any]:
+    return {"soc_model": info.soc_model, "soc_type": info.soc_type, "dsp_arch": info.dsp_arch}
+
+
+@dataclass
+class PluginStats:
+    calls: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def add(self, graph: str, seconds: float) -> None:
+        self.calls[graph] = self.calls.get(graph, 0) + 1
+        self.seconds[graph] = self.seconds.get(graph, 0.0) + seconds
+
+
+class PluginRunner:
+    """Loads one plugin's context binary lazily (once) and executes its graphs."""
+
+    def __init__(
+        self,
+        spec: PluginSpec,
+        lib_factory: Callable[[], QnnLibrary],
+        *,
+        override: BinaryOverride | None = None,
+        expected_target: HtpTarget | None = None,
+        allow_weight_shared: bool = False,
+    ) -> None:
+        self.spec = spec
+        self._lib_factory = lib_factory
+        self.override = override
+        self.expected_target = expected_target
+        self.allow_weight_shared = allow_weight_shared
+        self.shipped_info: BinaryInfo | None = None
+        self.shipped_sha256: str | None = None
+        self.executed_info: BinaryInfo | None = None
+        self.executed_sha256: str | None = None
+        self.executed: str | None = None  # "shipped" or "override"
+        self.load_seconds = 0.0
+        self.stats = PluginStats()
+        self._runner: ContextRunner | None = None
+        self._executed_bytes = b""  # set by check(), handed to QNN by load()
+        self._checked = False
+
+    def _info(self, lib: QnnLibrary, data: bytes, what: str) -> BinaryInfo:
+        try:
+            return read_binary_info(lib, data)
+        except QnnError as exc:
+            raise BinaryCheckError(f"{self.spec.where()}: {what} is not a readable QNN context binary: {exc}") from exc
+
+    def _check_target(self, info: BinaryInfo, what: str) -> None:
+        if self.expected_target is None:
+            return
+        try:
+            info.check_target(self.expected_target.soc_id, self.expected_target.dsp_arch)
+        except QnnError as exc:
+            raise BinaryCheckError(f"{self.spec.where()}: {what}: {exc}") from exc
+
+    def check(self) -> None:
+        """Read and check the shipped binary (and the override, if any); does not create a context."""
+        if self._checked:
+            return
+        lib: QnnLibrary = self._lib_factory()
+        shipped = self.spec.read_binary()
+        self.shipped_sha256 = sha256(shipped)
+        self.shipped_info = self._info(lib, shipped, f"shipped binary {self.spec.file}")
+        check_structure(self.spec, self.shipped_info, f"shipped binary {self.spec.file}")
+        self._check_target(self.shipped_info, f"shipped binary {self.spec.file}")
+        if self.override is not None:
+            ov = self.override
+            if ov.shipped_sha256 is not None and ov.shipped_sha256 != self.shipped_sha256:
+                raise BinaryCheckError(
+                    f"{self.spec.where()}: shipped binary {self.spec.file} has sha256 {self.shipped_sha256}, but the "
+                    f"override {ov.source} was built next to a binary with sha256 {ov.shipped_sha256}: the bundle's "
+                    "binary is not the one the twin stands in for (corrupted or swapped?)"
+                )
+            twin = ov.read()
+            twin_info = self._info(lib, twin, f"override {ov.source}")
+            check_structure(self.spec, twin_info, f"override {ov.source}")
+            self._check_target(twin_info, f"override {ov.source}")
+            if _target_tags(twin_info) != _target_tags(self.shipped_info):
+                raise BinaryCheckError(
+                    f"{self.spec.where()}: override {ov.source} targets {_target_tags(twin_info)} but the shipped "
+                    f"binary targets {_target_tags(self.shipped_info)}"
+                )
+            if twin_info.weight_shared and not self.allow_weight_shared:
+                raise BinaryCheckError(
+                    f"{self.spec.where()}: override {ov.source} is weight-shared too; expected an unshared twin "
+                    "(ContextBuilder(weight_sharing=False)) that this QNN library can load"
+                )
+            self._executed_bytes = twin
+            self.executed_info, self.executed_sha256, self.executed = twin_info, sha256(twin), "override"
+        else:
+            if self.shipped_info.weight_shared and not self.allow_weight_shared:
+                raise BinaryCheckError(
+                    f"{self.spec.where()}: shipped binary {self.spec.file} is weight-shared "
+                    f"(graphs {self.shipped_info.graph_names}); the QNN library {lib.version.build_id} cannot load "
+                    "weight-shared binaries on this host (see mnnbuild/qnn/README.md). Pass binary_overrides="
+                    f"{{{self.spec.path!r}: <unshared twin built from the same graphs>}}"
+                )
+            self._executed_bytes = shipped
+            self.executed_info, self.executed_sha256, self.executed = self.shipped_info, self.shipped_sha256, "shipped"
+        self._checked = True
+
+    def load(self) -> ContextRunner:
+        """Check, then create the context and retrieve every graph (once)."""
+        if self._runner is not None:
+            return self._runner
+        self.check()
+        lib: QnnLibrary = self._lib_factory()
+        t0 = time.perf_counter()
+        try:
+            self._runner = ContextRunner(
+                lib, self._executed_bytes, info=self.executed_info, allow_weight_shared=self.allow_weight_shared
+            )
+        except QnnError as exc:
+            raise BinaryCheckError(f"{self.spec.where()}: loading the {self.executed} binary failed: {exc}") from exc
+        self.load_seconds = time.perf_counter() - t0
+        self._executed_bytes = b""  # the runner keeps its own copy
+        log.info("%s: loaded %s binary (%s) in %.3fs", self.spec.where(), self.executed, self.source, self.load_seconds)
+        return self._runner
+
+    @property
+    def source(self) -> str:
+        if self.executed == "override" and self.override is not None:
+            return self.override.source
+        return str(self.spec.file)
+
+    def execute(self, inputs: Sequence[np.ndarray]) -> tuple[int, list[np.ndarray], float]:
+        """Run the graph for these inputs (in ``inputs`` attribute order); returns (shape index, outputs in
+        ``outputs`` attribute order, simulator seconds)."""
+        spec = self.spec
+        index = select_shape_index(spec, [a.shape for a in inputs])
+        runner = self.load()
+        graph = spec.graph_names[index]
+        ginfo = runner.info.graph(graph)
+        feed = {}
+        for qname, arr in zip(spec.qnn_inputs, inputs, strict=True):
+            dtype = ginfo.input(qname).numpy_dtype
+            feed[qname] = np.ascontiguousarray(arr, dtype=dtype)
+        t0 = time.perf_counter()
+        try:
+            got = runner.execute(graph, feed)
+        except QnnError as exc:
+            raise BinaryCheckError(f"{spec.where()}: executing graph {graph!r} failed: {exc}") from exc
+        seconds = time.perf_counter() - t0
+        self.stats.add(graph, seconds)
+        outs = []
+        for qname, desc in zip(spec.qnn_outputs, spec.outputs[index], strict=True):
+            arr = got[qname]
+            if desc.data_format != schema.MNN_DATA_FORMAT.NHWC:
+                arr = arr.reshape(desc.dims)
+            outs.append(arr.astype(desc.dtype, copy=False))
+        return index, outs, seconds
+
+    def report(self) -> dict[str, Any]:
+        """What was checked and what was executed, for the run report."""
+        info = self.shipped_info
+        return {
+            "plugin": self.spec.name,
+            "path": self.spec.path,
+            "graphs": list(self.spec.graph_names),
+            "shipped_sha256": self.shipped_sha256,
+            "shipped_weight_shared": info.weight_shared if info else None,
+            "target": _target_tags(info) if info else None,
+            "executed": self.executed,
+            "executed_source": self.source if self.executed else None,
+            "executed_sha256": self.executed_sha256,
+            "load_seconds": self.load_seconds,
+            "calls": dict(self.stats.calls),
+            "simulator_seconds": dict(self.stats.seconds),
+        }
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None

@@ -1,0 +1,52 @@
+"""Text <-> token ids with MNN's own tokenizer (PyPI ``MNN.llm``), for prompts of greedy generation."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mnnbuild.cpu import import_mnn
+from mnnbuild_runtime.errors import BundleError
+
+
+class Tokenizer:
+    """The tokenizer of a model dir or bundle, given its config (``config.json`` or ``config_qnn.json``).
+
+    PyPI MNN exposes the tokenizer only through an ``Llm`` object, which must be ``load()``-ed first;
+    loading reads the model graph and weights but runs nothing, so it also works for a bundle whose
+    ``qnn/llm.mnn`` has Plugin ops. Only ``tokenizer_encode``/``tokenizer_decode`` are used.
+    """
+
+    def __init__(self, config: str | os.PathLike[str]) -> None:
+        path = Path(config)
+        if not path.is_file():
+            raise BundleError(f"{path}: config file missing; expected config.json or config_qnn.json of a model dir")
+        try:
+            config_data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"{path}: not valid JSON: {exc}") from exc
+        # MNN crashes (SIGSEGV in tokenizer_encode) instead of failing when the tokenizer file is missing
+        name = config_data.get("tokenizer_file", "tokenizer.txt") if isinstance(config_data, dict) else None
+        tok_file = path.parent / name if isinstance(name, str) else None
+        if tok_file is None or not tok_file.is_file():
+            raise BundleError(
+                f"{path}: tokenizer file {tok_file} (field 'tokenizer_file', default 'tokenizer.txt') does not exist"
+            )
+        import_mnn()
+        with contextlib.redirect_stdout(io.StringIO()):  # MNN prints progress on stdout
+            import MNN.llm  # never MNN.tools: it installs packages and sends telemetry
+
+            self._llm: Any = MNN.llm.create(str(path))
+            self._llm.load()
+        self.config = path
+
+    def encode(self, text: str) -> list[int]:
+        return [int(t) for t in self._llm.tokenizer_encode(text)]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self._llm.tokenizer_decode(int(t)) for t in ids)

@@ -1,0 +1,482 @@
+"""The bundle runtime (runtime/mnnbuild_runtime): CPU segments in MNN, QNN plugins in the HTP simulator.
+
+Self-contained: a small MNN graph made with MNN.expr gets two of its MatMuls replaced by QNN Plugin ops
+(decode and prefill shape each) with real context binaries, weight-shared as shipped plus unshared twins;
+and the shipped tiny Qwen3 gets its first q_proj Convolution replaced the same way (an NC4HW4 boundary).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mnnbuild_runtime import (
+    BinaryCheckError,
+    BinaryOverride,
+    Bundle,
+    BundleError,
+    Embeddings,
+    HybridModel,
+    PluginShapeError,
+    Segment,
+    Tokenizer,
+    cpu_forward_fn,
+    cpu_greedy_generate,
+    greedy_generate,
+    llm_inputs,
+)
+
+from mnnbuild.cpu import CpuRuntime, import_mnn, load_module, to_numpy, to_var
+from mnnbuild.mnn import WeightFile, decode_conv, load_model, make_blob, make_plugin_op, read_embeddings, save_model
+from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+TINY = PROJECT_ROOT / "models" / "tiny-qwen3"
+TARGET = HtpTarget.for_soc("SM8750")
+DECODE, PREFILL = 1, 4
+
+
+def close_enough(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(cosine, max abs error relative to the reference's max abs): fp16 tolerance is 0.999 / 2%."""
+    g, r = got.astype(np.float64).ravel(), ref.astype(np.float64).ravel()
+    cos = float(g @ r / (np.linalg.norm(g) * np.linalg.norm(r)))
+    rel = float(np.abs(g - r).max() / np.abs(r).max())
+    return cos, rel
+
+
+def assert_close(got: np.ndarray, ref: np.ndarray, what: str) -> None:
+    assert got.shape == ref.shape, f"{what}: shape {got.shape} != {ref.shape}"
+    cos, rel = close_enough(got, ref)
+    assert cos >= 0.999 and rel <= 0.02, f"{what}: cosine {cos:.6f}, max abs err {rel:.4%} of ref max"
+
+
+# ---- the synthetic bundle ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Synthetic:
+    original: Path  # the MNN graph before partitioning
+    bundle: Path  # bundle model dir, weight-shared binaries as shipped
+    twins: dict[str, bytes]  # plugin path -> unshared twin
+    shared: dict[str, bytes]
+
+
+def _linear_binary(lib: QnnLibrary, shared: bool, graphs: list[tuple[str, int]], names: tuple[str, str], w, b) -> bytes:
+    """One plugin's context: y = x @ w (+ b) as a FullyConnected, one graph per (name, rows)."""
+    x_name, y_name = names
+    with ContextBuilder(lib, TARGET, weight_sharing=shared) as ctx:
+        for gname, rows in graphs:
+            g = ctx.add_graph(gname)
+            x = g.add_input(x_name, (rows, w.shape[0]))
+            ins = [x, g.add_static("weight", np.ascontiguousarray(w.T))]
+            if b is not None:
+                ins.append(g.add_static("bias", b))
+            y = g.add_output(y_name, (rows, w.shape[1]))
+            g.add_node("fc", "FullyConnected", ins, [y])
+        return ctx.serialize()
+
+
+@pytest.fixture(scope="module")
+def qnn_lib() -> QnnLibrary:
+    return QnnLibrary()
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -> Synthetic:
+    root = tmp_path_factory.mktemp("synthetic")
+    F = import_mnn().expr
+    rng = np.random.default_rng(7)
+    w1 = rng.standard_normal((8, 16)).astype(np.float32) * 0.5
+    b1 = rng.standard_normal(16).astype(np.float32)
+    w2 = rng.standard_normal((16, 8)).astype(np.float32) * 0.5
+    x = F.placeholder([-1, 8], F.NCHW, F.float)
+    x.name = "x"
+    h = F.relu(x)
+    h.name = "h"
+    y1 = F.matmul(h, F.const(w1, [8, 16], F.NCHW, F.float)) + F.const(b1, [16], F.NCHW, F.float)
+    y1.name = "y1"
+    t = F.tanh(y1)
+    t.name = "t"
+    y2 = F.matmul(t, F.const(w2, [16, 8], F.NCHW, F.float))
+    y2.name = "y2"
+    out = y2 + x
+    out.name = "out"
+    hid = y1 * F.scalar(0.5)
+    hid.name = "hid"
+    original = root / "original.mnn"
+    F.save([out, hid], str(original))
+
+    model = load_model(original)
+    model.output_names = ["out", "hid"]
+    idx = model.tensor_index
+    # ops that the two plugins replace: h -> y1 (Cast, MatMul, add bias) and t -> y2 (Cast, MatMul)
+    cut = [("h", "y1"), ("t", "y2")]
+    plugins = []
+    for k, (src, dst) in enumerate(cut):
+        start = next(i for i, op in enumerate(model.ops) if idx(src) in op.inputs)
+        end = next(i for i, op in enumerate(model.ops) if idx(dst) in op.outputs)
+        plugins.append((k, start, end, idx(src), idx(dst)))
+    dims = {"h": 8, "y1": 16, "t": 16, "y2": 8}
+    bundle = root / "bundle" / "model" / "Synth"
+    (bundle / "qnn").mkdir(parents=True)
+    twins, shared = {}, {}
+    for k, start, end, a, b in reversed(plugins):
+        src, dst = model.tensor_names[a], model.tensor_names[b]
+        removed = model.ops[start : end + 1]
+        consts = {t for op in removed for t in op.inputs if t != a}
+        attrs = {
+            "path": f"qnn/graph{k}.bin",
+            "inputs": [f"t{a}"],
+            "outputs": [f"t{b}"],
+            "allGraphName": [f"graph{k}", f"graph1_{k}"],
+            "allInputShape": [DECODE, dims[src], PREFILL, dims[src]],
+            "o_0_0": make_blob([DECODE, dims[dst]]),
+            "o_1_0": make_blob([PREFILL, dims[dst]]),
+        }
+        model.ops[start : end + 1] = [make_plugin_op(f"qnn{k}", [a], [b], attrs)]
+        model.delete_ops(lambda op, consts=consts: op.type == "Const" and bool(set(op.outputs) & consts))
+        w, bias = (w1, b1) if k == 0 else (w2, None)
+        graphs = [(f"graph{k}", DECODE), (f"graph1_{k}", PREFILL)]
+        path = attrs["path"]
+        shared[path] = _linear_binary(qnn_lib, True, graphs, (f"t{a}", f"t{b}"), w, bias)
+        twins[path] = _linear_binary(qnn_lib, False, graphs, (f"t{a}", f"t{b}"), w, bias)
+        (bundle / path).write_bytes(shared[path])
+    save_model(model, bundle / "qnn" / "llm.mnn")
+    (bundle / "config_qnn.json").write_text(
+        json.dumps({"llm_model": "qnn/llm.mnn", "backend_type": "cpu", "chunk_limits": [PREFILL, DECODE]})
+    )
+    return Synthetic(original, bundle, twins, shared)
+
+
+def reference(original: Path, x: np.ndarray) -> dict[str, np.ndarray]:
+    rt = CpuRuntime().create()
+    module = load_module(original, rt, ["x"], ["out", "hid"])
+    outs = module.forward([to_var(x)])
+    return {"out": to_numpy(outs[0]), "hid": to_numpy(outs[1])}
+
+
+@pytest.fixture
+def bundle_copy(synthetic: Synthetic, tmp_path: Path) -> Path:
+    """A private copy of the synthetic bundle, for tests that break it."""
+    dest = tmp_path / "Synth"
+    shutil.copytree(synthetic.bundle, dest)
+    return dest
+
+
+def test_bundle_open_decodes_plugins(synthetic: Synthetic) -> None:
+    bundle = Bundle.open(synthetic.bundle)
+    assert [p.name for p in bundle.plugins] == ["qnn0", "qnn1"]
+    p0 = bundle.plugins[0]
+    assert p0.path == "qnn/graph0.bin" and p0.file == synthetic.bundle / "qnn" / "graph0.bin"
+    assert p0.input_tensors == ("h",) and p0.output_tensors == ("y1",)
+    assert p0.graph_names == ("graph0", "graph1_0")
+    assert p0.input_shapes([2]) == [[(1, 8)], [(4, 8)]]
+    assert [d.dims for d in p0.outputs[1]] == [(4, 16)]
+    assert bundle.chunk_size == PREFILL and bundle.output_names == ["out", "hid"]
+
+
+def test_plan_alternates_mnn_segments_and_plugins(synthetic: Synthetic) -> None:
+    with HybridModel(synthetic.bundle, binary_overrides=synthetic.twins) as model:
+        kinds = [(type(s).__name__, s.name) for s in model.steps]
+        assert kinds == [
+            ("Segment", "cpu0"),
+            ("PluginStep", "qnn0"),
+            ("Segment", "cpu1"),
+            ("PluginStep", "qnn1"),
+            ("Segment", "cpu2"),
+        ]
+        segs = [s for s in model.steps if isinstance(s, Segment)]
+        assert segs[0].inputs == ("x",) and segs[0].outputs == ("h",)
+        assert segs[1].inputs == ("y1",) and set(segs[1].outputs) == {"t", "hid"}
+        assert set(segs[2].inputs) == {"y2", "x"} and segs[2].outputs == ("out",)
+
+
+@pytest.mark.parametrize("seq", [DECODE, PREFILL])
+def test_hybrid_forward_matches_mnn(synthetic: Synthetic, qnn_lib: QnnLibrary, seq: int) -> None:
+    x = np.random.default_rng(seq).standard_normal((seq, 8)).astype(np.float32)
+    ref = reference(synthetic.original, x)
+    with HybridModel(
+        synthetic.bundle, binary_overrides=synthetic.twins, qnn_lib=qnn_lib, expected_target=TARGET
+    ) as model:
+        result = model.run({"x": x}, capture=True)
+        for name in ("out", "hid"):
+            assert_close(result.outputs[name], ref[name], f"{name} seq {seq}")
+        graphs = [(s.name, s.graph) for s in result.steps if s.kind == "qnn"]
+        k = 0 if seq == DECODE else 1
+        assert graphs == [("qnn0", ["graph0", "graph1_0"][k]), ("qnn1", ["graph1", "graph1_1"][k])]
+        assert result.qnn_seconds > 0 and result.mnn_seconds > 0
+        assert result.plugin_io["qnn0"]["inputs"]["t" + str(model.bundle.model.tensor_index("h"))].shape == (seq, 8)
+        report = model.report()
+    plugin = report["plugins"][0]
+    assert plugin["executed"] == "override" and plugin["executed_source"] == "<bytes>"
+    assert plugin["shipped_weight_shared"] is True
+    assert plugin["target"] == {"soc_model": 69, "soc_type": "SM8750", "dsp_arch": 79}
+    assert plugin["calls"] == {["graph0", "graph1_0"][k]: 1}
+    assert [s["segment"] for s in report["segments"]] == ["cpu0", "cpu1", "cpu2"]
+
+
+def test_unshared_shipped_binary_runs_as_shipped(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
+    for path, twin in synthetic.twins.items():
+        (bundle_copy / path).write_bytes(twin)
+    x = np.ones((PREFILL, 8), dtype=np.float32)
+    with HybridModel(bundle_copy, qnn_lib=qnn_lib) as model:
+        assert_close(model.forward({"x": x})["out"], reference(synthetic.original, x)["out"], "out")
+        assert {p["executed"] for p in model.report()["plugins"]} == {"shipped"}
+
+
+def test_override_from_file_is_reported(synthetic: Synthetic, tmp_path: Path, qnn_lib: QnnLibrary) -> None:
+    files = {}
+    for path, twin in synthetic.twins.items():
+        f = tmp_path / Path(path).name
+        f.write_bytes(twin)
+        files[path] = f
+    overrides = {
+        "qnn/graph0.bin": BinaryOverride(files["qnn/graph0.bin"], shipped_sha256=None),
+        "qnn/graph1.bin": files["qnn/graph1.bin"],
+    }
+    with HybridModel(synthetic.bundle, binary_overrides=overrides, qnn_lib=qnn_lib) as model:
+        reports = model.check_binaries()
+    assert [r["executed_source"] for r in reports] == [str(files["qnn/graph0.bin"]), str(files["qnn/graph1.bin"])]
+    assert all(r["executed"] == "override" and r["shipped_sha256"] for r in reports)
+
+
+def test_weight_shared_binary_without_override_is_refused(synthetic: Synthetic, qnn_lib: QnnLibrary) -> None:
+    with HybridModel(synthetic.bundle, qnn_lib=qnn_lib) as model:
+        with pytest.raises(BinaryCheckError, match=r"qnn0.*weight-shared.*binary_overrides"):
+            model.forward({"x": np.ones((1, 8), dtype=np.float32)})
+
+
+def test_shape_not_in_all_input_shape(synthetic: Synthetic, qnn_lib: QnnLibrary) -> None:
+    with HybridModel(synthetic.bundle, binary_overrides=synthetic.twins, qnn_lib=qnn_lib) as model:
+        with pytest.raises(PluginShapeError, match=r"plugin 'qnn0'.*\[\[3, 8\]\].*\[\[\[1, 8\]\], \[\[4, 8\]\]\]"):
+            model.forward({"x": np.ones((3, 8), dtype=np.float32)})
+
+
+def test_corrupt_binary_header_is_a_clear_error(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
+    path = bundle_copy / "qnn" / "graph1.bin"
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF  # inside the header QnnSystem parses
+    path.write_bytes(bytes(data))
+    with HybridModel(bundle_copy, binary_overrides=synthetic.twins, qnn_lib=qnn_lib) as model:
+        with pytest.raises(BinaryCheckError, match=r"plugin 'qnn1' \(qnn/graph1.bin\).*not a readable QNN context"):
+            model.check_binaries()
+
+
+def test_flipped_byte_is_caught_by_the_pinned_hash(
+    synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary
+) -> None:
+    # QNN does not checksum its blobs: a flip in the payload reads fine; the recorded hash catches it
+    path = bundle_copy / "qnn" / "graph0.bin"
+    original_sha = __import__("hashlib").sha256(path.read_bytes()).hexdigest()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    overrides = {p: BinaryOverride(t, shipped_sha256=original_sha if p == "qnn/graph0.bin" else None)
+                 for p, t in synthetic.twins.items()}  # fmt: skip
+    with HybridModel(bundle_copy, binary_overrides=overrides, qnn_lib=qnn_lib) as model:
+        with pytest.raises(BinaryCheckError, match=r"qnn0.*sha256.*not the one the twin stands in for"):
+            model.check_binaries()
+
+
+def test_swapped_binaries_are_detected(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
+    a, b = bundle_copy / "qnn" / "graph0.bin", bundle_copy / "qnn" / "graph1.bin"
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    with HybridModel(bundle_copy, binary_overrides=synthetic.twins, qnn_lib=qnn_lib) as model:
+        with pytest.raises(BinaryCheckError, match=r"qnn0.*names graph 'graph0'.*\['graph1', 'graph1_1'\]"):
+            model.check_binaries()
+
+
+def _edit_plugin(bundle_dir: Path, name: str, **attrs: object) -> None:
+    path = bundle_dir / "qnn" / "llm.mnn"
+    model = load_model(path)
+    op = model.op_by_name(name)
+    from mnnbuild.mnn import make_attribute, plugin_attributes
+
+    current = plugin_attributes(op)
+    current.update(attrs)
+    for key in [k for k, v in current.items() if v is None]:
+        del current[key]
+    op.main.attr = [make_attribute(k, current[k]) for k in sorted(current)]
+    save_model(model, path)
+
+
+def test_all_graph_name_naming_a_missing_graph(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
+    _edit_plugin(bundle_copy, "qnn1", allGraphName=["graph1", "graph9"])
+    with HybridModel(bundle_copy, binary_overrides=synthetic.twins, qnn_lib=qnn_lib) as model:
+        with pytest.raises(BinaryCheckError, match=r"qnn1.*names graph 'graph9'.*does not contain"):
+            model.check_binaries()
+
+
+def test_override_with_another_plugins_twin_is_refused(synthetic: Synthetic, qnn_lib: QnnLibrary) -> None:
+    overrides = {"qnn/graph0.bin": synthetic.twins["qnn/graph1.bin"]}
+    with HybridModel(synthetic.bundle, binary_overrides=overrides, qnn_lib=qnn_lib) as model:
+        with pytest.raises(BinaryCheckError, match=r"qnn0.*override <bytes>.*names graph 'graph0'"):
+            model.check_binaries()
+
+
+def test_wrong_target_is_refused(synthetic: Synthetic, qnn_lib: QnnLibrary) -> None:
+    target = HtpTarget.for_soc("SM8650")
+    with HybridModel(synthetic.bundle, binary_overrides=synthetic.twins, qnn_lib=qnn_lib, expected_target=target) as m:
+        with pytest.raises(BinaryCheckError, match=r"qnn0.*prepared for soc 69, expected 57"):
+            m.check_binaries()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"o_1_0": None}, r"qnn0.*attribute 'o_1_0' missing"),
+        ({"inputs": ["t1", "t2"]}, r"qnn0.*attribute 'inputs' has 2 names, expected 1"),
+        ({"path": "qnn/nope.bin"}, r"qnn0.*'path' = 'qnn/nope.bin' but .*nope.bin does not exist"),
+        ({"allInputShape": [1, 8, 4]}, r"qnn0.*'allInputShape' has 3 dims, not a multiple of the 2 shapes"),
+        ({"state": "x"}, r"qnn0.*'state'.*not supported"),
+    ],
+)
+def test_bad_plugin_attributes(bundle_copy: Path, edit: dict[str, object], message: str) -> None:
+    _edit_plugin(bundle_copy, "qnn0", **edit)
+    with pytest.raises(BundleError, match=message):
+        Bundle.open(bundle_copy)
+
+
+def test_bad_config(bundle_copy: Path) -> None:
+    (bundle_copy / "config_qnn.json").write_text('{"llm_model": "qnn/other.mnn"}')
+    with pytest.raises(BundleError, match=r"config_qnn.json: field 'llm_model' = 'qnn/other.mnn' but"):
+        Bundle.open(bundle_copy)
+    (bundle_copy / "config_qnn.json").unlink()
+    with pytest.raises(BundleError, match=r"config_qnn.json: file missing"):
+        Bundle.open(bundle_copy)
+
+
+def test_unknown_override_path(synthetic: Synthetic) -> None:
+    with pytest.raises(BundleError, match=r"binary_overrides name \['qnn/graph7.bin'\]"):
+        HybridModel(synthetic.bundle, binary_overrides={"qnn/graph7.bin": b"x"})
+
+
+# ---- the tiny Qwen3 with one Convolution on the NPU -----------------------------------------------------
+
+CHUNK = 8
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -> tuple[Path, dict[str, bytes]]:
+    """The tiny model's first q_proj Convolution as a plugin: its input and output are NC4HW4 tensors."""
+    bundle = tmp_path_factory.mktemp("tiny") / "model" / "tiny-qwen3"
+    (bundle / "qnn").mkdir(parents=True)
+    for name in ("llm.mnn.weight", "llm_config.json", "tokenizer.mtok"):
+        shutil.copy(TINY / name, bundle / name)
+    (bundle / "config_qnn.json").write_text(
+        json.dumps(
+            {
+                "llm_model": "qnn/llm.mnn",
+                "backend_type": "cpu",
+                "chunk_limits": [CHUNK, 1],
+                "tokenizer_file": "tokenizer.mtok",
+            }
+        )
+    )
+    model = load_model(TINY / "llm.mnn")
+    i = next(k for k, op in enumerate(model.ops) if op.type == "Convolution")
+    op = model.ops[i]
+    with WeightFile(TINY / "llm.mnn.weight") as wf:
+        conv = decode_conv(op, wf)
+    out_ch, in_ch = conv.weight.shape
+    a, b = op.inputs[0], op.outputs[0]
+    model.ops[i] = make_plugin_op(
+        "qnn0",
+        [a],
+        [b],
+        {
+            "path": "qnn/graph0.bin",
+            "inputs": [f"t{a}"],
+            "outputs": [f"t{b}"],
+            "allGraphName": ["graph0", "graph1_0"],
+            "allInputShape": [1, in_ch, 1, 1, CHUNK, in_ch, 1, 1],
+            "o_0_0": make_blob([1, out_ch, 1, 1], data_format="NC4HW4"),
+            "o_1_0": make_blob([CHUNK, out_ch, 1, 1], data_format="NC4HW4"),
+        },
+    )
+    save_model(model, bundle / "qnn" / "llm.mnn")
+
+    def build(shared: bool) -> bytes:
+        # MatMul + Add: Reshape(4D)->FullyConnected->Reshape(4D) is miscomputed by the x86 HTP library
+        with ContextBuilder(qnn_lib, TARGET, weight_sharing=shared) as ctx:
+            for gname, rows in (("graph0", 1), ("graph1_0", CHUNK)):
+                g = ctx.add_graph(gname)
+                x = g.add_input(f"t{a}", (rows, in_ch, 1, 1))
+                x2 = g.add_native("x2", (rows, in_ch))
+                g.add_node("flatten", "Reshape", [x], [x2])
+                wt = g.add_static("weight", np.ascontiguousarray(conv.weight.T))
+                bias = g.add_static("bias", conv.bias)
+                y2 = g.add_native("y2", (rows, out_ch))
+                g.add_node("matmul", "MatMul", [x2, wt], [y2])
+                y3 = g.add_native("y3", (rows, out_ch))
+                g.add_node("bias_add", "ElementWiseAdd", [y2, bias], [y3])
+                y = g.add_output(f"t{b}", (rows, out_ch, 1, 1))
+                g.add_node("unflatten", "Reshape", [y3], [y])
+            return ctx.serialize()
+
+    (bundle / "qnn" / "graph0.bin").write_bytes(build(True))
+    return bundle, {"qnn/graph0.bin": build(False)}
+
+
+def test_tiny_model_hybrid_matches_cpu(tiny_bundle: tuple[Path, dict[str, bytes]], qnn_lib: QnnLibrary) -> None:
+    bundle, twins = tiny_bundle
+    embed = Embeddings(bundle)
+    reference_fn = cpu_forward_fn(TINY)
+    with HybridModel(bundle, binary_overrides=twins, qnn_lib=qnn_lib) as model:
+        assert [s.name for s in model.steps] == ["cpu0", "qnn0", "cpu1"]
+        for seq, tokens in ((1, [5]), (CHUNK, [3, 5, 7, 9, 11])):
+            feed = llm_inputs(embed(tokens), seq)
+            got, ref = model.forward(feed), reference_fn(feed)
+            for name in ("logits", "hidden_states"):
+                assert_close(got[name], ref[name], f"{name} seq {seq}")
+            assert np.array_equal(got["logits"][0].argmax(-1), ref["logits"][0].argmax(-1))
+
+
+def test_tiny_model_greedy_generation(tiny_bundle: tuple[Path, dict[str, bytes]], qnn_lib: QnnLibrary) -> None:
+    bundle, twins = tiny_bundle
+    prompt = [11, 22, 33]
+    with HybridModel(bundle, binary_overrides=twins, qnn_lib=qnn_lib) as model:
+        got = greedy_generate(model, prompt, max_new_tokens=10)
+    ref = cpu_greedy_generate(TINY, prompt, max_new_tokens=10, chunk=CHUNK)
+    assert got.tokens == ref.tokens and len(got.tokens) == CHUNK - len(prompt)
+    assert got.stop_reason == ref.stop_reason == "chunk_full"
+    assert len(got.top2_margins) == len(got.tokens)
+    short = cpu_greedy_generate(TINY, prompt, max_new_tokens=2, chunk=CHUNK, stop_ids=[])
+    assert short.tokens == ref.tokens[:2] and short.stop_reason == "max_new_tokens"
+
+
+def test_weight_file_of_another_model_is_refused(tiny_bundle: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    bundle = tmp_path / "tiny"
+    shutil.copytree(tiny_bundle[0], bundle)
+    shutil.copy(PROJECT_ROOT / "tests" / "fixtures" / "models" / "llama-int4-cw" / "llm.mnn.weight", bundle)
+    with pytest.raises(BundleError, match=r"llm.mnn.weight: .* reads bytes up to .*not the weight file of this model"):
+        Bundle.open(bundle)
+
+
+def test_embeddings_and_llm_inputs() -> None:
+    embed = Embeddings(TINY)
+    rows = embed([4, 1, 4])
+    assert rows.shape == (3, 128) and np.array_equal(rows, read_embeddings(TINY, [4, 1, 4]))
+    feed = llm_inputs(rows, 5)
+    assert feed["input_ids"].shape == (5, 1, 128) and not feed["input_ids"][3:].any()
+    mask = feed["attention_mask"][0, 0]
+    assert mask.shape == (5, 5) and mask[0, 1] == np.finfo(np.float32).min and mask[4, 0] == 0 and mask[2, 2] == 0
+    assert feed["position_ids"].tolist() == [[0, 1, 2, 3, 4]] and feed["logits_index"].tolist() == [0]
+    assert llm_inputs(rows[:1])["logits_index"].tolist() == [-1]
+
+
+def test_tokenizer_round_trip(tiny_bundle: tuple[Path, dict[str, bytes]]) -> None:
+    bundle, _ = tiny_bundle
+    tok = Tokenizer(bundle / "config_qnn.json")  # loads although qnn/llm.mnn has a Plugin op
+    ids = tok.encode("hello world")
+    assert ids and tok.decode(ids) == "hello world"
+    assert Tokenizer(TINY / "config.json").encode("hello world") == ids
+    (bundle / "no_tokenizer.json").write_text('{"llm_model": "qnn/llm.mnn"}')
+    with pytest.raises(BundleError, match=r"tokenizer file .*tokenizer.txt .* does not exist"):
+        Tokenizer(bundle / "no_tokenizer.json")
