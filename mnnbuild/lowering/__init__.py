@@ -1,5 +1,5 @@
-"""QNN lowering: turning the MNN ops of one partition subgraph into QNN graph ops.
+"""QNN lowering: turning the MNN ops of one partition subgraph into a QNN graph description.
 
-``support.unsupported_reason`` is the question the partition stage asks before it puts an op
-on the NPU; the lowering itself answers it by implementing exactly the ops that table accepts.
+`lower.lower_subgraph` lowers one subgraph at one shape; `graph.compose` plays a description into a
+QNN graph; `support.unsupported_reason` (the registry's answer) is what the partition asks per op.
 """

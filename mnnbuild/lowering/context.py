@@ -1,0 +1,252 @@
+"""State of one subgraph being lowered: MNN tensors -> QNN tensor names, statics, emitted nodes.
+
+Op lowerings (``ops.py``) only talk to :class:`LoweringContext`; it decides whether an MNN tensor is a
+graph input (``APP_WRITE``), a graph output (``APP_READ``), an intermediate (``NATIVE``) or a constant
+(``STATIC``, materialized on first use), and it names everything deterministically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mnnbuild.lowering.graph import (
+    LoweringError,
+    Param,
+    QnnNodeDesc,
+    QnnTensorDesc,
+    ScalarParam,
+    TensorKind,
+    TensorParam,
+    raw_file_name,
+)
+from mnnbuild.mnn import MnnModel, Op
+from mnnbuild.mnn.weights import WeightFile
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Shape and element type of one MNN tensor at one shape index, and its value when known.
+
+    ``shape`` is MNN's logical shape (NC4HW4 tensors count as NCHW); ``dtype`` a numpy name
+    (``float32``, ``int32``). ``value`` may be given for any tensor; the lowering only reads it for
+    tensors that are constant for this shape (Const outputs and what folds from shapes).
+    """
+
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    value: np.ndarray | None = field(default=None, compare=False, repr=False)
+
+
+def qnn_dtype_name(dtype: str | np.dtype) -> str:
+    """The QNN data type name a graph uses for an MNN element type (int64 and bool travel as int32)."""
+    d = np.dtype(dtype)
+    if d.kind == "f":
+        return "float32"
+    if d.kind in "iub":
+        return "int32" if d != np.dtype(np.uint32) else "uint32"
+    raise LoweringError(f"element type {d} has no QNN lowering")
+
+
+def u32(v: int) -> ScalarParam:
+    return ScalarParam(name="", dtype="uint32", value=int(v))
+
+
+def i32(v: int) -> ScalarParam:
+    return ScalarParam(name="", dtype="int32", value=int(v))
+
+
+def f32(v: float) -> ScalarParam:
+    return ScalarParam(name="", dtype="float32", value=float(v))
+
+
+def b8(v: bool) -> ScalarParam:
+    return ScalarParam(name="", dtype="bool", value=bool(v))
+
+
+def tensor_param(values: np.ndarray | Sequence[int], dtype: str = "uint32") -> TensorParam:
+    arr = np.asarray(values)
+    return TensorParam(name="", dtype=dtype, dims=list(arr.shape), values=arr.ravel().tolist())
+
+
+def digest(*parts: bytes) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()[:8]
+
+
+class LoweringContext:
+    """Builds the tensors and nodes of one QNN graph from MNN ops."""
+
+    def __init__(
+        self,
+        model: MnnModel,
+        weights: WeightFile | None,
+        tensor_info: Mapping[int, TensorMeta],
+        constants: Mapping[int, np.ndarray],
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+    ) -> None:
+        self.model = model
+        self.weights = weights
+        self.info = tensor_info
+        self.constants = constants
+        self.graph_inputs = list(inputs)
+        self.graph_outputs = list(outputs)
+        self.tensors: dict[str, QnnTensorDesc] = {}
+        self.statics: dict[str, np.ndarray] = {}
+        self.nodes: list[QnnNodeDesc] = []
+        self.names: dict[int, str] = {}
+        self.producers = model.producers()
+        self.op: Op | None = None
+        for t in self.graph_inputs:
+            self._declare(t, TensorKind.APP_WRITE)
+
+    # -- facts about MNN tensors ------------------------------------------------------------------
+    def meta(self, t: int) -> TensorMeta:
+        try:
+            return self.info[t]
+        except KeyError:
+            raise self.error(f"no shape known for tensor {self.tname(t)!r} (#{t})") from None
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.meta(t).shape)
+
+    def dtype(self, t: int) -> str:
+        return qnn_dtype_name(self.meta(t).dtype)
+
+    def tname(self, t: int) -> str:
+        return self.model.tensor_names[t] if 0 <= t < len(self.model.tensor_names) else f"#{t}"
+
+    def is_const(self, t: int) -> bool:
+        return t in self.constants
+
+    def value(self, t: int) -> np.ndarray:
+        """The constant value of tensor ``t`` (static inputs of ops: shapes, axes, indices, weights)."""
+        if t not in self.constants:
+            raise self.error(f"input {self.tname(t)!r} (#{t}) must be constant for this lowering but is not")
+        return self.constants[t]
+
+    def error(self, message: str) -> LoweringError:
+        where = f"op {self.op.name!r} ({self.op.type}): " if self.op is not None else ""
+        return LoweringError(where + message)
+
+    # -- QNN tensors ------------------------------------------------------------------------------
+    def _add(self, desc: QnnTensorDesc) -> str:
+        if desc.name in self.tensors:
+            raise self.error(f"QNN tensor {desc.name!r} defined twice")
+        self.tensors[desc.name] = desc
+        return desc.name
+
+    def _declare(self, t: int, kind: TensorKind) -> str:
+        name = f"t{t}"
+        m = self.meta(t)
+        # QNN has no rank-0 tensors (the HTP rejects them): a scalar travels as [1], same bytes
+        dims = list(self.shape(t)) or [1]
+        self._add(QnnTensorDesc(name=name, kind=kind, dims=dims, dtype=qnn_dtype_name(m.dtype)))
+        self.names[t] = name
+        return name
+
+    def static(self, name: str, data: np.ndarray, dtype: str | None = None) -> str:
+        """A STATIC tensor; one name always holds the same data (weight sharing relies on it)."""
+        dtype = dtype or qnn_dtype_name(data.dtype)
+        data = np.asarray(data)
+        if data.ndim == 0:
+            data = data.reshape(1)
+        desc = QnnTensorDesc(name=name, kind=TensorKind.STATIC, dims=list(data.shape), dtype=dtype, raw="")
+        arr = np.ascontiguousarray(data, dtype=desc.numpy_dtype)
+        if name in self.statics:
+            old = self.statics[name]
+            if old.shape != arr.shape or not np.array_equal(old, arr):
+                raise self.error(f"static tensor {name!r} defined twice with different data")
+            return name
+        self.statics[name] = arr
+        return self._add(desc.model_copy(update={"raw": raw_file_name(name)}))
+
+    def const_static(self, t: int, shape: Sequence[int] | None = None, dtype: str | None = None) -> str:
+        """Constant tensor ``t`` as a STATIC tensor (optionally reshaped), named from its producer op."""
+        value = np.asarray(self.value(t))
+        dtype = dtype or self.dtype(t)
+        if shape is not None:
+            value = value.reshape(tuple(shape))
+        producer = self.producers.get(t)
+        base = self.model.ops[producer].name if producer is not None else f"const{t}"
+        if producer is None or self.model.ops[producer].type not in ("Const", "TrainableParam"):
+            # folded per shape: the value may differ between the decode and prefill graph
+            base += "." + digest(str(value.shape).encode(), np.ascontiguousarray(value).tobytes())
+        if shape is not None and tuple(value.shape) != self.shape(t):
+            base += ".r" + "x".join(str(d) for d in value.shape)
+        if dtype != qnn_dtype_name(value.dtype):
+            base += "." + dtype
+        return self.static(base, value.astype(np.dtype(self._np(dtype))), dtype)
+
+    @staticmethod
+    def _np(dtype: str) -> str:
+        return {"float32": "float32", "int32": "int32", "uint32": "uint32", "bool": "bool"}[dtype]
+
+    def input(self, t: int) -> str:
+        """The QNN tensor feeding MNN tensor ``t`` into a node."""
+        if t in self.names:
+            return self.names[t]
+        if self.is_const(t):
+            return self.const_static(t)
+        raise self.error(
+            f"input {self.tname(t)!r} (#{t}) is neither a graph input, produced earlier in the subgraph, nor constant"
+        )
+
+    def output(self, t: int) -> str:
+        """The QNN tensor a node writes MNN tensor ``t`` into (graph output or NATIVE)."""
+        if t in self.names:
+            raise self.error(f"tensor {self.tname(t)!r} (#{t}) is produced twice")
+        kind = TensorKind.APP_READ if t in self.graph_outputs else TensorKind.NATIVE
+        return self._declare(t, kind)
+
+    def temp(self, suffix: str, dims: Sequence[int], dtype: str = "float32") -> str:
+        """An intermediate NATIVE tensor belonging to the current op."""
+        assert self.op is not None
+        base = f"t{self.op.outputs[0]}" if self.op.outputs else self.op.name
+        desc = QnnTensorDesc(name=f"{base}.{suffix}", kind=TensorKind.NATIVE, dims=list(dims) or [1], dtype=dtype)
+        return self._add(desc)
+
+    # -- nodes ------------------------------------------------------------------------------------
+    def node(
+        self,
+        qnn_type: str,
+        inputs: Sequence[str],
+        outputs: Sequence[str],
+        params: Mapping[str, ScalarParam | TensorParam] | None = None,
+        suffix: str = "",
+    ) -> None:
+        """Emit one QNN node for the current op. Node names are ``<MNN op name>[#suffix]``; a node with
+        tensor params gets a hash of them appended, because QNN turns tensor params into static tensors
+        named after the node and a shared weight name must never hold two different values."""
+        assert self.op is not None
+        plist: list[Param] = [p.model_copy(update={"name": k}) for k, p in (params or {}).items()]
+        name = self.op.name + (f"#{suffix}" if suffix else "")
+        tensor_params = [p for p in plist if isinstance(p, TensorParam)]
+        if tensor_params:
+            name += "@" + digest(*(p.model_dump_json().encode() for p in tensor_params))
+        self.nodes.append(
+            QnnNodeDesc(
+                name=name,
+                type=qnn_type,
+                inputs=list(inputs),
+                outputs=list(outputs),
+                params=plist,
+                mnn_op=self.op.name,
+            )
+        )
+
+    def reshape(self, src: str, dims: Sequence[int], dtype: str, suffix: str) -> str:
+        """``src`` reshaped to ``dims`` through a new NATIVE tensor (returns its name)."""
+        dst = self.temp(suffix, dims, dtype)
+        self.node("Reshape", [src], [dst], suffix=suffix)
+        return dst
+
+    def unused_inputs(self) -> list[str]:
+        used = {n for node in self.nodes for n in node.inputs}
+        return [self.names[t] for t in self.graph_inputs if self.names[t] not in used]

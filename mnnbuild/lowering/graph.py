@@ -1,0 +1,242 @@
+"""The serializable description of one QNN graph, and playing it into a ``GraphBuilder``.
+
+A lowered subgraph is a :class:`GraphDescription` (tensors and nodes, JSON) plus the data of its
+static tensors (one ``.raw`` file each: the tensor's elements, little-endian, C order, no header).
+The modellib stage writes both into a graph directory; the context stage reads them back and
+:func:`compose` adds the tensors and nodes to a QNN graph.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping
+from enum import Enum
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from mnnbuild.errors import MnnbuildError
+from mnnbuild.qnn import GraphBuilder, Scalar
+from mnnbuild.qnn import dtypes as qdt
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+GRAPH_JSON = "graph.json"
+DEFAULT_PACKAGE = "qti.aisw"
+
+
+class LoweringError(MnnbuildError):
+    """An MNN op cannot be lowered to QNN, or a graph description is inconsistent."""
+
+
+class TensorKind(str, Enum):
+    APP_WRITE = "APP_WRITE"  # graph input
+    APP_READ = "APP_READ"  # graph output
+    NATIVE = "NATIVE"  # intermediate
+    STATIC = "STATIC"  # constant, data in a .raw file
+
+
+class QnnTensorDesc(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    kind: TensorKind
+    dims: list[int]
+    dtype: str = "float32"
+    """A QNN data type name from ``mnnbuild.qnn.dtypes`` (``float32``, ``int32``, ``uint32``, ``bool`` ...)."""
+    raw: str | None = None
+    """STATIC only: the ``.raw`` file name (in the graph directory) holding the data."""
+
+    @model_validator(mode="after")
+    def _check(self) -> QnnTensorDesc:
+        if (self.kind == TensorKind.STATIC) != (self.raw is not None):
+            raise ValueError(f"tensor {self.name!r}: a raw file is required for STATIC tensors and only for them")
+        if self.dtype not in qdt.NAME_TO_DTYPE:
+            raise ValueError(f"tensor {self.name!r}: unknown QNN data type {self.dtype!r}")
+        return self
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return qdt.numpy_dtype(qdt.NAME_TO_DTYPE[self.dtype])
+
+
+class ScalarParam(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["scalar"] = "scalar"
+    name: str
+    dtype: str
+    value: bool | int | float
+
+
+class TensorParam(BaseModel):
+    """A small constant tensor parameter (permutation, ranges, axes ...), stored inline."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["tensor"] = "tensor"
+    name: str
+    dtype: str
+    dims: list[int]
+    values: list[int] | list[float]
+
+    def array(self) -> np.ndarray:
+        dtype = qdt.numpy_dtype(qdt.NAME_TO_DTYPE[self.dtype])
+        return np.asarray(self.values, dtype=dtype).reshape(self.dims)
+
+
+Param = ScalarParam | TensorParam
+
+
+class QnnNodeDesc(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    package: str = DEFAULT_PACKAGE
+    type: str
+    inputs: list[str]
+    outputs: list[str]
+    params: list[Param] = Field(default_factory=list)
+    mnn_op: str = ""
+    """The MNN op this node was lowered from (for error messages)."""
+
+
+class GraphDescription(BaseModel):
+    """One QNN graph: tensors (inputs and outputs in boundary order) and nodes in execution order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    inputs: list[str]
+    outputs: list[str]
+    tensors: list[QnnTensorDesc]
+    nodes: list[QnnNodeDesc]
+
+    @model_validator(mode="after")
+    def _check(self) -> GraphDescription:
+        names = [t.name for t in self.tensors]
+        if len(set(names)) != len(names):
+            dup = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"duplicate tensor names {dup[:5]}")
+        by_name = {t.name: t for t in self.tensors}
+        for n in self.inputs:
+            if by_name.get(n) is None or by_name[n].kind != TensorKind.APP_WRITE:
+                raise ValueError(f"graph input {n!r} is not an APP_WRITE tensor")
+        for n in self.outputs:
+            if by_name.get(n) is None or by_name[n].kind != TensorKind.APP_READ:
+                raise ValueError(f"graph output {n!r} is not an APP_READ tensor")
+        raws = [t.raw for t in self.tensors if t.raw is not None]
+        if len(set(raws)) != len(raws):
+            raise ValueError("two static tensors share a raw file name")
+        for node in self.nodes:
+            for n in (*node.inputs, *node.outputs):
+                if n not in by_name:
+                    raise ValueError(f"node {node.name!r} refers to unknown tensor {n!r}")
+        return self
+
+    def tensor(self, name: str) -> QnnTensorDesc:
+        for t in self.tensors:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    @property
+    def static_tensors(self) -> list[QnnTensorDesc]:
+        return [t for t in self.tensors if t.kind == TensorKind.STATIC]
+
+
+def raw_file_name(tensor_name: str) -> str:
+    """A file-system safe, deterministic ``.raw`` name for a static tensor name.
+
+    Characters outside ``[A-Za-z0-9._-]`` become ``_``; a short hash of the full name keeps names that
+    differ only in such characters apart.
+    """
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", tensor_name).strip("._") or "tensor"
+    digest = hashlib.sha256(tensor_name.encode()).hexdigest()[:8]
+    return f"{safe[:100]}.{digest}.raw"
+
+
+def write_graph_dir(directory: Path, desc: GraphDescription, statics: Mapping[str, np.ndarray]) -> list[Path]:
+    """Write ``graph.json`` and one ``.raw`` per static tensor into ``directory``; returns the paths written.
+
+    The caller provides atomicity (the stages write into a staging dir and rename it).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for t in desc.static_tensors:
+        if t.name not in statics:
+            raise LoweringError(f"static tensor {t.name!r} has no data")
+        arr = np.ascontiguousarray(statics[t.name], dtype=t.numpy_dtype.newbyteorder("<"))
+        if list(arr.shape) != t.dims:
+            raise LoweringError(f"static tensor {t.name!r}: data shape {list(arr.shape)} != dims {t.dims}")
+        path = directory / str(t.raw)
+        path.write_bytes(arr.tobytes())
+        written.append(path)
+    path = directory / GRAPH_JSON
+    path.write_text(json.dumps(desc.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
+    written.append(path)
+    return written
+
+
+def read_graph_description(directory: Path) -> GraphDescription:
+    path = Path(directory) / GRAPH_JSON
+    try:
+        return GraphDescription.model_validate_json(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LoweringError(f"{path}: cannot read the graph description: {exc}") from exc
+
+
+def read_static(directory: Path, t: QnnTensorDesc) -> np.ndarray:
+    """The data of static tensor ``t`` from its raw file in ``directory``."""
+    path = Path(directory) / str(t.raw)
+    dtype = t.numpy_dtype.newbyteorder("<")
+    try:
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise LoweringError(f"{path}: missing raw file of static tensor {t.name!r}") from exc
+    expected = int(np.prod(t.dims, dtype=np.int64)) * dtype.itemsize
+    if size != expected:
+        raise LoweringError(f"{path}: {size} bytes, static tensor {t.name!r} {t.dims} {t.dtype} needs {expected}")
+    return np.fromfile(path, dtype=dtype).reshape(t.dims).astype(t.numpy_dtype, copy=False)
+
+
+def _param_value(p: Param) -> object:
+    if isinstance(p, TensorParam):
+        return p.array()
+    return Scalar(p.value, p.dtype)
+
+
+def compose(desc: GraphDescription, raw_source: Path | Mapping[str, np.ndarray], graph: GraphBuilder) -> None:
+    """Add every tensor and node of ``desc`` to ``graph`` (not finalized).
+
+    ``raw_source`` is the graph directory holding the ``.raw`` files, or the static data by tensor name.
+    A node QNN refuses raises ``QnnError`` naming the node and its MNN op.
+    """
+    for t in desc.tensors:
+        if t.kind == TensorKind.APP_WRITE:
+            graph.add_input(t.name, t.dims, t.dtype)
+        elif t.kind == TensorKind.APP_READ:
+            graph.add_output(t.name, t.dims, t.dtype)
+        elif t.kind == TensorKind.NATIVE:
+            graph.add_native(t.name, t.dims, t.dtype)
+        else:
+            if isinstance(raw_source, Mapping):
+                data = np.asarray(raw_source[t.name], dtype=t.numpy_dtype).reshape(t.dims)
+            else:
+                data = read_static(Path(raw_source), t)
+            graph.add_static(t.name, data, t.dtype)
+    for node in desc.nodes:
+        params = {p.name: _param_value(p) for p in node.params}
+        try:
+            graph.add_node(node.name, node.type, node.inputs, node.outputs, params, package=node.package)  # type: ignore[arg-type]
+        except MnnbuildError as exc:
+            raise type(exc)(f"{exc} (lowered from MNN op {node.mnn_op!r})") from exc
+    log.debug("composed graph %s: %d tensors, %d nodes", graph.name, len(desc.tensors), len(desc.nodes))

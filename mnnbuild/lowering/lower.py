@@ -1,0 +1,221 @@
+"""Lowering one MNN subgraph (a set of op indexes between boundary tensors) to a QNN graph description.
+
+Entry points:
+
+- :func:`constant_tensors` — the tensors whose value is fixed once the input shapes are (Const outputs,
+  Shape/Rank/Size outputs, and everything computed only from those): these fold into STATIC tensors or
+  op parameters and never become QNN nodes.
+- :func:`unsupported_reason` — why an op cannot be lowered (None when it can); same signature as the
+  partition's ``support.unsupported_reason``.
+- :func:`lower_subgraph` — the :class:`LoweredGraph` (description + static data) of one subgraph at one
+  shape index.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from mnnbuild.errors import MnnbuildError
+from mnnbuild.lowering.context import LoweringContext, TensorMeta
+from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
+from mnnbuild.lowering.ops import FOLDED_OP_TYPES, REGISTRY, blob_value, precision_reason
+from mnnbuild.mnn import MnnModel, Op
+from mnnbuild.mnn.weights import WeightFile
+from mnnbuild.partition.semantics import CONST_OP_TYPES, reads_content, shape_inputs
+
+log = logging.getLogger(__name__)
+
+LOWERED_OP_TYPES: frozenset[str] = frozenset(REGISTRY) - {"Const"}
+"""MNN op kinds with a lowering (Const only matters as a folded graph output)."""
+
+# Ops whose outputs are never constant even with constant inputs (state, randomness, attention).
+_NEVER_CONSTANT = frozenset({"Input", "Attention", "Plugin", "RandomUniform", "RandomNormal", "While", "If"})
+
+
+@dataclass
+class LoweredGraph:
+    """A lowered subgraph: its QNN description and the data of its STATIC tensors by name."""
+
+    description: GraphDescription
+    statics: dict[str, np.ndarray]
+
+    def write(self, directory: Path) -> list[Path]:
+        """``graph.json`` + one ``.raw`` per static tensor (see :func:`graph.write_graph_dir`)."""
+        return write_graph_dir(directory, self.description, self.statics)
+
+
+def constant_tensors(model: MnnModel) -> set[int]:
+    """Tensor indexes whose value depends on nothing but the input *shapes*.
+
+    A tensor is constant when its producer is a Const, or reads the content of constant inputs only
+    (``Shape(x)`` reads no content, so it is constant for any ``x``). ``model.ops`` must be in
+    topological order, as MNN stores them.
+    """
+    const: set[int] = set()
+    for op in model.ops:
+        if op.type in _NEVER_CONSTANT or not op.outputs:
+            continue
+        if op.type in CONST_OP_TYPES or all(t in const for pos, t in enumerate(op.inputs) if reads_content(op, pos)):
+            const.update(op.outputs)
+    return const
+
+
+def unsupported_reason(
+    op: Op, model: MnnModel, static: Collection[int] | None = None, *, precision: bool = True
+) -> str | None:
+    """Why the QNN lowering cannot (or should not) take ``op``; None when it can.
+
+    ``static``: tensors known constant at run time (default :func:`constant_tensors`). An op whose
+    outputs are all constant folds away and is always accepted; otherwise the op kind must be in the
+    registry and pass its parameter check, and inputs the lowering reads as parameters (shapes, axes,
+    slice ranges, permutations) must be constant. With ``precision`` (the default, what the partition
+    should ask) ops that fp16 on the HTP would get wrong are refused too (the rotary phase computed
+    from ``position_ids``: the Cast, its scaling, the Sin/Cos); :func:`lower_subgraph` only refuses what
+    it cannot lower (and logs a warning for the others).
+    """
+    static = constant_tensors(model) if static is None else static
+    if op.outputs and all(t in static for t in op.outputs):
+        return None
+    if op.type in FOLDED_OP_TYPES:
+        return f"{op.type} output is not constant"
+    entry = REGISTRY.get(op.type)
+    if entry is None:
+        return f"op kind {op.type} has no QNN lowering"
+    reason = entry.check(op, model)
+    if reason is not None:
+        return reason
+    for pos in _param_inputs(op):
+        if pos < len(op.inputs) and op.inputs[pos] not in static:
+            name = model.tensor_names[op.inputs[pos]]
+            return f"input #{pos} ({name!r}) sets a parameter or the output shape and must be constant"
+    if precision:
+        return precision_reason(op, model)
+    return None
+
+
+def _param_inputs(op: Op) -> tuple[int, ...]:
+    """Input positions the lowering reads as parameters or bakes into a fixed output shape (shapes, axes,
+    ranges, permutations): they must fold to constants."""
+    n = len(op.inputs)
+    own: tuple[int, ...] = ()
+    if op.type == "StridedSlice":
+        own = tuple(range(1, n))
+    elif op.type == "Transpose":
+        own = (1,)
+    elif op.type == "GatherV2":
+        own = (2,)
+    return tuple(sorted(set(own) | set(shape_inputs(op))))
+
+
+def _constant_values(
+    model: MnnModel, const: set[int], needed: Collection[int], tensor_info: Mapping[int, TensorMeta]
+) -> dict[int, np.ndarray]:
+    """Values of the constant tensors in ``needed``: from ``tensor_info``, else from the Const blob or the
+    input shape (Shape/Rank/Size)."""
+    producers = model.producers()
+    values: dict[int, np.ndarray] = {}
+    for t in needed:
+        if t not in const:
+            continue
+        meta = tensor_info.get(t)
+        if meta is not None and meta.value is not None:
+            values[t] = np.asarray(meta.value)
+            continue
+        op = model.ops[producers[t]] if t in producers else None
+        if op is not None and op.type in CONST_OP_TYPES:
+            values[t] = blob_value(op.main)
+        elif op is not None and op.type in FOLDED_OP_TYPES and op.inputs and op.inputs[0] in tensor_info:
+            shape = tensor_info[op.inputs[0]].shape
+            values[t] = {
+                "Shape": np.asarray(shape, np.int32),
+                "Rank": np.asarray(len(shape), np.int32),
+                "Size": np.asarray(int(np.prod(shape)), np.int32),
+            }[op.type]
+    return values
+
+
+def lower_subgraph(
+    model: MnnModel,
+    weights: WeightFile | str | os.PathLike[str] | None,
+    op_indexes: Sequence[int],
+    tensor_info: Mapping[int, TensorMeta],
+    inputs: Sequence[int],
+    outputs: Sequence[int],
+) -> LoweredGraph:
+    """Lower the ops ``op_indexes`` of ``model`` (in that order, topologically sorted) to one QNN graph.
+
+    ``tensor_info`` gives every involved tensor's shape and dtype at this shape index (and values, at
+    least for folded constants that are not Const/Shape/Rank outputs). Graph inputs/outputs are the MNN
+    tensors ``inputs``/``outputs``, named ``t<index>``, with MNN's logical shape and float32/int32.
+    Static tensors are named from MNN op names (``<op>.weight``, ``<op>.gamma``, Const op names), so the
+    decode and prefill graphs of one plugin name shared weights the same way.
+    """
+    own_file = weights is not None and not isinstance(weights, WeightFile)
+    wf = WeightFile(weights) if own_file else weights  # type: ignore[arg-type]
+    try:
+        return _lower(model, wf, op_indexes, tensor_info, inputs, outputs)
+    finally:
+        if own_file and wf is not None:
+            wf.close()
+
+
+def _lower(
+    model: MnnModel,
+    weights: WeightFile | None,
+    op_indexes: Sequence[int],
+    tensor_info: Mapping[int, TensorMeta],
+    inputs: Sequence[int],
+    outputs: Sequence[int],
+) -> LoweredGraph:
+    const = constant_tensors(model)
+    ops = [model.ops[i] for i in op_indexes]
+    involved = {t for op in ops for t in (*op.inputs, *op.outputs)} | set(outputs)
+    values = _constant_values(model, const, involved, tensor_info)
+    ctx = LoweringContext(model, weights, tensor_info, values, inputs, outputs)
+    folded = 0
+    for op in ops:
+        ctx.op = op
+        const_out = bool(op.outputs) and all(t in const for t in op.outputs)
+        if const_out and not any(t in outputs for t in op.outputs):
+            folded += 1
+            continue
+        reason = unsupported_reason(op, model, const, precision=False) if not const_out else None
+        if reason is not None:
+            raise ctx.error(f"cannot be lowered: {reason}")
+        advice = precision_reason(op, model) if not const_out else None
+        if advice is not None:
+            log.warning("op %r (%s) lowered although: %s", op.name, op.type, advice)
+        entry = REGISTRY["Const"] if const_out else REGISTRY[op.type]
+        try:
+            entry.lower(ctx, op)
+        except LoweringError:
+            raise
+        except (MnnbuildError, ValueError, KeyError, IndexError) as exc:
+            raise ctx.error(f"lowering failed: {exc}") from exc
+    ctx.op = None
+    missing = [t for t in outputs if t not in ctx.names]
+    if missing:
+        raise LoweringError(f"graph outputs {[model.tensor_names[t] for t in missing]} are not produced by the ops")
+    unused = ctx.unused_inputs()
+    if unused:
+        log.warning("graph inputs %s are not read by any node", unused)
+    desc = GraphDescription(
+        inputs=[ctx.names[t] for t in inputs],
+        outputs=[ctx.names[t] for t in outputs],
+        tensors=list(ctx.tensors.values()),
+        nodes=ctx.nodes,
+    )
+    log.debug(
+        "lowered %d MNN ops (%d folded) into %d QNN nodes, %d static tensors",
+        len(ops),
+        folded,
+        len(desc.nodes),
+        len(ctx.statics),
+    )
+    return LoweredGraph(desc, dict(ctx.statics))
