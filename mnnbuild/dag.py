@@ -28,7 +28,8 @@ from pydantic import BaseModel, ValidationError
 from mnnbuild.cache import ArtifactCache, cache_key, human_bytes, write_origin
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import code_fingerprint
-from mnnbuild.manifest import Manifest, tool_versions
+from mnnbuild.manifest import Manifest, package_version, tool_versions
+from mnnbuild.qnn.library import find_qnn_libraries
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, ModelSpec, discover_specs
 from mnnbuild.stages.bundle import BundleInputs, BundleManifest, BundleParams, assemble_bundle
@@ -98,7 +99,13 @@ class Project:
 
 
 def run_stage(
-    stage: StageFn, inputs: BaseModel, params: BaseModel, out_dir: Path, key_config: str, file_dep: list[Path]
+    stage: StageFn,
+    inputs: BaseModel,
+    params: BaseModel,
+    out_dir: Path,
+    key_config: str,
+    file_dep: list[Path],
+    cacheable: bool = True,
 ) -> TaskFailed | dict[str, Any]:
     """doit action: restore the stage's outputs from the cache, or run the stage and store them.
 
@@ -106,7 +113,7 @@ def run_stage(
     build summary whether the outputs were built or restored.
     """
     name = stage_name(stage)
-    cache = ArtifactCache.from_env()
+    cache = ArtifactCache.from_env() if cacheable else None
     key = cache_key(name, key_config, file_dep) if cache else None
     if cache and key:
         restored = cache.restore(name, key, out_dir)
@@ -134,21 +141,37 @@ def stage_name(stage: StageFn) -> str:
     return stage.__module__.rpartition(".")[2]
 
 
+def input_identity(inputs: BaseModel) -> dict[str, Any]:
+    """The inputs' fields that say *what* is built (model, binary, graph names), not *where* from.
+
+    Paths are left out: the content behind them enters the key through the input files' hashes,
+    and leaving locations out lets a checkout elsewhere hit the same cache entries.
+    """
+
+    def is_location(value: Any) -> bool:
+        return isinstance(value, Path) or (
+            isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, Path) for v in value)
+        )
+
+    fields = {name: getattr(inputs, name) for name in type(inputs).model_fields}
+    return {name: v for name, v in inputs.model_dump(mode="json").items() if not is_location(fields[name])}
+
+
 def stage_key(
     stage_module: str,
     manifest: type[Manifest],
+    inputs: BaseModel,
     params: BaseModel,
     tools: dict[str, str],
-    extra: dict[str, Any] | None = None,
 ) -> str:
-    """What a stage's result depends on besides its input files, as one string for doit."""
+    """What a stage's result depends on besides its input files' content, as one string for doit."""
     return json.dumps(
         {
             "code": code_fingerprint(stage_module),
             "schema": manifest.schema_hash(),
+            "inputs": input_identity(inputs),
             "params": params.model_dump(mode="json"),
             "tools": tools,
-            **(extra or {}),
         },
         sort_keys=True,
     )
@@ -167,13 +190,14 @@ def stage_task(
     tools: dict[str, str],
     uptodate: list[Any] | None = None,
     task_dep: list[str] | None = None,
+    cacheable: bool = True,
 ) -> dict[str, Any]:
     """The doit task dict of one stage run (a subtask named ``name`` of its stage)."""
-    key_config = stage_key(stage.__module__, manifest, params, tools)
+    key_config = stage_key(stage.__module__, manifest, inputs, params, tools)
     task = {
         "name": name,
         "doc": doc,
-        "actions": [(run_stage, [stage, inputs, params, out_dir, key_config, file_dep])],
+        "actions": [(run_stage, [stage, inputs, params, out_dir, key_config, file_dep, cacheable])],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(out_dir / manifest.filename())],
         "uptodate": [config_changed(key_config), *(uptodate or [])],
@@ -224,6 +248,9 @@ def fetch_tasks(project: Project) -> Iterator[dict[str, Any]]:
             file_dep=file_dep,
             tools=tool_versions(),
             uptodate=uptodate,
+            # its outputs are links into this machine's source or HF cache: restoring another
+            # checkout's links would point there, and relinking is as cheap as a restore
+            cacheable=False,
         )
 
 
@@ -337,13 +364,18 @@ def config_tasks(project: Project) -> Iterator[dict[str, Any]]:
 
 @functools.cache
 def qnn_build_id() -> str:
-    """The QNN build the context stage would use; recorded in task keys so a new QNN rebuilds."""
-    from mnnbuild.qnn import QnnLibrary
+    """Which QNN libraries the QNN stages would load, without loading them (task keys only).
 
+    The PyPI package's version (or the SDK directory) plus the backend library's size: a new QNN
+    changes it, and a checkout elsewhere with the same package keeps its cache hits. Manifests
+    record the build id the library itself reports.
+    """
     try:
-        return QnnLibrary().version.build_id
+        paths = find_qnn_libraries()
     except MnnbuildError as exc:
         return f"unavailable ({exc})"
+    where = package_version("onnxruntime-qnn") if paths.source == "onnxruntime_qnn" else str(paths.lib_dir)
+    return f"{paths.source} {where} {paths.backend.stat().st_size}"
 
 
 def model_name(spec: ModelSpec) -> str:
@@ -396,7 +428,7 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
                     qnn_model=partition_dir / "qnn" / "llm.mnn",
                     context_binaries=binaries,
                 ),
-                params=BundleParams(soc=soc, qnn_build=qnn_build_id()),
+                params=BundleParams(soc=soc),
                 out_dir=project.target_dir(spec, arch, "bundle"),
                 file_dep=[
                     project.fetch_dir(spec) / FetchManifest.filename(),

@@ -10,7 +10,9 @@ import pytest
 from mnnbuild.cache import ArtifactCache, CacheEntry
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
-DEFAULT_CHAIN = ["fetch:tiny-qwen3", "io:tiny-qwen3"]
+# fetch only links files (never cached: links belong to one checkout); every other stage of the
+# default bundle is restorable
+NOT_CACHED = {"fetch:tiny-qwen3"}
 
 
 def summary(output: str) -> dict[str, list[str]]:
@@ -22,47 +24,66 @@ def summary(output: str) -> dict[str, list[str]]:
     return rows
 
 
-def no_mnn_env(tmp_path: Path) -> dict[str, str]:
-    """An environment in which importing MNN fails, to prove a build did no MNN work."""
-    fake = tmp_path / "no-mnn"
-    (fake / "MNN").mkdir(parents=True)
-    (fake / "MNN" / "__init__.py").write_text("raise ImportError('MNN must not be used by a cached build')\n")
-    return {"PYTHONPATH": str(fake)}
+def guard_env(tmp_path: Path) -> dict[str, str]:
+    """An environment in which importing MNN or loading a QNN library fails: proof of no MNN/QNN work."""
+    guard = tmp_path / "guard"
+    (guard / "MNN").mkdir(parents=True)
+    (guard / "MNN" / "__init__.py").write_text("raise ImportError('MNN must not be used by a cached build')\n")
+    (guard / "sitecustomize.py").write_text(
+        "import cffi\n"
+        "_dlopen = cffi.FFI.dlopen\n"
+        "def _guard(self, name, *args, **kwargs):\n"
+        "    if 'Qnn' in str(name):\n"
+        "        raise OSError('QNN must not be loaded by a cached build: ' + str(name))\n"
+        "    return _dlopen(self, name, *args, **kwargs)\n"
+        "cffi.FFI.dlopen = _guard\n"
+    )
+    return {"PYTHONPATH": str(guard)}
 
 
 @pytest.fixture
-def warm_cache(tmp_path: Path, run_doit: RunDoit) -> Path:
+def warm_cache(tmp_path: Path, run_doit: RunDoit) -> tuple[Path, list[str]]:
+    """A cache filled by a cold build of the default tasks; returns it and the tasks that ran."""
     cache = tmp_path / "cache"
     first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
-    assert executed_tasks(first.stdout) == DEFAULT_CHAIN
-    assert summary(first.stdout)["built"] == DEFAULT_CHAIN
-    return cache
+    built = summary(first.stdout)["built"]
+    assert {"io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3", "bundle:tiny-qwen3-v79"} <= set(built)
+    assert any(t.startswith("context:tiny-qwen3-v79:") for t in built)
+    assert "from cache" not in summary(first.stdout)
+    return cache, built
 
 
-def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm_cache: Path) -> None:
+def test_guard_catches_mnn_and_qnn_work(tmp_path: Path, run_doit: RunDoit) -> None:
+    proc = run_doit(env=guard_env(tmp_path), check=False)
+    assert proc.returncode != 0
+    assert "MNN must not be used" in proc.stdout + proc.stderr
+
+
+def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
+    cache, built = warm_cache
     clone = copy_project(tmp_path / "clone")
-    env = {
-        "MNNBUILD_CACHE": str(warm_cache),
-        "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"),
-        **no_mnn_env(tmp_path),
-    }
+    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"), **guard_env(tmp_path)}
     proc = run_doit(env=env, project=clone)
-    assert summary(proc.stdout) == {"from cache": DEFAULT_CHAIN}, proc.stdout
-    io_dir = tmp_path / "clone-artifacts" / "tiny-qwen3" / "io"
-    origin = json.loads((io_dir / "io.origin.json").read_text())
-    assert origin["origin"] == "cache"
-    built = tmp_path / "artifacts" / "tiny-qwen3" / "io"
-    assert (io_dir / "io.manifest.json").read_bytes() == (built / "io.manifest.json").read_bytes()
-    for rel in ("testdir/1/output.mnn", "testdir/128/input.mnn"):
-        assert (io_dir / rel).read_bytes() == (built / rel).read_bytes()
+    rows = summary(proc.stdout)
+    assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
+    assert rows["built"] == sorted(NOT_CACHED)
+    for task_dir in ("tiny-qwen3/io/io", "tiny-qwen3/partition/partition", "tiny-qwen3/v79/bundle/bundle"):
+        origin = json.loads((tmp_path / "clone-artifacts" / f"{task_dir}.origin.json").read_text())
+        assert origin["origin"] == "cache"
+    # byte-identical to the cold build
+    for rel in ("tiny-qwen3/io/io.manifest.json", "tiny-qwen3/v79/bundle/bundle.manifest.json"):
+        assert (tmp_path / "clone-artifacts" / rel).read_bytes() == (tmp_path / "artifacts" / rel).read_bytes()
     # and then it is simply up to date
     again = run_doit(env=env, project=clone)
-    assert summary(again.stdout) == {"up to date": DEFAULT_CHAIN}
+    assert "built" not in summary(again.stdout) and "from cache" not in summary(again.stdout)
 
 
-def test_corrupted_entry_is_discarded_and_rebuilt(tmp_path: Path, run_doit: RunDoit, warm_cache: Path) -> None:
-    cache = ArtifactCache(str(warm_cache))
-    entry_path = next((warm_cache / "io").glob("*.json"))
+def test_corrupted_entry_is_discarded_and_rebuilt(
+    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+) -> None:
+    warm, built = warm_cache
+    cache = ArtifactCache(str(warm))
+    entry_path = next((warm / "io").glob("*.json"))
     entry = CacheEntry.model_validate_json(entry_path.read_text())
     output = next(f for f in entry.files if f.path == "testdir/128/output.mnn")
     blob = Path(cache._blob(output.sha256))
@@ -70,9 +91,12 @@ def test_corrupted_entry_is_discarded_and_rebuilt(tmp_path: Path, run_doit: RunD
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
 
-    env = {"MNNBUILD_CACHE": str(warm_cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
+    env = {"MNNBUILD_CACHE": str(warm), "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
     proc = run_doit(env=env)
-    assert summary(proc.stdout) == {"built": ["io:tiny-qwen3"], "from cache": ["fetch:tiny-qwen3"]}, proc.stdout
+    rows = summary(proc.stdout)
+    # io rebuilt (identical content), so everything after it is restored again
+    assert rows["built"] == sorted(NOT_CACHED | {"io:tiny-qwen3"}), proc.stdout
+    assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"io:tiny-qwen3"})
     assert "does not match its sha256; entry discarded" in proc.stderr
     rebuilt = tmp_path / "other" / "tiny-qwen3" / "io" / "testdir" / "128" / "output.mnn"
     assert (
@@ -83,31 +107,36 @@ def test_corrupted_entry_is_discarded_and_rebuilt(tmp_path: Path, run_doit: RunD
     assert cache.has("io", entry.key)
 
 
-def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, warm_cache: Path) -> None:
+def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
     env = {"MNNBUILD_CACHE": "off", "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
-    assert summary(run_doit(env=env).stdout) == {"built": DEFAULT_CHAIN}
+    assert sorted(summary(run_doit(env=env).stdout)["built"]) == sorted(warm_cache[1])
 
 
 def test_editing_a_stage_reruns_it_and_dependents_only(tmp_path: Path, run_doit: RunDoit) -> None:
     clone = copy_project(tmp_path / "clone")
-    assert executed_tasks(run_doit(project=clone).stdout) == DEFAULT_CHAIN
-    io_src = clone / "mnnbuild" / "stages" / "io.py"
-    io_src.write_text(io_src.read_text() + "\n# an edit\n")
+    first = executed_tasks(run_doit(project=clone).stdout)
+    src = clone / "mnnbuild" / "stages" / "partition.py"
+    src.write_text(src.read_text() + "\n# an edit\n")
     proc = run_doit(project=clone)
-    assert executed_tasks(proc.stdout) == ["io:tiny-qwen3"] and skipped_tasks(proc.stdout) == ["fetch:tiny-qwen3"]
+    downstream = ("partition:", "modellib:", "context:", "bundle:", "verify:")
+    assert sorted(executed_tasks(proc.stdout)) == sorted(t for t in first if t.startswith(downstream))
+    assert {"fetch:tiny-qwen3", "io:tiny-qwen3", "config:tiny-qwen3-v79"} <= set(skipped_tasks(proc.stdout))
 
 
 def test_bumping_a_manifest_schema_reruns_its_stages(tmp_path: Path, run_doit: RunDoit) -> None:
     clone = copy_project(tmp_path / "clone")
-    assert executed_tasks(run_doit(project=clone).stdout) == DEFAULT_CHAIN
-    fetch_src = clone / "mnnbuild" / "stages" / "fetch.py"
-    text = fetch_src.read_text()
-    assert "class SourceRecord(BaseModel):\n" in text
-    fetch_src.write_text(
-        text.replace("class SourceRecord(BaseModel):\n", "class SourceRecord(BaseModel):\n    note: str = ''\n")
+    first = executed_tasks(run_doit(project=clone).stdout)
+    src = clone / "mnnbuild" / "stages" / "config.py"
+    text = src.read_text()
+    anchor = "    config: ConfigQnn\n"
+    assert anchor in text
+    src.write_text(text.replace(anchor, anchor + "    note: str = ''\n"))
+    # the config manifest changed shape: config and the stages that read it re-run, nothing else
+    proc = run_doit(project=clone)
+    assert sorted(executed_tasks(proc.stdout)) == sorted(
+        t for t in first if t.startswith(("config:", "bundle:", "verify:"))
     )
-    # fetch's manifest changed shape: fetch and io (which reads it) re-run
-    assert executed_tasks(run_doit(project=clone).stdout) == DEFAULT_CHAIN
+    assert {"io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3"} <= set(skipped_tasks(proc.stdout))
 
 
 def test_new_target_runs_only_target_stages(tmp_path: Path, run_doit: RunDoit) -> None:

@@ -18,10 +18,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.errors import StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifest import Manifest, record_outputs, tool_versions
 from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, WEIGHT_FILE, tokenizer_file
 from mnnbuild.stages.config import CONFIG_FILE
+from mnnbuild.stages.context import ContextManifest
 from mnnbuild.targets import Soc
 
 log = logging.getLogger(__name__)
@@ -50,8 +52,6 @@ class BundleParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     soc: Soc
-    qnn_build: str
-    """QNN build the context binaries were made with; the device runtime must not be older."""
     prompt: str = DEFAULT_PROMPT
 
 
@@ -59,6 +59,8 @@ class BundleManifest(Manifest):
     stage = "bundle"
     params: BundleParams
     model_name: str
+    qnn_build: str
+    """QNN build the context binaries were made with; the device's QNN runtime must not be older."""
 
 
 def place(src: Path, dst: Path) -> None:
@@ -112,6 +114,14 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
     """Lay out the device directory and the scripts that push and run it."""
     model_dir = Path(inputs.model_dir)
     tokenizer = tokenizer_file(model_dir)
+    # each binary sits in <context out_dir>/qnn/: its manifest says which QNN built it, for which SoC
+    contexts = [ContextManifest.read(Path(b).parent.parent) for b in inputs.context_binaries]
+    builds = sorted({c.tools.get("QNN", "unknown") for c in contexts})
+    if len(builds) != 1:
+        raise StageError(f"{inputs.model}: context binaries were built by different QNN builds {builds}")
+    wrong = [c.binary for c in contexts if c.params.soc != params.soc]
+    if wrong:
+        raise StageError(f"{inputs.model}: {wrong[0]} was built for another SoC than {params.soc.name}")
     with staged_dir(out_dir) as tmp:
         dest = tmp / "model" / inputs.model_name
         place(Path(inputs.config_dir) / CONFIG_FILE, dest / CONFIG_FILE)
@@ -131,9 +141,10 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
             target=params.soc.dsp_arch,
             inputs=[r for r in outputs if r.path.startswith("model/")],
             params=params,
-            tools=tool_versions(qnn=params.qnn_build),
+            tools=tool_versions(qnn=builds[0]),
             outputs=outputs,
             model_name=inputs.model_name,
+            qnn_build=builds[0],
         )
         manifest.write(tmp)
     total = sum(r.size for r in outputs)
