@@ -220,7 +220,12 @@ def compose(desc: GraphDescription, raw_source: Path | Mapping[str, np.ndarray],
     ``raw_source`` is the graph directory holding the ``.raw`` files, or the static data by tensor name.
     A node QNN refuses raises ``QnnError`` naming the node and its MNN op.
     """
-    for t in desc.tensors:
+    # graph inputs/outputs first, in boundary order: QNN lists them in creation order, and the binary
+    # must show them in the order of the Plugin's `inputs`/`outputs` attributes
+    by_name = {t.name: t for t in desc.tensors}
+    boundary = [by_name[n] for n in (*desc.inputs, *desc.outputs)]
+    rest = [t for t in desc.tensors if t.name not in set(desc.inputs) | set(desc.outputs)]
+    for t in (*boundary, *rest):
         if t.kind == TensorKind.APP_WRITE:
             graph.add_input(t.name, t.dims, t.dtype)
         elif t.kind == TensorKind.APP_READ:

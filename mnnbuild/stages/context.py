@@ -105,6 +105,10 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
     names = [Path(g).name for g in inputs.graphs]
     if info.graph_names != names:
         raise StageError(f"{inputs.binary}: binary holds graphs {info.graph_names}, expected {names}")
+    try:
+        info.check_target(params.soc.soc_id, params.soc.arch_number)
+    except QnnError as exc:
+        raise StageError(f"{inputs.binary} for {params.soc.name}: {exc}") from None
     with staged_dir(out_dir) as tmp:
         atomic_write_bytes(tmp / inputs.binary, binary)
         manifest = ContextManifest(

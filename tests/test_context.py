@@ -1,0 +1,189 @@
+"""modellib, context and bundle (issue 5): real HTP context binaries for the tiny model, read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnnbuild.errors import MnnbuildError, StageError
+from mnnbuild.fsutil import sha256_file
+from mnnbuild.lowering.graph import read_graph_description
+from mnnbuild.mnn import load_model, plugin_attributes
+from mnnbuild.partition.records import GraphDescription as SubgraphRecord
+from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info
+from mnnbuild.stages.bundle import BundleManifest
+from mnnbuild.stages.context import ContextInputs, ContextParams, build_context, compose_context
+from mnnbuild.stages.modellib import ModellibManifest
+from mnnbuild.targets import soc_by_name
+from tests.conftest import PROJECT_ROOT
+
+DTYPES = {1: "float32", 3: "int32"}  # MNN DataType -> numpy
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The artifact root after `doit bundle:tiny-qwen3-v79` (cache off)."""
+    root = tmp_path_factory.mktemp("ctx") / "artifacts"
+    env = {**os.environ, "MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "bundle:tiny-qwen3-v79"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def lib() -> QnnLibrary:
+    return QnnLibrary()
+
+
+def bundle_dir(root: Path) -> Path:
+    return root / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3"
+
+
+def plugins(root: Path) -> list[dict]:
+    model = load_model(bundle_dir(root) / "qnn" / "llm.mnn")
+    return [plugin_attributes(op) for op in model.ops if op.type == "Plugin"]
+
+
+def test_bundle_layout_and_manifest(built: Path) -> None:
+    model_dir = bundle_dir(built)
+    names = {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()}
+    expected = {"config_qnn.json", "llm_config.json", "tokenizer.mtok", "llm.mnn.weight", "prompt.txt", "qnn/llm.mnn"}
+    assert expected <= names
+    binaries = {n for n in names if n.startswith("qnn/graph")}
+    assert binaries == {p["path"] for p in plugins(built)}
+    config = json.loads((model_dir / "config_qnn.json").read_text())
+    assert config["chunk_limits"] == [128, 1] and config["tokenizer_file"] == "tokenizer.mtok"
+    manifest = BundleManifest.read(model_dir.parent.parent)
+    assert manifest.qnn_build.startswith("v2.") and manifest.target == "v79"
+    for rec in manifest.outputs:
+        assert sha256_file(model_dir.parent.parent / rec.path) == rec.sha256
+    push = (model_dir.parent.parent / "push.sh").read_text()
+    assert "libQnnHtpV79Stub.so" in push and "hexagon-v79/unsigned/libQnnHtpV79Skel.so" in push
+
+
+def test_binaries_hold_the_plugin_graphs(built: Path, lib: QnnLibrary) -> None:
+    """Each graph<k>.bin holds allGraphName in order, with the plugin's IO names, shapes and dtypes."""
+    attrs = plugins(built)
+    assert len(attrs) >= 2
+    for attr in attrs:
+        info = read_binary_info(lib, (bundle_dir(built) / attr["path"]).read_bytes())
+        assert info.graph_names == attr["allGraphName"]
+        info.check_target(69, 79)
+        assert info.soc_type and "SM8750" in info.soc_type
+        assert info.weight_shared
+        shapes = iter(attr["allInputShape"])
+        for s, graph in enumerate(info.graphs):
+            assert [t.name for t in graph.inputs] == attr["inputs"]
+            assert [t.name for t in graph.outputs] == attr["outputs"]
+            for t in graph.inputs:
+                assert list(t.dims) == [next(shapes) for _ in t.dims]
+            for j, t in enumerate(graph.outputs):
+                blob = attr[f"o_{s}_{j}"]
+                assert list(t.dims) == [int(d) for d in blob.dims]
+                assert np.dtype(t.dtype) == np.dtype(DTYPES[blob.dataType])
+        assert next(shapes, None) is None
+
+
+def test_graphs_match_their_references_in_the_simulator(built: Path, lib: QnnLibrary) -> None:
+    """Every graph, run in the x86 HTP simulator (unshared twin of its plugin's context), reproduces
+    the partition's reference outputs: cosine >= 0.999, max abs error <= 2% of the reference max."""
+    modellib = built / "tiny-qwen3" / "modellib"
+    partition = built / "tiny-qwen3" / "partition"
+    target = HtpTarget(69, 79)
+    for attr in plugins(built):
+        dirs = [f"qnn/{g}" for g in attr["allGraphName"]]
+        twin = compose_context(lib, target, modellib, dirs, weight_sharing=False)
+        with load_context(lib, twin) as runner:
+            for graph in attr["allGraphName"]:
+                record = SubgraphRecord.read(partition / "qnn" / graph)
+                ins, outs = record.load_reference(partition / "qnn" / graph)
+                got = runner.execute(graph, {t.qnn_name: a for t, a in zip(record.inputs, ins, strict=True)})
+                for t, ref in zip(record.outputs, outs, strict=True):
+                    out = got[t.qnn_name].reshape(ref.shape).astype(np.float64)
+                    ref = ref.astype(np.float64)
+                    scale = float(np.abs(ref).max())
+                    if scale == 0.0:  # e.g. sin at position 0: the output must be zero too
+                        assert float(np.abs(out).max()) <= 1e-3, f"{graph} {t.qnn_name}: expected zeros"
+                        continue
+                    cos = float(out.ravel() @ ref.ravel() / (np.linalg.norm(out) * np.linalg.norm(ref)))
+                    err = float(np.abs(out - ref).max() / scale)
+                    assert cos >= 0.999 and err <= 0.02, f"{graph} {t.qnn_name}: cosine {cos}, rel max err {err}"
+
+
+def test_weight_sharing_keeps_one_copy(built: Path, lib: QnnLibrary) -> None:
+    """decode + prefill in one shared context is at most 1.2x the prefill graph alone."""
+    modellib = built / "tiny-qwen3" / "modellib"
+    manifest = ModellibManifest.read(modellib)
+    biggest = max(manifest.graphs, key=lambda g: g.static_bytes)
+    decode, prefill = f"qnn/graph{biggest.plugin}", f"qnn/graph1_{biggest.plugin}"
+    target = HtpTarget(69, 79)
+    shared = compose_context(lib, target, modellib, [decode, prefill], weight_sharing=True)
+    alone = compose_context(lib, target, modellib, [prefill], weight_sharing=True)
+    unshared = compose_context(lib, target, modellib, [decode, prefill], weight_sharing=False)
+    assert len(shared) <= 1.2 * len(alone), (len(shared), len(alone))
+    assert len(unshared) > len(shared)
+
+
+def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
+    modellib = built / "tiny-qwen3" / "modellib" / "qnn"
+    decode, prefill = read_graph_description(modellib / "graph0"), read_graph_description(modellib / "graph1_0")
+    d = {t.name: t.raw for t in decode.static_tensors}
+    p = {t.name: t.raw for t in prefill.static_tensors}
+    shared = set(d) & set(p)
+    assert any(n.endswith(".weight") for n in shared)
+    for name in shared:
+        assert (modellib / "graph0" / d[name]).read_bytes() == (modellib / "graph1_0" / p[name]).read_bytes()
+
+
+def test_raw_tar_is_deterministic(built: Path, tmp_path: Path) -> None:
+    from mnnbuild.stages.modellib import tar_raws
+
+    graph_dir = built / "tiny-qwen3" / "modellib" / "qnn" / "graph0"
+    tar_raws(graph_dir, tmp_path / "again.bin")
+    assert (tmp_path / "again.bin").read_bytes() == (graph_dir / "graph0.bin").read_bytes()
+    with tarfile.open(graph_dir / "graph0.bin") as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members] == sorted(p.name for p in graph_dir.glob("*.raw"))
+    assert all(m.mtime == 0 and m.uid == 0 for m in members)
+
+
+def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
+    soc = soc_by_name("SM8650")
+    inputs = ContextInputs(model="tiny-qwen3", modellib_dir=built / "tiny-qwen3" / "modellib",
+                           binary="qnn/graph0.bin", graphs=["qnn/graph0", "qnn/graph1_0"])  # fmt: skip
+    manifest = build_context(inputs, ContextParams(soc=soc), tmp_path / "ctx")
+    info = read_binary_info(lib, (tmp_path / "ctx" / "qnn" / "graph0.bin").read_bytes())
+    info.check_target(57, 75)
+    assert manifest.target == "v75" and manifest.tools["QNN"].startswith("v2.")
+
+
+def test_refused_graph_names_graph_op_and_qnn_message(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
+    import shutil
+
+    modellib = tmp_path / "modellib"
+    shutil.copytree(built / "tiny-qwen3" / "modellib", modellib)
+    graph_json = modellib / "qnn" / "graph1_0" / "graph.json"
+    desc = json.loads(graph_json.read_text())
+    node = next(n for n in desc["nodes"] if n["type"] == "Conv2d")
+    node["type"] = "NoSuchQnnOp"
+    graph_json.write_text(json.dumps(desc))
+    with pytest.raises(StageError) as info:
+        compose_context(lib, HtpTarget(69, 79), modellib, ["qnn/graph0", "qnn/graph1_0"], weight_sharing=True)
+    message = str(info.value)
+    assert "graph1_0" in message and node["mnn_op"] in message and "NoSuchQnnOp" in message
+
+
+def test_missing_qnn_library_is_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "no-sdk"))
+    with pytest.raises(MnnbuildError, match="QNN_SDK_ROOT"):
+        QnnLibrary()
