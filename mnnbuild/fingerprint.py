@@ -10,9 +10,12 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import re
 from pathlib import Path
 
 PACKAGE = "mnnbuild"
+# a cheap first look: only files with an import of mnnbuild or a relative import are parsed
+_MAYBE_OURS = re.compile(rf"^\s*(from|import)\s+({PACKAGE}\b|\.)", re.MULTILINE)
 
 
 def _module_file(name: str) -> Path | None:
@@ -25,9 +28,13 @@ def _module_file(name: str) -> Path | None:
     return Path(spec.origin)
 
 
-def _imports(path: Path, module: str) -> set[str]:
+@functools.cache
+def _imports(path: Path, module: str) -> frozenset[str]:
     """Names of mnnbuild modules imported by the source at ``path``."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    text = path.read_text(encoding="utf-8")
+    if not _MAYBE_OURS.search(text):
+        return frozenset()  # e.g. the large generated flatbuffers module: parsing it is the slow part
+    tree = ast.parse(text, filename=str(path))
     is_pkg = path.name == "__init__.py"
     package = module if is_pkg else module.rpartition(".")[0]
     found: set[str] = set()
@@ -43,7 +50,7 @@ def _imports(path: Path, module: str) -> set[str]:
             found.add(base)
             # `from pkg import mod` may name a submodule
             found.update(f"{base}.{a.name}" for a in node.names)
-    return {n for n in found if n == PACKAGE or n.startswith(PACKAGE + ".")}
+    return frozenset(n for n in found if n == PACKAGE or n.startswith(PACKAGE + "."))
 
 
 @functools.cache
@@ -67,6 +74,7 @@ def module_closure(module: str) -> tuple[tuple[str, Path], ...]:
     return tuple(sorted(seen.items()))
 
 
+@functools.cache
 def code_fingerprint(module: str) -> str:
     """sha256 over the sources of ``module`` and its mnnbuild imports (generated code included)."""
     digest = hashlib.sha256()
