@@ -148,3 +148,42 @@ def test_new_target_runs_only_target_stages(tmp_path: Path, run_doit: RunDoit) -
     proc = run_doit("config:tiny-qwen3-v79", "config:tiny-qwen3-v75", "io:tiny-qwen3", project=clone)
     assert executed_tasks(proc.stdout) == ["config:tiny-qwen3-v75"]
     assert "config:tiny-qwen3-v79" in skipped_tasks(proc.stdout)
+
+
+def make_tree(root: Path) -> Path:
+    (root / "sub").mkdir(parents=True)
+    (root / "a.bin").write_bytes(bytes(range(256)) * 64)
+    (root / "sub" / "b.json").write_text('{"x": 1}')
+    return root
+
+
+@pytest.mark.parametrize("url", ["memory://mnnbuild-test", "file://{tmp}/cache-url", "{tmp}/cache-dir"])
+def test_cache_backends_round_trip(tmp_path: Path, url: str) -> None:
+    cache = ArtifactCache(url.format(tmp=tmp_path))
+    src = make_tree(tmp_path / "src")
+    assert cache.restore("stage", "k1", tmp_path / "out") is None
+    stored = cache.store("stage", "k1", src)
+    assert stored == (src / "a.bin").stat().st_size + (src / "sub" / "b.json").stat().st_size
+    assert cache.store("stage", "k2", src) == 0, "blobs are content-addressed: nothing new to upload"
+    assert cache.restore("stage", "k1", tmp_path / "out") == stored
+    for rel in ("a.bin", "sub/b.json"):
+        assert (tmp_path / "out" / rel).read_bytes() == (src / rel).read_bytes()
+
+
+def test_concurrent_writers_of_one_key(tmp_path: Path) -> None:
+    """Two runners storing the same key at once leave one valid entry (temp name + rename)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    src = make_tree(tmp_path / "src")
+    url = str(tmp_path / "shared")
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: ArtifactCache(url).store("stage", "same", src), range(8)))
+    assert not [p for p in (tmp_path / "shared").rglob("*") if ".tmp-" in p.name]
+    assert ArtifactCache(url).restore("stage", "same", tmp_path / "out") is not None
+
+
+def test_from_env() -> None:
+    assert ArtifactCache.from_env({"MNNBUILD_CACHE": "off"}) is None
+    assert ArtifactCache.from_env({"MNNBUILD_CACHE": "memory://x"}).url == "memory://x"
+    default = ArtifactCache.from_env({"XDG_CACHE_HOME": "/some/where"})
+    assert default is not None and default.url == "/some/where/mnnbuild"
