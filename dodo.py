@@ -42,6 +42,11 @@ def task_config() -> Iterator[dict[str, Any]]:
     yield from dag.config_tasks(PROJECT)
 
 
-# context:<model>-<arch> (one subtask per plugin) and bundle:<model>-<arch> are created once
-# partition:<model> has run, since the plugins are only known then.
+def task_verify() -> dict[str, Any]:
+    """Build and verify the default bundles (the shipped tiny model): what a bare `doit` runs."""
+    return dag.verify_all_task(PROJECT)
+
+
+# context:<model>-<arch> (one subtask per plugin), bundle:<model>-<arch> and verify:<model>-<arch> are
+# created once partition:<model> has run, since the plugins are only known then.
 globals().update(dag.npu_task_creators(PROJECT))

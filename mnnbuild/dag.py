@@ -39,6 +39,8 @@ from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLoc
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
+from mnnbuild.stages.verify import VerifyInputs, VerifyManifest, VerifyParams, verify
+from mnnbuild.verify import runtime_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +83,9 @@ class Project:
         return self.settings.target_root(spec.name, arch) / stage
 
     def default_tasks(self) -> list[str]:
+        # verifying a bundle builds it first, so a bare `doit` builds and proves the default model
         spec = self.specs.get(DEFAULT_MODEL)
-        return [f"bundle:{spec.name}-{arch}" for arch in spec.targets] if spec else []
+        return [f"verify:{spec.name}-{arch}" for arch in spec.targets] if spec else []
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
@@ -134,6 +137,24 @@ def run_stage(
             log.warning("cache: could not store %s: %s", name, exc)
     write_origin(out_dir, name, {"origin": "built", "key": key, "seconds": round(seconds, 3)})
     return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
+
+
+def run_verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any) -> TaskFailed | dict[str, Any]:
+    """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
+    verified for real instead of restored from the cache (the cache key only sees the manifests)."""
+    from mnnbuild.verify.checks import check_integrity
+
+    if ArtifactCache.from_env() is not None:
+        try:
+            bundle = BundleManifest.read(inputs.bundle_dir)
+        except MnnbuildError as exc:
+            return TaskFailed(f"{type(exc).__name__}: {exc}")
+        if not check_integrity(Path(inputs.bundle_dir), bundle.outputs).passed:
+            try:
+                verify(inputs, params, out_dir)
+            except (MnnbuildError, ValidationError) as exc:
+                return TaskFailed(f"{type(exc).__name__}: {exc}")
+    return run_stage(verify, inputs, params, out_dir, *rest)
 
 
 def stage_name(stage: StageFn) -> str:
@@ -220,6 +241,32 @@ def _hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
             return False
 
     return check
+
+
+class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
+    """doit uptodate: every file under ``root`` has the size and mtime it had after the task's last success.
+
+    For tasks whose file_dep are manifests but which must re-check the files themselves (verify: a bundle
+    file replaced after bundling must not pass as verified). Stats are cheap; the task hashes when it runs.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def snapshot(self) -> str:
+        if not self.root.is_dir():
+            return ""
+        stats = sorted(
+            (p.relative_to(self.root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+            for p in self.root.rglob("*")
+            if p.is_file()
+        )
+        return json.dumps(stats)
+
+    def __call__(self, task: Any, values: dict[str, Any]) -> bool:
+        key = f"files_unchanged:{self.root}"
+        task.value_savers.append(lambda: {key: self.snapshot()})
+        return values.get(key) == self.snapshot()
 
 
 def fetch_tasks(project: Project) -> Iterator[dict[str, Any]]:
@@ -440,19 +487,63 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
             ),
             "basename": f"bundle:{target}",
         }
+        bundle_dir = project.target_dir(spec, arch, "bundle")
+        verify_task = stage_task(
+            name=None,
+            doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
+            stage=verify,
+            manifest=VerifyManifest,
+            inputs=VerifyInputs(
+                model=spec.name,
+                bundle_dir=bundle_dir,
+                modellib_dir=modellib_dir,
+                partition_dir=partition_dir,
+                io_dir=project.io_dir(spec),
+                model_dir=project.fetch_dir(spec),
+                context_dir=project.target_dir(spec, arch, "context"),
+            ),
+            params=VerifyParams(soc=soc),
+            out_dir=project.target_dir(spec, arch, "verify"),
+            file_dep=[
+                bundle_dir / BundleManifest.filename(),
+                modellib_dir / ModellibManifest.filename(),
+                partition_dir / PartitionManifest.filename(),
+                project.io_dir(spec) / IoManifest.filename(),
+                project.fetch_dir(spec) / FetchManifest.filename(),
+                *context_manifests,
+            ],
+            # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
+            tools={**tool_versions(mnn=True, qnn=qnn_build_id()), "mnnbuild_runtime": runtime_fingerprint()},
+            uptodate=[files_unchanged(bundle_dir / "model")],
+        )
+        _, (_, *args) = verify_task["actions"][0]  # (run_stage, [stage, inputs, params, out_dir, ...])
+        yield {
+            **verify_task,
+            "actions": [(run_verify, args)],
+            "basename": f"verify:{target}",
+        }
 
 
 def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
     """One delayed task creator per model (``task_npu_<model>``), run by doit after ``partition:<model>``."""
     creators = {}
     for spec in project.specs.values():
-        creates = [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("context", "bundle")]
+        creates = [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("context", "bundle", "verify")]
 
         def creator(spec: ModelSpec = spec) -> Iterator[dict[str, Any]]:
             yield from npu_tasks(project, spec)
 
         creator.__doc__ = (
-            f"{spec.name}: HTP context binaries (a subtask per plugin) / device bundle, after its partition"
+            f"{spec.name}: HTP context binaries (a subtask per plugin) / device bundle / verify, after its partition"
         )
         creators[f"task_npu_{spec.name}"] = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
     return creators
+
+
+def verify_all_task(project: Project) -> dict[str, Any]:
+    """``doit verify``: the verify tasks of the default bundles (each builds its bundle first)."""
+    return {
+        "doc": f"build and verify the default bundles ({', '.join(project.default_tasks()) or 'none'})",
+        "actions": None,
+        "task_dep": project.default_tasks(),
+    }

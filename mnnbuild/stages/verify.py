@@ -1,0 +1,348 @@
+"""verify: prove a bundle works by running it the way the phone does, and say how well.
+
+Checks (tolerances in :class:`VerifyParams`):
+
+- bundle integrity: every bundle file against the bundle manifest (size, sha256);
+- plugins: each shipped ``qnn/graph<k>.bin`` has the hash the context stage recorded and, through QnnSystem
+  binary info, exactly the graphs, tensor names, shapes and SoC/arch its Plugin op expects;
+- (a) per graph: the graph in the x86 HTP simulator vs the partition's reference inputs/outputs;
+- (b) whole model: the bundle (CPU segments in MNN, plugins in the simulator) vs the original model's CPU
+  outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
+- (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt.
+
+The x86 library cannot load weight-shared binaries, so the simulator runs unshared twins composed from the
+same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
+
+Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
+the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:
+a failed verify never looks done, and the stage raises a ``StageError`` naming the worst failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from mnnbuild_runtime import BinaryOverride, HybridModel
+from pydantic import BaseModel, ConfigDict, Field
+
+from mnnbuild.cpu import CpuRuntime
+from mnnbuild.errors import MnnbuildError, StageError
+from mnnbuild.fsutil import atomic_write_text, staged_dir
+from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.stages.bundle import PROMPT_FILE, BundleManifest
+from mnnbuild.stages.context import ContextManifest, read_merge
+from mnnbuild.stages.io import IoManifest
+from mnnbuild.stages.modellib import ModellibManifest
+from mnnbuild.stages.partition import PartitionManifest
+from mnnbuild.targets import Soc
+from mnnbuild.verify import checks
+from mnnbuild.verify.compare import Tolerance
+from mnnbuild.verify.report import VerifyReport, format_report
+
+log = logging.getLogger(__name__)
+
+REPORT_JSON = "verify.json"
+REPORT_TEXT = "verify.txt"
+DEFAULT_PROMPT = "hello"
+
+
+class VerifyInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    bundle_dir: Path
+    """bundle output (``bundle.manifest.json``, ``model/<name>/``)."""
+    modellib_dir: Path
+    partition_dir: Path
+    io_dir: Path
+    model_dir: Path
+    """fetch output: the original model, run whole in MNN for the references."""
+    context_dir: Path | None = None
+    """context outputs (one subdir per plugin); when given, each shipped binary must have its recorded hash."""
+
+
+class VerifyParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    soc: Soc
+    graph_tolerance: Tolerance = Tolerance()
+    model_tolerance: Tolerance = Tolerance()
+    prompt: str | None = None
+    """Prompt of the generation check; None: the bundle's prompt.txt (what run.sh feeds the phone)."""
+    max_new_tokens: int = Field(default=16, ge=1)
+    runtime: CpuRuntime = CpuRuntime()
+
+
+class VerifyManifest(Manifest):
+    stage = "verify"
+    params: VerifyParams
+    passed: bool
+    """Always true: a failed verify writes no manifest."""
+    executed: dict[str, str]
+    """Plugin path -> what ran in the simulator (``override`` = unshared twin)."""
+    worst_graph_cosine: float | None
+    worst_graph_rel_err: float | None
+    tokens_match: bool
+
+
+def _expected_hashes(inputs: VerifyInputs, bundle: BundleManifest, model_prefix: str) -> dict[str, dict[str, str]]:
+    """Per plugin path: the shipped binary's hash in the bundle manifest and in its context manifest."""
+    hashes: dict[str, dict[str, str]] = {}
+    for rec in bundle.outputs:
+        if rec.path.startswith(model_prefix + "qnn/") and rec.path.endswith(".bin"):
+            hashes.setdefault(rec.path[len(model_prefix) :], {})["bundle"] = rec.sha256
+    if inputs.context_dir is not None:
+        for manifest_path in sorted(Path(inputs.context_dir).glob(f"*/{ContextManifest.filename()}")):
+            ctx = ContextManifest.read(manifest_path.parent)
+            hashes.setdefault(ctx.binary, {})["context"] = ctx.output(ctx.binary).sha256
+    return hashes
+
+
+def _context_problems(inputs: VerifyInputs, params: VerifyParams, merge: dict[str, list[str]]) -> list[str]:
+    """The twins stand in for the shipped binaries only if the context stage built those from the same modellib
+    files (by hash) for the same SoC; manifests only, nothing is re-hashed."""
+    if inputs.context_dir is None:
+        return []
+    modellib = ModellibManifest.read(Path(inputs.modellib_dir))
+    problems = []
+    for binary, graphs in merge.items():
+        ctx_dir = Path(inputs.context_dir) / Path(binary).stem
+        try:
+            ctx = ContextManifest.read(ctx_dir)
+        except StageError as exc:
+            problems.append(f"plugin {binary}: {exc}")
+            continue
+        expected = {r for r in modellib.outputs if Path(r.path).parent.as_posix() in graphs}
+        if set(ctx.inputs) != expected:
+            problems.append(
+                f"plugin {binary}: the context stage built it from other modellib files than the current "
+                f"{inputs.modellib_dir} ({len(set(ctx.inputs) ^ expected)} differ); the twin would not stand in for it"
+            )
+        if ctx.params.soc != params.soc:
+            problems.append(f"plugin {binary}: built for {ctx.params.soc.name}, verifying for {params.soc.name}")
+    return problems
+
+
+def _read_prompt(model_dir: Path, prompt: str | None) -> str:
+    if prompt is not None:
+        return prompt
+    try:
+        text = (model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        text = ""
+    return text or DEFAULT_PROMPT
+
+
+def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
+    """Every check, in order; returns the report (never raises for a failed check)."""
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    bundle = BundleManifest.read(inputs.bundle_dir)
+    model_prefix = f"model/{bundle.model_name}/"
+    bundle_model_dir = Path(inputs.bundle_dir) / "model" / bundle.model_name
+    soc = params.soc
+    report = VerifyReport(
+        model=inputs.model,
+        target=soc.dsp_arch,
+        soc=soc.name,
+        bundle=str(bundle_model_dir),
+        passed=False,
+        graph_tolerance=params.graph_tolerance,
+        model_tolerance=params.model_tolerance,
+        executed_note="",
+    )
+    # (group, -severity, line); groups: 0 integrity, 1 bundle/plugin structure, 2 graphs, 3 whole model, 4 generation
+    failures: list[tuple[int, float, str]] = []
+
+    report.integrity = checks.check_integrity(Path(inputs.bundle_dir), bundle.outputs)
+    failures += [(0, 0.0, p) for p in report.integrity.problems]
+
+    lib = QnnLibrary()
+    report.qnn = {k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"}
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    merge = read_merge(Path(inputs.partition_dir))
+    t0 = time.perf_counter()
+    try:
+        twins = checks.build_twins(lib, target, Path(inputs.modellib_dir), merge)
+    except MnnbuildError as exc:  # nothing can run without them; still write the report
+        twins = {}
+        failures.append((1, 0.0, f"unshared twins: {exc}"))
+    timings["twins"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    report.graphs = checks.check_graphs(lib, twins, Path(inputs.partition_dir), params.graph_tolerance)
+    timings["graphs"] = time.perf_counter() - t0
+    for g in report.graphs:
+        if g.problem:
+            failures.append((2, -float("inf"), f"graph {g.graph} ({g.binary}): {g.problem}"))
+        for t in g.outputs:
+            if not t.passed:
+                sev = t.severity(params.graph_tolerance)
+                failures.append((2, -sev, f"graph {g.graph} ({g.binary}) output {t.describe()}"))
+
+    failures += [(1, 0.0, p) for p in _context_problems(inputs, params, merge)]
+    hashes = _expected_hashes(inputs, bundle, model_prefix)
+    for path, twin in twins.items():
+        hashes.setdefault(path, {})["twin"] = twin.sha256
+    overrides = {
+        path: BinaryOverride(
+            twin.data,
+            shipped_sha256=hashes[path].get("context") or hashes[path].get("bundle"),
+            label=f"unshared twin of {path} (sha256 {twin.sha256[:12]}…)",
+        )
+        for path, twin in twins.items()
+    }
+    model = None
+    try:
+        model = HybridModel(
+            bundle_model_dir, binary_overrides=overrides, expected_target=target, qnn_lib=lib, runtime=params.runtime
+        )
+    except MnnbuildError as exc:
+        failures.append((1, 0.0, f"bundle {bundle_model_dir}: {exc}"))
+    try:
+        if model is not None and twins:
+            report.plugins = checks.plugin_checks(model, hashes)
+            for p in report.plugins:
+                if p.context_sha256 and p.bundle_sha256 and p.context_sha256 != p.bundle_sha256:
+                    failures.append(
+                        (1, 0.0, f"plugin {p.path}: the bundle manifest's sha256 differs from the context stage's")
+                    )
+                if p.problem:
+                    failures.append((1, 0.0, p.problem))
+            if all(p.passed for p in report.plugins):
+                t0 = time.perf_counter()
+                io = IoManifest.read(Path(inputs.io_dir))
+                samples = [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(inputs.io_dir), strict=True)]
+                report.whole_model = checks.check_whole_model(model, samples, params.model_tolerance)
+                timings["whole_model"] = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                report.generation = checks.check_generation(
+                    model,
+                    Path(inputs.model_dir),
+                    _read_prompt(bundle_model_dir, params.prompt),
+                    params.max_new_tokens,
+                    params.model_tolerance,
+                    params.runtime,
+                )
+                timings["generation"] = time.perf_counter() - t0
+            else:
+                failures.append((1, 1.0, "whole model and generation not run: a plugin binary failed its checks"))
+            for p, runner in zip(report.plugins, model.plugins.values(), strict=True):
+                rep = runner.report()
+                p.load_seconds = rep["load_seconds"]
+                p.simulator_seconds = rep["simulator_seconds"]
+    finally:
+        if model is not None:
+            model.close()
+    for s in report.whole_model:
+        if s.problem:
+            failures.append((3, -float("inf"), f"whole model seq {s.seq_len}: {s.problem}"))
+        for t in s.outputs:
+            if not t.passed:
+                failures.append(
+                    (3, -t.severity(params.model_tolerance), f"whole model seq {s.seq_len}: {t.describe()}")
+                )
+        if s.top1 is not None and not s.top1.passed:
+            bad = [d for d in s.top1.disagreements if not d.tolerated]
+            failures.append(
+                (
+                    3,
+                    0.0,
+                    f"whole model seq {s.seq_len}: top-1 differs on {len(bad)} rows beyond near-ties (first: row "
+                    f"{bad[0].row}, reference {bad[0].ref_token} leads hybrid's {bad[0].got_token} by "
+                    f"{bad[0].ref_lead:.4g})",
+                )
+            )
+    gen = report.generation
+    if gen is not None and not gen.passed:
+        if gen.problem:
+            failures.append((4, 0.0, f"generation: {gen.problem}"))
+        else:
+            bad_steps = [s for s in gen.steps if not s.logits.passed]
+            if bad_steps:
+                worst = max(bad_steps, key=lambda s: s.logits.severity(params.model_tolerance))
+                line = (
+                    f"generation: {len(bad_steps)} of {len(gen.steps)} steps out of tolerance; "
+                    f"worst: {worst.logits.describe()}"
+                )
+                failures.append((4, 0.0, line))
+            if gen.first_divergence is not None and not gen.steps[gen.first_divergence].tolerated_flip:
+                line = (
+                    f"generation: tokens differ from new token {gen.first_divergence} on: {gen.divergence_note}; "
+                    f"cpu {gen.cpu_tokens}, hybrid {gen.hybrid_tokens}"
+                )
+                failures.append((4, 0.0, line))
+    executed = {p.path: p.executed or "not run" for p in report.plugins}
+    kinds = sorted(set(executed.values()))
+    report.executed_note = (
+        "executed in the simulator: unshared twins built from the same modellib graphs (this x86 QNN library "
+        "cannot load the shipped weight-shared binaries); the shipped binaries were checked by sha256 and "
+        "binary info"
+        if kinds == ["override"]
+        else f"executed in the simulator per plugin: {executed}"
+        if executed
+        else "nothing was executed in the simulator (see the failures)"
+    )
+    failures.sort(key=lambda f: (f[0], f[1]))
+    report.failures = [f[2] for f in failures]
+    # the error message: the worst failure of each kind (a hash mismatch alone would hide what the numbers say)
+    groups: dict[int, str] = {}
+    for group, _, line in failures:
+        groups.setdefault(group, line)
+    report.headline = list(groups.values())
+    report.passed = not failures
+    timings["total"] = time.perf_counter() - started
+    report.timings = {k: round(v, 3) for k, v in timings.items()}
+    return report
+
+
+def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyManifest:
+    """Run every check and write the report; raise ``StageError`` (after writing it) when a check failed."""
+    out_dir = Path(out_dir)
+    bundle = BundleManifest.read(inputs.bundle_dir)
+    upstream = [
+        (inputs.bundle_dir, BundleManifest),
+        (inputs.modellib_dir, ModellibManifest),
+        (inputs.partition_dir, PartitionManifest),
+        (inputs.io_dir, IoManifest),
+    ]
+    for d, m in upstream:
+        m.read(Path(d))  # a missing or stale upstream manifest is an error, not a failed check
+    report = run_checks(inputs, params)
+    graph_checks = [t for g in report.graphs for t in g.outputs]
+    with staged_dir(out_dir) as tmp:
+        atomic_write_text(tmp / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
+        atomic_write_text(tmp / REPORT_TEXT, format_report(report))
+        manifest = None
+        if report.passed:
+            manifest = VerifyManifest(
+                model=inputs.model,
+                target=params.soc.dsp_arch,
+                inputs=[
+                    FileRecord(path=f"bundle/{r.path}", size=r.size, sha256=r.sha256)
+                    for r in bundle.outputs
+                    if r.path.startswith("model/")
+                ],
+                params=params,
+                tools=tool_versions(mnn=True, qnn=report.qnn.get("build_id")),
+                outputs=record_outputs(tmp),
+                passed=True,
+                executed={p.path: p.executed or "not run" for p in report.plugins},
+                worst_graph_cosine=min((t.cosine for t in graph_checks if t.cosine is not None), default=None),
+                worst_graph_rel_err=max((t.rel_err for t in graph_checks if t.rel_err is not None), default=None),
+                tokens_match=report.generation is not None and report.generation.first_divergence is None,
+            )
+            manifest.write(tmp)
+    text = out_dir / REPORT_TEXT
+    if manifest is None:
+        more = len(report.failures) - len(report.headline)
+        raise StageError(
+            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {' | '.join(report.headline)}"
+            + (f" (+{more} more)" if more else "")
+            + f"; report: {text}"
+        )
+    log.info("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
+    return manifest

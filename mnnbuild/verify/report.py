@@ -1,0 +1,264 @@
+"""The verify report: pydantic models (``verify.json``) and the human-readable table (``verify.txt``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from mnnbuild.verify.compare import TensorCheck, Tolerance
+
+
+class IntegrityCheck(BaseModel):
+    """Every bundle file against the bundle manifest (path, size, sha256)."""
+
+    files: int
+    problems: list[str] = Field(default_factory=list)
+    passed: bool
+
+
+class PluginCheck(BaseModel):
+    """One plugin's shipped binary: hashes along the chain, structure (binary info), what was executed."""
+
+    plugin: str
+    path: str
+    graphs: list[str]
+    bundle_sha256: str | None = None
+    """The shipped file's hash as the bundle manifest records it."""
+    context_sha256: str | None = None
+    """The hash the context stage recorded; the twin was built from the same modellib graphs."""
+    shipped_sha256: str | None = None
+    """The file's hash now."""
+    shipped_weight_shared: bool | None = None
+    target: dict[str, Any] | None = None
+    twin_sha256: str | None = None
+    executed: str | None = None
+    """``override`` (the unshared twin ran) or ``shipped``."""
+    executed_source: str | None = None
+    load_seconds: float | None = None
+    simulator_seconds: dict[str, float] = Field(default_factory=dict)
+    passed: bool
+    problem: str | None = None
+
+
+class GraphCheck(BaseModel):
+    """(a) One graph of one plugin in the simulator (unshared twin) vs the partition's reference IO."""
+
+    graph: str
+    binary: str
+    simulator_seconds: float | None = None
+    outputs: list[TensorCheck] = Field(default_factory=list)
+    passed: bool
+    problem: str | None = None
+
+
+class Top1Disagreement(BaseModel):
+    row: int
+    ref_token: int
+    got_token: int
+    ref_lead: float
+    """Reference logit of its top-1 minus that of the token the hybrid picked."""
+    tolerated: bool
+
+
+class Top1Check(BaseModel):
+    rows: int
+    agree: int
+    disagreements: list[Top1Disagreement] = Field(default_factory=list)
+    min_ref_margin: float
+    """Smallest top-1 minus top-2 gap of the reference rows (how close to a tie the sample gets)."""
+    passed: bool
+
+
+class ShapeCheck(BaseModel):
+    """(b) The whole model on one io sample: hybrid (bundle) vs the original model in MNN on the CPU."""
+
+    seq_len: int
+    outputs: list[TensorCheck] = Field(default_factory=list)
+    top1: Top1Check | None = None
+    seconds: float | None = None
+    mnn_seconds: float | None = None
+    qnn_seconds: float | None = None
+    passed: bool
+    problem: str | None = None
+
+
+class GenerationStep(BaseModel):
+    step: int
+    cpu_token: int
+    hybrid_pick: int
+    """The hybrid's argmax for the same prefix as the CPU's (the CPU's tokens so far)."""
+    cpu_margin: float
+    logits: TensorCheck
+    tolerated_flip: bool = False
+
+
+class GenerationCheck(BaseModel):
+    """(c) Greedy tokens: hybrid (bundle) vs MNN CPU on the original model, same prompt and recompute loop."""
+
+    prompt: str
+    prompt_ids: list[int] = Field(default_factory=list)
+    max_new_tokens: int
+    cpu_tokens: list[int] = Field(default_factory=list)
+    hybrid_tokens: list[int] = Field(default_factory=list)
+    first_divergence: int | None = None
+    """Index into the generated tokens of the first difference (None: identical)."""
+    divergence_note: str | None = None
+    steps: list[GenerationStep] = Field(default_factory=list)
+    cpu_text: str | None = None
+    hybrid_text: str | None = None
+    cpu_seconds: float | None = None
+    hybrid_seconds: float | None = None
+    hybrid_forwards: int = 0
+    passed: bool
+    problem: str | None = None
+
+
+class VerifyReport(BaseModel):
+    model: str
+    target: str
+    soc: str
+    bundle: str
+    passed: bool
+    failures: list[str] = Field(default_factory=list)
+    """One line per failed check, the worst first."""
+    headline: list[str] = Field(default_factory=list)
+    """The worst failure of each kind (integrity, structure, graphs, whole model, generation): the error message."""
+    graph_tolerance: Tolerance
+    model_tolerance: Tolerance
+    executed_note: str
+    integrity: IntegrityCheck | None = None
+    plugins: list[PluginCheck] = Field(default_factory=list)
+    graphs: list[GraphCheck] = Field(default_factory=list)
+    whole_model: list[ShapeCheck] = Field(default_factory=list)
+    generation: GenerationCheck | None = None
+    qnn: dict[str, str] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+def _ok(passed: bool) -> str:
+    return "pass" if passed else "FAIL"
+
+
+def _f(v: float | None, fmt: str) -> str:
+    return "n/a" if v is None else format(v, fmt)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(r[i]) for r in [headers, *rows]) for i in range(len(headers))]
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    out.append("  ".join("-" * w for w in widths))
+    out += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    return out
+
+
+def _tensor_rows(prefix: list[str], checks: list[TensorCheck]) -> list[list[str]]:
+    return [
+        [
+            *prefix,
+            t.qnn_name or t.name,
+            "x".join(map(str, t.shape)),
+            _f(t.max_abs_err, ".3g"),
+            _f(t.rel_err, ".3%"),
+            _f(t.cosine, ".6f"),
+            _ok(t.passed) + (f" ({t.problem})" if t.problem else ""),
+        ]
+        for t in checks
+    ]
+
+
+def format_report(r: VerifyReport) -> str:
+    """verify.txt: verdict and failures first, then one table per check."""
+    lines = [
+        f"verify {r.model} for {r.soc} ({r.target}): {'PASSED' if r.passed else 'FAILED'}",
+        f"bundle {r.bundle}",
+        f"tolerance per graph: cosine >= {r.graph_tolerance.min_cosine}, max abs err <= "
+        f"{r.graph_tolerance.max_rel_err:.1%} of ref max abs; whole model: cosine >= {r.model_tolerance.min_cosine}, "
+        f"<= {r.model_tolerance.max_rel_err:.1%}; top-1 flips tolerated only on near-ties (lead <= "
+        f"{r.model_tolerance.tie_margin:.1%} of the row's max |logit|)",
+        r.executed_note,
+    ]
+    if r.failures:
+        lines += ["", "failures (worst first):", *(f"  - {f}" for f in r.failures)]
+    if r.integrity is not None:
+        lines += ["", f"bundle integrity: {r.integrity.files} files vs bundle manifest: {_ok(r.integrity.passed)}"]
+        lines += [f"  - {p}" for p in r.integrity.problems]
+    if r.plugins:
+        lines += ["", "plugins (shipped binary checked by sha256 and binary info; which binary ran):"]
+        rows = [
+            [
+                p.path,
+                ",".join(p.graphs),
+                (p.shipped_sha256 or "?")[:12],
+                "yes" if p.context_sha256 and p.context_sha256 == p.shipped_sha256 else "NO",
+                {True: "yes", False: "no", None: "?"}[p.shipped_weight_shared],
+                str((p.target or {}).get("soc_type")),
+                (f"{p.executed}: {p.executed_source}" if p.executed else "-"),
+                _ok(p.passed) + (f" ({p.problem})" if p.problem else ""),
+            ]
+            for p in r.plugins
+        ]
+        lines += _table(["plugin", "graphs", "sha256", "=context", "shared", "soc", "executed", "result"], rows)
+    if r.graphs:
+        lines += ["", "(a) per graph: simulator (unshared twin) vs the partition's reference IO"]
+        rows = []
+        for g in r.graphs:
+            prefix = [g.graph, _f(g.simulator_seconds, ".4f")]
+            if g.outputs:
+                rows += _tensor_rows(prefix, g.outputs)
+            else:
+                rows.append([*prefix, "-", "-", "-", "-", "-", f"FAIL ({g.problem})"])
+        lines += _table(["graph", "sim s", "output", "shape", "max abs", "rel", "cosine", "result"], rows)
+    if r.whole_model:
+        lines += [
+            "",
+            "(b) whole model: hybrid (bundle, CPU in MNN + plugins in the simulator) vs original model on CPU",
+        ]
+        rows = []
+        for s in r.whole_model:
+            prefix = [str(s.seq_len)]
+            if s.outputs:
+                rows += _tensor_rows(prefix, s.outputs)
+            else:
+                rows.append([*prefix, "-", "-", "-", "-", "-", f"FAIL ({s.problem})"])
+        lines += _table(["seq", "output", "shape", "max abs", "rel", "cosine", "result"], rows)
+        for s in r.whole_model:
+            if s.top1 is not None:
+                t = s.top1
+                lines.append(
+                    f"  seq {s.seq_len}: top-1 agreement {t.agree}/{t.rows} (min reference top-2 margin "
+                    f"{t.min_ref_margin:.3g}) {_ok(t.passed)}; {_f(s.seconds, '.3f')} s "
+                    f"(MNN {_f(s.mnn_seconds, '.3f')} s, simulator {_f(s.qnn_seconds, '.3f')} s)"
+                )
+                for d in t.disagreements[:5]:
+                    lines.append(
+                        f"    row {d.row}: reference {d.ref_token}, hybrid {d.got_token}, reference lead "
+                        f"{d.ref_lead:.3g} ({'near-tie, tolerated' if d.tolerated else 'NOT a near-tie'})"
+                    )
+    g = r.generation
+    if g is not None:
+        lines += [
+            "",
+            f"(c) greedy generation, prompt {g.prompt!r} -> ids {g.prompt_ids}, {g.max_new_tokens} new tokens",
+        ]
+        lines.append(f"  cpu    (original model, MNN): {g.cpu_tokens}")
+        lines.append(f"  hybrid (bundle):              {g.hybrid_tokens}")
+        if g.first_divergence is None:
+            lines.append(f"  identical: {_ok(g.passed)}")
+        else:
+            lines.append(f"  first divergence at new token {g.first_divergence}: {g.divergence_note} {_ok(g.passed)}")
+        if g.problem:
+            lines.append(f"  problem: {g.problem}")
+        if g.steps:
+            worst = max(g.steps, key=lambda s: s.logits.severity(r.model_tolerance))
+            lines.append(
+                f"  per step (same prefix): min cpu top-2 margin {min(s.cpu_margin for s in g.steps):.3g}; "
+                f"worst: {worst.logits.describe()}"
+            )
+        lines.append(
+            f"  time: cpu {_f(g.cpu_seconds, '.3f')} s, hybrid {_f(g.hybrid_seconds, '.3f')} s "
+            f"({g.hybrid_forwards} forwards)"
+        )
+    if r.timings:
+        lines += ["", "time (s): " + ", ".join(f"{k} {v:.2f}" for k, v in r.timings.items())]
+    return "\n".join(lines) + "\n"

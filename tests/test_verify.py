@@ -1,0 +1,342 @@
+"""The verify stage and `doit verify`: a good bundle passes, a broken one fails naming what is wrong.
+
+The tiny chain is built and verified once per module through doit (as a user runs it); the broken-bundle
+cases run the stage function on a private copy of the bundle (copies, never the hard-linked originals).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mnnbuild_runtime import BinaryOverride, HybridModel, Tokenizer, greedy_generate
+
+from mnnbuild.cpu import load_vars, save_vars
+from mnnbuild.errors import StageError
+from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
+from mnnbuild.partition.records import GraphDescription
+from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.stages.context import read_merge
+from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
+from mnnbuild.targets import soc_for_arch
+from mnnbuild.verify.checks import build_twins
+from mnnbuild.verify.compare import Tolerance, compare
+from mnnbuild.verify.report import VerifyReport
+from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, executed_tasks, skipped_tasks
+
+TINY = "tiny-qwen3"
+ARCH = "v79"
+HELD_OUT = ("qwen3-untied-int8-b32", "llama-int4-cw")
+HELD_OUT_ARCHS = ("v79", "v75")
+
+
+def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``doit`` on the project's dodo.py with artifacts under ``cwd/artifacts`` (conftest's run_doit, module-wide)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """`doit verify` from scratch: builds the tiny bundle and verifies it."""
+    cwd = tmp_path_factory.mktemp("verify")
+    proc = doit(cwd, "verify")
+    assert proc.returncode == 0, f"doit verify failed:\n{proc.stdout}\n{proc.stderr}"
+    return cwd, proc
+
+
+def model_root(built: tuple[Path, object]) -> Path:
+    return built[0] / "artifacts" / TINY
+
+
+def inputs_for(root: Path, arch: str = ARCH, bundle_dir: Path | None = None) -> VerifyInputs:
+    return VerifyInputs(
+        model=root.name,
+        bundle_dir=bundle_dir or root / arch / "bundle",
+        modellib_dir=root / "modellib",
+        partition_dir=root / "partition",
+        io_dir=root / "io",
+        model_dir=root / "model",
+        context_dir=root / arch / "context",
+    )
+
+
+def read_report(out_dir: Path) -> VerifyReport:
+    return VerifyReport.model_validate_json((out_dir / REPORT_JSON).read_text(encoding="utf-8"))
+
+
+@pytest.fixture
+def bundle_copy(built: tuple[Path, object], tmp_path: Path) -> Path:
+    """A private copy of the tiny bundle stage dir (real copies: the originals are hard links)."""
+    dest = tmp_path / "bundle"
+    shutil.copytree(model_root(built) / ARCH / "bundle", dest)
+    return dest
+
+
+def run_failing(built: tuple[Path, object], bundle: Path, out_dir: Path) -> tuple[str, VerifyReport]:
+    """Verify a broken bundle: it must raise, leave a readable report and no manifest (not done for doit)."""
+    with pytest.raises(StageError) as err:
+        verify(inputs_for(model_root(built), bundle_dir=bundle), VerifyParams(soc=soc_for_arch(ARCH)), out_dir)
+    assert not (out_dir / VerifyManifest.filename()).exists(), "a failed verify must not write its manifest"
+    report = read_report(out_dir)
+    assert not report.passed and report.failures
+    assert "FAILED" in (out_dir / REPORT_TEXT).read_text(encoding="utf-8")
+    assert str(out_dir / REPORT_TEXT) in str(err.value), "the error points at the report"
+    return str(err.value), report
+
+
+# ---- the comparison ----------------------------------------------------------------------------------
+
+
+def test_compare_judges_cosine_relative_error_and_zero_references() -> None:
+    tol = Tolerance()
+    ref = np.linspace(-1, 1, 100, dtype=np.float32)
+    assert compare("x", ref + 0.01, ref, tol).passed  # 1% of max abs
+    far = compare("x", ref + 0.05, ref, tol)
+    assert not far.passed and far.rel_err == pytest.approx(0.05, rel=1e-4)
+    assert compare("z", np.zeros(4), np.zeros(4), tol).cosine is None  # no direction: abs floor decides
+    assert compare("z", np.zeros(4), np.zeros(4), tol).passed
+    assert not compare("z", np.ones(4), np.zeros(4), tol).passed
+    assert not compare("n", np.full(100, np.nan), ref, tol).passed
+    assert compare("s", np.zeros(3), ref, tol).problem == "has shape [3], reference [100]"
+
+
+# ---- the tiny bundle -----------------------------------------------------------------------------------
+
+
+def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    cwd, proc = built
+    assert f"verify:{TINY}-{ARCH}" in executed_tasks(proc.stdout)
+    out = model_root(built) / ARCH / "verify"
+    manifest = VerifyManifest.read(out)
+    assert manifest.passed and manifest.tokens_match
+    assert set(manifest.executed.values()) == {"override"}
+    report = read_report(out)
+    assert report.passed and not report.failures
+    assert report.integrity is not None and report.integrity.passed
+    assert len(report.graphs) == 2 * len(report.plugins) and all(g.passed for g in report.graphs)
+    for g in report.graphs:
+        assert g.simulator_seconds is not None and g.simulator_seconds > 0
+        for t in g.outputs:
+            assert t.cosine is None or t.cosine >= 0.999, (g.graph, t)
+            assert t.rel_err is None or t.rel_err <= 0.02, (g.graph, t)
+    assert [s.seq_len for s in report.whole_model] == [1, 128]
+    for s in report.whole_model:
+        assert s.passed and s.top1 is not None and s.top1.passed
+        assert {t.name for t in s.outputs} == {"logits", "hidden_states"}
+    gen = report.generation
+    assert gen is not None and gen.passed and gen.first_divergence is None
+    assert gen.prompt == "hello" and len(gen.cpu_tokens) == 16 and gen.hybrid_tokens == gen.cpu_tokens
+    for p in report.plugins:  # which binary ran, and that the shipped one is the context stage's
+        assert p.executed == "override" and p.shipped_weight_shared
+        assert p.shipped_sha256 == p.context_sha256 == p.bundle_sha256
+    text = (out / REPORT_TEXT).read_text(encoding="utf-8")
+    assert "PASSED" in text and "unshared twins" in text and "graph1_0" in text
+
+    again = doit(cwd, "verify")
+    assert again.returncode == 0, again.stderr
+    assert f"verify:{TINY}-{ARCH}" in skipped_tasks(again.stdout), "a second `doit verify` does nothing"
+
+
+def test_bare_doit_builds_and_verifies_the_default_bundle(built: tuple[Path, object]) -> None:
+    proc = doit(built[0])  # same artifacts: everything is up to date, verify included
+    assert proc.returncode == 0, proc.stderr
+    assert f"verify:{TINY}-{ARCH}" in skipped_tasks(proc.stdout)
+    assert f"bundle:{TINY}-{ARCH}" in skipped_tasks(proc.stdout)
+
+
+def test_generation_shortcut_equals_the_runtime_greedy_loop(built: tuple[Path, object]) -> None:
+    """verify runs the bundle once on the CPU's token sequence instead of once per token; the causal mask
+    makes that the same greedy tokens. Checked against the runtime's own loop."""
+    root = model_root(built)
+    report = read_report(root / ARCH / "verify")
+    soc = soc_for_arch(ARCH)
+    lib = QnnLibrary()
+    twins = build_twins(lib, HtpTarget(soc.soc_id, soc.arch_number), root / "modellib", read_merge(root / "partition"))
+    bundle = root / ARCH / "bundle" / "model" / TINY
+    overrides = {p: BinaryOverride(t.data) for p, t in twins.items()}
+    with HybridModel(bundle, binary_overrides=overrides, qnn_lib=lib) as model:
+        ids = Tokenizer(bundle / "config_qnn.json").encode("hello")
+        tokens = greedy_generate(model, ids, max_new_tokens=8).tokens
+    assert report.generation is not None and tokens == report.generation.hybrid_tokens[:8]
+
+
+def test_tampered_bundle_file_reruns_verify_and_fails_then_recovers(built: tuple[Path, object], tmp_path: Path) -> None:
+    """doit must not trust an old verify when a bundle file changed, nor restore a passing one from the cache
+    (whose key only sees the manifests); the failed run leaves the report and no manifest, and a restored
+    bundle verifies again."""
+    cwd = built[0]
+    env = {"MNNBUILD_CACHE": str(tmp_path / "cache")}
+    out = model_root(built) / ARCH / "verify"
+    shutil.rmtree(out)
+    first = doit(cwd, f"verify:{TINY}-{ARCH}", env=env)  # re-run with the cache on: stores the passing verify
+    assert first.returncode == 0 and executed_tasks(first.stdout) == [f"verify:{TINY}-{ARCH}"], first.stderr
+    target = model_root(built) / ARCH / "bundle" / "model" / TINY / "qnn" / "graph2.bin"
+    original = target.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x01
+    target.unlink()  # a new file, not an in-place write: the bundle file is a hard link to the context output
+    target.write_bytes(bytes(data))
+    try:
+        proc = doit(cwd, f"verify:{TINY}-{ARCH}", env=env)
+        assert proc.returncode != 0, proc.stdout
+        assert "qnn/graph2.bin" in proc.stdout + proc.stderr and "sha256" in proc.stdout + proc.stderr
+        assert not (out / VerifyManifest.filename()).exists()
+        assert not read_report(out).passed
+    finally:
+        target.unlink()
+        target.write_bytes(original)
+    proc = doit(cwd, f"verify:{TINY}-{ARCH}", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"verify:{TINY}-{ARCH}" in executed_tasks(proc.stdout)
+    assert VerifyManifest.read(out).passed
+
+
+# ---- broken bundles -----------------------------------------------------------------------------------
+
+
+def qnn_file(bundle: Path, name: str) -> Path:
+    return bundle / "model" / TINY / "qnn" / name
+
+
+def test_flipped_byte_in_a_context_binary_fails(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
+    path = qnn_file(bundle_copy, "graph2.bin")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+    message, report = run_failing(built, bundle_copy, tmp_path / "verify")
+    # QNN does not checksum its blobs (a flipped payload byte still loads): the hashes catch it
+    assert "model/tiny-qwen3/qnn/graph2.bin" in message and "sha256" in message
+    bad = [p for p in report.plugins if not p.passed]
+    assert [p.path for p in bad] == ["qnn/graph2.bin"]
+    assert "not the one the twin stands in for" in (bad[0].problem or "")
+    assert all(g.passed for g in report.graphs), "the simulator checks do not depend on the bundle"
+
+
+def test_swapped_binaries_fail_on_structure(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
+    a, b = qnn_file(bundle_copy, "graph0.bin"), qnn_file(bundle_copy, "graph1.bin")
+    da, db = a.read_bytes(), b.read_bytes()
+    a.write_bytes(db)
+    b.write_bytes(da)
+    message, report = run_failing(built, bundle_copy, tmp_path / "verify")
+    assert "qnn/graph0.bin" in message
+    # caught by binary info too, not only by hash
+    structure = [f for f in report.failures if "which the context binary does not contain" in f]
+    assert any("'graph0'" in f for f in structure) and any("'graph1'" in f for f in structure), report.failures
+
+
+def test_all_graph_name_naming_a_missing_graph_fails(
+    built: tuple[Path, object], bundle_copy: Path, tmp_path: Path
+) -> None:
+    path = qnn_file(bundle_copy, "llm.mnn")
+    model = load_model(path)
+    op = next(o for o in model.ops if o.type == "Plugin" and plugin_attributes(o)["path"] == "qnn/graph3.bin")
+    op.main.attr = [
+        make_attribute("allGraphName", ["graph3", "graph1_9"]) if a.key == "allGraphName" else a for a in op.main.attr
+    ]
+    save_model(model, path)
+    message, report = run_failing(built, bundle_copy, tmp_path / "verify")
+    assert "model/tiny-qwen3/qnn/llm.mnn" in message
+    structure = [f for f in report.failures if "'allGraphName' names graph 'graph1_9'" in f]
+    assert structure and "qnn/graph3.bin" in structure[0], report.failures
+
+
+def test_weight_file_of_another_model_fails(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
+    weight = bundle_copy / "model" / TINY / "llm.mnn.weight"
+    weight.write_bytes((FIXTURE_MODELS / "llama-int4-cw" / "llm.mnn.weight").read_bytes())
+    message, report = run_failing(built, bundle_copy, tmp_path / "verify")
+    assert "llm.mnn.weight" in message
+    # besides the hash: the file does not even cover the model's external weight ranges
+    assert any("not the weight file of this model" in f for f in report.failures), report.failures
+
+
+def test_perturbed_weight_file_fails_on_the_numbers(
+    built: tuple[Path, object], bundle_copy: Path, tmp_path: Path
+) -> None:
+    """Same size and layout, other values (another model of the same shape): the tiny model's embeddings are
+    tied into llm.mnn.weight, so the bundle's own token embeddings differ and generation's logits show it."""
+    model_dir = bundle_copy / "model" / TINY
+    info = embedding_info(model_dir)
+    weight = model_dir / "llm.mnn.weight"
+    data = bytearray(weight.read_bytes())
+    rng = np.random.default_rng(0)
+    end = info.alpha_offset if info.alpha_offset > info.weight_offset else len(data)
+    data[info.weight_offset : end] = rng.integers(0, 256, end - info.weight_offset, dtype=np.uint8).tobytes()
+    weight.write_bytes(bytes(data))
+    message, report = run_failing(built, bundle_copy, tmp_path / "verify")
+    assert "llm.mnn.weight" in message
+    gen = report.generation
+    assert gen is not None and not gen.passed
+    assert any(f.startswith("generation:") for f in report.failures), report.failures
+    assert any(not s.logits.passed for s in gen.steps), "detected by the logits, not only by the hash"
+
+
+def test_graph_off_its_reference_fails_naming_graph_and_tensor(built: tuple[Path, object], tmp_path: Path) -> None:
+    """A per-graph numeric failure names the graph, the tensor and the error (here the reference is made wrong,
+    which is what a miscompiled graph looks like from the outside)."""
+    root = model_root(built)
+    partition = tmp_path / "partition"
+    shutil.copytree(root / "partition", partition)
+    graph_dir = partition / "qnn" / "graph1_2"
+    desc = GraphDescription.read(graph_dir)
+    outputs = load_vars(graph_dir / desc.reference_output)
+    victim = desc.outputs[0]
+    outputs[victim.name] = outputs[victim.name] * np.float32(1.1)  # 10% off: past the 2% tolerance
+    (graph_dir / desc.reference_output).unlink()
+    save_vars(graph_dir / desc.reference_output, outputs)
+    inputs = inputs_for(root).model_copy(update={"partition_dir": partition})
+    out = tmp_path / "verify"
+    with pytest.raises(StageError) as err:
+        verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
+    assert f"graph graph1_2 (qnn/graph2.bin) output {victim.name} ({victim.qnn_name}): cosine" in str(err.value)
+    report = read_report(out)
+    assert [g.graph for g in report.graphs if not g.passed] == ["graph1_2"]
+    assert report.whole_model and all(s.passed for s in report.whole_model), "the bundle itself is fine"
+
+
+# ---- held-out models ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def held_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The held-out fixture models (untied int8 Qwen3, channel-wise int4 Llama) built and verified for v79 and
+    v75 in one doit run."""
+    cwd = tmp_path_factory.mktemp("held_out")
+    specs = cwd / "specs"
+    specs.mkdir()
+    for name in HELD_OUT:
+        (specs / f"{name}.toml").write_text(
+            f'name = "{name}"\nsource = {{ local = "{FIXTURE_MODELS / name}" }}\nchunk_size = 128\n'
+            f"targets = {list(HELD_OUT_ARCHS)!r}\n".replace("'", '"')
+        )
+    tasks = [f"verify:{m}-{a}" for m in HELD_OUT for a in HELD_OUT_ARCHS]
+    proc = doit(cwd, "-n", "2", "--continue", *tasks, env={"MNNBUILD_MODELS_PATH": str(specs)})
+    assert proc.returncode == 0, f"doit {' '.join(tasks)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return cwd / "artifacts"
+
+
+@pytest.mark.parametrize("arch", HELD_OUT_ARCHS)
+@pytest.mark.parametrize("name", HELD_OUT)
+def test_held_out_models_verify(held_out: Path, name: str, arch: str) -> None:
+    out = held_out / name / arch / "verify"
+    manifest = VerifyManifest.read(out)
+    assert manifest.passed and manifest.target == arch
+    report = read_report(out)
+    assert report.passed and report.soc == soc_for_arch(arch).name
+    assert all(p.target and p.target["dsp_arch"] == int(arch[1:]) for p in report.plugins)
+    assert report.generation is not None and report.generation.hybrid_tokens == report.generation.cpu_tokens
