@@ -22,11 +22,20 @@ from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
 
 def run_doit(task: list[str], artifacts: Path, cache: Path) -> float:
-    env = {**os.environ, "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_CACHE": str(cache),
-           "MNNBUILD_LOG_LEVEL": "WARNING"}
+    env = {
+        **os.environ,
+        "MNNBUILD_ARTIFACTS": str(artifacts),
+        "MNNBUILD_CACHE": str(cache),
+        "MNNBUILD_LOG_LEVEL": "WARNING",
+    }
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *task], env=env,
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *task],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return time.perf_counter() - started
 
 
@@ -46,12 +55,17 @@ def main() -> None:
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print_table(["run", "cold s", "warm-cache s", "no-op s", "cold/warm", "cold/no-op"], rows)
     sys.stdout.write(f"peak child RSS {peak_mb:.0f} MB\n")
-    path = write_results("build", {
-        "task": args.task or ["(default)"],
-        "runs": [dict(zip(["run", "cold_s", "warm_s", "noop_s", "cold_over_warm", "cold_over_noop"], r, strict=True))
-                 for r in rows],
-        "peak_child_rss_mb": round(peak_mb, 1),
-    })
+    path = write_results(
+        "build",
+        {
+            "task": args.task or ["(default)"],
+            "runs": [
+                dict(zip(["run", "cold_s", "warm_s", "noop_s", "cold_over_warm", "cold_over_noop"], r, strict=True))
+                for r in rows
+            ],
+            "peak_child_rss_mb": round(peak_mb, 1),
+        },
+    )
     sys.stdout.write(f"wrote {path}\n")
 
 

@@ -12,11 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.cpu import load_vars, save_vars
+from mnnbuild.cpu import CpuRuntime, load_module, load_vars, save_vars, var_format
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.support import unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, plugin_attributes
+from mnnbuild.partition import execute
 from mnnbuild.partition.execute import HybridExecutor, PluginCall, SourceSubgraphRunner
+from mnnbuild.partition.fold import forward
+from mnnbuild.partition.layout import blob_format
 from mnnbuild.partition.records import GraphDescription
 from mnnbuild.partition.rewrite import plugin_attrs_of
 from mnnbuild.spec import LocalSource
@@ -24,6 +27,7 @@ from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
 from mnnbuild.stages.io import IoInputs, IoParams, generate_io
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
+from tests.test_partition_cut import KV_ATTENTION, LOGITS_SLICE, ROTARY, npu_runs, rotary_ops
 
 CHUNK = 16
 MODELS = {
@@ -93,8 +97,14 @@ def tiny(built: Callable[[str], Built]) -> Built:
     return built("tiny-qwen3")
 
 
-def compute_types(model: MnnModel) -> list[str]:
-    return [op.type for op in model.ops if op.type not in ("Input", "Const")]
+def cpu_compute_ops(model: MnnModel) -> list[Op]:
+    """Ops of a partitioned model that compute on the CPU."""
+    return [op for op in model.ops if op.type not in ("Input", "Const", "Plugin")]
+
+
+def o_blob(op: Op, shape: int, tensor: int) -> object:
+    """The ``o_<shape>_<j>`` Blob of a plugin's output ``tensor``."""
+    return plugin_attributes(op)[f"o_{shape}_{op.outputs.index(tensor)}"]
 
 
 def run_hybrid(
@@ -116,21 +126,32 @@ def run_hybrid(
 
 
 @pytest.mark.parametrize("name", list(MODELS))
-def test_one_plugin_per_attention_boundary(built: Callable[[str], Built], name: str) -> None:
+def test_plugins_between_cpu_attention_rotary_and_logits_slice(built: Callable[[str], Built], name: str) -> None:
     b = built(name)
-    types = compute_types(b.result)
-    # plugin, then per layer: Attention (CPU) + plugin; the region after the last attention is cut once
-    # more at the logits_index slice (its output shape follows logits_index's content): layers + 2 plugins
-    expected = ["Plugin"] + ["Attention", "Plugin"] * b.layers + ["StridedSlice", "Plugin"]
-    assert types == expected
-    assert len(b.plugins()) == b.layers + 2 == len(b.manifest.plugins)
+    names = b.result.tensor_names
+    # one plugin per maximal NPU run of the source, counted without the cut
+    assert len(b.plugins()) == len(npu_runs(b.source)) == len(b.manifest.plugins)
+    assert len(b.plugins()) >= b.layers + 1
     assert b.result.ops_of_type("Convolution") == []
-    assert len(b.source.ops_of_type("Attention")) == b.layers
+    # every Attention stays on the CPU between plugins: its q/k/v come from plugins, its output feeds one
+    assert len(b.result.ops_of_type("Attention")) == len(b.source.ops_of_type("Attention")) == b.layers
+    made_by_plugin = {t for op in b.plugins() for t in op.outputs}
+    read_by_plugin = {t for op in b.plugins() for t in op.inputs}
+    mask = b.result.tensor_index("attention_mask")
+    for op in b.result.ops_of_type("Attention"):
+        assert set(op.inputs) - {mask} <= made_by_plugin
+        assert set(op.outputs) <= read_by_plugin
+    # the CPU ops are exactly the report's, each with its reason
     cpu = {c["name"]: c for c in b.report["cpu_ops"]}
+    assert sorted(op.name for op in cpu_compute_ops(b.result)) == sorted(cpu)
+    assert all(c["reason"] for c in cpu.values())
     for op in b.source.ops_of_type("Attention"):
-        assert "kv_cache" in cpu[op.name]["reason"]
+        assert KV_ATTENTION in cpu[op.name]["reason"]
+    rotary = {b.source.ops[i].name for i in rotary_ops(b.source)}
+    assert rotary and {n for n, c in cpu.items() if ROTARY in c["reason"]} == rotary
+    assert "logits_index" in cpu[LOGITS_SLICE]["reason"]
     last = b.plugins()[-1]
-    assert "logits" in [b.result.tensor_names[t] for t in last.outputs]
+    assert "logits" in [names[t] for t in last.outputs]
     assert b.result.output_names == b.source.output_names
     assert b.result.input_names == b.source.input_names
 
@@ -168,23 +189,91 @@ def test_plugin_attributes(tiny: Built) -> None:
     }
 
 
-def test_nc4hw4_outputs_keep_their_format(tiny: Built) -> None:
-    # v_proj's convolution output feeds the CPU Attention directly: MNN keeps it in NC4HW4
-    op = tiny.plugins()[0]
-    names = [tiny.result.tensor_names[t] for t in op.outputs]
-    j = names.index("/layers.0/self_attn/v_proj/Linear")
-    attrs = plugin_attrs_of(op)
-    assert attrs[f"o_0_{j}"]["dataFormat"] == 2  # NC4HW4
-    assert attrs[f"o_1_{j}"]["dims"][0] == CHUNK
+@pytest.mark.parametrize("name", list(MODELS))
+def test_nc4hw4_outputs_keep_their_format(built: Callable[[str], Built], name: str) -> None:
+    """``o_*``: dims of the dense logical-NCHW array the QNN graph writes, and the layout MNN keeps the
+    tensor in within the whole source graph (into which the device runtime converts it)."""
+    b = built(name)
+    for s, seq in enumerate((1, CHUNK)):
+        feeds, _ = b.sample(seq)
+        outputs = [(op, t) for op in b.plugins() for t in op.outputs]
+        names = [b.result.tensor_names[t] for _, t in outputs]
+        rt = CpuRuntime().create(b.src / "llm.mnn.weight")
+        whole = load_module(b.src / "llm.mnn", rt, list(feeds), names)
+        layouts = [var_format(v) for v in forward(whole, list(feeds.values()))]
+        for (op, t), n, layout in zip(outputs, names, layouts, strict=True):
+            blob = o_blob(op, s, t)
+            assert blob_format(blob) == layout, (n, s)
+            desc = GraphDescription.read(b.qnn / plugin_attributes(op)["allGraphName"][s])
+            spec = next(x for x in desc.outputs if x.name == n)
+            _, refs = desc.load_reference(b.qnn / desc.graph)
+            ref = refs[desc.outputs.index(spec)]
+            assert [int(d) for d in blob.dims] == spec.shape == list(ref.shape)
+            assert spec.format == layout
+        # the v_proj outputs (Convolution -> CPU Attention) of every layer are NC4HW4, the logits not
+        v_proj = [k for k, n in enumerate(names) if n.endswith("v_proj/Linear")]
+        assert [layouts[k] for k in v_proj] == ["NC4HW4"] * b.layers
+        for k in v_proj:  # as serialized: MNN_DATA_FORMAT_NC4HW4 = 2
+            op, t = outputs[k]
+            assert plugin_attrs_of(op)[f"o_{s}_{op.outputs.index(t)}"]["dataFormat"] == 2
+        assert layouts[names.index("logits")] == "NCHW"
+
+
+def test_executor_converts_layouts_at_plugin_boundaries(tiny: Built, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the device runtime does: CPU segments read a plugin output in its ``o_*`` layout, plugins get
+    dense logical-NCHW arrays of the shapes their graphs were built for."""
+    fed: list[list[str]] = []
+    real = execute.forward_vars
+
+    def spy(module: object, variables: list[object]) -> list[object]:
+        fed.append([var_format(v) for v in variables])
+        return real(module, variables)
+
+    monkeypatch.setattr(execute, "forward_vars", spy)
+    feeds, expected = tiny.sample(CHUNK)
+    calls: list[PluginCall] = []
+    with SourceSubgraphRunner(tiny.src / "llm.mnn", tiny.src / "llm.mnn.weight", tiny.qnn) as reference:
+
+        def runner(call: PluginCall) -> list[np.ndarray]:
+            calls.append(call)
+            return reference(call)
+
+        executor = HybridExecutor(tiny.qnn / "llm.mnn", tiny.src / "llm.mnn.weight", runner)
+        outputs = executor.run(feeds)
+    np.testing.assert_allclose(outputs["logits"], expected["logits"], rtol=0, atol=1e-5)
+    # what each CPU segment was fed, against the o_* layout of the plugin output it reads
+    made_by: dict[int, Op] = {t: op for op in tiny.plugins() for t in op.outputs}
+    segments = [seg for seg in executor.segments if seg.plugin is None]
+    assert len(fed) == len(segments)
+    converted = []
+    for seg, formats in zip(segments, fed, strict=True):
+        for t, got in zip(seg.inputs, formats, strict=True):
+            if t in made_by:
+                want = blob_format(o_blob(made_by[t], 1, t))
+                assert got == want, tiny.result.tensor_names[t]
+                converted.append(want)
+    assert "NC4HW4" in converted  # v_proj -> Attention
+    for call in calls:
+        desc = GraphDescription.read(tiny.qnn / call.graph_name)
+        assert [list(a.shape) for a in call.inputs] == [t.shape for t in desc.inputs]
+        assert all(a.flags.c_contiguous for a in call.inputs)
 
 
 def test_promoted_internal_tensor(tiny: Built) -> None:
-    # the rotary tables are made and used in plugin 0 (layer 0) and read again by plugin 1 (layer 1)
-    desc0 = GraphDescription.read(tiny.qnn / "graph0")
-    desc1 = GraphDescription.read(tiny.qnn / "graph1")
+    # the rotary tables are made and used in the plugin of layer 0 (mask 3) and read again by a later
+    # plugin (layer 1): promoted to an output of the first
     rope = "/blocks.0/self_attn/Gather_2_output_0"
-    assert rope in [t.name for t in desc0.outputs] and rope in [t.name for t in desc1.inputs]
-    assert any(tiny.source.tensor_names[i] == rope for op in desc0.ops for i in op.inputs)
+    graphs = [GraphDescription.read(tiny.qnn / f"graph{k}") for k in range(len(tiny.plugins()))]
+    made = [{tiny.source.tensor_names[t] for o in d.ops for t in o.outputs} for d in graphs]
+    maker = next(k for k, names in enumerate(made) if rope in names)
+    assert rope in [t.name for t in graphs[maker].outputs]
+    assert any(tiny.source.tensor_names[i] == rope for op in graphs[maker].ops for i in op.inputs)
+    readers = [k for k, d in enumerate(graphs) if rope in [t.name for t in d.inputs]]
+    assert readers and all(k > maker for k in readers)
+    # in qnn/llm.mnn the plugins share the tensor
+    rope_index = tiny.result.tensor_index(rope)
+    assert rope_index in tiny.plugins()[maker].outputs
+    assert all(rope_index in tiny.plugins()[k].inputs for k in readers)
 
 
 def test_graph_descriptions(tiny: Built) -> None:
@@ -308,7 +397,8 @@ def test_mnn_runtime_loads_result_up_to_the_first_plugin(tiny: Built) -> None:
 def test_skips_keep_op_on_cpu(tiny: Built, tmp_path: Path) -> None:
     skipped = "/layers.0/mlp/gate_proj/Linear"
     manifest = run_partition(tiny.model_dir, tiny.io_dir, tmp_path / "p", skips=(skipped,))
-    assert len(manifest.plugins) == len(tiny.plugins()) + 1
+    # the skipped Convolution splits its plugin in two
+    assert len(manifest.plugins) == len(tiny.plugins()) + 1 == len(npu_runs(tiny.source, skips=(skipped,)))
     assert manifest.params.skips == (skipped,)
     result = load_model(tmp_path / "p" / "qnn" / "llm.mnn")
     assert [op.name for op in result.ops_of_type("Convolution")] == [skipped]
@@ -316,23 +406,32 @@ def test_skips_keep_op_on_cpu(tiny: Built, tmp_path: Path) -> None:
     assert {"name": skipped, "reason": "named in skips"}.items() <= next(
         c for c in report["cpu_ops"] if c["name"] == skipped
     ).items()
+    # a CPU Convolution between plugins reads and writes NC4HW4 tensors: still the same outputs
+    for seq in (1, CHUNK):
+        feeds, expected = tiny.sample(seq)
+        outputs, _ = run_hybrid(tiny.src, tmp_path / "p" / "qnn", feeds)
+        np.testing.assert_allclose(outputs["logits"], expected["logits"], rtol=0, atol=1e-5)
 
 
 def test_unsupported_kind_stays_on_cpu(tiny: Built, tmp_path: Path) -> None:
-    def no_cast(op: Op, model: MnnModel, static: object) -> str | None:
-        if op.type == "Cast":
-            return "Cast is not lowered in this test"
+    # Concat sits inside plugins (the rotary tables, the rope halves); refusing it splits them
+    def no_concat(op: Op, model: MnnModel, static: object) -> str | None:
+        if op.type == "Concat":
+            return "Concat is not lowered in this test"
         return unsupported_reason(op, model, static)  # type: ignore[arg-type]
 
-    manifest = run_partition(tiny.model_dir, tiny.io_dir, tmp_path / "p", support=no_cast)
+    assert any(tiny.source.ops[i].type == "Concat" for run in npu_runs(tiny.source) for i in run)
+    manifest = run_partition(tiny.model_dir, tiny.io_dir, tmp_path / "p", support=no_concat)
     out = tmp_path / "p"
     result = load_model(out / "qnn" / "llm.mnn")
-    assert [op.type for op in result.ops if op.type == "Cast"] == ["Cast"]
-    assert len(manifest.plugins) == len(tiny.plugins()) + 1
+    assert len(manifest.plugins) == len(npu_runs(tiny.source, support=no_concat)) > len(tiny.plugins())
     report = json.loads((out / "partition.json").read_text())
-    cast = next(c for c in report["cpu_ops"] if c["type"] == "Cast")
-    assert cast["reason"] == "QNN lowering: Cast is not lowered in this test"
-    assert "Cast is not lowered in this test" in (out / "partition.txt").read_text()
+    on_cpu = {c["name"]: c["reason"] for c in report["cpu_ops"] if c["type"] == "Concat"}
+    assert sorted(on_cpu) == sorted(op.name for op in result.ops_of_type("Concat"))
+    assert on_cpu and set(on_cpu.values()) == {"QNN lowering: Concat is not lowered in this test"}
+    for p in report["plugins"]:
+        assert "Concat" not in p["op_types"]
+    assert "Concat is not lowered in this test" in (out / "partition.txt").read_text()
     # the result still computes the same outputs
     feeds, expected = tiny.sample(CHUNK)
     outputs, calls = run_hybrid(tiny.src, out / "qnn", feeds)
@@ -351,7 +450,16 @@ def test_report_and_manifest(tiny: Built) -> None:
             assert len(b["shapes"]) == 2
     assert 0 < report["npu_weight_bytes"] <= report["total_weight_bytes"]
     text = (tiny.out / "partition.txt").read_text()
-    assert "qnn/graph0.bin" in text and "ops left on the CPU (3)" in text
+    cpu_ops = cpu_compute_ops(tiny.result)
+    assert len(report["cpu_ops"]) == len(cpu_ops) == tiny.manifest.cpu_ops
+    assert "qnn/graph0.bin" in text and f"ops left on the CPU ({len(cpu_ops)})" in text
+    for c in report["cpu_ops"]:
+        assert f"{c['name']}: {c['reason']}" in text
+    # boundary layouts: an output's is its o_* format
+    for p, op in zip(report["plugins"], tiny.plugins(), strict=True):
+        for j, b in enumerate(p["outputs"]):
+            assert b["format"] == blob_format(plugin_attributes(op)[f"o_0_{j}"])
+    assert "NC4HW4" in {b["format"] for p in report["plugins"] for b in p["outputs"]}
     manifest = PartitionManifest.read(tiny.out)
     assert manifest == tiny.manifest
     paths = {r.path for r in manifest.outputs}

@@ -8,13 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mnnbuild.cpu import to_numpy, var_format
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.lower import constant_tensors
-from mnnbuild.lowering.support import LOWERED_OP_TYPES, unsupported_reason
+from mnnbuild.lowering.support import LOWERED_OP_TYPES, SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, make_blob, schema
 from mnnbuild.partition.cut import Cut, plan_cut
 from mnnbuild.partition.execute import shape_index
 from mnnbuild.partition.fold import folded_model
+from mnnbuild.partition.layout import BoundaryValue
 from mnnbuild.partition.rewrite import fuse_attributes
 from mnnbuild.partition.semantics import reads_content, shape_inputs
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
@@ -25,6 +27,10 @@ MODEL_FILES = {
     "llama-int4-cw": FIXTURE_MODELS / "llama-int4-cw" / "llm.mnn",
 }
 LOGITS_SLICE = "/Slice_output_0"
+ROTARY = "rotary phase"
+"""Part of the reason the lowering gives for the ops that compute the rotary phase as a float."""
+KV_ATTENTION = "kv_cache"
+NO_CONVOLUTION = "subgraph without a Convolution stays on the CPU"
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +44,34 @@ def cut_of(model: MnnModel, **kw: object) -> Cut:
 
 def everything_supported(op: Op, model: MnnModel, static: object) -> str | None:
     return None
+
+
+def npu_runs(
+    model: MnnModel, support: SupportCheck = unsupported_reason, skips: tuple[str, ...] = ()
+) -> list[list[int]]:
+    """The plugins the cut should find, computed without it: walk the ops in source order, skip what
+    the lowering's ``constant_tensors`` folds, break at every Attention, skipped or refused op, and
+    keep the maximal runs in between that hold a Convolution."""
+    const = constant_tensors(model)
+    runs: list[list[int]] = [[]]
+    for i, op in enumerate(model.ops):
+        if op.type in ("Input", "Const", "TrainableParam") or set(op.outputs) <= const:
+            continue
+        if op.type == "Attention" or op.name in skips or support(op, model, const) is not None:
+            runs.append([])
+        else:
+            runs[-1].append(i)
+    return [r for r in runs if any(model.ops[i].type == "Convolution" for i in r)]
+
+
+def rotary_ops(model: MnnModel) -> set[int]:
+    """Ops the lowering itself refuses because they compute the rotary phase as a float."""
+    const = constant_tensors(model)
+    return {
+        i
+        for i, op in enumerate(model.ops)
+        if op.outputs and not set(op.outputs) <= const and ROTARY in (unsupported_reason(op, model, const) or "")
+    }
 
 
 # ---- semantics -----------------------------------------------------------------------------------------
@@ -94,15 +128,38 @@ def test_support_refusals(tiny: MnnModel) -> None:
 
 
 @pytest.mark.parametrize("path", list(MODEL_FILES.values()), ids=list(MODEL_FILES))
-def test_every_llm_op_but_attention_and_logits_slice_is_lowered(path: Path) -> None:
+def test_cpu_ops_are_attention_rotary_phase_and_logits_slice(path: Path) -> None:
     model = load_model(path)
     cut = cut_of(model)
-    reasons = {(c.type, c.name): c.reason for c in cut.cpu_op_infos()}
-    assert {t for t, _ in reasons} == {"Attention", "StridedSlice"}
-    assert [n for t, n in reasons if t == "StridedSlice"] == [LOGITS_SLICE]
-    # the shape arithmetic never reaches the lowering: it is folded
+    reasons = cut.cpu_reasons
+    names = model.tensor_names
+    attention = [i for i, op in enumerate(model.ops) if op.type == "Attention"]
+    assert attention and all(KV_ATTENTION in reasons[i] for i in attention)
+    # the rotary phase stays on the CPU (fp16 loses it), every op of it with the lowering's reason
+    rotary = rotary_ops(model)
+    assert {"Cast", "UnaryOp"} <= {model.ops[i].type for i in rotary}
+    assert {i for i, r in reasons.items() if ROTARY in r} == rotary
+    logits_slice = model.ops.index(model.op_by_name(LOGITS_SLICE))
+    assert "'logits_index'" in reasons[logits_slice]
+    # anything else on the CPU is a leftover run without a Convolution, fed by the CPU side only
+    # (keeping it there adds no NPU -> CPU transfer)
+    made_on_npu = {t for m in cut.plugins for t in m.produced}
+    others = set(reasons) - set(attention) - rotary - {logits_slice}
+    for i in others:
+        assert reasons[i] == NO_CONVOLUTION, (model.ops[i].name, reasons[i])
+        assert not set(model.ops[i].inputs) & made_on_npu, model.ops[i].name
+    # every op is folded, in exactly one plugin, or on the CPU with a reason
+    in_plugins = [i for m in cut.plugins for i in m.ops]
+    assert len(in_plugins) == len(set(in_plugins))
+    assert sorted([*in_plugins, *reasons, *cut.folded_ops]) == cut.needed
+    convolutions = {i for i, op in enumerate(model.ops) if op.type == "Convolution"}
+    assert convolutions <= set(in_plugins)
     for m in cut.plugins:
-        assert not {model.ops[i].type for i in m.ops} & {"Shape", "Rank"}
+        assert not {model.ops[i].type for i in m.ops} & {"Shape", "Rank", "Attention"}
+    # one plugin per maximal NPU run, checked against a count made without the cut
+    assert [m.ops for m in cut.plugins] == npu_runs(model)
+    assert [m.graph for m in cut.plugins] == list(range(len(cut.plugins)))
+    assert "logits" in [names[t] for t in cut.plugins[-1].outputs]
 
 
 # ---- the cut -----------------------------------------------------------------------------------------
@@ -116,16 +173,21 @@ def test_upstream_rules_split_at_logits_slice(tiny: MnnModel) -> None:
     assert slice_module.ops == [tiny.ops.index(tiny.op_by_name(LOGITS_SLICE))]
     assert slice_module.kind == "cpu" and not slice_module.is_break
     assert "content of input #1 'logits_index'" in slice_module.reason
-    assert len(cut.plugins) == 4
     attention = [m for m in cut.modules if m.is_break]
-    assert [tiny.ops[m.ops[0]].type for m in attention] == ["Attention", "Attention"]
+    assert [tiny.ops[m.ops[0]].type for m in attention] == ["Attention"] * len(tiny.ops_of_type("Attention"))
+    # upstream's structure: a plugin before, between and after the attentions, plus one after the slice
+    assert len(cut.plugins) == len(attention) + 2
 
 
 def test_boundaries_and_masks(tiny: MnnModel) -> None:
     cut = cut_of(tiny)
     names = tiny.tensor_names
     first, *_ = cut.plugins
-    assert [names[t] for t in first.inputs] == ["position_ids", "input_ids"]  # sorted by tensor index
+    assert [names[t] for t in first.inputs] == ["input_ids"]  # the embeddings
+    # position_ids feeds only the rotary phase, which stays on the CPU
+    position_ids = tiny.tensor_index("position_ids")
+    readers = [m for m in cut.modules if position_ids in m.inputs]
+    assert readers and all(m.kind == "cpu" and ROTARY in m.reason for m in readers)
     for m in cut.modules:
         assert m.inputs == sorted(m.inputs) and m.outputs == sorted(m.outputs)
         assert not set(m.inputs) & cut.static
@@ -189,9 +251,11 @@ def test_ops_out_of_order_are_rejected(tiny: MnnModel) -> None:
 
 def test_cpu_side_keeps_only_what_the_outputs_need(tiny: MnnModel) -> None:
     cut = cut_of(tiny)
-    kept = {tiny.ops[i].type for i in cut.cpu_ops}
-    assert kept == {"Input", "Const", "Attention", "StridedSlice"}
-    assert not kept & {"Shape", "Rank", "Convolution"}
+    kept = {i for i in cut.cpu_ops if tiny.ops[i].type not in ("Input", "Const")}
+    # exactly the ops that stay on the CPU for a reason: no folded shape arithmetic, no plugin op
+    assert kept == set(cut.cpu_reasons)
+    assert not {tiny.ops[i].type for i in kept} & {"Shape", "Rank", "Convolution"}
+    assert {i for i, op in enumerate(tiny.ops) if op.type == "Input"} <= set(cut.cpu_ops)
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -246,3 +310,22 @@ def test_folded_model_replaces_producers(tiny: MnnModel) -> None:
     assert producers[0].main.int32s.tolist() == value.tolist()
     assert len(folded.ops) == len(tiny.ops)
     assert all(op.type != "Const" for op in tiny.ops if t in op.outputs)  # the source is left alone
+
+
+def test_boundary_value_layouts() -> None:
+    """A plugin output named NC4HW4 reaches CPU ops as an NC4HW4 Var, and a CPU Var reaches a plugin as a
+    dense logical-NCHW array (6 channels and 2x2 pixels: the two layouts differ byte for byte)."""
+    logical = np.arange(2 * 6 * 2 * 2, dtype=np.float32).reshape(2, 6, 2, 2)
+    packed = BoundaryValue(array=logical, fmt="NC4HW4")
+    var = packed.as_var()
+    assert var_format(var) == "NC4HW4"
+    raw = np.array(var.read()).reshape(-1)
+    assert not np.array_equal(raw[: logical.size], logical.reshape(-1))  # really packed in blocks of 4
+    np.testing.assert_array_equal(to_numpy(var), logical)
+    back = BoundaryValue(var=var)
+    assert back.fmt == "NC4HW4"
+    np.testing.assert_array_equal(back.as_array(), logical)
+    plain = BoundaryValue(array=logical)
+    assert var_format(plain.as_var()) == "NCHW" and plain.as_array() is logical
+    with pytest.raises(ValueError, match="exactly one"):
+        BoundaryValue()

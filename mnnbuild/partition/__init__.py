@@ -7,6 +7,7 @@
 - ``rewrite``: the Plugin ops, their attributes (per shape, then fused), and ``qnn/llm.mnn``.
 - ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graph<k>``).
 - ``report``: the partition report (JSON and text).
+- ``layout``: dense logical-NCHW plugin IO vs. the layout MNN keeps a tensor in (``o_*`` formats).
 - ``execute``: run a partitioned model on the CPU with a pluggable runner for each Plugin op.
 
 The stage entry is ``mnnbuild.stages.partition.partition``.

@@ -8,6 +8,12 @@ plug in a runner that executes the plugin's QNN graph instead.
 
 The callback gets the shape index the device runtime would pick (the block of ``allInputShape``
 matching the actual input dims) and must return the outputs in the plugin's ``outputs`` order.
+
+Layouts at the boundaries follow the device (see ``layout``; ``runtime/mnnbuild_runtime/hybrid.py``
+does the same): a plugin reads and writes dense arrays in MNN's logical NCHW order, whatever layout
+MNN keeps the tensor in; an output is converted into the layout its ``o_<shape>_<j>`` Blob names
+(NC4HW4 for a Convolution output) before CPU ops read it. Values passed between CPU segments keep
+MNN's own layout.
 """
 
 from __future__ import annotations
@@ -21,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import CpuRuntime, load_module, to_numpy
+from mnnbuild.cpu import CpuRuntime, load_module
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, load_model, plugin_attributes
-from mnnbuild.partition.fold import forward, write_folded_model
+from mnnbuild.partition.fold import forward, forward_vars, write_folded_model
+from mnnbuild.partition.layout import NHWC, BoundaryValue, blob_format
 from mnnbuild.partition.records import GraphDescription
 from mnnbuild.partition.semantics import CONST_OP_TYPES
 
@@ -60,6 +67,7 @@ class PluginCall:
 
 
 PluginRunner = Callable[[PluginCall], Sequence[np.ndarray]]
+"""Returns the plugin's outputs as dense arrays in logical NCHW order, as a QNN graph writes them."""
 
 
 def shape_index(all_input_shape: Sequence[int], input_shapes: Sequence[Sequence[int]]) -> int:
@@ -149,22 +157,26 @@ class HybridExecutor:
         missing = [n for n in self.model.input_names if n not in feeds]
         if missing:
             raise StageError(f"{self.model_path}: input {missing[0]!r} not given; expected {self.model.input_names}")
-        env: dict[int, np.ndarray] = {self.model.tensor_index(n): np.asarray(feeds[n]) for n in self.model.input_names}
+        env: dict[int, BoundaryValue] = {
+            self.model.tensor_index(n): BoundaryValue(array=np.asarray(feeds[n])) for n in self.model.input_names
+        }
         for seg in self.segments:
-            values = [env[t] for t in seg.inputs]
             if seg.plugin is not None:
-                outs = self._plugin(seg, values)
-            else:
-                if seg.module is None:
-                    seg.module = load_module(
-                        self.model_path, self.rt, [names[t] for t in seg.inputs], [names[t] for t in seg.outputs]
-                    )
-                outs = [to_numpy(v) for v in forward(seg.module, values)]
-            for t, value in zip(seg.outputs, outs, strict=True):
-                env[t] = value
-        return {n: env[self.model.tensor_index(n)] for n in self.model.output_names}
+                outs = self._plugin(seg, [env[t].as_array() for t in seg.inputs])
+                for t, (array, fmt) in zip(seg.outputs, outs, strict=True):
+                    env[t] = BoundaryValue(array=array, fmt=fmt)
+                continue
+            if seg.module is None:
+                seg.module = load_module(
+                    self.model_path, self.rt, [names[t] for t in seg.inputs], [names[t] for t in seg.outputs]
+                )
+            out_vars = forward_vars(seg.module, [env[t].as_var() for t in seg.inputs])
+            for t, var in zip(seg.outputs, out_vars, strict=True):
+                env[t] = BoundaryValue(var=var)
+        return {n: env[self.model.tensor_index(n)].as_array() for n in self.model.output_names}
 
-    def _plugin(self, seg: _Segment, values: list[np.ndarray]) -> list[np.ndarray]:
+    def _plugin(self, seg: _Segment, values: list[np.ndarray]) -> list[tuple[np.ndarray, str]]:
+        """Run one plugin; returns each output's dense array and the layout its ``o_*`` Blob names."""
         op = seg.plugin
         assert op is not None
         attrs = plugin_attributes(op)
@@ -181,15 +193,23 @@ class HybridExecutor:
         outs = [np.asarray(o) for o in self.run_plugin(call)]
         if len(outs) != len(seg.outputs):
             raise StageError(f"plugin {op.name}: runner returned {len(outs)} outputs, expected {len(seg.outputs)}")
+        result = []
         for j, out in enumerate(outs):
-            blob = attrs.get(f"o_{call.shape_index}_{j}")
-            want = None if blob is None or blob.dims is None else [int(d) for d in blob.dims]
-            if want is not None and list(out.shape) != want:
+            key = f"o_{call.shape_index}_{j}"
+            blob = attrs.get(key)
+            if blob is None:
+                raise StageError(f"plugin {op.name}: attribute {key} missing; expected the Blob of output {j}")
+            want = [] if blob.dims is None else [int(d) for d in blob.dims]
+            fmt = blob_format(blob)
+            # an NHWC Blob lists MNN's NHWC dims while the graph writes NCHW order: only sizes compare
+            same = out.size == int(np.prod(want)) if fmt == NHWC else list(out.shape) == want
+            if not same:
                 raise StageError(
                     f"plugin {op.name}: output {j} ({call.qnn_outputs[j]}) has shape {list(out.shape)}, "
-                    f"attribute o_{call.shape_index}_{j} says {want}"
+                    f"attribute {key} says {want}"
                 )
-        return outs
+            result.append((out, fmt))
+        return result
 
 
 class SourceSubgraphRunner:
@@ -223,4 +243,5 @@ class SourceSubgraphRunner:
         return self._modules[graph]
 
     def __call__(self, call: PluginCall) -> list[np.ndarray]:
-        return [to_numpy(v) for v in forward(self._module(call), call.inputs)]
+        # dense logical NCHW, what the plugin's QNN graph writes whatever layout MNN keeps the tensor in
+        return [BoundaryValue(var=v).as_array() for v in forward(self._module(call), call.inputs)]

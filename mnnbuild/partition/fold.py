@@ -29,10 +29,15 @@ _BLOB_FIELDS: dict[np.dtype, tuple[str, str]] = {
 }
 
 
-def forward(module: Any, arrays: Sequence[np.ndarray]) -> list[Any]:
-    """Run an MNN module on numpy inputs; always a list of output Vars."""
-    result = module.forward([to_var(a) for a in arrays])
+def forward_vars(module: Any, variables: Sequence[Any]) -> list[Any]:
+    """Run an MNN module on MNN Vars (fed in their own layout); always a list of output Vars."""
+    result = module.forward(list(variables))
     return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
+def forward(module: Any, arrays: Sequence[np.ndarray]) -> list[Any]:
+    """Run an MNN module on numpy inputs (fed as NCHW Vars); always a list of output Vars."""
+    return forward_vars(module, [to_var(a) for a in arrays])
 
 
 def compute_folded(

@@ -52,7 +52,8 @@ class TensorSpec(BaseModel):
     dtype: str
     """numpy dtype of the values (float32, int32 ...)."""
     format: str
-    """MNN data format the tensor has in MNN (NCHW, NC4HW4 ...); values are stored in NCHW order."""
+    """The layout MNN keeps the tensor in within the whole source graph (NCHW, NC4HW4 ...). ``shape`` and
+    the stored values are always in logical NCHW order, which is what the QNN graph reads and writes."""
 
 
 class FoldedTensor(TensorSpec):
@@ -141,8 +142,10 @@ class BoundaryShapes(BaseModel):
     name: str
     qnn_name: str
     shapes: list[list[int]]
-    """Shape per sample shape index."""
+    """Shape per sample shape index (logical NCHW, as the QNN graph has it)."""
     dtype: str
+    format: str = "NCHW"
+    """The layout MNN keeps the tensor in (an output's ``o_*`` format)."""
 
 
 class PluginReport(BaseModel):

@@ -4,6 +4,11 @@ Each module is loaded from the sample shape's folded model between its boundary 
 fed the outputs of the modules before it; its inputs and outputs are the references the QNN
 stage and ``verify`` compare against. For NPU modules a second run asks MNN for every tensor the
 module makes, which gives the shape and type of each internal tensor at this shape.
+
+Each module is fed its inputs in the layout MNN gives them in the whole graph (an NC4HW4 tensor as
+an NC4HW4 Var): MNN sub-modules adopt the layout of the Vars they are fed, so a Convolution fed an
+NCHW Var would report an NCHW output, and the recorded format (which becomes the plugin's ``o_*``
+format) would depend on where the cut fell instead of on the model.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from tqdm import tqdm
 from mnnbuild.cpu import load_module, to_numpy, var_format
 from mnnbuild.errors import StageError
 from mnnbuild.partition.cut import Cut, Module
-from mnnbuild.partition.fold import forward
+from mnnbuild.partition.fold import forward_vars
+from mnnbuild.partition.layout import NCHW, BoundaryValue
 from mnnbuild.partition.records import TensorSpec, qnn_name
 
 log = logging.getLogger(__name__)
@@ -51,11 +57,19 @@ def _names(cut: Cut, tensors: list[int]) -> list[str]:
     return [cut.model.tensor_names[t] for t in tensors]
 
 
-def _run(path: Path, rt: Any, cut: Cut, ins: list[int], outs: list[int], env: Mapping[int, np.ndarray]) -> list[Any]:
+def _run(
+    path: Path,
+    rt: Any,
+    cut: Cut,
+    ins: list[int],
+    outs: list[int],
+    env: Mapping[int, np.ndarray],
+    formats: Mapping[int, str],
+) -> list[Any]:
     module = load_module(path, rt, _names(cut, ins), _names(cut, outs))
     if module is None:
         raise StageError(f"{path}: MNN could not load the sub-graph {_names(cut, ins)} -> {_names(cut, outs)}")
-    return forward(module, [env[t] for t in ins])
+    return forward_vars(module, [BoundaryValue(array=env[t], fmt=formats[t]).as_var() for t in ins])
 
 
 def run_modules(
@@ -64,7 +78,7 @@ def run_modules(
     """Run all modules of ``cut`` on one sample. Returns each module's IO and the final tensor values."""
     names = cut.model.tensor_names
     env: dict[int, np.ndarray] = {t: np.asarray(feeds[names[t]]) for t in cut.inputs}
-    formats: dict[int, str] = {t: "NCHW" for t in cut.inputs}
+    formats: dict[int, str] = {t: NCHW for t in cut.inputs}
     results: list[ModuleIO] = []
     for m in tqdm(cut.modules, desc=f"subgraphs {label}", unit="subgraph", leave=False, disable=None):
         missing = [t for t in m.inputs if t not in env]
@@ -72,24 +86,24 @@ def run_modules(
             raise StageError(f"partition: tensor {names[missing[0]]!r} is read before any subgraph makes it")
         if not m.inputs:
             raise StageError(f"partition: subgraph at op {cut.model.ops[m.ops[0]].name!r} has no data input")
-        out_vars = _run(folded_path, rt, cut, m.inputs, m.outputs, env)
+        out_vars = _run(folded_path, rt, cut, m.inputs, m.outputs, env, formats)
         io = ModuleIO(inputs={t: env[t] for t in m.inputs}, outputs={})
         for t, var in zip(m.outputs, out_vars, strict=True):
             env[t] = io.outputs[t] = to_numpy(var)
             formats[t] = var_format(var)
         io.specs = {t: spec_of(cut, t, env[t], formats[t]) for t in (*m.inputs, *m.outputs)}
         if m.graph is not None:
-            io.specs.update(_internal_specs(cut, m, folded_path, rt, env))
+            io.specs.update(_internal_specs(cut, m, folded_path, rt, env, formats))
         results.append(io)
     log.debug("ran %d subgraphs for %s", len(results), label)
     return results, env
 
 
 def _internal_specs(
-    cut: Cut, m: Module, folded_path: Path, rt: Any, env: Mapping[int, np.ndarray]
+    cut: Cut, m: Module, folded_path: Path, rt: Any, env: Mapping[int, np.ndarray], formats: Mapping[int, str]
 ) -> dict[int, TensorSpec]:
     made = sorted(m.produced - set(m.outputs))
     if not made:
         return {}
-    out_vars = _run(folded_path, rt, cut, m.inputs, made, env)
+    out_vars = _run(folded_path, rt, cut, m.inputs, made, env, formats)
     return {t: spec_of(cut, t, to_numpy(v), var_format(v)) for t, v in zip(made, out_vars, strict=True)}

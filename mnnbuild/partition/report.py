@@ -52,7 +52,13 @@ def module_weight_bytes(cut: Cut, m: Module) -> int:
 def _boundary(specs: Sequence[Sequence[TensorSpec]]) -> list[BoundaryShapes]:
     first = specs[0]
     return [
-        BoundaryShapes(name=spec.name, qnn_name=spec.qnn_name, shapes=[s[j].shape for s in specs], dtype=spec.dtype)
+        BoundaryShapes(
+            name=spec.name,
+            qnn_name=spec.qnn_name,
+            shapes=[s[j].shape for s in specs],
+            dtype=spec.dtype,
+            format=spec.format,
+        )
         for j, spec in enumerate(first)
     ]
 
@@ -127,7 +133,7 @@ def format_report(report: PartitionReport) -> str:
         lines.append(f"    ops {p.first_op} .. {p.last_op}; graphs {', '.join(p.graphs)}")
         for label, items in (("in ", p.inputs), ("out", p.outputs)):
             for b in items:
-                lines.append(f"    {label} {b.qnn_name:<7} {b.dtype:<8} {_shapes(b):<28} {b.name}")
+                lines.append(f"    {label} {b.qnn_name:<7} {b.dtype:<8} {b.format:<7} {_shapes(b):<28} {b.name}")
     lines += ["", f"ops left on the CPU ({len(report.cpu_ops)}):"]
     for c in report.cpu_ops:
         lines.append(f"  #{c.index:<5} {c.type:<14} {c.name}: {c.reason}")

@@ -7,7 +7,11 @@ Attributes of a plugin, per sample shape ``s`` (decode first):
 - ``allGraphName``: ``[graph<k>, graph1_<k>, ...]``, one graph per shape, in shape order;
 - ``allInputShape``: the dims of every input, concatenated, one block per shape (the runtime picks
   the shape whose block equals the actual input dims);
-- ``o_<s>_<j>``: a Blob with the dims, data type and MNN data format of output ``j`` at shape ``s``.
+- ``o_<s>_<j>``: a Blob for output ``j`` at shape ``s``: ``dims`` and ``dataType`` are those of the QNN
+  graph's output tensor, a dense array in MNN's logical NCHW order (an NC4HW4 tensor counts as its
+  NCHW dims); ``dataFormat`` is the layout MNN keeps the tensor in (the source graph's: NC4HW4 for a
+  Convolution output), into which the device runtime converts the dense output before CPU ops read
+  it, as upstream ``compilefornpu`` writes it (see ``layout``).
 
 As upstream, each shape first gets its own attribute set and later shapes are fused into the first
 (lists appended, new keys added, ``inputs``/``outputs`` kept from the first). ``state`` (KV cache on
@@ -29,6 +33,7 @@ import numpy as np
 
 from mnnbuild.mnn import MnnModel, Op, attribute_value, make_blob, make_plugin_op, schema
 from mnnbuild.partition.cut import Cut, Module
+from mnnbuild.partition.layout import BLOB_FORMATS, NCHW
 from mnnbuild.partition.records import TensorSpec, binary_path, graph_name, qnn_name
 
 PLUGIN_TYPE = "QNN"
@@ -50,7 +55,7 @@ def shape_attributes(
     for j, spec in enumerate(outputs):
         if spec.dtype not in _DTYPE_NAMES:
             raise ValueError(f"output {spec.name!r} has type {spec.dtype}, which a plugin output cannot carry")
-        fmt = spec.format if spec.format in ("NCHW", "NHWC", "NC4HW4") else "NCHW"
+        fmt = spec.format if spec.format in BLOB_FORMATS else NCHW
         attrs[f"o_{shape_index}_{j}"] = make_blob(spec.shape, _DTYPE_NAMES[spec.dtype], fmt)
     return attrs
 
