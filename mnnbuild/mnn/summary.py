@@ -31,6 +31,15 @@ def _inline_bytes(op: Op) -> int:
     return total
 
 
+def op_weight_bytes(op: Op) -> int:
+    """Bytes of parameters an op carries, in the weight file (``external``) or inline."""
+    if op.main is None:
+        return 0
+    if op.param_type == "Convolution2D":
+        return conv_stored_bytes(op)
+    return _external_bytes(op) or _inline_bytes(op)
+
+
 def conv_quant_label(op: Op) -> str:
     """Short description of a conv's storage read from its parameters: ``int4 asym block64``,
     ``int8 sym channel``, ``float`` ... (no weight file access)."""

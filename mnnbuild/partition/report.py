@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from mnnbuild.mnn import Op
-from mnnbuild.mnn.weights import conv_stored_bytes
+from mnnbuild.mnn.summary import op_weight_bytes
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.records import (
     BoundaryShapes,
@@ -17,24 +16,6 @@ from mnnbuild.partition.records import (
     binary_path,
     graph_name,
 )
-
-
-def op_weight_bytes(op: Op) -> int:
-    """Bytes of parameters an op carries (external in the weight file or inline)."""
-    main = op.main
-    if main is None:
-        return 0
-    if op.param_type == "Convolution2D":
-        return conv_stored_bytes(op)
-    ext = getattr(main, "external", None)
-    if ext is not None and len(ext) > 1:
-        return int(sum(int(v) for v in ext[1:]))
-    total = 0
-    for name in ("float32s", "int32s", "int64s", "uint8s", "int8s", "gamma", "beta", "weight", "bias"):
-        vec = getattr(main, name, None)
-        if vec is not None and hasattr(vec, "nbytes"):
-            total += int(vec.nbytes)
-    return total
 
 
 def weight_ops(cut: Cut, m: Module) -> set[int]:

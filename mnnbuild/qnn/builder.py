@@ -14,7 +14,7 @@ import numpy as np
 from mnnbuild.errors import QnnError
 from mnnbuild.qnn import dtypes as dt
 from mnnbuild.qnn.library import QnnLibrary
-from mnnbuild.qnn.session import HtpTarget, QnnSession
+from mnnbuild.qnn.session import HtpTarget, QnnSession, free_context
 
 log = logging.getLogger(__name__)
 
@@ -481,11 +481,8 @@ class ContextBuilder:
             return
         self._closed = True
         try:
-            if self.context != self.ffi.NULL:
-                status = self.lib.iface.contextFree(self.context, self.ffi.NULL)
-                if status:
-                    log.warning("QNN contextFree failed with error %d", status & 0xFFFF)
-                self.context = self.ffi.NULL
+            free_context(self.lib, self.context)
+            self.context = self.ffi.NULL
         finally:
             self.session.close()
             for g in self.graphs:

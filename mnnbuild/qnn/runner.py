@@ -18,7 +18,7 @@ import numpy as np
 from mnnbuild.errors import QnnError
 from mnnbuild.qnn.binary_info import BinaryInfo, TensorInfo, read_binary_info
 from mnnbuild.qnn.library import QnnLibrary
-from mnnbuild.qnn.session import HtpTarget, QnnSession
+from mnnbuild.qnn.session import HtpTarget, QnnSession, free_context
 
 log = logging.getLogger(__name__)
 
@@ -163,12 +163,9 @@ class ContextRunner:
             return
         self._closed = True
         try:
-            if self.context != self.ffi.NULL:
-                status = self.lib.iface.contextFree(self.context, self.ffi.NULL)
-                if status:
-                    log.warning("QNN contextFree failed with error %d", status & 0xFFFF)
-                self.context = self.ffi.NULL
-                self.graph_handles.clear()
+            free_context(self.lib, self.context)
+            self.context = self.ffi.NULL
+            self.graph_handles.clear()
         finally:
             self.session.close()
 

@@ -147,3 +147,12 @@ class QnnSession:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def free_context(lib: QnnLibrary, context: Any) -> None:
+    """Free a QNN context on a close path: a failure is logged, never raised over the original error."""
+    if context == lib.ffi.NULL:
+        return
+    status = lib.iface.contextFree(context, lib.ffi.NULL)
+    if status:
+        log.warning("QNN contextFree failed with error %d", status & 0xFFFF)
