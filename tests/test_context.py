@@ -16,7 +16,7 @@ from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import sha256_file
 from mnnbuild.lowering.graph import read_graph_description
 from mnnbuild.mnn import load_model, plugin_attributes
-from mnnbuild.partition.records import GraphDescription as SubgraphRecord
+from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info
 from mnnbuild.stages.bundle import BundleManifest
 from mnnbuild.stages.context import ContextInputs, ContextParams, build_context, compose_context

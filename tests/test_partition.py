@@ -20,7 +20,7 @@ from mnnbuild.partition import execute
 from mnnbuild.partition.execute import HybridExecutor, PluginCall, SourceSubgraphRunner
 from mnnbuild.partition.fold import forward
 from mnnbuild.partition.layout import blob_format
-from mnnbuild.partition.records import GraphDescription
+from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.rewrite import plugin_attrs_of
 from mnnbuild.spec import LocalSource
 from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
@@ -165,7 +165,7 @@ def test_plugin_attributes(tiny: Built) -> None:
         assert set(attrs) == {"path", "inputs", "outputs", "allGraphName", "allInputShape"} | {
             f"o_{s}_{j}" for s in (0, 1) for j in range(len(op.outputs))
         }
-        descs = [GraphDescription.read(tiny.qnn / g) for g in attrs["allGraphName"]]
+        descs = [SubgraphRecord.read(tiny.qnn / g) for g in attrs["allGraphName"]]
         refs = [d.load_reference(tiny.qnn / d.graph) for d in descs]
         # names are t<source index>, in the op's input/output order
         assert attrs["inputs"] == [t.qnn_name for t in descs[0].inputs] == [f"t{t.index}" for t in descs[0].inputs]
@@ -204,7 +204,7 @@ def test_nc4hw4_outputs_keep_their_format(built: Callable[[str], Built], name: s
         for (op, t), n, layout in zip(outputs, names, layouts, strict=True):
             blob = o_blob(op, s, t)
             assert blob_format(blob) == layout, (n, s)
-            desc = GraphDescription.read(b.qnn / plugin_attributes(op)["allGraphName"][s])
+            desc = SubgraphRecord.read(b.qnn / plugin_attributes(op)["allGraphName"][s])
             spec = next(x for x in desc.outputs if x.name == n)
             _, refs = desc.load_reference(b.qnn / desc.graph)
             ref = refs[desc.outputs.index(spec)]
@@ -254,7 +254,7 @@ def test_executor_converts_layouts_at_plugin_boundaries(tiny: Built, monkeypatch
                 converted.append(want)
     assert "NC4HW4" in converted  # v_proj -> Attention
     for call in calls:
-        desc = GraphDescription.read(tiny.qnn / call.graph_name)
+        desc = SubgraphRecord.read(tiny.qnn / call.graph_name)
         assert [list(a.shape) for a in call.inputs] == [t.shape for t in desc.inputs]
         assert all(a.flags.c_contiguous for a in call.inputs)
 
@@ -263,7 +263,7 @@ def test_promoted_internal_tensor(tiny: Built) -> None:
     # the rotary tables are made and used in the plugin of layer 0 (mask 3) and read again by a later
     # plugin (layer 1): promoted to an output of the first
     rope = "/blocks.0/self_attn/Gather_2_output_0"
-    graphs = [GraphDescription.read(tiny.qnn / f"graph{k}") for k in range(len(tiny.plugins()))]
+    graphs = [SubgraphRecord.read(tiny.qnn / f"graph{k}") for k in range(len(tiny.plugins()))]
     made = [{tiny.source.tensor_names[t] for o in d.ops for t in o.outputs} for d in graphs]
     maker = next(k for k, names in enumerate(made) if rope in names)
     assert rope in [t.name for t in graphs[maker].outputs]
@@ -280,7 +280,7 @@ def test_graph_descriptions(tiny: Built) -> None:
     for op in tiny.plugins():
         attrs = plugin_attributes(op)
         for s, graph in enumerate(attrs["allGraphName"]):
-            desc = GraphDescription.read(tiny.qnn / graph)
+            desc = SubgraphRecord.read(tiny.qnn / graph)
             assert desc.graph == graph and desc.shape_index == s and desc.binary == attrs["path"]
             for ref in desc.ops:
                 src = tiny.source.ops[ref.index]
@@ -300,7 +300,7 @@ def test_graph_descriptions(tiny: Built) -> None:
                     if f.values is not None:
                         assert folded[f.index].reshape(-1).tolist() == f.values
     # the q reshape target folds to the sample's sequence length
-    reshape = next(f for f in GraphDescription.read(tiny.qnn / "graph1_0").folded if f.name.endswith("Concat_output_0"))
+    reshape = next(f for f in SubgraphRecord.read(tiny.qnn / "graph1_0").folded if f.name.endswith("Concat_output_0"))
     assert reshape.values is not None and reshape.values[1] == CHUNK
 
 
@@ -310,7 +310,7 @@ def test_reference_io_chains(tiny: Built) -> None:
         for op in tiny.plugins():
             attrs = plugin_attributes(op)
             for s, graph in enumerate(attrs["allGraphName"]):
-                desc = GraphDescription.read(tiny.qnn / graph)
+                desc = SubgraphRecord.read(tiny.qnn / graph)
                 ins, outs = desc.load_reference(tiny.qnn / graph)
                 call = PluginCall(
                     op_index=0,

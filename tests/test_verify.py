@@ -20,7 +20,7 @@ from mnnbuild_runtime import BinaryOverride, HybridModel, Tokenizer, greedy_gene
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
-from mnnbuild.partition.records import GraphDescription
+from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.stages.context import read_merge
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
@@ -293,7 +293,7 @@ def test_graph_off_its_reference_fails_naming_graph_and_tensor(built: tuple[Path
     partition = tmp_path / "partition"
     shutil.copytree(root / "partition", partition)
     graph_dir = partition / "qnn" / "graph1_2"
-    desc = GraphDescription.read(graph_dir)
+    desc = SubgraphRecord.read(graph_dir)
     outputs = load_vars(graph_dir / desc.reference_output)
     victim = desc.outputs[0]
     outputs[victim.name] = outputs[victim.name] * np.float32(1.1)  # 10% off: past the 2% tolerance

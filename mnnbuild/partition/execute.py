@@ -32,7 +32,7 @@ from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, load_model, plugin_attributes
 from mnnbuild.partition.fold import forward, forward_vars, write_folded_model
 from mnnbuild.partition.layout import NHWC, BoundaryValue, blob_format
-from mnnbuild.partition.records import GraphDescription
+from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.semantics import CONST_OP_TYPES
 
 log = logging.getLogger(__name__)
@@ -236,7 +236,7 @@ class SourceSubgraphRunner:
         graph = call.graph_name
         if graph not in self._modules:
             graph_dir = self.qnn_dir / graph
-            desc = GraphDescription.read(graph_dir)
+            desc = SubgraphRecord.read(graph_dir)
             folded = desc.load_folded(graph_dir)
             path = write_folded_model(self.source, folded, Path(self._work.name) / f"{graph}.mnn")
             self._modules[graph] = load_module(path, self.rt, call.input_names, call.output_names)

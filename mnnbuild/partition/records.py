@@ -84,7 +84,7 @@ class OpRef(BaseModel):
     outputs: list[int]
 
 
-class GraphDescription(BaseModel):
+class SubgraphRecord(BaseModel):
     """What the QNN stage needs to build one graph (one plugin at one shape)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -126,7 +126,7 @@ class GraphDescription(BaseModel):
         return {f.index: arrays[f.name].reshape(f.shape) for f in self.folded}
 
     @classmethod
-    def read(cls, graph_dir: Path) -> GraphDescription:
+    def read(cls, graph_dir: Path) -> SubgraphRecord:
         path = Path(graph_dir) / GRAPH_FILE
         try:
             return cls.model_validate_json(path.read_text(encoding="utf-8"))

@@ -25,7 +25,7 @@ from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_version
 from mnnbuild.mnn import load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
-from mnnbuild.partition.records import GraphDescription as SubgraphRecord
+from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.stages.partition import QNN_DIR, PartitionManifest
 
 log = logging.getLogger(__name__)

@@ -41,8 +41,8 @@ from mnnbuild.partition.records import (
     REFERENCE_OUTPUT,
     ConstTensor,
     FoldedTensor,
-    GraphDescription,
     OpRef,
+    SubgraphRecord,
     TensorSpec,
     binary_path,
     graph_name,
@@ -158,7 +158,7 @@ def _check_names(model: MnnModel, model_path: Path, io_dir: Path, samples: list[
 
 def _graph_description(
     cut: Cut, m: Module, shape_index: int, io: ModuleIO, folded: dict[int, np.ndarray], folded_file: str | None
-) -> GraphDescription:
+) -> SubgraphRecord:
     assert m.graph is not None
     model = cut.model
     ops = [
@@ -200,7 +200,7 @@ def _graph_description(
                 )
             )
     boundary = set(m.inputs) | set(m.outputs)
-    return GraphDescription(
+    return SubgraphRecord(
         graph=graph_name(shape_index, m.graph),
         plugin=m.graph,
         shape_index=shape_index,

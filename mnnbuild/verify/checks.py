@@ -33,7 +33,7 @@ from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import sha256_bytes, sha256_file
 from mnnbuild.manifest import FileRecord
-from mnnbuild.partition.records import GraphDescription
+from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import ContextRunner, HtpTarget, QnnLibrary, read_binary_info
 from mnnbuild.stages.context import compose_context
 from mnnbuild.verify.compare import Tolerance, compare, is_near_tie, lead, top2_margin
@@ -122,7 +122,7 @@ def check_graphs(lib: QnnLibrary, twins: Mapping[str, Twin], partition_dir: Path
                 if runner is None:
                     runner = runners[twin.binary] = ContextRunner(lib, twin.data, info=read_binary_info(lib, twin.data))
                 graph_dir = partition_dir / graph
-                desc = GraphDescription.read(graph_dir)
+                desc = SubgraphRecord.read(graph_dir)
                 ins, outs = desc.load_reference(graph_dir)
                 ginfo = runner.info.graph(name)
                 feed = {
