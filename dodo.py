@@ -22,6 +22,11 @@ def task_fetch() -> Iterator[dict[str, Any]]:
     yield from dag.fetch_tasks(PROJECT)
 
 
+def task_update() -> Iterator[dict[str, Any]]:
+    """Move a Hugging Face model's lock to what its revision resolves to now (then fetch again)."""
+    yield from dag.update_tasks(PROJECT)
+
+
 def task_io() -> Iterator[dict[str, Any]]:
     """Generate each model's decode/prefill reference inputs and outputs."""
     yield from dag.io_tasks(PROJECT)

@@ -35,7 +35,7 @@ from mnnbuild.spec import HfSource, ModelSpec, discover_specs
 from mnnbuild.stages.bundle import BundleInputs, BundleManifest, BundleParams, assemble_bundle
 from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
 from mnnbuild.stages.context import ContextInputs, ContextManifest, ContextParams, build_context, read_merge
-from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
+from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch, update_lock
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
@@ -299,6 +299,26 @@ def fetch_tasks(project: Project) -> Iterator[dict[str, Any]]:
             # checkout's links would point there, and relinking is as cheap as a restore
             cacheable=False,
         )
+
+
+def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
+    for spec in project.specs.values():
+        if not isinstance(spec.source, HfSource):
+            continue
+        yield {
+            "name": spec.name,
+            "doc": f"re-resolve {spec.source.hf}@{spec.source.revision} and pin it in {spec.lock_path.name}",
+            "actions": [(run_update, [spec.source, spec.lock_path])],
+            "uptodate": [False],  # an update is always asked for explicitly
+        }
+
+
+def run_update(source: HfSource, lock_path: Path) -> TaskFailed | None:
+    try:
+        update_lock(source, lock_path)
+    except MnnbuildError as exc:
+        return TaskFailed(f"{type(exc).__name__}: {exc}")
+    return None
 
 
 def io_tasks(project: Project) -> Iterator[dict[str, Any]]:

@@ -138,3 +138,27 @@ def test_hf_fetch_not_in_cache_is_clear(tmp_path: Path, run_doit: RunDoit) -> No
     proc = run_doit("fetch:fake-hf", env=env, check=False)
     assert proc.returncode != 0
     assert "HF repo acme/absent@main: not in the local Hugging Face cache" in proc.stdout + proc.stderr
+
+
+def test_update_moves_the_pin(tmp_path: Path, run_doit: RunDoit) -> None:
+    cache = tmp_path / "hf-cache"
+    first = make_hf_cache(cache, "acme/moving", tiny_files(), commit="a" * 40)
+    spec = hf_spec(tmp_path / "specs", "acme/moving")
+    env = {"MNNBUILD_MODELS_PATH": str(spec.parent), "HF_HUB_CACHE": str(cache)}
+    run_doit("fetch:fake-hf", env=env)
+    # the repo's main moves on (as seen by the offline cache)
+    second = "b" * 40
+    repo = cache / "models--acme--moving"
+    (repo / "snapshots" / first).rename(repo / "snapshots" / second)
+    (repo / "snapshots" / first).mkdir()
+    for link in (repo / "snapshots" / second).iterdir():
+        (repo / "snapshots" / first / link.name).symlink_to(link.readlink())
+    (repo / "refs" / "main").write_text(second)
+    # pinned: fetch stays on the locked commit and does nothing
+    assert executed_tasks(run_doit("fetch:fake-hf", env=env).stdout) == []
+    assert HfLock.model_validate_json(spec.with_suffix(".lock.json").read_text()).commit == first
+    # an explicit update moves the pin, and the next fetch follows it
+    run_doit("update:fake-hf", env=env)
+    assert HfLock.model_validate_json(spec.with_suffix(".lock.json").read_text()).commit == second
+    assert executed_tasks(run_doit("fetch:fake-hf", env=env).stdout) == ["fetch:fake-hf"]
+    assert FetchManifest.read(tmp_path / "artifacts" / "fake-hf" / "model").source.commit == second

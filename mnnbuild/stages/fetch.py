@@ -84,12 +84,16 @@ def read_lock(path: Path, source: HfSource) -> HfLock | None:
     return lock
 
 
-def download_hf(source: HfSource, lock_path: Path, files: tuple[str, ...]) -> tuple[Path, str]:
-    """Download (or find in the HF cache) the chain's files; returns the snapshot dir and commit."""
+def download_hf(source: HfSource, lock_path: Path, files: tuple[str, ...], *, update: bool = False) -> tuple[Path, str]:
+    """Download (or find in the HF cache) the chain's files; returns the snapshot dir and commit.
+
+    The commit pinned in ``lock_path`` is used when there is one; ``update`` resolves the spec's
+    revision again and pins what it resolves to now.
+    """
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
-    lock = read_lock(lock_path, source)
+    lock = None if update else read_lock(lock_path, source)
     revision = lock.commit if lock else source.revision
     try:
         snapshot = Path(snapshot_download(source.hf, revision=revision, allow_patterns=list(files)))
@@ -143,3 +147,13 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
         manifest.write(tmp)
     log.info("fetch %s: %d files from %s", inputs.model, len(records), where)
     return manifest
+
+
+def update_lock(source: HfSource, lock_path: Path, files: tuple[str, ...] = ALL_FILES) -> HfLock:
+    """Resolve the spec's revision again (``doit update:<model>``) and pin the result; the next fetch uses it."""
+    old = read_lock(lock_path, source)
+    _, commit = download_hf(source, lock_path, files, update=True)
+    new = HfLock(repo=source.hf, revision=source.revision, commit=commit)
+    if old != new:
+        log.info("%s@%s: %s -> %s", source.hf, source.revision, old.commit if old else "(not pinned)", commit)
+    return new
