@@ -143,6 +143,8 @@ def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
     assert any(n.endswith(".weight") for n in shared)
     for name in shared:
         assert (modellib / "graph0" / d[name]).read_bytes() == (modellib / "graph1_0" / p[name]).read_bytes()
+        # stored once on disk: the prefill graph's raw is a hard link to the decode graph's
+        assert os.path.samefile(modellib / "graph0" / d[name], modellib / "graph1_0" / p[name])
 
 
 def test_raw_tar_is_deterministic(built: Path, tmp_path: Path) -> None:
