@@ -34,9 +34,11 @@ HTP_BACKEND_ID = 6
 QNN_SUCCESS = 0
 # QnnLog_Level_t
 LOG_ERROR, LOG_WARN, LOG_INFO, LOG_VERBOSE, LOG_DEBUG = 1, 2, 3, 4, 5
+# QNN's warnings are its optimizer's notes (tiling, op packages, perf estimates), dozens per graph
+# and none actionable by a user; they show at INFO. Its errors stay errors and end up in QnnError.
 _QNN_TO_PY_LEVEL = {
     LOG_ERROR: logging.ERROR,
-    LOG_WARN: logging.WARNING,
+    LOG_WARN: logging.INFO,
     LOG_INFO: logging.INFO,
     LOG_VERBOSE: logging.DEBUG,
     LOG_DEBUG: logging.DEBUG,
