@@ -35,8 +35,53 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_inspect)
 
 
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``20G``, ``500M``, ``1048576`` -> bytes."""
+    value = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = value[-1] if value and value[-1] in _UNITS else ""
+    try:
+        return int(float(value[: len(value) - len(unit)]) * _UNITS[unit])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 20G, 500M or 1048576") from None
+
+
+def _cache(args: argparse.Namespace) -> int:
+    from mnnbuild.cache import ArtifactCache, human_bytes
+
+    cache = ArtifactCache(args.url) if args.url else ArtifactCache.from_env()
+    if cache is None:
+        sys.stderr.write("the artifact cache is off (MNNBUILD_CACHE=off)\n")
+        return 1
+    if args.action == "prune":
+        if args.max_size is None:
+            raise MnnbuildError("cache prune needs --max-size (e.g. --max-size 20G)")
+        removed, freed = cache.prune(args.max_size)
+        sys.stdout.write(f"{cache.url}: removed {removed} entries, freed {human_bytes(freed)}\n")
+    usage = cache.usage()
+    stages: dict[str, int] = {}
+    for entry in usage.entries:
+        stages[entry.stage] = stages.get(entry.stage, 0) + 1
+    per_stage = ", ".join(f"{stage} {n}" for stage, n in sorted(stages.items())) or "none"
+    sys.stdout.write(
+        f"{cache.url}: {len(usage.entries)} entries ({per_stage}), {len(usage.blobs)} blobs, "
+        f"{human_bytes(usage.total_bytes)}\n"
+    )
+    return 0
+
+
+def _add_cache(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("cache", help="show or prune the artifact cache (MNNBUILD_CACHE)")
+    p.add_argument("action", choices=["info", "prune"])
+    p.add_argument("--max-size", type=parse_size, help="prune: keep the most recently used entries within this size")
+    p.add_argument("--url", help="a cache other than MNNBUILD_CACHE's (a path or fsspec URL)")
+    p.set_defaults(handler=_cache)
+
+
 # subcommand registrars; add new ones here
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_cache]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -155,8 +156,62 @@ class ArtifactCache:
             log.warning("cache: %s %s is incomplete (%s); discarding it", stage, key[:12], exc)
             self.discard(stage, key)
             return None
+        self._touch(self._entry(stage, key))
         log.info("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
         return moved
+
+    def _touch(self, path: str) -> None:
+        """Mark an entry as used (least recently used entries are pruned first); local caches only."""
+        if getattr(self.fs, "local_file", False) or type(self.fs).__name__ == "LocalFileSystem":
+            try:
+                os.utime(path)
+            except OSError:
+                pass
+
+    def usage(self) -> CacheUsage:
+        """Entries (with the bytes of the blobs they reference and when they were last used) and blobs."""
+        listing = self.fs.find(self.root, detail=True)
+        blobs: dict[str, tuple[int, float]] = {}
+        entries: list[EntryUsage] = []
+        for path, info in listing.items():
+            rel = path[len(self.root) :].lstrip("/")
+            if ".tmp-" in rel:
+                continue
+            if rel.startswith("blobs/"):
+                blobs[rel.rsplit("/", 1)[1]] = (int(info.get("size") or 0), _mtime(info))
+            elif rel.endswith(".json") and "/" in rel:
+                try:
+                    entry = CacheEntry.model_validate_json(self.fs.cat_file(path))
+                except (ValidationError, OSError):
+                    continue
+                shas = frozenset(f.sha256 for f in entry.files if f.link is None)
+                entries.append(EntryUsage(stage=entry.stage, key=entry.key, blobs=shas, last_used=_mtime(info)))
+        return CacheUsage(entries=entries, blobs=blobs)
+
+    def prune(self, max_bytes: int, *, grace_seconds: float = 3600.0) -> tuple[int, int]:
+        """Drop least recently used entries until the blobs still referenced fit in ``max_bytes``, then
+        delete unreferenced blobs older than ``grace_seconds`` (younger ones may belong to an entry being
+        written right now). Returns (entries removed, bytes freed)."""
+        usage = self.usage()
+        kept = sorted(usage.entries, key=lambda e: e.last_used)
+
+        def referenced(entries: list[EntryUsage]) -> set[str]:
+            return set().union(*(e.blobs for e in entries)) if entries else set()
+
+        removed = 0
+        while kept and sum(usage.blobs.get(b, (0, 0.0))[0] for b in referenced(kept)) > max_bytes:
+            oldest = kept.pop(0)
+            self.discard(oldest.stage, oldest.key)
+            removed += 1
+        live = referenced(kept)
+        now = time.time()
+        freed = 0
+        for sha, (size, mtime) in usage.blobs.items():
+            if sha not in live and now - mtime > grace_seconds:
+                self._remove(self._blob(sha))
+                freed += size
+        log.info("cache: pruned %d entries, freed %s", removed, human_bytes(freed))
+        return removed, freed
 
     def discard(self, stage: str, key: str) -> None:
         self._remove(self._entry(stage, key))
@@ -170,6 +225,34 @@ class ArtifactCache:
 
 class _Miss(Exception):
     pass
+
+
+class EntryUsage(BaseModel):
+    stage: str
+    key: str
+    blobs: frozenset[str]
+    last_used: float
+
+
+class CacheUsage(BaseModel):
+    entries: list[EntryUsage]
+    blobs: dict[str, tuple[int, float]]
+    """sha256 -> (size, mtime)."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(size for size, _ in self.blobs.values())
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    """Modification time from an fsspec ``info`` dict (backends name it differently)."""
+    for name in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(name)
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+    return 0.0
 
 
 def human_bytes(n: float) -> str:

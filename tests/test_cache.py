@@ -187,3 +187,40 @@ def test_from_env() -> None:
     assert ArtifactCache.from_env({"MNNBUILD_CACHE": "memory://x"}).url == "memory://x"
     default = ArtifactCache.from_env({"XDG_CACHE_HOME": "/some/where"})
     assert default is not None and default.url == "/some/where/mnnbuild"
+
+
+def test_prune_drops_least_recently_used_entries_and_their_blobs(tmp_path: Path) -> None:
+    import os
+    import time
+
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    sizes = {}
+    for n, key in enumerate(("old", "mid", "new")):
+        src = tmp_path / key
+        src.mkdir()
+        (src / "data.bin").write_bytes(bytes([n]) * 1000 * (n + 1))
+        sizes[key] = cache.store("stage", key, src)
+        entry = tmp_path / "cache" / "stage" / f"{key}.json"
+        os.utime(entry, (time.time() - 100 + n, time.time() - 100 + n))
+    assert cache.usage().total_bytes == sum(sizes.values())
+    # using "old" makes it the most recently used
+    assert cache.restore("stage", "old", tmp_path / "restored") is not None
+    removed, freed = cache.prune(sizes["old"] + sizes["new"], grace_seconds=0)
+    assert removed == 1 and freed == sizes["mid"]
+    assert not cache.has("stage", "mid") and cache.has("stage", "old") and cache.has("stage", "new")
+    assert cache.restore("stage", "new", tmp_path / "again") is not None
+    assert cache.usage().total_bytes == sizes["old"] + sizes["new"]
+
+
+def test_cache_cli(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from mnnbuild.__main__ import parse_size
+
+    assert parse_size("20G") == 20 << 30 and parse_size("1.5M") == int(1.5 * (1 << 20)) and parse_size("512") == 512
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("io", "k", make_tree(tmp_path / "src"))
+    proc = subprocess.run([sys.executable, "-m", "mnnbuild", "cache", "info", "--url", str(tmp_path / "cache")],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert "1 entries (io 1), 2 blobs" in proc.stdout
