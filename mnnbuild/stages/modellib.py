@@ -9,7 +9,6 @@ contents are (sorted members, fixed metadata). The context stage composes QNN gr
 from __future__ import annotations
 
 import filecmp
-import io
 import logging
 import os
 import tarfile
@@ -61,9 +60,12 @@ class ModellibManifest(Manifest):
 
 
 def tar_raws(graph_dir: Path, dest: Path) -> None:
-    """A tar of the ``.raw`` files of ``graph_dir``, identical bytes for identical contents."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+    """A tar of the ``.raw`` files of ``graph_dir``, identical bytes for identical contents.
+
+    Streamed to ``dest`` (a graph holding an lm_head has over a GB of raws); the caller's staging
+    directory makes it appear atomically.
+    """
+    with tarfile.open(dest, mode="w", format=tarfile.USTAR_FORMAT) as tar:
         for raw in sorted(graph_dir.glob("*.raw")):
             info = tarfile.TarInfo(raw.name)
             info.size = raw.stat().st_size
@@ -73,7 +75,6 @@ def tar_raws(graph_dir: Path, dest: Path) -> None:
             info.uname = info.gname = ""
             with open(raw, "rb") as f:
                 tar.addfile(info, f)
-    dest.write_bytes(buffer.getvalue())
 
 
 def link_shared_raws(graph_dir: Path, first_dir: Path) -> int:
