@@ -139,7 +139,9 @@ def run_stage(
     return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
 
 
-def run_verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any) -> TaskFailed | dict[str, Any]:
+def run_verify(
+    stage: StageFn, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
+) -> TaskFailed | dict[str, Any]:
     """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
     verified for real instead of restored from the cache (the cache key only sees the manifests)."""
     from mnnbuild.verify.checks import check_integrity
@@ -154,7 +156,7 @@ def run_verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest:
                 verify(inputs, params, out_dir)
             except (MnnbuildError, ValidationError) as exc:
                 return TaskFailed(f"{type(exc).__name__}: {exc}")
-    return run_stage(verify, inputs, params, out_dir, *rest)
+    return run_stage(stage, inputs, params, out_dir, *rest)
 
 
 def stage_name(stage: StageFn) -> str:
@@ -212,13 +214,14 @@ def stage_task(
     uptodate: list[Any] | None = None,
     task_dep: list[str] | None = None,
     cacheable: bool = True,
+    action: Callable[..., TaskFailed | dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The doit task dict of one stage run (a subtask named ``name`` of its stage)."""
     key_config = stage_key(stage.__module__, manifest, inputs, params, tools)
     task = {
         "name": name,
         "doc": doc,
-        "actions": [(run_stage, [stage, inputs, params, out_dir, key_config, file_dep, cacheable])],
+        "actions": [(action or run_stage, [stage, inputs, params, out_dir, key_config, file_dep, cacheable])],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(out_dir / manifest.filename())],
         "uptodate": [config_changed(key_config), *(uptodate or [])],
@@ -535,13 +538,9 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
             # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
             tools={**tool_versions(mnn=True, qnn=qnn_build_id()), "mnnbuild_runtime": runtime_fingerprint()},
             uptodate=[files_unchanged(bundle_dir / "model")],
+            action=run_verify,
         )
-        _, (_, *args) = verify_task["actions"][0]  # (run_stage, [stage, inputs, params, out_dir, ...])
-        yield {
-            **verify_task,
-            "actions": [(run_verify, args)],
-            "basename": f"verify:{target}",
-        }
+        yield {**verify_task, "basename": f"verify:{target}"}
 
 
 def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
