@@ -27,7 +27,7 @@ from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
 from mnnbuild.stages.io import IoInputs, IoParams, generate_io
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
-from tests.test_partition_cut import KV_ATTENTION, LOGITS_SLICE, ROTARY, npu_runs, rotary_ops
+from tests.test_partition_cut import KV_ATTENTION, LOGITS_SLICE, ROTARY, input_only_ops, npu_runs, rotary_ops
 
 CHUNK = 16
 MODELS = {
@@ -154,6 +154,27 @@ def test_plugins_between_cpu_attention_rotary_and_logits_slice(built: Callable[[
     assert "logits" in [names[t] for t in last.outputs]
     assert b.result.output_names == b.source.output_names
     assert b.result.input_names == b.source.input_names
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_cpu_ops_between_plugins_are_attention_and_logits_slice(built: Callable[[str], Built], name: str) -> None:
+    """qnn/llm.mnn runs its ops in a valid order, with the rotary phase ahead of the first plugin: between
+    plugins only the attentions, the logits slice and ops that read nothing but graph inputs."""
+    b = built(name)
+    result = b.result
+    made = set(result.input_indexes)
+    for op in result.ops:
+        assert all(t in made for t in op.inputs if t >= 0), op.name
+        made.update(op.outputs)
+    assert len(b.plugins()) == len(result.ops_of_type("Attention")) + 2
+    kinds = [op.type == "Plugin" for op in result.ops]
+    first, last = kinds.index(True), len(kinds) - 1 - kinds[::-1].index(True)
+    between = [op for op in result.ops[first:last] if op.type not in ("Input", "Const", "Plugin")]
+    allowed = {result.ops[i].name for i in input_only_ops(result)}
+    odd = [op.name for op in between if op.type != "Attention" and op.name != LOGITS_SLICE and op.name not in allowed]
+    assert between and not odd
+    rotary = {b.source.ops[i].name for i in rotary_ops(b.source)}
+    assert rotary <= {op.name for op in result.ops[:first]}
 
 
 def test_plugin_attributes(tiny: Built) -> None:
@@ -453,6 +474,7 @@ def test_report_and_manifest(tiny: Built) -> None:
     cpu_ops = cpu_compute_ops(tiny.result)
     assert len(report["cpu_ops"]) == len(cpu_ops) == tiny.manifest.cpu_ops
     assert "qnn/graph0.bin" in text and f"ops left on the CPU ({len(cpu_ops)})" in text
+    assert report["moved_ops"] > 0 and f"({report['moved_ops']} ops moved ahead of the source order)" in text
     for c in report["cpu_ops"]:
         assert f"{c['name']}: {c['reason']}" in text
     # boundary layouts: an output's is its o_* format

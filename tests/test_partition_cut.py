@@ -13,7 +13,7 @@ from mnnbuild.errors import StageError
 from mnnbuild.lowering.lower import constant_tensors
 from mnnbuild.lowering.support import LOWERED_OP_TYPES, SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, make_blob, schema
-from mnnbuild.partition.cut import Cut, plan_cut
+from mnnbuild.partition.cut import Cut, plan_cut, schedule_ops
 from mnnbuild.partition.execute import shape_index
 from mnnbuild.partition.fold import folded_model
 from mnnbuild.partition.layout import BoundaryValue
@@ -49,19 +49,38 @@ def everything_supported(op: Op, model: MnnModel, static: object) -> str | None:
 def npu_runs(
     model: MnnModel, support: SupportCheck = unsupported_reason, skips: tuple[str, ...] = ()
 ) -> list[list[int]]:
-    """The plugins the cut should find, computed without it: walk the ops in source order, skip what
-    the lowering's ``constant_tensors`` folds, break at every Attention, skipped or refused op, and
-    keep the maximal runs in between that hold a Convolution."""
+    """The plugins the cut should find, computed without it: skip what the lowering's
+    ``constant_tensors`` folds, break at every Attention, skipped or refused op, walk the ops in the
+    cut's schedule (those breaks and the folded ops as early as their inputs allow) and keep the
+    maximal runs in between that hold a Convolution."""
     const = constant_tensors(model)
+    folded = {i for i, op in enumerate(model.ops) if op.type in ("Input", "Const", "TrainableParam")}
+    folded |= {i for i, op in enumerate(model.ops) if set(op.outputs) <= const}
+    breaks = {
+        i
+        for i, op in enumerate(model.ops)
+        if i not in folded and (op.type == "Attention" or op.name in skips or support(op, model, const) is not None)
+    }
     runs: list[list[int]] = [[]]
-    for i, op in enumerate(model.ops):
-        if op.type in ("Input", "Const", "TrainableParam") or set(op.outputs) <= const:
+    for i in schedule_ops(model, folded | breaks):
+        if i in folded:
             continue
-        if op.type == "Attention" or op.name in skips or support(op, model, const) is not None:
+        if i in breaks:
             runs.append([])
         else:
             runs[-1].append(i)
     return [r for r in runs if any(model.ops[i].type == "Convolution" for i in r)]
+
+
+def input_only_ops(model: MnnModel) -> set[int]:
+    """Ops whose inputs are all graph inputs, constants or outputs of such ops (the rotary phase)."""
+    ready = set(model.input_indexes)
+    ops: set[int] = set()
+    for i, op in enumerate(model.ops):
+        if all(t in ready for t in op.inputs if t >= 0):
+            ops.add(i)
+            ready.update(op.outputs)
+    return ops
 
 
 def rotary_ops(model: MnnModel) -> set[int]:
@@ -165,6 +184,60 @@ def test_cpu_ops_are_attention_rotary_phase_and_logits_slice(path: Path) -> None
 # ---- the cut -----------------------------------------------------------------------------------------
 
 
+def test_schedule_runs_eager_ops_early_and_keeps_the_rest_in_order(tiny: MnnModel) -> None:
+    const = constant_tensors(tiny)
+    eager = {i for i, op in enumerate(tiny.ops) if set(op.outputs) <= const or op.type == "Attention"}
+    eager |= rotary_ops(tiny)
+    order = schedule_ops(tiny, eager)
+    assert sorted(order) == list(range(len(tiny.ops)))
+    made: set[int] = set()
+    for i in order:  # topological
+        assert all(t in made or t in tiny.input_indexes for t in tiny.ops[i].inputs if t >= 0), tiny.ops[i].name
+        made.update(tiny.ops[i].outputs)
+    others = [i for i in order if i not in eager]
+    assert others == sorted(others)
+    # an eager op comes right after the last producer of its inputs (or first, when it reads only inputs)
+    position = {i: p for p, i in enumerate(order)}
+    producer = {t: i for i, op in enumerate(tiny.ops) for t in op.outputs}
+    for i in eager:
+        deps = [position[producer[t]] for t in tiny.ops[i].inputs if t in producer]
+        before = order[max(deps, default=-1) + 1 : position[i]]
+        assert all(j in eager for j in before), tiny.ops[i].name
+    cast = tiny.ops.index(next(op for op in tiny.ops_of_type("Cast") if not set(op.outputs) <= const))
+    first_conv = tiny.ops.index(tiny.ops_of_type("Convolution")[0])
+    assert first_conv < cast and position[cast] < position[first_conv]  # the rotary phase moved ahead
+    assert schedule_ops(tiny, ()) == list(range(len(tiny.ops)))
+
+
+def test_schedule_keeps_source_order_when_a_tensor_is_written_twice(tiny: MnnModel) -> None:
+    model = copy.deepcopy(tiny)
+    cast = next(op for op in model.ops if op.type == "Cast")
+    late = next(op for op in reversed(model.ops) if op.type == "Reshape")
+    late.outputs = [*late.outputs, cast.outputs[0]]
+    assert schedule_ops(model, {model.ops.index(cast)}) == list(range(len(model.ops)))
+
+
+@pytest.mark.parametrize("path", list(MODEL_FILES.values()), ids=list(MODEL_FILES))
+def test_one_plugin_per_attention_boundary(path: Path) -> None:
+    """Before, between and after the attentions, and the lm_head after the logits slice: the CPU ops that
+    depend on graph inputs only (the rotary phase) run ahead and no longer split layer 0's plugin."""
+    model = load_model(path)
+    cut = cut_of(model)
+    attention = {i for i, op in enumerate(model.ops) if op.type == "Attention"}
+    assert len(cut.plugins) == len(attention) + 2
+    assert cut.moved_ops > 0
+    logits_slice = model.ops.index(model.op_by_name(LOGITS_SLICE))
+    allowed = attention | {logits_slice} | input_only_ops(model)
+    kinds = [m.kind for m in cut.modules]
+    first, last = kinds.index("npu"), len(kinds) - 1 - kinds[::-1].index("npu")
+    between = [i for m in cut.modules[first:last] if m.kind == "cpu" for i in m.ops]
+    assert between and set(between) <= allowed, [model.ops[i].name for i in set(between) - allowed]
+    # the modules follow the schedule
+    in_modules = [i for m in cut.modules for i in m.ops]
+    assert in_modules == [i for i in cut.order if i in set(in_modules)]
+    assert [m.graph for m in cut.plugins] == list(range(len(cut.plugins)))
+
+
 def test_upstream_rules_split_at_logits_slice(tiny: MnnModel) -> None:
     """With every op supported (upstream has no lowering table), the logits_index slice still leaves the
     NPU: its output shape follows logits_index's content (the second split)."""
@@ -183,7 +256,10 @@ def test_boundaries_and_masks(tiny: MnnModel) -> None:
     cut = cut_of(tiny)
     names = tiny.tensor_names
     first, *_ = cut.plugins
-    assert [names[t] for t in first.inputs] == ["input_ids"]  # the embeddings
+    # the embeddings, and the rotary phase the CPU computed ahead of the first plugin
+    rotary_made = {t for i in rotary_ops(tiny) for t in tiny.ops[i].outputs}
+    assert [names[t] for t in first.inputs if t not in rotary_made] == ["input_ids"]
+    assert {names[t] for t in first.inputs if t in rotary_made} == {"/rotary/Cos_output_0", "/rotary/Sin_output_0"}
     # position_ids feeds only the rotary phase, which stays on the CPU
     position_ids = tiny.tensor_index("position_ids")
     readers = [m for m in cut.modules if position_ids in m.inputs]

@@ -1,7 +1,8 @@
 """The partition (upstream ``compilefornpu``): cut an MNN LLM graph into CPU ops and QNN subgraphs.
 
 - ``semantics``: which inputs of an MNN op are read for their content, which decide its output shape.
-- ``cut``: the pure graph algorithm (needed ops, folding, break ops, splits, boundaries, plugins).
+- ``cut``: the pure graph algorithm (needed ops, folding, break ops, the op schedule, splits, boundaries,
+  plugins).
 - ``fold``: per-shape constant values of the folded tensors and the folded copies of the model.
 - ``reference``: run every module in order on one sample (the per-graph reference IO).
 - ``rewrite``: the Plugin ops, their attributes (per shape, then fused), and ``qnn/llm.mnn``.

@@ -10,18 +10,26 @@ Pure graph logic on the source model (no MNN runtime, no files), in the order up
 3. *break ops*: control flow, ops named in ``skips``, Attention with a KV cache (unless KV goes to
    the NPU), ops between ``attention_mask`` and such an Attention, and every op the QNN lowering
    refuses. Each becomes a one-op CPU module; runs of other ops between them form candidates.
-4. *second split*: inside a candidate, an op whose output shape depends on the content of a
+4. *schedule*: the runs are taken in a re-ordered, still topological op order (``schedule_ops``):
+   every op that stays on the CPU anyway (break ops, the second split's ops below, folded and
+   Const ops) runs as soon as its inputs are ready, all other ops keep their source order. A CPU
+   op that depends only on graph inputs (the rotary phase from ``position_ids``) thus runs before
+   the first NPU op instead of splitting a run in two just because of where the exporter put it;
+   in the source order it sits between layer 0's q_proj and k_proj.
+5. *second split*: inside a candidate, an op whose output shape depends on the content of a
    non-constant input becomes a module of its own (a fixed-shape NPU graph cannot hold it).
-5. *boundaries* from tensor masks (1 consumed, 2 produced, 3 both): inputs are consumed
+6. *boundaries* from tensor masks (1 consumed, 2 produced, 3 both): inputs are consumed
    non-static tensors made elsewhere, outputs are produced tensors nobody inside reads, plus graph
    outputs; a tensor internal to an earlier module that a later one reads is promoted to an output.
-6. candidates without a ``Convolution`` stay on the CPU; the rest become NPU plugins ``0..n-1``.
-7. what the rewritten graph still runs on the CPU is found by walking back from the outputs over
+7. candidates without a ``Convolution`` stay on the CPU; the rest become NPU plugins ``0..n-1``,
+   numbered in schedule order.
+8. what the rewritten graph still runs on the CPU is found by walking back from the outputs over
    CPU ops and plugins; a plugin-internal tensor a CPU op reads is promoted as well.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +55,7 @@ class Module:
     """A run of ops that executes as one unit: a QNN plugin (``npu``) or ops left on the CPU."""
 
     ops: list[int]
-    """Source op indexes, in source order."""
+    """Source op indexes, in schedule order (``Cut.order``)."""
     is_break: bool = False
     """A single break op (never merged with neighbours)."""
     reason: str = ""
@@ -96,6 +104,8 @@ class Cut:
     """Graph output tensors (from the sample's output names)."""
     needed: list[int]
     """Ops on a path from the inputs to the outputs (Input/Const excluded), in source order."""
+    order: list[int]
+    """Every source op once, in the schedule the modules were cut from (``schedule_ops``)."""
     constants: set[int]
     """Outputs of Const/TrainableParam ops."""
     folded: set[int]
@@ -112,6 +122,19 @@ class Cut:
     @property
     def static(self) -> set[int]:
         return self.constants | self.folded
+
+    @property
+    def moved_ops(self) -> int:
+        """Needed, non-folded ops the schedule runs ahead of an op that precedes them in the source."""
+        computed = set(self.needed) - set(self.folded_ops)
+        compute = [i for i in self.order if i in computed]
+        moved = 0
+        later_min = len(self.model.ops)
+        for i in reversed(compute):
+            if i > later_min:
+                moved += 1
+            later_min = min(later_min, i)
+        return moved
 
     @property
     def plugins(self) -> list[Module]:
@@ -160,6 +183,52 @@ def fold_ops(model: MnnModel, needed: Sequence[int], constants: Collection[int])
             static.update(op.outputs)
             folded.update(op.outputs)
     return folded_ops, folded
+
+
+def schedule_ops(model: MnnModel, eager: Collection[int]) -> list[int]:
+    """A topological order of all ops of ``model`` (which must be in topological order) in which
+    every op of ``eager`` runs as soon as its inputs are made, and the other ops keep their source
+    order among themselves.
+
+    List scheduling: of the ready ops, the lowest-index eager one goes first; only when no eager op
+    is ready does the lowest-index other op go. As the source order is topological, an eager op is
+    never held back by an other op that is not yet due, so the others come out exactly in source
+    order. A tensor written by two ops would make re-ordering unsafe (a reader could move past the
+    second write); then the source order is returned unchanged.
+
+    Running CPU ops early is a heuristic, not an optimum: two CPU ops reading tensors made at
+    different points of one NPU run split it where the source order might have kept them together.
+    """
+    n = len(model.ops)
+    producer: dict[int, int] = {}
+    for i, op in enumerate(model.ops):
+        for t in op.outputs:
+            if producer.setdefault(t, i) != i:
+                log.info("tensor %r is written twice: keeping the source op order", model.tensor_names[t])
+                return list(range(n))
+    users: dict[int, list[int]] = {}
+    pending = [0] * n
+    for i, op in enumerate(model.ops):
+        # a producer after the reader is not its source (graph inputs written by the caller)
+        deps = {producer[t] for t in op.inputs if t >= 0 and producer.get(t, n) < i}
+        pending[i] = len(deps)
+        for d in deps:
+            users.setdefault(d, []).append(i)
+    eager_set = set(eager)
+    ready_eager = [i for i in range(n) if pending[i] == 0 and i in eager_set]
+    ready_other = [i for i in range(n) if pending[i] == 0 and i not in eager_set]
+    heapq.heapify(ready_eager)
+    heapq.heapify(ready_other)
+    order: list[int] = []
+    while ready_eager or ready_other:
+        i = heapq.heappop(ready_eager if ready_eager else ready_other)
+        order.append(i)
+        for u in users.get(i, ()):
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(ready_eager if u in eager_set else ready_other, u)
+    assert len(order) == n, "dependencies point only backwards, so every op becomes ready"
+    return order
 
 
 def _is_kv_attention(op: Op) -> bool:
@@ -227,13 +296,18 @@ def _break_reason(
     return None
 
 
+def _dynamic_shape_inputs(op: Op, static: Collection[int]) -> list[int]:
+    """Input positions whose non-constant content decides ``op``'s output shape."""
+    return [k for k in shape_inputs(op) if op.inputs[k] not in static]
+
+
 def _shape_split(model: MnnModel, group: list[int], static: Collection[int]) -> list[Module]:
     """Split one candidate at each op whose output shape depends on a non-constant input's content."""
     result: list[Module] = []
     start = 0
     for pos, i in enumerate(group):
         op = model.ops[i]
-        dynamic = [k for k in shape_inputs(op) if op.inputs[k] not in static]
+        dynamic = _dynamic_shape_inputs(op, static)
         if not dynamic:
             continue
         if pos > start:
@@ -358,6 +432,15 @@ def plan_cut(
         if i not in folded_set and i not in reasons:
             reasons[i] = "between attention_mask and an Attention that stays on the CPU"
 
+    # everything that cannot join an NPU run goes as early as it can, so it does not split a run
+    # merely by where the exporter placed it
+    eager = {i for i, op in enumerate(model.ops) if op.type in SOURCE_OP_TYPES}
+    eager |= folded_set | set(reasons)
+    eager |= {i for i in compute if _dynamic_shape_inputs(model.ops[i], static)}
+    order = schedule_ops(model, eager)
+    compute_set = set(compute)
+    compute = [i for i in order if i in compute_set]
+
     candidates: list[Module] = []
     group: list[int] = []
     for i in compute:
@@ -397,6 +480,7 @@ def plan_cut(
         inputs=inputs,
         outputs=outputs,
         needed=needed,
+        order=order,
         constants=constants,
         folded=folded,
         folded_ops=folded_ops,
@@ -406,9 +490,10 @@ def plan_cut(
         cpu_reasons={i: r for i, r in reasons.items() if i in set(cpu_ops)},
     )
     log.info(
-        "cut: %d needed ops, %d folded, %d modules, %d NPU plugins, %d ops on the CPU",
+        "cut: %d needed ops, %d folded, %d moved by the schedule, %d modules, %d NPU plugins, %d ops on the CPU",
         len(needed),
         len(folded_ops),
+        cut.moved_ops,
         len(modules),
         len(cut.plugins),
         len(cut.cpu_reasons),

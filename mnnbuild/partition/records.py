@@ -190,3 +190,5 @@ class PartitionReport(BaseModel):
     """Ops in qnn/llm.mnn."""
     max_abs_diff: list[float]
     """Per sample: largest difference between the chained subgraph outputs and the sample output.mnn."""
+    moved_ops: int = 0
+    """Ops the cut's schedule runs ahead of an op before them in the source (CPU ops as early as possible)."""

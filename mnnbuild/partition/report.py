@@ -87,6 +87,7 @@ def build_report(
         total_weight_bytes=total,
         result_ops=result_ops,
         max_abs_diff=list(max_abs_diff),
+        moved_ops=cut.moved_ops,
     )
 
 
@@ -105,6 +106,8 @@ def format_report(report: PartitionReport) -> str:
         f"{report.npu_weight_bytes} of {report.total_weight_bytes} weight bytes",
         "chained subgraph outputs vs sample output.mnn, max abs diff: "
         + ", ".join(f"{d:.3g}" for d in report.max_abs_diff),
+        f"op order: ops that stay on the CPU run as early as their inputs allow, then the NPU runs are cut "
+        f"({report.moved_ops} ops moved ahead of the source order)",
         "",
         f"{'plugin':<18} {'ops':>5} {'weight bytes':>13}  op types",
     ]

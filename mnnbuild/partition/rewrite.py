@@ -19,7 +19,9 @@ the NPU) is never written: with the QNN lowering refusing Attention, no plugin h
 
 The CPU side keeps the source ops the cut marked (with their original parameters, so external
 weight offsets into ``llm.mnn.weight`` stay valid and shape arithmetic still follows the real
-input shapes); then tensors are re-indexed and ops topologically ordered.
+input shapes); then tensors are re-indexed and ops topologically ordered. Ops are laid out in the
+cut's schedule (``Cut.order``), each plugin where its first op was, so the device runs the CPU ops
+in the order the modules were cut in (the rotary phase before the first plugin, not inside it).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def rewrite_model(cut: Cut, plugin_attrs: Mapping[int, Mapping[str, Any]]) -> Mn
     first_op = {m.ops[0]: m for m in cut.plugins}
     keep = set(cut.cpu_ops)
     ops: list[Op] = []
-    for i, op in enumerate(src.ops):
+    for i in cut.order:
+        op = src.ops[i]
         if i in first_op:
             m = first_op[i]
             assert m.graph is not None
@@ -102,6 +105,8 @@ def rewrite_model(cut: Cut, plugin_attrs: Mapping[int, Mapping[str, Any]]) -> Mn
         extra_tensor_describe=copy.deepcopy(src.extra_tensor_describe),
         path=None,
     )
+    # the schedule is topological and a plugin's inputs are made before its first op, so this only
+    # guards the invariant (ties keep the schedule)
     model.topological_sort()
     model.reindex_tensors()
     return model
