@@ -26,13 +26,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from mnnbuild.fsutil import sha256_bytes, sha256_file, staged_dir
+from mnnbuild.layout import ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "MNNBUILD_CACHE"
 DISABLED = ("off", "0", "false", "no", "none")
 # Files in a stage dir that describe how it was produced, not what it is: never cached.
-SIDECAR_SUFFIX = ".origin.json"
+SIDECAR_SUFFIX = ORIGIN_SUFFIX
 
 
 class CachedFile(BaseModel):
@@ -265,4 +266,4 @@ def human_bytes(n: float) -> str:
 
 def write_origin(out_dir: Path, stage: str, origin: dict[str, Any]) -> None:
     """Record how a stage dir came to be (built or restored), beside its manifest, outside its content."""
-    (Path(out_dir) / f"{stage}{SIDECAR_SUFFIX}").write_text(json.dumps(origin, indent=2, sort_keys=True) + "\n")
+    (Path(out_dir) / origin_file(stage)).write_text(json.dumps(origin, indent=2, sort_keys=True) + "\n")

@@ -27,14 +27,16 @@ from pydantic import BaseModel, ValidationError
 
 from mnnbuild.cache import ArtifactCache, cache_key, human_bytes, write_origin
 from mnnbuild.errors import MnnbuildError
-from mnnbuild.fingerprint import code_fingerprint
+from mnnbuild.fingerprint import DigestMemo, code_fingerprint
+from mnnbuild.layout import BUNDLE_MODEL_DIR, RESULT_MODEL
 from mnnbuild.manifest import Manifest, package_version, tool_versions
+from mnnbuild.manifests.partition import read_merge
 from mnnbuild.qnn.library import find_qnn_libraries
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, ModelSpec, discover_specs
 from mnnbuild.stages.bundle import BundleInputs, BundleManifest, BundleParams, assemble_bundle
 from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
-from mnnbuild.stages.context import ContextInputs, ContextManifest, ContextParams, build_context, read_merge
+from mnnbuild.stages.context import ContextInputs, ContextManifest, ContextParams, build_context
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch, update_lock
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
@@ -56,6 +58,7 @@ class Project:
 
     settings: Settings
     specs: dict[str, ModelSpec]
+    memo: DigestMemo
 
     @classmethod
     def load(cls, project_root: Path) -> Project:
@@ -65,7 +68,8 @@ class Project:
         except MnnbuildError as exc:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
             raise InvalidDodoFile(str(exc)) from None
-        return cls(settings=settings, specs=specs)
+        memo = DigestMemo(settings.artifact_root / ".code-digests.json")
+        return cls(settings=settings, specs=specs, memo=memo)
 
     def fetch_dir(self, spec: ModelSpec) -> Path:
         return self.settings.model_root(spec.name) / "model"
@@ -186,11 +190,19 @@ def stage_key(
     inputs: BaseModel,
     params: BaseModel,
     tools: dict[str, str],
+    memo: DigestMemo | None = None,
 ) -> str:
-    """What a stage's result depends on besides its input files' content, as one string for doit."""
+    """What a stage's result depends on besides its input files' content, as one string for doit.
+
+    The code is the stage's own (other stages are not imported), so an upstream edit reaches a
+    downstream stage only through the upstream outputs: when they come out identical, it stays up to date.
+    """
+    code = code_fingerprint(stage_module, memo)
+    if memo is not None:
+        memo.save()
     return json.dumps(
         {
-            "code": code_fingerprint(stage_module),
+            "code": code,
             "schema": manifest.schema_hash(),
             "inputs": input_identity(inputs),
             "params": params.model_dump(mode="json"),
@@ -215,9 +227,10 @@ def stage_task(
     task_dep: list[str] | None = None,
     cacheable: bool = True,
     action: Callable[..., TaskFailed | dict[str, Any]] | None = None,
+    memo: DigestMemo | None = None,
 ) -> dict[str, Any]:
     """The doit task dict of one stage run (a subtask named ``name`` of its stage)."""
-    key_config = stage_key(stage.__module__, manifest, inputs, params, tools)
+    key_config = stage_key(stage.__module__, manifest, inputs, params, tools, memo)
     task = {
         "name": name,
         "doc": doc,
@@ -296,6 +309,7 @@ def fetch_tasks(project: Project) -> Iterator[dict[str, Any]]:
             params=params,
             out_dir=out_dir,
             file_dep=file_dep,
+            memo=project.memo,
             tools=tool_versions(),
             uptodate=uptodate,
             # its outputs are links into this machine's source or HF cache: restoring another
@@ -336,6 +350,7 @@ def io_tasks(project: Project) -> Iterator[dict[str, Any]]:
             params=IoParams(chunk_size=spec.chunk_size, seed=spec.seed),
             out_dir=project.io_dir(spec),
             file_dep=[model_dir / FetchManifest.filename()],
+            memo=project.memo,
             tools=tool_versions(mnn=True),
         )
 
@@ -395,6 +410,7 @@ def partition_tasks(project: Project) -> Iterator[dict[str, Any]]:
             params=PartitionParams(chunk_size=spec.chunk_size, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
             out_dir=project.partition_dir(spec),
             file_dep=[model_dir / FetchManifest.filename(), io_dir / IoManifest.filename()],
+            memo=project.memo,
             tools=tool_versions(mnn=True),
         )
 
@@ -411,6 +427,7 @@ def modellib_tasks(project: Project) -> Iterator[dict[str, Any]]:
             params=ModellibParams(),
             out_dir=project.modellib_dir(spec),
             file_dep=[model_dir / FetchManifest.filename(), partition_dir / PartitionManifest.filename()],
+            memo=project.memo,
             tools=tool_versions(),
         )
 
@@ -428,6 +445,7 @@ def config_tasks(project: Project) -> Iterator[dict[str, Any]]:
                 params=ConfigParams(chunk_size=spec.chunk_size),
                 out_dir=project.target_dir(spec, arch, "config"),
                 file_dep=[model_dir / FetchManifest.filename()],
+                memo=project.memo,
                 tools=tool_versions(),
             )
 
@@ -479,6 +497,7 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
                     params=ContextParams(soc=soc),
                     out_dir=out_dir,
                     file_dep=[modellib_dir / ModellibManifest.filename()],
+                    memo=project.memo,
                     tools=tool_versions(qnn=qnn_build_id()),
                 ),
                 "basename": f"context:{target}",
@@ -495,7 +514,7 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
                     model_name=model_name(spec),
                     model_dir=project.fetch_dir(spec),
                     config_dir=config_dir,
-                    qnn_model=partition_dir / "qnn" / "llm.mnn",
+                    qnn_model=partition_dir / RESULT_MODEL,
                     context_binaries=binaries,
                 ),
                 params=BundleParams(soc=soc),
@@ -506,6 +525,7 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
                     partition_dir / PartitionManifest.filename(),
                     *context_manifests,
                 ],
+                memo=project.memo,
                 tools=tool_versions(qnn=qnn_build_id()),
             ),
             "basename": f"bundle:{target}",
@@ -537,7 +557,8 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
             ],
             # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
             tools={**tool_versions(mnn=True, qnn=qnn_build_id()), "mnnbuild_runtime": runtime_fingerprint()},
-            uptodate=[files_unchanged(bundle_dir / "model")],
+            uptodate=[files_unchanged(bundle_dir / BUNDLE_MODEL_DIR)],
+            memo=project.memo,
             action=run_verify,
         )
         yield {**verify_task, "basename": f"verify:{target}"}

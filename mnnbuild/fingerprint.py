@@ -1,7 +1,11 @@
 """Fingerprints of a stage's own code: the stage module and every mnnbuild module it imports.
 
 Editing a module changes the fingerprint of exactly the stages that import it (directly or
-through other mnnbuild modules), so only those stages and their dependents rebuild.
+through other mnnbuild modules). Stages never import each other (they share `mnnbuild.manifests`),
+so a stage's fingerprint covers its own code and the library code it calls, nothing downstream
+of it or beside it. Only what runs counts: a module is hashed as its syntax tree without
+docstrings, comments or pydantic ``Field(description=..., title=...)`` text, so editing docs
+rebuilds nothing.
 """
 
 from __future__ import annotations
@@ -10,8 +14,12 @@ import ast
 import functools
 import hashlib
 import importlib.util
+import json
 import re
 from pathlib import Path
+from typing import Any
+
+from mnnbuild.fsutil import atomic_write_text
 
 PACKAGE = "mnnbuild"
 # a cheap first look: only files with an import of mnnbuild or a relative import are parsed
@@ -29,12 +37,17 @@ def _module_file(name: str) -> Path | None:
 
 
 @functools.cache
+def _parse(path: Path) -> ast.Module:
+    return ast.parse(path.read_bytes(), filename=str(path))
+
+
+@functools.cache
 def _imports(path: Path, module: str) -> frozenset[str]:
     """Names of mnnbuild modules imported by the source at ``path``."""
     text = path.read_text(encoding="utf-8")
     if not _MAYBE_OURS.search(text):
         return frozenset()  # e.g. the large generated flatbuffers module: parsing it is the slow part
-    tree = ast.parse(text, filename=str(path))
+    tree = _parse(path)
     is_pkg = path.name == "__init__.py"
     package = module if is_pkg else module.rpartition(".")[0]
     found: set[str] = set()
@@ -74,10 +87,84 @@ def module_closure(module: str) -> tuple[tuple[str, Path], ...]:
     return tuple(sorted(seen.items()))
 
 
-@functools.cache
-def code_fingerprint(module: str) -> str:
-    """sha256 over the sources of ``module`` and its mnnbuild imports (generated code included)."""
+_DOC_KEYWORDS = frozenset({"description", "title"})
+
+
+class _StripDocs(ast.NodeTransformer):
+    """Drops docstrings (and attribute docstrings) and the doc keywords of ``Field(...)`` calls."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                                            and isinstance(s.value.value, str))]  # fmt: skip
+            node.body = kept or [ast.Pass()]  # type: ignore[attr-defined]
+        return node
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        if name == "Field":
+            node.keywords = [k for k in node.keywords if k.arg not in _DOC_KEYWORDS]
+        return node
+
+
+def _source_digest(path: Path) -> str:
+    """What of one module's source can change behaviour: its syntax tree without docs and comments.
+
+    The large generated flatbuffers module is hashed as bytes (parsing it is the slow part, and it is
+    only ever regenerated, never edited by hand).
+    """
+    if "_generated" in path.parts:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    tree = _StripDocs().visit(_parse(path))  # in place: imports are untouched, and it is cached
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+class DigestMemo:
+    """Per-file source digests remembered across runs by size and mtime, so a no-op build parses nothing.
+
+    A stale entry is impossible to hit silently: any edit changes the file's size or mtime.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[str, list[Any]] = {}
+        self.dirty = False
+        if path is not None:
+            try:
+                loaded = json.loads(path.read_text(encoding="utf-8"))
+                self.entries = loaded if isinstance(loaded, dict) else {}
+            except (OSError, ValueError):
+                self.entries = {}
+
+    def digest(self, path: Path) -> str:
+        st = path.stat()
+        key = str(path)
+        entry = self.entries.get(key)
+        if isinstance(entry, list) and entry[:2] == [st.st_size, st.st_mtime_ns] and len(entry) == 3:
+            return str(entry[2])
+        value = _source_digest(path)
+        self.entries[key] = [st.st_size, st.st_mtime_ns, value]
+        self.dirty = True
+        return value
+
+    def save(self) -> None:
+        if self.path is None or not self.dirty:
+            return
+        try:
+            atomic_write_text(self.path, json.dumps(self.entries, sort_keys=True))
+        except OSError:
+            return  # only a speed-up
+        self.dirty = False
+
+
+def code_fingerprint(module: str, memo: DigestMemo | None = None) -> str:
+    """sha256 over the code of ``module`` and its mnnbuild imports (generated code included)."""
+    memo = memo or DigestMemo(None)
     digest = hashlib.sha256()
     for name, path in module_closure(module):
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + memo.digest(path).encode() + b"\0")
     return digest.hexdigest()[:16]

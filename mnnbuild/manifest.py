@@ -18,8 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 import mnnbuild
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from mnnbuild.layout import manifest_file
 
 M = TypeVar("M", bound="Manifest")
+
+
+def _without_docs(schema: Any) -> Any:
+    """A JSON schema without its ``description`` and ``title`` entries (field *names* stay: they are keys)."""
+    if isinstance(schema, dict):
+        return {
+            k: _without_docs(v) for k, v in schema.items() if not (k in ("description", "title") and isinstance(v, str))
+        }
+    if isinstance(schema, list):
+        return [_without_docs(v) for v in schema]
+    return schema
 
 
 class FileRecord(BaseModel):
@@ -61,8 +73,11 @@ class Manifest(BaseModel):
     @classmethod
     @functools.cache
     def schema_hash(cls) -> str:
-        """A short hash of this model's JSON schema: changes exactly when the manifest format does."""
-        schema = json.dumps(cls.model_json_schema(), sort_keys=True)
+        """A short hash of this model's JSON schema: changes exactly when the manifest format does.
+
+        Descriptions and titles are left out: fixing a field's wording is not a new format.
+        """
+        schema = json.dumps(_without_docs(cls.model_json_schema()), sort_keys=True)
         return sha256_bytes(f"{cls.stage}:{schema}".encode())[:16]
 
     @model_validator(mode="after")
@@ -73,7 +88,7 @@ class Manifest(BaseModel):
 
     @classmethod
     def filename(cls) -> str:
-        return f"{cls.stage}.manifest.json"
+        return manifest_file(cls.stage)
 
     def write(self, out_dir: Path) -> Path:
         """Write this manifest into ``out_dir`` (atomically) and return its path."""

@@ -19,10 +19,10 @@ from mnnbuild_runtime import BinaryOverride, HybridModel, Tokenizer, greedy_gene
 
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
+from mnnbuild.manifests.partition import read_merge
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary
-from mnnbuild.stages.context import read_merge
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.targets import soc_for_arch
 from mnnbuild.verify.checks import build_twins

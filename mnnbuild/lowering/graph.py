@@ -22,13 +22,14 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mnnbuild.errors import MnnbuildError
+from mnnbuild.layout import GRAPH_FILE
 from mnnbuild.qnn import GraphBuilder, Scalar
 from mnnbuild.qnn import dtypes as qdt
 
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-GRAPH_JSON = "graph.json"
+GRAPH_JSON = GRAPH_FILE
 DEFAULT_PACKAGE = "qti.aisw"
 
 

@@ -17,10 +17,14 @@ from pydantic import BaseModel, ConfigDict
 from mnnbuild.cpu import load_vars
 from mnnbuild.errors import StageError
 
-GRAPH_FILE = "graph.json"
-REFERENCE_INPUT = "input.mnn"
-REFERENCE_OUTPUT = "output.mnn"
-FOLDED_VALUES = "folded.mnn"
+# the naming rules live in the artifact layout; re-exported for the partition's modules
+from mnnbuild.layout import FOLDED_VALUES as FOLDED_VALUES
+from mnnbuild.layout import GRAPH_FILE as GRAPH_FILE
+from mnnbuild.layout import REFERENCE_INPUT as REFERENCE_INPUT
+from mnnbuild.layout import REFERENCE_OUTPUT as REFERENCE_OUTPUT
+from mnnbuild.layout import binary_path as binary_path
+from mnnbuild.layout import graph_name as graph_name
+
 INLINE_VALUES_MAX = 256
 """Folded values up to this many elements are written into graph.json too (all are in folded.mnn)."""
 
@@ -28,16 +32,6 @@ INLINE_VALUES_MAX = 256
 def qnn_name(index: int) -> str:
     """QNN tensor name of source tensor ``index``."""
     return f"t{index}"
-
-
-def graph_name(shape_index: int, plugin: int) -> str:
-    """Upstream naming: the first sample shape (decode) ``graph<k>``, shape s>0 ``graph<s>_<k>``."""
-    return f"graph{plugin}" if shape_index == 0 else f"graph{shape_index}_{plugin}"
-
-
-def binary_path(plugin: int) -> str:
-    """The Plugin's ``path`` (and op name): the context binary holding all shapes of plugin k."""
-    return f"qnn/graph{plugin}.bin"
 
 
 class TensorSpec(BaseModel):

@@ -16,51 +16,16 @@ import shutil
 import stat
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.manifest import Manifest, record_outputs, tool_versions
+from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, QNN_DIR, RESULT_MODEL
+from mnnbuild.manifest import record_outputs, tool_versions
+from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
+from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, WEIGHT_FILE, tokenizer_file
-from mnnbuild.stages.config import CONFIG_FILE
-from mnnbuild.stages.context import ContextManifest
 from mnnbuild.targets import Soc
 
 log = logging.getLogger(__name__)
-
-PROMPT_FILE = "prompt.txt"
-DEFAULT_PROMPT = "hello\n"
-
-
-class BundleInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    model_name: str
-    """Directory name on the device, e.g. ``Qwen3-1.7B-MNN``."""
-    model_dir: Path
-    """fetch output."""
-    config_dir: Path
-    """config output (``config_qnn.json``)."""
-    qnn_model: Path
-    """partition output ``qnn/llm.mnn``."""
-    context_binaries: list[Path]
-    """context outputs ``qnn/graph<k>.bin``, one per plugin."""
-
-
-class BundleParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    soc: Soc
-    prompt: str = DEFAULT_PROMPT
-
-
-class BundleManifest(Manifest):
-    stage = "bundle"
-    params: BundleParams
-    model_name: str
-    qnn_build: str
-    """QNN build the context binaries were made with; the device's QNN runtime must not be older."""
 
 
 def place(src: Path, dst: Path) -> None:
@@ -123,14 +88,14 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
     if wrong:
         raise StageError(f"{inputs.model}: {wrong[0]} was built for another SoC than {params.soc.name}")
     with staged_dir(out_dir) as tmp:
-        dest = tmp / "model" / inputs.model_name
+        dest = tmp / BUNDLE_MODEL_DIR / inputs.model_name
         place(Path(inputs.config_dir) / CONFIG_FILE, dest / CONFIG_FILE)
         for name in (LLM_CONFIG, tokenizer, WEIGHT_FILE, *OPTIONAL_FILES):
             if (model_dir / name).exists():
                 place(model_dir / name, dest / name)
-        place(inputs.qnn_model, dest / "qnn" / "llm.mnn")
+        place(inputs.qnn_model, dest / RESULT_MODEL)
         for binary in inputs.context_binaries:
-            place(binary, dest / "qnn" / binary.name)
+            place(binary, dest / QNN_DIR / binary.name)
         atomic_write_text(dest / PROMPT_FILE, params.prompt)
         for name, text in device_scripts(inputs.model_name, params.soc, tokenizer).items():
             atomic_write_text(tmp / name, text)

@@ -9,57 +9,14 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.layout import CONFIG_FILE, DEFAULT_TOKENIZER
+from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams, ConfigQnn
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.modeldir import tokenizer_file
-from mnnbuild.stages.fetch import FetchManifest
 
 log = logging.getLogger(__name__)
-
-CONFIG_FILE = "config_qnn.json"
-DEFAULT_TOKENIZER = "tokenizer.txt"
-
-
-class ConfigQnn(BaseModel):
-    """The fields of ``config_qnn.json`` (MNN's LLM config, QNN flavour)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    llm_model: str = "qnn/llm.mnn"
-    backend_type: str = "cpu"
-    thread_num: int = 1
-    precision: str = "low"
-    chunk_limits: list[int]
-    memory: str = "low"
-    sampler_type: str = "penalty"
-    penalty: float = 1.1
-    tokenizer_file: str | None = Field(default=None, description="Only when the tokenizer is not tokenizer.txt.")
-
-    def to_json(self) -> str:
-        return self.model_dump_json(indent=4, exclude_none=True) + "\n"
-
-
-class ConfigInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    target: str
-    model_dir: Path
-    """The fetch stage's output directory (for the tokenizer file name)."""
-
-
-class ConfigParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    chunk_size: int = Field(gt=1)
-
-
-class ConfigManifest(Manifest):
-    stage = "config"
-    params: ConfigParams
-    config: ConfigQnn
 
 
 def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> ConfigManifest:

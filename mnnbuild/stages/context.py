@@ -10,69 +10,19 @@ binary is read back through QnnSystem and checked against what was asked for.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
-
 from mnnbuild.errors import QnnError, StageError
 from mnnbuild.fsutil import atomic_write_bytes, staged_dir
 from mnnbuild.lowering.graph import compose, read_graph_description
-from mnnbuild.manifest import Manifest, record_outputs, tool_versions
+from mnnbuild.manifest import record_outputs, tool_versions
+from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
+from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, read_binary_info
-from mnnbuild.stages.modellib import ModellibManifest
-from mnnbuild.targets import Soc
 
 log = logging.getLogger(__name__)
-
-
-class ContextInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    modellib_dir: Path
-    binary: str
-    """The merge entry's key, e.g. ``qnn/graph0.bin``."""
-    graphs: list[str]
-    """Its graph dirs in allGraphName order, e.g. ``["qnn/graph0", "qnn/graph1_0"]``."""
-
-
-class ContextParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    soc: Soc
-    weight_sharing: bool = True
-
-
-class GraphIo(BaseModel):
-    name: str
-    inputs: list[str]
-    outputs: list[str]
-
-
-class ContextManifest(Manifest):
-    stage = "context"
-    params: ContextParams
-    binary: str
-    graphs: list[GraphIo]
-    weight_shared: bool
-    soc_type: str | None
-    qnn: dict[str, str]
-    """QNN library versions (build id, API versions)."""
-
-
-def read_merge(partition_dir: Path) -> dict[str, list[str]]:
-    """The ``merge`` map of ``npu_postreat.json``: binary path -> graph dirs."""
-    path = Path(partition_dir) / "npu_postreat.json"
-    try:
-        merge = json.loads(path.read_text(encoding="utf-8"))["merge"]
-    except (OSError, ValueError, KeyError) as exc:
-        raise StageError(f"{path}: cannot read field 'merge': {exc}") from None
-    if not isinstance(merge, dict) or not all(isinstance(v, list) for v in merge.values()):
-        raise StageError(f"{path}: field 'merge' must map a binary path to a list of graph dirs")
-    return merge
 
 
 def compose_context(

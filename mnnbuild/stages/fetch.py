@@ -9,58 +9,17 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from mnnbuild.errors import ModelDirError
 from mnnbuild.fsutil import atomic_write_text, relative_symlink, staged_dir
-from mnnbuild.manifest import FileRecord, Manifest, tool_versions
+from mnnbuild.manifest import FileRecord, tool_versions
+from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord
 from mnnbuild.modeldir import ALL_FILES, validate_model_dir
-from mnnbuild.spec import HfSource, LocalSource
+from mnnbuild.spec import HfSource
 
 log = logging.getLogger(__name__)
-
-
-class HfLock(BaseModel):
-    """The commit a requested HF revision resolved to; delete the lock (or run update) to move on."""
-
-    model_config = ConfigDict(extra="forbid")
-    repo: str
-    revision: str
-    commit: str
-
-
-class FetchInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    source: LocalSource | HfSource
-    source_dir: Path | None = None
-    """Resolved directory of a local source."""
-    lock_path: Path | None = None
-    """Lock file of an hf source."""
-
-
-class FetchParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    files: tuple[str, ...] = ALL_FILES
-    """File names the chain needs; nothing else is downloaded."""
-
-
-class SourceRecord(BaseModel):
-    kind: Literal["local", "hf"]
-    location: str
-    """The spec's local path, or the HF repo id."""
-    revision: str | None = None
-    commit: str | None = None
-
-
-class FetchManifest(Manifest):
-    stage = "fetch"
-    params: FetchParams
-    source: SourceRecord
 
 
 def read_lock(path: Path, source: HfSource) -> HfLock | None:

@@ -13,63 +13,17 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.cpu import CpuRuntime, load_module, save_vars, to_numpy, to_var
+from mnnbuild.cpu import load_module, save_vars, to_numpy, to_var
 from mnnbuild.errors import ModelDirError
 from mnnbuild.fsutil import staged_dir
-from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
+from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.io import DECODE_SEQ, INPUT_NAMES, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.modeldir import LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
-from mnnbuild.stages.fetch import FetchManifest
 
 log = logging.getLogger(__name__)
-
-INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index")
-DECODE_SEQ = 1
-
-
-class IoInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    model_dir: Path
-    """The fetch stage's output directory."""
-
-
-class IoParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    chunk_size: int = Field(gt=DECODE_SEQ)
-    seed: int = 0
-    runtime: CpuRuntime = CpuRuntime()
-
-
-class TensorInfo(BaseModel):
-    name: str
-    shape: list[int]
-    dtype: str
-
-
-class IoSample(BaseModel):
-    seq_len: int
-    dir: str
-    """Relative to the output dir: ``testdir/<seq_len>``."""
-    inputs: list[TensorInfo]
-    outputs: list[TensorInfo]
-
-
-class IoManifest(Manifest):
-    stage = "io"
-    params: IoParams
-    samples: list[IoSample]
-    """Decode first, then prefill: the order the partition names graphs in."""
-
-    def sample_dirs(self, out_dir: Path) -> list[Path]:
-        return [Path(out_dir) / s.dir for s in self.samples]
-
-
-def testdir(out_dir: Path, seq_len: int) -> Path:
-    return Path(out_dir) / "testdir" / str(seq_len)
 
 
 def make_inputs(seq_len: int, hidden_size: int, seed: int) -> dict[str, np.ndarray]:
@@ -125,10 +79,10 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                     )
             sample_dir = testdir(tmp, seq_len)
             sample_dir.mkdir(parents=True)
-            save_vars(sample_dir / "input.mnn", feed, nhwc=("logits_index",))
-            save_vars(sample_dir / "output.mnn", results)
+            save_vars(sample_dir / REFERENCE_INPUT, feed, nhwc=("logits_index",))
+            save_vars(sample_dir / REFERENCE_OUTPUT, results)
             samples.append(
-                IoSample(seq_len=seq_len, dir=f"testdir/{seq_len}", inputs=_info(feed), outputs=_info(results))
+                IoSample(seq_len=seq_len, dir=f"{TESTDIR}/{seq_len}", inputs=_info(feed), outputs=_info(results))
             )
             log.info(
                 "io %s: seq %d -> %s",

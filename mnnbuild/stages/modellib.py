@@ -14,49 +14,23 @@ import os
 import tarfile
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
 from tqdm import tqdm
 
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import staged_dir
+from mnnbuild.layout import QNN_DIR
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError
 from mnnbuild.lowering.lower import lower_subgraph
-from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
+from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
 from mnnbuild.partition.records import SubgraphRecord
-from mnnbuild.stages.partition import QNN_DIR, PartitionManifest
 
 log = logging.getLogger(__name__)
-
-
-class ModellibInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    model_dir: Path
-    """fetch output (the source llm.mnn and its weights)."""
-    partition_dir: Path
-
-
-class ModellibParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class LoweredRecord(BaseModel):
-    graph: str
-    plugin: int
-    nodes: int
-    static_tensors: int
-    static_bytes: int
-
-
-class ModellibManifest(Manifest):
-    stage = "modellib"
-    params: ModellibParams
-    graphs: list[LoweredRecord]
 
 
 def tar_raws(graph_dir: Path, dest: Path) -> None:

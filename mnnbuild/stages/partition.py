@@ -22,86 +22,51 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.cpu import CpuRuntime, load_vars, save_vars
+from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import MNNFormatError, StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
+from mnnbuild.layout import (
+    FOLDED_VALUES,
+    GRAPH_FILE,
+    PARTITION_REPORT_JSON,
+    PARTITION_REPORT_TEXT,
+    POSTREAT_FILE,
+    QNN_DIR,
+    REFERENCE_INPUT,
+    REFERENCE_OUTPUT,
+    RESULT_MODEL,
+    binary_path,
+    graph_name,
+    testdir,
+)
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
-from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.io import IoManifest
+from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded, write_folded_model
 from mnnbuild.partition.records import (
-    FOLDED_VALUES,
-    GRAPH_FILE,
     INLINE_VALUES_MAX,
-    REFERENCE_INPUT,
-    REFERENCE_OUTPUT,
     ConstTensor,
     FoldedTensor,
     OpRef,
     SubgraphRecord,
     TensorSpec,
-    binary_path,
-    graph_name,
     qnn_name,
 )
 from mnnbuild.partition.reference import ModuleIO, run_modules
 from mnnbuild.partition.report import build_report, format_report
 from mnnbuild.partition.rewrite import fuse_attributes, rewrite_model, shape_attributes
-from mnnbuild.stages.fetch import FetchManifest
-from mnnbuild.stages.io import IoManifest
 
 log = logging.getLogger(__name__)
 
-QNN_DIR = "qnn"
-RESULT_MODEL = f"{QNN_DIR}/llm.mnn"
-POSTREAT_FILE = "npu_postreat.json"
-REPORT_JSON = "partition.json"
-REPORT_TEXT = "partition.txt"
 _BLOB_DTYPES = {"DT_FLOAT": "float32", "DT_INT32": "int32", "DT_INT64": "int64", "DT_UINT8": "uint8", "DT_INT8": "int8"}
 CHAIN_TOLERANCE = 1e-3
 """Chained subgraphs must reproduce the whole-graph sample outputs this closely (relative to their scale)."""
-
-
-class PartitionInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    model_dir: Path
-    """The fetch stage's output directory."""
-    io_dir: Path
-    """The io stage's output directory."""
-
-
-class PartitionParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    chunk_size: int = Field(gt=1)
-    """Prefill length; must be the io stage's."""
-    skips: tuple[str, ...] = ()
-    """Op names forced to stay on the CPU."""
-    max_kv_size: int = Field(default=0, ge=0)
-    """0 keeps Attention with a KV cache on the CPU (upstream KVCACHE_SIZE_LIMIT)."""
-    runtime: CpuRuntime = CpuRuntime()
-
-
-class PluginRecord(BaseModel):
-    plugin: int
-    path: str
-    graphs: list[str]
-    ops: int
-
-
-class PartitionManifest(Manifest):
-    stage = "partition"
-    params: PartitionParams
-    seq_lens: list[int]
-    """Sample shapes, in graph-name order (decode first)."""
-    plugins: list[PluginRecord]
-    cpu_ops: int
 
 
 def _read_samples(io_dir: Path, io: IoManifest) -> list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]]:
@@ -131,7 +96,7 @@ def _check_names(model: MnnModel, model_path: Path, io_dir: Path, samples: list[
     expected_inputs = set(model.input_names)
     tensors = set(model.tensor_names)
     for seq, feeds, outputs in samples:
-        where = io_dir / "testdir" / str(seq)
+        where = testdir(io_dir, seq)
         got = set(feeds)
         if got != expected_inputs:
             extra = sorted(got - expected_inputs)
@@ -300,7 +265,7 @@ def partition(
             folded_path = write_folded_model(model, folded, Path(work) / f"folded{s}.mnn")
             label = f"{inputs.model} seq {seq}"
             ios, env = run_modules(cut, folded_path, rt, feeds, label)
-            diffs.append(_chain_error(env, cut, expected, io_dir / "testdir" / str(seq)))
+            diffs.append(_chain_error(env, cut, expected, testdir(io_dir, seq)))
             per_shape.append(ios)
             for m, mio in zip(cut.modules, ios, strict=True):
                 if m.graph is not None:
@@ -337,8 +302,8 @@ def partition(
 
         seq_lens = [s[0] for s in samples]
         report = build_report(inputs.model, cut, seq_lens, boundary, len(result.ops), diffs)
-        atomic_write_text(tmp / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
-        atomic_write_text(tmp / REPORT_TEXT, format_report(report))
+        atomic_write_text(tmp / PARTITION_REPORT_JSON, report.model_dump_json(indent=2) + "\n")
+        atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report))
 
         used = {MODEL_FILE, WEIGHT_FILE}
         manifest = PartitionManifest(

@@ -25,67 +25,26 @@ import time
 from pathlib import Path
 
 from mnnbuild_runtime import BinaryOverride, HybridModel
-from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.cpu import CpuRuntime
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.layout import BUNDLE_MODEL_DIR, PROMPT_FILE
+from mnnbuild.layout import VERIFY_REPORT_JSON as REPORT_JSON
+from mnnbuild.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
+from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.io import IoManifest
+from mnnbuild.manifests.modellib import ModellibManifest
+from mnnbuild.manifests.partition import PartitionManifest, read_merge
+from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.qnn import HtpTarget, QnnLibrary
-from mnnbuild.stages.bundle import PROMPT_FILE, BundleManifest
-from mnnbuild.stages.context import ContextManifest, read_merge
-from mnnbuild.stages.io import IoManifest
-from mnnbuild.stages.modellib import ModellibManifest
-from mnnbuild.stages.partition import PartitionManifest
-from mnnbuild.targets import Soc
 from mnnbuild.verify import checks
-from mnnbuild.verify.compare import Tolerance
 from mnnbuild.verify.report import VerifyReport, format_report
 
 log = logging.getLogger(__name__)
 
-REPORT_JSON = "verify.json"
-REPORT_TEXT = "verify.txt"
 DEFAULT_PROMPT = "hello"
-
-
-class VerifyInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    model: str
-    bundle_dir: Path
-    """bundle output (``bundle.manifest.json``, ``model/<name>/``)."""
-    modellib_dir: Path
-    partition_dir: Path
-    io_dir: Path
-    model_dir: Path
-    """fetch output: the original model, run whole in MNN for the references."""
-    context_dir: Path | None = None
-    """context outputs (one subdir per plugin); when given, each shipped binary must have its recorded hash."""
-
-
-class VerifyParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    soc: Soc
-    graph_tolerance: Tolerance = Tolerance()
-    model_tolerance: Tolerance = Tolerance()
-    prompt: str | None = None
-    """Prompt of the generation check; None: the bundle's prompt.txt (what run.sh feeds the phone)."""
-    max_new_tokens: int = Field(default=16, ge=1)
-    runtime: CpuRuntime = CpuRuntime()
-
-
-class VerifyManifest(Manifest):
-    stage = "verify"
-    params: VerifyParams
-    passed: bool
-    """Always true: a failed verify writes no manifest."""
-    executed: dict[str, str]
-    """Plugin path -> what ran in the simulator (``override`` = unshared twin)."""
-    worst_graph_cosine: float | None
-    worst_graph_rel_err: float | None
-    tokens_match: bool
 
 
 def _expected_hashes(inputs: VerifyInputs, bundle: BundleManifest, model_prefix: str) -> dict[str, dict[str, str]]:
@@ -142,7 +101,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
     model_prefix = f"model/{bundle.model_name}/"
-    bundle_model_dir = Path(inputs.bundle_dir) / "model" / bundle.model_name
+    bundle_model_dir = Path(inputs.bundle_dir) / BUNDLE_MODEL_DIR / bundle.model_name
     soc = params.soc
     report = VerifyReport(
         model=inputs.model,

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import sha256_bytes, sha256_file
+from mnnbuild.layout import CONFIG_FILE, REFERENCE_INPUT, REFERENCE_OUTPUT, manifest_file, origin_file
 from mnnbuild.manifest import FileRecord
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import ContextRunner, HtpTarget, QnnLibrary, read_binary_info
@@ -51,7 +52,7 @@ from mnnbuild.verify.report import (
 log = logging.getLogger(__name__)
 
 # Files a stage adds next to its outputs after recording them (not part of the bundle itself).
-_BOOKKEEPING = ("bundle.manifest.json", "bundle.origin.json")
+_BOOKKEEPING = (manifest_file("bundle"), origin_file("bundle"))
 
 
 def _problem(exc: BaseException) -> str:
@@ -191,8 +192,8 @@ def check_whole_model(model: HybridModel, samples: list[tuple[int, Path]], tol: 
     results = []
     for seq, sample_dir in samples:
         try:
-            feed = load_vars(sample_dir / "input.mnn")
-            refs = load_vars(sample_dir / "output.mnn")
+            feed = load_vars(sample_dir / REFERENCE_INPUT)
+            refs = load_vars(sample_dir / REFERENCE_OUTPUT)
             t0 = time.perf_counter()
             run = model.run(feed)
             seconds = time.perf_counter() - t0
@@ -266,7 +267,7 @@ def check_generation(
     """
     check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
     try:
-        tokenizer = Tokenizer(model.bundle.model_dir / "config_qnn.json")
+        tokenizer = Tokenizer(model.bundle.model_dir / CONFIG_FILE)
         ids = tokenizer.encode(prompt)
         chunk = model.bundle.chunk_size
         steps = min(max_new_tokens, chunk - len(ids))

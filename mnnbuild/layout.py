@@ -1,0 +1,105 @@
+"""The artifact layout: every directory and file name the build writes or reads, in one place.
+
+```
+<artifact root>/<model>/model/            fetch     links to the model files
+<artifact root>/<model>/io/               io        testdir/<seq_len>/{input,output}.mnn
+<artifact root>/<model>/partition/        partition qnn/llm.mnn, qnn/graph*/, npu_postreat.json, partition.{json,txt}
+<artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws + <graph>.bin
+<artifact root>/<model>/<arch>/config/    config    config_qnn.json
+<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graph<k>.bin
+<artifact root>/<model>/<arch>/bundle/    bundle    model/<name>/ (what goes to the device) + scripts
+<artifact root>/<model>/<arch>/verify/    verify    verify.{json,txt}
+```
+
+Every stage directory also holds ``<stage>.manifest.json`` (what it read and wrote) and
+``<stage>.origin.json`` (built or restored, and the cache key). The runtime package keeps its own
+copy of the bundle-side names, since it never imports the build.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# -- stage directories ---------------------------------------------------------------------------------
+MODEL_STAGES = ("fetch", "io", "partition", "modellib")
+"""Stages built once per model (``<root>/<model>/<dir>``); the others are built per target."""
+STAGE_DIRS = {
+    "fetch": "model",
+    "io": "io",
+    "partition": "partition",
+    "modellib": "modellib",
+    "config": "config",
+    "context": "context",
+    "bundle": "bundle",
+    "verify": "verify",
+}
+
+
+def stage_dir(artifact_root: Path, stage: str, model: str, arch: str | None = None) -> Path:
+    """Where ``stage`` writes for ``model`` (and ``arch``, for the per-target stages)."""
+    if stage in MODEL_STAGES:
+        return Path(artifact_root) / model / STAGE_DIRS[stage]
+    if arch is None:
+        raise ValueError(f"stage {stage} is built per target: an arch is needed")
+    return Path(artifact_root) / model / arch / STAGE_DIRS[stage]
+
+
+def context_dir(artifact_root: Path, model: str, arch: str, binary: str) -> Path:
+    """One plugin's context stage dir: ``context/<plugin>`` (``qnn/graph0.bin`` -> ``graph0``)."""
+    return stage_dir(artifact_root, "context", model, arch) / Path(binary).stem
+
+
+def manifest_file(stage: str) -> str:
+    return f"{stage}.manifest.json"
+
+
+ORIGIN_SUFFIX = ".origin.json"
+
+
+def origin_file(stage: str) -> str:
+    """Where a task records whether its outputs were built or restored (kept out of the manifest)."""
+    return f"{stage}{ORIGIN_SUFFIX}"
+
+
+# -- io ------------------------------------------------------------------------------------------------
+TESTDIR = "testdir"
+
+
+def testdir(io_dir: Path, seq_len: int) -> Path:
+    """The reference inputs/outputs of one sample shape: ``testdir/<seq_len>``."""
+    return Path(io_dir) / TESTDIR / str(seq_len)
+
+
+# -- partition -----------------------------------------------------------------------------------------
+QNN_DIR = "qnn"
+RESULT_MODEL = f"{QNN_DIR}/llm.mnn"
+"""The partitioned model with Plugin ops, relative to the partition dir (and to the device model dir)."""
+POSTREAT_FILE = "npu_postreat.json"
+PARTITION_REPORT_JSON = "partition.json"
+PARTITION_REPORT_TEXT = "partition.txt"
+REFERENCE_INPUT = "input.mnn"
+REFERENCE_OUTPUT = "output.mnn"
+"""A sample's (io: ``testdir/<seq>/``) or one graph's (partition: ``qnn/<graph>/``) reference values."""
+FOLDED_VALUES = "folded.mnn"
+GRAPH_FILE = "graph.json"
+"""One graph dir's description (partition: the MNN subgraph; modellib: the QNN graph)."""
+
+
+def graph_name(shape_index: int, plugin: int) -> str:
+    """``graph<k>`` (decode, shape index 0) and ``graph<s>_<k>`` (later shapes), as upstream names them."""
+    return f"graph{plugin}" if shape_index == 0 else f"graph{shape_index}_{plugin}"
+
+
+def binary_path(plugin: int) -> str:
+    """The context binary of one plugin, relative to the model dir: ``qnn/graph<k>.bin``."""
+    return f"{QNN_DIR}/graph{plugin}.bin"
+
+
+# -- config / bundle / verify --------------------------------------------------------------------------
+CONFIG_FILE = "config_qnn.json"
+DEFAULT_TOKENIZER = "tokenizer.txt"
+BUNDLE_MODEL_DIR = "model"
+"""The bundle's device tree: ``model/<model name>/``."""
+PROMPT_FILE = "prompt.txt"
+VERIFY_REPORT_JSON = "verify.json"
+VERIFY_REPORT_TEXT = "verify.txt"

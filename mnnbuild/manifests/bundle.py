@@ -1,0 +1,43 @@
+"""bundle: the device directory and its scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from mnnbuild.manifest import Manifest
+from mnnbuild.targets import Soc
+
+DEFAULT_PROMPT = "hello\n"
+
+
+class BundleInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    model_name: str
+    """Directory name on the device, e.g. ``Qwen3-1.7B-MNN``."""
+    model_dir: Path
+    """fetch output."""
+    config_dir: Path
+    """config output (``config_qnn.json``)."""
+    qnn_model: Path
+    """partition output ``qnn/llm.mnn``."""
+    context_binaries: list[Path]
+    """context outputs ``qnn/graph<k>.bin``, one per plugin."""
+
+
+class BundleParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    soc: Soc
+    prompt: str = DEFAULT_PROMPT
+
+
+class BundleManifest(Manifest):
+    stage = "bundle"
+    params: BundleParams
+    model_name: str
+    qnn_build: str
+    """QNN build the context binaries were made with; the device's QNN runtime must not be older."""

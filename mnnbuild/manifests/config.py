@@ -1,0 +1,50 @@
+"""config: ``config_qnn.json`` per target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mnnbuild.layout import RESULT_MODEL
+from mnnbuild.manifest import Manifest
+
+
+class ConfigQnn(BaseModel):
+    """The fields of ``config_qnn.json`` (MNN's LLM config, QNN flavour)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm_model: str = RESULT_MODEL
+    backend_type: str = "cpu"
+    thread_num: int = 1
+    precision: str = "low"
+    chunk_limits: list[int]
+    memory: str = "low"
+    sampler_type: str = "penalty"
+    penalty: float = 1.1
+    tokenizer_file: str | None = Field(default=None, description="Only when the tokenizer is not tokenizer.txt.")
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=4, exclude_none=True) + "\n"
+
+
+class ConfigInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    target: str
+    model_dir: Path
+    """The fetch stage's output directory (for the tokenizer file name)."""
+
+
+class ConfigParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    chunk_size: int = Field(gt=1)
+
+
+class ConfigManifest(Manifest):
+    stage = "config"
+    params: ConfigParams
+    config: ConfigQnn

@@ -1,0 +1,45 @@
+"""context: one HTP context binary per plugin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from mnnbuild.manifest import Manifest
+from mnnbuild.targets import Soc
+
+
+class ContextInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    modellib_dir: Path
+    binary: str
+    """The merge entry's key, e.g. ``qnn/graph0.bin``."""
+    graphs: list[str]
+    """Its graph dirs in allGraphName order, e.g. ``["qnn/graph0", "qnn/graph1_0"]``."""
+
+
+class ContextParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    soc: Soc
+    weight_sharing: bool = True
+
+
+class GraphIo(BaseModel):
+    name: str
+    inputs: list[str]
+    outputs: list[str]
+
+
+class ContextManifest(Manifest):
+    stage = "context"
+    params: ContextParams
+    binary: str
+    graphs: list[GraphIo]
+    weight_shared: bool
+    soc_type: str | None
+    qnn: dict[str, str]
+    """QNN library versions (build id, API versions)."""

@@ -1,0 +1,53 @@
+"""fetch: the model files linked (local) or downloaded (Hugging Face), and the HF lock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from mnnbuild.manifest import Manifest
+from mnnbuild.modeldir import ALL_FILES
+from mnnbuild.spec import HfSource, LocalSource
+
+
+class HfLock(BaseModel):
+    """The commit a requested HF revision resolved to; delete the lock (or run update) to move on."""
+
+    model_config = ConfigDict(extra="forbid")
+    repo: str
+    revision: str
+    commit: str
+
+
+class FetchInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    source: LocalSource | HfSource
+    source_dir: Path | None = None
+    """Resolved directory of a local source."""
+    lock_path: Path | None = None
+    """Lock file of an hf source."""
+
+
+class FetchParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    files: tuple[str, ...] = ALL_FILES
+    """File names the chain needs; nothing else is downloaded."""
+
+
+class SourceRecord(BaseModel):
+    kind: Literal["local", "hf"]
+    location: str
+    """The spec's local path, or the HF repo id."""
+    revision: str | None = None
+    commit: str | None = None
+
+
+class FetchManifest(Manifest):
+    stage = "fetch"
+    params: FetchParams
+    source: SourceRecord

@@ -1,0 +1,36 @@
+"""modellib: every partition graph lowered to a QNN graph description with its static tensors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from mnnbuild.manifest import Manifest
+
+
+class ModellibInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    model_dir: Path
+    """fetch output (the source llm.mnn and its weights)."""
+    partition_dir: Path
+
+
+class ModellibParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class LoweredRecord(BaseModel):
+    graph: str
+    plugin: int
+    nodes: int
+    static_tensors: int
+    static_bytes: int
+
+
+class ModellibManifest(Manifest):
+    stage = "modellib"
+    params: ModellibParams
+    graphs: list[LoweredRecord]

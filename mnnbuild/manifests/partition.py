@@ -1,0 +1,63 @@
+"""partition: the model cut into CPU ops and QNN plugins."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mnnbuild.cpu import CpuRuntime
+from mnnbuild.errors import StageError
+from mnnbuild.layout import POSTREAT_FILE
+from mnnbuild.manifest import Manifest
+
+
+class PartitionInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    model_dir: Path
+    """The fetch stage's output directory."""
+    io_dir: Path
+    """The io stage's output directory."""
+
+
+class PartitionParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    chunk_size: int = Field(gt=1)
+    """Prefill length; must be the io stage's."""
+    skips: tuple[str, ...] = ()
+    """Op names forced to stay on the CPU."""
+    max_kv_size: int = Field(default=0, ge=0)
+    """0 keeps Attention with a KV cache on the CPU (upstream KVCACHE_SIZE_LIMIT)."""
+    runtime: CpuRuntime = CpuRuntime()
+
+
+class PluginRecord(BaseModel):
+    plugin: int
+    path: str
+    graphs: list[str]
+    ops: int
+
+
+class PartitionManifest(Manifest):
+    stage = "partition"
+    params: PartitionParams
+    seq_lens: list[int]
+    """Sample shapes, in graph-name order (decode first)."""
+    plugins: list[PluginRecord]
+    cpu_ops: int
+
+
+def read_merge(partition_dir: Path) -> dict[str, list[str]]:
+    """The ``merge`` map of ``npu_postreat.json``: binary path -> graph dirs."""
+    path = Path(partition_dir) / POSTREAT_FILE
+    try:
+        merge = json.loads(path.read_text(encoding="utf-8"))["merge"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise StageError(f"{path}: cannot read field 'merge': {exc}") from None
+    if not isinstance(merge, dict) or not all(isinstance(v, list) for v in merge.values()):
+        raise StageError(f"{path}: field 'merge' must map a binary path to a list of graph dirs")
+    return merge

@@ -1,0 +1,51 @@
+"""verify: the bundle checked CPU (MNN) vs QNN (HTP simulator)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mnnbuild.cpu import CpuRuntime
+from mnnbuild.manifest import Manifest
+from mnnbuild.targets import Soc
+from mnnbuild.verify.compare import Tolerance
+
+
+class VerifyInputs(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    model: str
+    bundle_dir: Path
+    """bundle output (``bundle.manifest.json``, ``model/<name>/``)."""
+    modellib_dir: Path
+    partition_dir: Path
+    io_dir: Path
+    model_dir: Path
+    """fetch output: the original model, run whole in MNN for the references."""
+    context_dir: Path | None = None
+    """context outputs (one subdir per plugin); when given, each shipped binary must have its recorded hash."""
+
+
+class VerifyParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    soc: Soc
+    graph_tolerance: Tolerance = Tolerance()
+    model_tolerance: Tolerance = Tolerance()
+    prompt: str | None = None
+    """Prompt of the generation check; None: the bundle's prompt.txt (what run.sh feeds the phone)."""
+    max_new_tokens: int = Field(default=16, ge=1)
+    runtime: CpuRuntime = CpuRuntime()
+
+
+class VerifyManifest(Manifest):
+    stage = "verify"
+    params: VerifyParams
+    passed: bool
+    """Always true: a failed verify writes no manifest."""
+    executed: dict[str, str]
+    """Plugin path -> what ran in the simulator (``override`` = unshared twin)."""
+    worst_graph_cosine: float | None
+    worst_graph_rel_err: float | None
+    tokens_match: bool
