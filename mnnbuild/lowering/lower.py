@@ -24,18 +24,17 @@ import numpy as np
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.lowering.context import LoweringContext, TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
-from mnnbuild.lowering.ops import FOLDED_OP_TYPES, REGISTRY, blob_value, precision_reason
-from mnnbuild.mnn import MnnModel, Op
+from mnnbuild.lowering.ops import REGISTRY
+from mnnbuild.lowering.support import FOLDED_OP_TYPES as FOLDED_OP_TYPES
+from mnnbuild.lowering.support import LOWERED_OP_TYPES as LOWERED_OP_TYPES
+from mnnbuild.lowering.support import blob_value, precision_reason
+from mnnbuild.lowering.support import constant_tensors as constant_tensors
+from mnnbuild.lowering.support import unsupported_reason as unsupported_reason
+from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.partition.semantics import CONST_OP_TYPES, reads_content, shape_inputs
+from mnnbuild.partition.semantics import CONST_OP_TYPES
 
 log = logging.getLogger(__name__)
-
-LOWERED_OP_TYPES: frozenset[str] = frozenset(REGISTRY) - {"Const"}
-"""MNN op kinds with a lowering (Const only matters as a folded graph output)."""
-
-# Ops whose outputs are never constant even with constant inputs (state, randomness, attention).
-_NEVER_CONSTANT = frozenset({"Input", "Attention", "Plugin", "RandomUniform", "RandomNormal", "While", "If"})
 
 
 @dataclass
@@ -48,69 +47,6 @@ class LoweredGraph:
     def write(self, directory: Path) -> list[Path]:
         """``graph.json`` + one ``.raw`` per static tensor (see :func:`graph.write_graph_dir`)."""
         return write_graph_dir(directory, self.description, self.statics)
-
-
-def constant_tensors(model: MnnModel) -> set[int]:
-    """Tensor indexes whose value depends on nothing but the input *shapes*.
-
-    A tensor is constant when its producer is a Const, or reads the content of constant inputs only
-    (``Shape(x)`` reads no content, so it is constant for any ``x``). ``model.ops`` must be in
-    topological order, as MNN stores them.
-    """
-    const: set[int] = set()
-    for op in model.ops:
-        if op.type in _NEVER_CONSTANT or not op.outputs:
-            continue
-        if op.type in CONST_OP_TYPES or all(t in const for pos, t in enumerate(op.inputs) if reads_content(op, pos)):
-            const.update(op.outputs)
-    return const
-
-
-def unsupported_reason(
-    op: Op, model: MnnModel, static: Collection[int] | None = None, *, precision: bool = True
-) -> str | None:
-    """Why the QNN lowering cannot (or should not) take ``op``; None when it can.
-
-    ``static``: tensors known constant at run time (default :func:`constant_tensors`). An op whose
-    outputs are all constant folds away and is always accepted; otherwise the op kind must be in the
-    registry and pass its parameter check, and inputs the lowering reads as parameters (shapes, axes,
-    slice ranges, permutations) must be constant. With ``precision`` (the default, what the partition
-    should ask) ops that fp16 on the HTP would get wrong are refused too (the rotary phase computed
-    from ``position_ids``: the Cast, its scaling, the Sin/Cos); :func:`lower_subgraph` only refuses what
-    it cannot lower (and logs a warning for the others).
-    """
-    static = constant_tensors(model) if static is None else static
-    if op.outputs and all(t in static for t in op.outputs):
-        return None
-    if op.type in FOLDED_OP_TYPES:
-        return f"{op.type} output is not constant"
-    entry = REGISTRY.get(op.type)
-    if entry is None:
-        return f"op kind {op.type} has no QNN lowering"
-    reason = entry.check(op, model)
-    if reason is not None:
-        return reason
-    for pos in _param_inputs(op):
-        if pos < len(op.inputs) and op.inputs[pos] not in static:
-            name = model.tensor_names[op.inputs[pos]]
-            return f"input #{pos} ({name!r}) sets a parameter or the output shape and must be constant"
-    if precision:
-        return precision_reason(op, model)
-    return None
-
-
-def _param_inputs(op: Op) -> tuple[int, ...]:
-    """Input positions the lowering reads as parameters or bakes into a fixed output shape (shapes, axes,
-    ranges, permutations): they must fold to constants."""
-    n = len(op.inputs)
-    own: tuple[int, ...] = ()
-    if op.type == "StridedSlice":
-        own = tuple(range(1, n))
-    elif op.type == "Transpose":
-        own = (1,)
-    elif op.type == "GatherV2":
-        own = (2,)
-    return tuple(sorted(set(own) | set(shape_inputs(op))))
 
 
 def _constant_values(

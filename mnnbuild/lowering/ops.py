@@ -16,10 +16,17 @@ from types import MappingProxyType
 import numpy as np
 
 from mnnbuild.lowering.context import LoweringContext, b8, digest, f32, i32, tensor_param, u32
-from mnnbuild.mnn import MnnModel, Op, enum_name, schema
+from mnnbuild.lowering.support import (
+    BINARY_QNN,
+    CHECKS,
+    UNARY_QNN,
+    Check,
+    _binary_kind,
+    _unary_kind,
+)
+from mnnbuild.mnn import Op
 from mnnbuild.mnn.weights import WeightFile, decode_conv
 
-Check = Callable[[Op, MnnModel], "str | None"]
 Lower = Callable[[LoweringContext, Op], None]
 
 
@@ -51,30 +58,6 @@ def _same_rank(ctx: LoweringContext, t: int, rank: int, tag: str) -> str:
     return ctx.reshape(ctx.input(t), new_shape, ctx.dtype(t), f"{tag}_rank")
 
 
-def blob_value(blob: object) -> np.ndarray:
-    """The content of an MNN ``Blob`` (a Const op's parameter) as a numpy array."""
-    dims = tuple(int(d) for d in (getattr(blob, "dims", None) if getattr(blob, "dims", None) is not None else []))
-    dtype = enum_name(schema.DataType, int(getattr(blob, "dataType", 1)))
-    fields = {
-        "DT_FLOAT": ("float32s", np.float32),
-        "DT_INT32": ("int32s", np.int32),
-        "DT_INT64": ("int64s", np.int64),
-        "DT_UINT8": ("uint8s", np.uint8),
-        "DT_INT8": ("int8s", np.int8),
-        "DT_BOOL": ("int32s", np.int32),
-    }
-    if dtype not in fields:
-        raise ValueError(f"Const blob of type {dtype} is not supported")
-    attr, np_type = fields[dtype]
-    data = getattr(blob, attr, None)
-    if data is None:
-        if int(np.prod(dims, dtype=np.int64)) == 0:
-            return np.zeros(dims, dtype=np_type)
-        raise ValueError(f"Const blob of type {dtype} keeps its data outside the model (external)")
-    arr = np.asarray(data, dtype=np_type)
-    return arr.reshape(dims) if dims else arr.reshape(())
-
-
 def layer_norm_params(op: Op, weights: WeightFile | None) -> tuple[np.ndarray | None, np.ndarray | None]:
     """gamma and beta of an MNN LayerNorm, inline or in the external weight file
     (``external = [offset, gamma_bytes, beta_bytes]``); None when the op has none."""
@@ -96,217 +79,6 @@ def layer_norm_params(op: Op, weights: WeightFile | None) -> tuple[np.ndarray | 
 
 
 # -- checks ----------------------------------------------------------------------------------------
-
-
-def _ok(op: Op, model: MnnModel) -> str | None:
-    return None
-
-
-def _check_conv(op: Op, model: MnnModel) -> str | None:
-    if op.param_type != "Convolution2D" or op.main.common is None:
-        return "Convolution without Convolution2D parameters"
-    c = op.main.common
-    if (c.kernelX, c.kernelY) != (1, 1):
-        return f"kernel {c.kernelX}x{c.kernelY}; only 1x1 convolutions (linear layers) are lowered"
-    if c.group != 1:
-        return f"group {c.group}; only group 1 is lowered"
-    if (c.strideX, c.strideY, c.dilateX, c.dilateY) != (1, 1, 1, 1):
-        return "stride or dilation other than 1"
-    if c.padX or c.padY or (c.pads is not None and any(int(p) for p in c.pads)):
-        return "padding"
-    if len(op.inputs) != 1:
-        return f"{len(op.inputs)} inputs; only a convolution carrying its weights (one input) is lowered"
-    q = op.main.quanParameter
-    if q is not None and int(q.type) not in (1, 3, 4, 8):
-        return f"weight quantization type {int(q.type)} cannot be decoded"
-    return None
-
-
-def _check_layer_norm(op: Op, model: MnnModel) -> str | None:
-    p = op.main
-    if op.param_type != "LayerNorm" or p is None:
-        return "LayerNorm without parameters"
-    if p.group not in (0, 1):
-        return f"group {p.group}; only group 1 is lowered"
-    if p.axis is None or len(p.axis) == 0:
-        return "LayerNorm without axes"
-    return None
-
-
-BINARY_QNN: Mapping[str, str] = MappingProxyType(
-    {
-        "ADD": "ElementWiseAdd",
-        "SUB": "ElementWiseSubtract",
-        "MUL": "ElementWiseMultiply",
-        "REALDIV": "ElementWiseDivide",
-        "MAXIMUM": "ElementWiseMaximum",
-        "MINIMUM": "ElementWiseMinimum",
-        "POW": "ElementWisePower",
-        "SquaredDifference": "ElementWiseSquaredDifference",
-        "FLOORDIV": "",  # Divide + Floor: the simulator's ElementWiseFloorDiv is far off in fp16
-        "MUL_SILU": "",  # x * silu(y): Sigmoid + two multiplies
-    }
-)
-"""MNN BinaryOp kinds -> QNN element-wise op. MOD is left to the constant folder (MNN's integer and
-float modulo conventions do not match one QNN op); DIV (integer division) crashes MNN's own CPU
-backend on float tensors, so there is no reference to check a lowering against."""
-
-UNARY_QNN: Mapping[str, tuple[str, int | None]] = MappingProxyType(
-    {
-        "NEG": ("ElementWiseNeg", None),
-        "SIN": ("ElementWiseSin", None),
-        "COS": ("ElementWiseCos", None),
-        "EXP": ("ElementWiseExp", None),
-        "LOG": ("ElementWiseLog", None),
-        "SQRT": ("ElementWiseSquareRoot", None),
-        "RSQRT": ("ElementWiseRsqrt", None),
-        "ABS": ("ElementWiseAbs", None),
-        "FLOOR": ("ElementWiseFloor", None),
-        "CEIL": ("ElementWiseCeil", None),
-        "SIGN": ("ElementWiseSign", None),
-        "SIGMOID": ("Sigmoid", None),
-        "TANH": ("Tanh", None),
-        "RECIPROCAL": ("ElementWiseUnary", 10),  # QNN_OP_ELEMENT_WISE_UNARY_OPERATION_RECIPROCAL
-        "SQUARE": ("", None),  # x * x
-        "SILU": ("", None),  # x * sigmoid(x)
-        "GELU": ("Gelu", None),
-        "GELU_STANDARD": ("Gelu", None),
-    }
-)
-"""MNN UnaryOp kinds -> (QNN op, ElementWiseUnary operation code or None)."""
-
-
-def _binary_kind(op: Op) -> str:
-    return enum_name(schema.BinaryOpOperation, op.main.opType) if op.main is not None else "?"
-
-
-def _unary_kind(op: Op) -> str:
-    return enum_name(schema.UnaryOpOperation, op.main.opType) if op.main is not None else "?"
-
-
-def _check_binary(op: Op, model: MnnModel) -> str | None:
-    kind = _binary_kind(op)
-    if kind not in BINARY_QNN:
-        return f"BinaryOp {kind} has no QNN lowering (lowered: {', '.join(sorted(BINARY_QNN))})"
-    if int(getattr(op.main, "activationType", 0) or 0) not in (0, 1):
-        return f"BinaryOp with fused activation {op.main.activationType}"
-    return None
-
-
-_PERIODIC = frozenset({"SIN", "COS"})
-# Ops a rotary phase never flows through; the walk back stops there (keeps it short on big graphs).
-_PHASE_STOPS = frozenset({"Convolution", "LayerNorm", "Attention", "Const", "TrainableParam", "Plugin"})
-
-
-def _is_periodic(op: Op) -> bool:
-    return op.type == "UnaryOp" and _unary_kind(op) in _PERIODIC
-
-
-def _casts_to_float(op: Op) -> bool:
-    return op.type == "Cast" and op.main is not None and int(op.main.dstT) == schema.DataType.DT_FLOAT
-
-
-def position_phase_source(op: Op, model: MnnModel) -> str | None:
-    """The integer graph input (``position_ids``) whose value ``op`` handles as an unbounded float.
-
-    That is: ``op`` is a Sin/Cos of such a value, or its output is one (computed from an integer graph
-    input through a Cast to float, and not yet through a Sin/Cos). None otherwise.
-    """
-    producers = model.producers()
-    start = list(op.inputs) if _is_periodic(op) else list(op.outputs)
-    stack = [(t, False) for t in start]
-    seen: set[tuple[int, bool]] = set()
-    while stack:
-        t, cast = stack.pop()
-        if (t, cast) in seen or t not in producers:
-            continue
-        seen.add((t, cast))
-        src = model.ops[producers[t]]
-        if src.type == "Input":
-            dtype = int(getattr(src.main, "dtype", schema.DataType.DT_FLOAT)) if src.main is not None else 1
-            if cast and dtype != schema.DataType.DT_FLOAT:
-                return model.tensor_names[t]
-            continue
-        if src.type in _PHASE_STOPS or _is_periodic(src):
-            continue
-        stack.extend((u, cast or _casts_to_float(src)) for u in src.inputs)
-    return None
-
-
-def precision_reason(op: Op, model: MnnModel) -> str | None:
-    """Why ``op``, although lowerable, should stay on the CPU because fp16 on the HTP would make it wrong."""
-    source = position_phase_source(op, model)
-    if source is None:
-        return None
-    # fp16 keeps 11 bits: position 4000 is off by up to 2, position * inv_freq by as much, and the rotary
-    # sin/cos by 15-75% at positions 1000-4000 (measured in the simulator).
-    return (
-        f"computes with the rotary phase of integer input {source!r} as a float: fp16 on the HTP loses it "
-        "beyond a few hundred tokens, so it stays on the CPU"
-    )
-
-
-def _check_unary(op: Op, model: MnnModel) -> str | None:
-    kind = _unary_kind(op)
-    if kind not in UNARY_QNN:
-        return f"UnaryOp {kind} has no QNN lowering (lowered: {', '.join(sorted(UNARY_QNN))})"
-    return None
-
-
-_NCHW, _NHWC, _NC4HW4 = 0, 1, 2
-
-
-def _check_convert(op: Op, model: MnnModel) -> str | None:
-    if op.main is None:
-        return None
-    src, dst = int(op.main.source), int(op.main.dest)
-    # NCHW <-> NC4HW4 keeps the logical shape; NHWC <-> NCHW would be a transpose of the data.
-    if {src, dst} <= {_NCHW, _NC4HW4} or src == dst:
-        return None
-    return f"ConvertTensor {src} -> {dst} changes the logical layout; only NCHW <-> NC4HW4 is lowered"
-
-
-def _check_strided_slice(op: Op, model: MnnModel) -> str | None:
-    p = op.main
-    if op.type == "StridedSlice":
-        if p is None:
-            return "StridedSlice without parameters"
-        if p.ellipsisMask or p.newAxisMask:
-            return "StridedSlice with ellipsis or new-axis masks"
-        if int(p.fromType) == 0 and len(op.inputs) == 5:
-            return "StridedSlice writing into its input (5-input form)"
-    return None
-
-
-def _check_slice(op: Op, model: MnnModel) -> str | None:
-    if op.param_type != "Slice" or op.main is None:
-        return "Slice without parameters"
-    if len(op.inputs) != 1:
-        return "Slice with run-time slice points"
-    return None
-
-
-def _check_cast(op: Op, model: MnnModel) -> str | None:
-    if op.main is None:
-        return "Cast without parameters"
-    target = enum_name(schema.DataType, op.main.dstT)
-    if target not in ("DT_FLOAT", "DT_INT32"):
-        return f"Cast to {target}; only DT_FLOAT and DT_INT32 are lowered"
-    return None
-
-
-def _check_matmul(op: Op, model: MnnModel) -> str | None:
-    if len(op.inputs) not in (2, 3):
-        return f"MatMul with {len(op.inputs)} inputs"
-    return None
-
-
-def _check_const(op: Op, model: MnnModel) -> str | None:
-    try:
-        blob_value(op.main)
-    except ValueError as exc:
-        return str(exc)
-    return None
 
 
 # -- lowerings -------------------------------------------------------------------------------------
@@ -611,31 +383,29 @@ def _lower_const_like(ctx: LoweringContext, op: Op) -> None:
     ctx.node("Reshape", [ctx.const_static(dst)], [ctx.output(dst)])
 
 
+_RULES: dict[str, tuple[Lower, tuple[str, ...]]] = {
+    "Convolution": (_lower_conv, ("Conv2d", "Reshape", "Transpose", "Relu", "ReluMinMax")),
+    "LayerNorm": (_lower_layer_norm, ("RmsNorm", "LayerNorm")),
+    "BinaryOp": (_lower_binary, tuple(sorted({*BINARY_QNN.values()} - {""}))),
+    "UnaryOp": (_lower_unary, tuple(sorted({q for q, _ in UNARY_QNN.values()} - {""}))),
+    "Reshape": (_lower_reshape, ("Reshape",)),
+    "Squeeze": (_lower_reshape, ("Reshape",)),
+    "Unsqueeze": (_lower_reshape, ("Reshape",)),
+    "ExpandDims": (_lower_reshape, ("Reshape",)),
+    "Flatten": (_lower_reshape, ("Reshape",)),
+    "ConvertTensor": (_lower_reshape, ("Reshape",)),
+    "Permute": (_lower_permute, ("Transpose",)),
+    "Transpose": (_lower_permute, ("Transpose",)),
+    "Concat": (_lower_concat, ("Concat",)),
+    "StridedSlice": (_lower_strided_slice, ("StridedSlice", "Reshape")),
+    "Slice": (_lower_slice, ("StridedSlice",)),
+    "GatherV2": (_lower_gather, ("Gather", "Reshape")),
+    "Cast": (_lower_cast, ("Cast",)),
+    "Softmax": (_lower_softmax, ("Softmax", "Transpose")),
+    "MatMul": (_lower_matmul, ("MatMul", "ElementWiseAdd")),
+    "Const": (_lower_const_like, ("Reshape",)),
+}
 REGISTRY: Mapping[str, OpLowering] = MappingProxyType(
-    {
-        "Convolution": OpLowering(_check_conv, _lower_conv, ("Conv2d", "Reshape", "Transpose", "Relu", "ReluMinMax")),
-        "LayerNorm": OpLowering(_check_layer_norm, _lower_layer_norm, ("RmsNorm", "LayerNorm")),
-        "BinaryOp": OpLowering(_check_binary, _lower_binary, tuple(sorted({*BINARY_QNN.values()} - {""}))),
-        "UnaryOp": OpLowering(_check_unary, _lower_unary, tuple(sorted({q for q, _ in UNARY_QNN.values()} - {""}))),
-        "Reshape": OpLowering(_ok, _lower_reshape, ("Reshape",)),
-        "Squeeze": OpLowering(_ok, _lower_reshape, ("Reshape",)),
-        "Unsqueeze": OpLowering(_ok, _lower_reshape, ("Reshape",)),
-        "ExpandDims": OpLowering(_ok, _lower_reshape, ("Reshape",)),
-        "Flatten": OpLowering(_ok, _lower_reshape, ("Reshape",)),
-        "ConvertTensor": OpLowering(_check_convert, _lower_reshape, ("Reshape",)),
-        "Permute": OpLowering(_ok, _lower_permute, ("Transpose",)),
-        "Transpose": OpLowering(_ok, _lower_permute, ("Transpose",)),
-        "Concat": OpLowering(_ok, _lower_concat, ("Concat",)),
-        "StridedSlice": OpLowering(_check_strided_slice, _lower_strided_slice, ("StridedSlice", "Reshape")),
-        "Slice": OpLowering(_check_slice, _lower_slice, ("StridedSlice",)),
-        "GatherV2": OpLowering(_ok, _lower_gather, ("Gather", "Reshape")),
-        "Cast": OpLowering(_check_cast, _lower_cast, ("Cast",)),
-        "Softmax": OpLowering(_ok, _lower_softmax, ("Softmax", "Transpose")),
-        "MatMul": OpLowering(_check_matmul, _lower_matmul, ("MatMul", "ElementWiseAdd")),
-        "Const": OpLowering(_check_const, _lower_const_like, ("Reshape",)),
-    }
+    {kind: OpLowering(CHECKS[kind], lower, qnn_ops) for kind, (lower, qnn_ops) in _RULES.items()}
 )
-"""MNN op kind -> lowering. Built once, read-only."""
-
-FOLDED_OP_TYPES = frozenset({"Shape", "Rank", "Size"})
-"""Kinds that are never lowered: their outputs depend only on shapes, so they fold to constants."""
+"""MNN op kind -> lowering. Built once, read-only; its kinds and checks are `support.CHECKS`."""

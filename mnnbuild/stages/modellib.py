@@ -22,7 +22,7 @@ from mnnbuild.layout import QNN_DIR
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError
 from mnnbuild.lowering.lower import lower_subgraph
-from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
@@ -85,6 +85,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     model_path = Path(inputs.model_dir) / MODEL_FILE
     model = load_model(model_path)
     graphs = [(p.plugin, g) for p in partition.plugins for g in p.graphs]
+    read_dirs = {f"{QNN_DIR}/{g}" for _, g in graphs}
     records: list[LoweredRecord] = []
     first_graph: dict[int, Path] = {}
     saved = 0
@@ -122,7 +123,9 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             log.debug("modellib %s: %s -> %d QNN nodes", inputs.model, graph, len(lowered.description.nodes))
         manifest = ModellibManifest(
             model=inputs.model,
-            inputs=[FileRecord.of(inputs.partition_dir / PartitionManifest.filename(), inputs.partition_dir)],
+            # the graph files read, not the partition manifest: a partition re-run with identical graphs
+            # (say, a reworded report) must leave this manifest, and so the contexts, unchanged
+            inputs=[r for r in partition.outputs if Path(r.path).parent.as_posix() in read_dirs],
             params=params,
             tools=tool_versions(),
             outputs=record_outputs(tmp),

@@ -1,0 +1,125 @@
+"""Exact rebuilds on the shipped tiny model: an edit re-runs the stages whose code or inputs it changes, and
+a stage whose outputs come out byte-identical stops the rebuild there (early cutoff).
+
+One project copy is built once; each test edits it and checks what the next `doit` runs. Every test first
+checks that nothing is left to do, so it only sees its own edit.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mnnbuild.lowering.ops import REGISTRY
+from mnnbuild.lowering.support import CHECKS, LOWERED_OP_TYPES
+from tests.conftest import copy_project, executed_tasks
+
+Build = Callable[[], list[str]]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Build]:
+    root = tmp_path_factory.mktemp("rebuild")
+    project = copy_project(root / "clone")
+
+    def build() -> list[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+        env.update({"MNNBUILD_ARTIFACTS": str(root / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
+        proc = subprocess.run(
+            [sys.executable, "-m", "doit", "-f", str(project / "dodo.py")],
+            cwd=root, env=env, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"doit failed:\n{proc.stdout}\n{proc.stderr}"
+        return sorted(executed_tasks(proc.stdout))
+
+    first = build()
+    assert "partition:tiny-qwen3" in first and any(t.startswith("context:") for t in first)
+    return project, build
+
+
+def edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{old!r} not in {path}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_lowering_support_table_matches_the_rules() -> None:
+    """The partition asks `support.CHECKS`; the lowering implements `ops.REGISTRY`: the same kinds, the same checks."""
+    assert set(CHECKS) == set(REGISTRY)
+    assert all(REGISTRY[kind].check is CHECKS[kind] for kind in CHECKS)
+    assert LOWERED_OP_TYPES == set(REGISTRY) - {"Const"}
+
+
+def test_description_change_invalidates_nothing(clone: tuple[Path, Build]) -> None:
+    project, build = clone
+    assert build() == []
+    edit(project / "mnnbuild" / "manifest.py", 'description="Model name from the spec."', 'description="The model."')
+    edit(project / "mnnbuild" / "manifests" / "context.py", '"""context: ', '"""context (reworded): ')
+    assert build() == []
+
+
+def test_report_formatter_edit_rebuilds_no_context(clone: tuple[Path, Build]) -> None:
+    project, build = clone
+    assert build() == []
+    edit(
+        project / "mnnbuild" / "partition" / "report.py",
+        'f"partition of {report.model}',
+        'f"partition report of {report.model}',
+    )
+    ran = build()
+    # partition's code changed, so it re-runs; its report differs, its graphs do not: modellib re-runs with
+    # an identical result and no context binary is rebuilt
+    assert "partition:tiny-qwen3" in ran
+    assert not [t for t in ran if t.startswith("context:")], ran
+    assert not {"fetch:tiny-qwen3", "io:tiny-qwen3", "config:tiny-qwen3-v79"} & set(ran)
+
+
+def test_partition_code_change_with_identical_outputs_reruns_partition_only(clone: tuple[Path, Build]) -> None:
+    project, build = clone
+    assert build() == []
+    src = project / "mnnbuild" / "stages" / "partition.py"
+    src.write_text(src.read_text() + "\n\ndef _unused() -> int:\n    return 1\n")
+    assert build() == ["partition:tiny-qwen3"]
+
+
+def test_cli_edit_rebuilds_nothing(clone: tuple[Path, Build]) -> None:
+    project, build = clone
+    assert build() == []
+    src = project / "mnnbuild" / "__main__.py"
+    src.write_text(src.read_text() + "\n\ndef _unused() -> int:\n    return 2\n")
+    assert build() == []
+
+
+def test_new_context_manifest_field_invalidates_its_writer_and_readers(clone: tuple[Path, Build]) -> None:
+    project, build = clone
+    assert build() == []
+    edit(
+        project / "mnnbuild" / "manifests" / "context.py",
+        "    weight_shared: bool\n",
+        "    weight_shared: bool\n    note: str = ''\n",
+    )
+    ran = build()
+    contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
+    assert contexts, ran
+    # written by context, read by bundle and verify; nothing else
+    assert ran == sorted([*contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"])
+
+
+def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build]) -> None:
+    project, build = clone
+    assert build() == []
+    # a lowering change that alters the QNN graphs (node names) but not their results
+    edit(
+        project / "mnnbuild" / "lowering" / "ops.py",
+        'ctx.node("Reshape", [ctx.input(op.inputs[0])], [ctx.output(op.outputs[0])])',
+        'ctx.node("Reshape", [ctx.input(op.inputs[0])], [ctx.output(op.outputs[0])], suffix="r")',
+    )
+    ran = build()
+    contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
+    assert contexts, ran
+    assert ran == sorted(["modellib:tiny-qwen3", *contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"])
