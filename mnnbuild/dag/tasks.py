@@ -1,43 +1,31 @@
-"""Turning stages into doit tasks. This is the only module that knows about doit.
-
-Every stage task follows one pattern (see `stage_task`): its action calls the stage's entry
-function ``(inputs, params, out_dir) -> Manifest``; its target is the manifest the stage
-writes; it depends on the files it reads by content, and is up to date only while its
-parameters, the versions of the tools it calls, its own code (the stage module and every
-mnnbuild module it imports) and its manifest schema are unchanged.
-"""
+"""The doit tasks of every stage, declared from the specs (see `mnnbuild.dag`)."""
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import shutil
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from doit import create_after
-from doit.exceptions import InvalidDodoFile, TaskFailed
-from doit.reporter import ConsoleReporter
+from doit.exceptions import TaskFailed
 from doit.tools import config_changed
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from mnnbuild.cache import ArtifactCache, cache_key, human_bytes, write_origin
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fingerprint import DigestMemo, code_fingerprint
-from mnnbuild.layout import BUNDLE_MODEL_DIR, RESULT_MODEL
-from mnnbuild.manifest import Manifest, package_version, tool_versions
+from mnnbuild.dag.actions import run_stage, run_update, run_verify
+from mnnbuild.dag.keys import qnn_build_id, stage_key
+from mnnbuild.dag.project import Project
+from mnnbuild.dag.uptodate import _hf_pinned, files_unchanged
+from mnnbuild.fingerprint import DigestMemo
+from mnnbuild.layout import BUNDLE_MODEL_DIR, RESULT_MODEL, context_dir
+from mnnbuild.manifest import Manifest, tool_versions
 from mnnbuild.manifests.partition import read_merge
-from mnnbuild.qnn.library import find_qnn_libraries
-from mnnbuild.settings import Settings
-from mnnbuild.spec import HfSource, ModelSpec, discover_specs
+from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stages.bundle import BundleInputs, BundleManifest, BundleParams, assemble_bundle
 from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
 from mnnbuild.stages.context import ContextInputs, ContextManifest, ContextParams, build_context
-from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch, update_lock
+from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, fetch
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
@@ -47,169 +35,6 @@ from mnnbuild.verify import runtime_fingerprint
 log = logging.getLogger(__name__)
 
 StageFn = Callable[[Any, Any, Path], Manifest]
-
-# What a bare `doit` builds: the shipped tiny model, so a fresh clone proves the whole chain.
-DEFAULT_MODEL = "tiny-qwen3"
-
-
-@dataclass(frozen=True)
-class Project:
-    """The specs and settings every task is declared from."""
-
-    settings: Settings
-    specs: dict[str, ModelSpec]
-    memo: DigestMemo
-
-    @classmethod
-    def load(cls, project_root: Path) -> Project:
-        settings = Settings.from_env(project_root)
-        try:
-            specs = discover_specs(list(settings.spec_dirs))
-        except MnnbuildError as exc:
-            # doit prints InvalidDodoFile as one clean line instead of a traceback
-            raise InvalidDodoFile(str(exc)) from None
-        memo = DigestMemo(settings.artifact_root / ".code-digests.json")
-        return cls(settings=settings, specs=specs, memo=memo)
-
-    def fetch_dir(self, spec: ModelSpec) -> Path:
-        return self.settings.model_root(spec.name) / "model"
-
-    def io_dir(self, spec: ModelSpec) -> Path:
-        return self.settings.model_root(spec.name) / "io"
-
-    def partition_dir(self, spec: ModelSpec) -> Path:
-        return self.settings.model_root(spec.name) / "partition"
-
-    def modellib_dir(self, spec: ModelSpec) -> Path:
-        return self.settings.model_root(spec.name) / "modellib"
-
-    def target_dir(self, spec: ModelSpec, arch: str, stage: str) -> Path:
-        return self.settings.target_root(spec.name, arch) / stage
-
-    def default_tasks(self) -> list[str]:
-        # verifying a bundle builds it first, so a bare `doit` builds and proves the default model
-        spec = self.specs.get(DEFAULT_MODEL)
-        return [f"verify:{spec.name}-{arch}" for arch in spec.targets] if spec else []
-
-    def doit_config(self) -> dict[str, Any]:
-        """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
-        self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
-        return {
-            "dep_file": str(self.settings.artifact_root / ".doit.db"),
-            "backend": "sqlite3",
-            "check_file_uptodate": "md5",
-            "subtasks": True,
-            "default_tasks": self.default_tasks(),
-            "verbosity": 1,
-            "reporter": BuildSummaryReporter,
-        }
-
-
-def run_stage(
-    stage: StageFn,
-    inputs: BaseModel,
-    params: BaseModel,
-    out_dir: Path,
-    key_config: str,
-    file_dep: list[Path],
-    cacheable: bool = True,
-) -> TaskFailed | dict[str, Any]:
-    """doit action: restore the stage's outputs from the cache, or run the stage and store them.
-
-    Bad input becomes a one-line task failure, not a traceback. The returned values tell the
-    build summary whether the outputs were built or restored.
-    """
-    name = stage_name(stage)
-    cache = ArtifactCache.from_env() if cacheable else None
-    key = cache_key(name, key_config, file_dep) if cache else None
-    if cache and key:
-        restored = cache.restore(name, key, out_dir)
-        if restored is not None:
-            write_origin(out_dir, name, {"origin": "cache", "key": key, "cache": cache.url})
-            return {"origin": "cache", "bytes": restored}
-    started = time.perf_counter()
-    try:
-        stage(inputs, params, out_dir)
-    except (MnnbuildError, ValidationError) as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
-    seconds = time.perf_counter() - started
-    moved = 0
-    if cache and key:
-        try:
-            moved = cache.store(name, key, out_dir)
-        except OSError as exc:  # a cache is an optimisation: never fail a good build on it
-            log.warning("cache: could not store %s: %s", name, exc)
-    write_origin(out_dir, name, {"origin": "built", "key": key, "seconds": round(seconds, 3)})
-    return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
-
-
-def run_verify(
-    stage: StageFn, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
-) -> TaskFailed | dict[str, Any]:
-    """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
-    verified for real instead of restored from the cache (the cache key only sees the manifests)."""
-    from mnnbuild.verify.checks import check_integrity
-
-    if ArtifactCache.from_env() is not None:
-        try:
-            bundle = BundleManifest.read(inputs.bundle_dir)
-        except MnnbuildError as exc:
-            return TaskFailed(f"{type(exc).__name__}: {exc}")
-        if not check_integrity(Path(inputs.bundle_dir), bundle.outputs).passed:
-            try:
-                verify(inputs, params, out_dir)
-            except (MnnbuildError, ValidationError) as exc:
-                return TaskFailed(f"{type(exc).__name__}: {exc}")
-    return run_stage(stage, inputs, params, out_dir, *rest)
-
-
-def stage_name(stage: StageFn) -> str:
-    """A stage's name is its module's name (``mnnbuild.stages.io`` -> ``io``)."""
-    return stage.__module__.rpartition(".")[2]
-
-
-def input_identity(inputs: BaseModel) -> dict[str, Any]:
-    """The inputs' fields that say *what* is built (model, binary, graph names), not *where* from.
-
-    Paths are left out: the content behind them enters the key through the input files' hashes,
-    and leaving locations out lets a checkout elsewhere hit the same cache entries.
-    """
-
-    def is_location(value: Any) -> bool:
-        return isinstance(value, Path) or (
-            isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, Path) for v in value)
-        )
-
-    fields = {name: getattr(inputs, name) for name in type(inputs).model_fields}
-    return {name: v for name, v in inputs.model_dump(mode="json").items() if not is_location(fields[name])}
-
-
-def stage_key(
-    stage_module: str,
-    manifest: type[Manifest],
-    inputs: BaseModel,
-    params: BaseModel,
-    tools: dict[str, str],
-    memo: DigestMemo | None = None,
-) -> str:
-    """What a stage's result depends on besides its input files' content, as one string for doit.
-
-    The code is the stage's own (other stages are not imported), so an upstream edit reaches a
-    downstream stage only through the upstream outputs: when they come out identical, it stays up to date.
-    """
-    code = code_fingerprint(stage_module, memo)
-    if memo is not None:
-        memo.save()
-    return json.dumps(
-        {
-            "code": code,
-            "schema": manifest.schema_hash(),
-            "inputs": input_identity(inputs),
-            "params": params.model_dump(mode="json"),
-            "tools": tools,
-        },
-        sort_keys=True,
-    )
 
 
 def stage_task(
@@ -244,45 +69,6 @@ def stage_task(
     if name is None:  # a task of its own rather than a subtask of its stage
         del task["name"]
     return task
-
-
-def _hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
-    """Up to date while the fetched commit is still the one the lock file pins."""
-
-    def check() -> bool:
-        try:
-            lock = HfLock.model_validate_json(lock_path.read_text(encoding="utf-8"))
-            return FetchManifest.read(out_dir).source.commit == lock.commit
-        except (OSError, ValueError, MnnbuildError):
-            return False
-
-    return check
-
-
-class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
-    """doit uptodate: every file under ``root`` has the size and mtime it had after the task's last success.
-
-    For tasks whose file_dep are manifests but which must re-check the files themselves (verify: a bundle
-    file replaced after bundling must not pass as verified). Stats are cheap; the task hashes when it runs.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-
-    def snapshot(self) -> str:
-        if not self.root.is_dir():
-            return ""
-        stats = sorted(
-            (p.relative_to(self.root).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
-            for p in self.root.rglob("*")
-            if p.is_file()
-        )
-        return json.dumps(stats)
-
-    def __call__(self, task: Any, values: dict[str, Any]) -> bool:
-        key = f"files_unchanged:{self.root}"
-        task.value_savers.append(lambda: {key: self.snapshot()})
-        return values.get(key) == self.snapshot()
 
 
 def fetch_tasks(project: Project) -> Iterator[dict[str, Any]]:
@@ -330,14 +116,6 @@ def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
         }
 
 
-def run_update(source: HfSource, lock_path: Path) -> TaskFailed | None:
-    try:
-        update_lock(source, lock_path)
-    except MnnbuildError as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
-    return None
-
-
 def io_tasks(project: Project) -> Iterator[dict[str, Any]]:
     for spec in project.specs.values():
         model_dir = project.fetch_dir(spec)
@@ -353,49 +131,6 @@ def io_tasks(project: Project) -> Iterator[dict[str, Any]]:
             memo=project.memo,
             tools=tool_versions(mnn=True),
         )
-
-
-class BuildSummaryReporter(ConsoleReporter):
-    """doit's console output, plus a closing summary: which tasks were built, restored, up to date."""
-
-    desc = "console output with a build summary (built / from cache / up to date)"
-
-    def __init__(self, outstream: Any, options: dict[str, Any]) -> None:
-        super().__init__(outstream, options)
-        self.built: list[str] = []
-        self.restored: list[str] = []
-        self.up_to_date: list[str] = []
-        self.bytes_restored = 0
-        self.bytes_stored = 0
-
-    def add_success(self, task: Any) -> None:
-        super().add_success(task)
-        origin = task.values.get("origin")
-        if origin == "cache":
-            self.restored.append(task.name)
-            self.bytes_restored += int(task.values.get("bytes", 0))
-        elif origin == "built":
-            self.built.append(task.name)
-            self.bytes_stored += int(task.values.get("bytes", 0))
-
-    def skip_uptodate(self, task: Any) -> None:
-        super().skip_uptodate(task)
-        if not task.name.startswith("_"):
-            self.up_to_date.append(task.name)
-
-    def complete_run(self) -> None:
-        super().complete_run()
-        if not (self.built or self.restored or self.up_to_date):
-            return
-        lines = [
-            f"build summary: {len(self.built)} built, {len(self.restored)} from cache "
-            f"({human_bytes(self.bytes_restored)}), {len(self.up_to_date)} up to date, "
-            f"{human_bytes(self.bytes_stored)} stored in cache"
-        ]
-        for label, names in (("built", self.built), ("from cache", self.restored), ("up to date", self.up_to_date)):
-            if names:
-                lines.append(f"  {label + ':':12} {' '.join(names)}")
-        self.outstream.write("\n".join(lines) + "\n")
 
 
 def partition_tasks(project: Project) -> Iterator[dict[str, Any]]:
@@ -450,22 +185,6 @@ def config_tasks(project: Project) -> Iterator[dict[str, Any]]:
             )
 
 
-@functools.cache
-def qnn_build_id() -> str:
-    """Which QNN libraries the QNN stages would load, without loading them (task keys only).
-
-    The PyPI package's version (or the SDK directory) plus the backend library's size: a new QNN
-    changes it, and a checkout elsewhere with the same package keeps its cache hits. Manifests
-    record the build id the library itself reports.
-    """
-    try:
-        paths = find_qnn_libraries()
-    except MnnbuildError as exc:
-        return f"unavailable ({exc})"
-    where = package_version("onnxruntime-qnn") if paths.source == "onnxruntime_qnn" else str(paths.lib_dir)
-    return f"{paths.source} {where} {paths.backend.stat().st_size}"
-
-
 def model_name(spec: ModelSpec) -> str:
     """The model's directory name on the device: the HF repo's name, or the local directory's."""
     if isinstance(spec.source, HfSource):
@@ -484,7 +203,7 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
         binaries = []
         for binary, graphs in merge.items():
             plugin = Path(binary).stem
-            out_dir = project.target_dir(spec, arch, "context") / plugin
+            out_dir = context_dir(project.settings.artifact_root, spec.name, arch, binary)
             context_manifests.append(out_dir / ContextManifest.filename())
             binaries.append(out_dir / binary)
             yield {

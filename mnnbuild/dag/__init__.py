@@ -1,0 +1,40 @@
+"""Turning stages into doit tasks: the only package that knows about doit.
+
+- ``project``: the specs and settings tasks are declared from, and doit's configuration.
+- ``tasks``: the task of every stage run (one pattern, ``stage_task``) and the delayed NPU tasks.
+- ``keys``: what a task's result depends on besides its input files (code, schema, params, tools).
+- ``actions``: run or restore a stage, store its outputs in the cache.
+- ``uptodate``: checks beyond file_dep and the key (a pinned HF commit, bundle files untouched).
+- ``reporter``: the closing build summary.
+
+Every stage task: its action calls the stage's entry ``(inputs, params, out_dir) -> Manifest``; its
+target is the manifest the stage writes; it depends on the files it reads by content, and is up to
+date while its parameters, the tools it calls, its own code (the stage module and the library code it
+imports; stages never import each other) and its manifest schema are unchanged. A stage whose
+re-run leaves its manifest byte-identical leaves the stages after it up to date.
+"""
+
+from mnnbuild.dag.project import DEFAULT_MODEL, Project
+from mnnbuild.dag.tasks import (
+    config_tasks,
+    fetch_tasks,
+    io_tasks,
+    modellib_tasks,
+    npu_task_creators,
+    partition_tasks,
+    update_tasks,
+    verify_all_task,
+)
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Project",
+    "config_tasks",
+    "fetch_tasks",
+    "io_tasks",
+    "modellib_tasks",
+    "npu_task_creators",
+    "partition_tasks",
+    "update_tasks",
+    "verify_all_task",
+]

@@ -1,0 +1,75 @@
+"""Task keys: what a stage's result depends on besides its input files' content."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from mnnbuild.errors import MnnbuildError
+from mnnbuild.fingerprint import DigestMemo, code_fingerprint
+from mnnbuild.manifest import Manifest, package_version
+from mnnbuild.qnn.library import find_qnn_libraries
+
+
+def input_identity(inputs: BaseModel) -> dict[str, Any]:
+    """The inputs' fields that say *what* is built (model, binary, graph names), not *where* from.
+
+    Paths are left out: the content behind them enters the key through the input files' hashes,
+    and leaving locations out lets a checkout elsewhere hit the same cache entries.
+    """
+
+    def is_location(value: Any) -> bool:
+        return isinstance(value, Path) or (
+            isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, Path) for v in value)
+        )
+
+    fields = {name: getattr(inputs, name) for name in type(inputs).model_fields}
+    return {name: v for name, v in inputs.model_dump(mode="json").items() if not is_location(fields[name])}
+
+
+def stage_key(
+    stage_module: str,
+    manifest: type[Manifest],
+    inputs: BaseModel,
+    params: BaseModel,
+    tools: dict[str, str],
+    memo: DigestMemo | None = None,
+) -> str:
+    """What a stage's result depends on besides its input files' content, as one string for doit.
+
+    The code is the stage's own (other stages are not imported), so an upstream edit reaches a
+    downstream stage only through the upstream outputs: when they come out identical, it stays up to date.
+    """
+    code = code_fingerprint(stage_module, memo)
+    if memo is not None:
+        memo.save()
+    return json.dumps(
+        {
+            "code": code,
+            "schema": manifest.schema_hash(),
+            "inputs": input_identity(inputs),
+            "params": params.model_dump(mode="json"),
+            "tools": tools,
+        },
+        sort_keys=True,
+    )
+
+
+@functools.cache
+def qnn_build_id() -> str:
+    """Which QNN libraries the QNN stages would load, without loading them (task keys only).
+
+    The PyPI package's version (or the SDK directory) plus the backend library's size: a new QNN
+    changes it, and a checkout elsewhere with the same package keeps its cache hits. Manifests
+    record the build id the library itself reports.
+    """
+    try:
+        paths = find_qnn_libraries()
+    except MnnbuildError as exc:
+        return f"unavailable ({exc})"
+    where = package_version("onnxruntime-qnn") if paths.source == "onnxruntime_qnn" else str(paths.lib_dir)
+    return f"{paths.source} {where} {paths.backend.stat().st_size}"

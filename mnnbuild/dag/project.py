@@ -1,0 +1,72 @@
+"""The project a DAG is declared from: specs, settings, and doit's configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from doit.exceptions import InvalidDodoFile
+
+from mnnbuild.dag.reporter import BuildSummaryReporter
+from mnnbuild.errors import MnnbuildError
+from mnnbuild.fingerprint import DigestMemo
+from mnnbuild.layout import stage_dir
+from mnnbuild.settings import Settings
+from mnnbuild.spec import ModelSpec, discover_specs
+
+# What a bare `doit` builds: the shipped tiny model, so a fresh clone proves the whole chain.
+DEFAULT_MODEL = "tiny-qwen3"
+
+
+@dataclass(frozen=True)
+class Project:
+    """The specs and settings every task is declared from."""
+
+    settings: Settings
+    specs: dict[str, ModelSpec]
+    memo: DigestMemo
+
+    @classmethod
+    def load(cls, project_root: Path) -> Project:
+        settings = Settings.from_env(project_root)
+        try:
+            specs = discover_specs(list(settings.spec_dirs))
+        except MnnbuildError as exc:
+            # doit prints InvalidDodoFile as one clean line instead of a traceback
+            raise InvalidDodoFile(str(exc)) from None
+        memo = DigestMemo(settings.artifact_root / ".code-digests.json")
+        return cls(settings=settings, specs=specs, memo=memo)
+
+    def fetch_dir(self, spec: ModelSpec) -> Path:
+        return stage_dir(self.settings.artifact_root, "fetch", spec.name)
+
+    def io_dir(self, spec: ModelSpec) -> Path:
+        return stage_dir(self.settings.artifact_root, "io", spec.name)
+
+    def partition_dir(self, spec: ModelSpec) -> Path:
+        return stage_dir(self.settings.artifact_root, "partition", spec.name)
+
+    def modellib_dir(self, spec: ModelSpec) -> Path:
+        return stage_dir(self.settings.artifact_root, "modellib", spec.name)
+
+    def target_dir(self, spec: ModelSpec, arch: str, stage: str) -> Path:
+        return stage_dir(self.settings.artifact_root, stage, spec.name, arch)
+
+    def default_tasks(self) -> list[str]:
+        # verifying a bundle builds it first, so a bare `doit` builds and proves the default model
+        spec = self.specs.get(DEFAULT_MODEL)
+        return [f"verify:{spec.name}-{arch}" for arch in spec.targets] if spec else []
+
+    def doit_config(self) -> dict[str, Any]:
+        """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
+        self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
+        return {
+            "dep_file": str(self.settings.artifact_root / ".doit.db"),
+            "backend": "sqlite3",
+            "check_file_uptodate": "md5",
+            "subtasks": True,
+            "default_tasks": self.default_tasks(),
+            "verbosity": 1,
+            "reporter": BuildSummaryReporter,
+        }
