@@ -19,7 +19,7 @@ DOIT_CONFIG = PROJECT.doit_config()
 
 def task_fetch() -> Iterator[dict[str, Any]]:
     """Link (local) or download (Hugging Face) each model's files."""
-    yield from dag.fetch_tasks(PROJECT)
+    yield from dag.stage_tasks(PROJECT, "fetch")
 
 
 def task_update() -> Iterator[dict[str, Any]]:
@@ -29,22 +29,22 @@ def task_update() -> Iterator[dict[str, Any]]:
 
 def task_io() -> Iterator[dict[str, Any]]:
     """Generate each model's decode/prefill reference inputs and outputs."""
-    yield from dag.io_tasks(PROJECT)
+    yield from dag.stage_tasks(PROJECT, "io")
 
 
 def task_partition() -> Iterator[dict[str, Any]]:
     """Cut each model into CPU ops and QNN Plugin ops (qnn/llm.mnn, graph dirs, npu_postreat.json)."""
-    yield from dag.partition_tasks(PROJECT)
+    yield from dag.stage_tasks(PROJECT, "partition")
 
 
 def task_modellib() -> Iterator[dict[str, Any]]:
     """Lower each model's graphs to QNN graph descriptions and static tensors."""
-    yield from dag.modellib_tasks(PROJECT)
+    yield from dag.stage_tasks(PROJECT, "modellib")
 
 
 def task_config() -> Iterator[dict[str, Any]]:
     """Write each model's config_qnn.json per target."""
-    yield from dag.config_tasks(PROJECT)
+    yield from dag.stage_tasks(PROJECT, "config")
 
 
 def task_verify() -> dict[str, Any]:

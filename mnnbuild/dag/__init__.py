@@ -1,7 +1,7 @@
 """Turning stages into doit tasks: the only package that knows about doit.
 
 - ``project``: the specs and settings tasks are declared from, and doit's configuration.
-- ``tasks``: the task of every stage run (one pattern, ``stage_task``) and the delayed NPU tasks.
+- ``tasks``: every stage's tasks, derived from its declaration (`mnnbuild.stage.Stage`) in one loop.
 - ``keys``: what a task's result depends on besides its input files (code, schema, params, tools).
 - ``actions``: run or restore a stage, store its outputs in the cache.
 - ``uptodate``: checks beyond file_dep and the key (a pinned HF commit, bundle files untouched).
@@ -15,26 +15,6 @@ re-run leaves its manifest byte-identical leaves the stages after it up to date.
 """
 
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
-from mnnbuild.dag.tasks import (
-    config_tasks,
-    fetch_tasks,
-    io_tasks,
-    modellib_tasks,
-    npu_task_creators,
-    partition_tasks,
-    update_tasks,
-    verify_all_task,
-)
+from mnnbuild.dag.tasks import STAGES, npu_task_creators, stage_tasks, update_tasks, verify_all_task
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "Project",
-    "config_tasks",
-    "fetch_tasks",
-    "io_tasks",
-    "modellib_tasks",
-    "npu_task_creators",
-    "partition_tasks",
-    "update_tasks",
-    "verify_all_task",
-]
+__all__ = ["DEFAULT_MODEL", "STAGES", "Project", "npu_task_creators", "stage_tasks", "update_tasks", "verify_all_task"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,56 +13,60 @@ from pydantic import BaseModel, ValidationError
 from mnnbuild.cache import ArtifactCache, cache_key, write_origin
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.manifest import Manifest
+from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
 from mnnbuild.spec import HfSource
-from mnnbuild.stages.bundle import BundleManifest
+from mnnbuild.stage import Stage, StageInputs
 from mnnbuild.stages.fetch import update_lock
-from mnnbuild.stages.verify import VerifyInputs, VerifyParams, verify
 
 log = logging.getLogger(__name__)
 
-StageFn = Callable[[Any, Any, Path], Manifest]
+
+def read_upstream(upstream: list[tuple[type[Manifest], Path]]) -> dict[str, Manifest]:
+    """The upstream manifests a stage reads, read and validated once here, by directory."""
+    return {str(Path(d)): cls.read(Path(d)) for cls, d in upstream}
 
 
 def run_stage(
-    stage: StageFn,
-    inputs: BaseModel,
+    stage: Stage,
+    inputs: StageInputs,
     params: BaseModel,
     out_dir: Path,
     key_config: str,
     file_dep: list[Path],
-    cacheable: bool = True,
+    upstream: list[tuple[type[Manifest], Path]],
 ) -> TaskFailed | dict[str, Any]:
     """doit action: restore the stage's outputs from the cache, or run the stage and store them.
 
-    Bad input becomes a one-line task failure, not a traceback. The returned values tell the
-    build summary whether the outputs were built or restored.
+    The stage gets its upstream manifests already read and validated (in ``inputs.upstream``). Bad
+    input becomes a one-line task failure, not a traceback. The returned values tell the build
+    summary whether the outputs were built or restored.
     """
-    name = stage_name(stage)
-    cache = ArtifactCache.from_env() if cacheable else None
-    key = cache_key(name, key_config, file_dep) if cache else None
+    cache = ArtifactCache.from_env() if stage.cacheable else None
+    key = cache_key(stage.name, key_config, file_dep) if cache else None
     if cache and key:
-        restored = cache.restore(name, key, out_dir)
+        restored = cache.restore(stage.name, key, out_dir)
         if restored is not None:
-            write_origin(out_dir, name, {"origin": "cache", "key": key, "cache": cache.url})
+            write_origin(out_dir, stage.name, {"origin": "cache", "key": key, "cache": cache.url})
             return {"origin": "cache", "bytes": restored}
     started = time.perf_counter()
     try:
-        stage(inputs, params, out_dir)
+        stage.entry(inputs.model_copy(update={"upstream": read_upstream(upstream)}), params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
     moved = 0
     if cache and key:
         try:
-            moved = cache.store(name, key, out_dir)
+            moved = cache.store(stage.name, key, out_dir)
         except OSError as exc:  # a cache is an optimisation: never fail a good build on it
-            log.warning("cache: could not store %s: %s", name, exc)
-    write_origin(out_dir, name, {"origin": "built", "key": key, "seconds": round(seconds, 3)})
+            log.warning("cache: could not store %s: %s", stage.name, exc)
+    write_origin(out_dir, stage.name, {"origin": "built", "key": key, "seconds": round(seconds, 3)})
     return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
 
 
 def run_verify(
-    stage: StageFn, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
+    stage: Stage, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
 ) -> TaskFailed | dict[str, Any]:
     """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
     verified for real instead of restored from the cache (the cache key only sees the manifests)."""
@@ -76,15 +79,10 @@ def run_verify(
             return TaskFailed(f"{type(exc).__name__}: {exc}")
         if not check_integrity(Path(inputs.bundle_dir), bundle.outputs).passed:
             try:
-                verify(inputs, params, out_dir)
+                stage.entry(inputs, params, out_dir)
             except (MnnbuildError, ValidationError) as exc:
                 return TaskFailed(f"{type(exc).__name__}: {exc}")
     return run_stage(stage, inputs, params, out_dir, *rest)
-
-
-def stage_name(stage: StageFn) -> str:
-    """A stage's name is its module's name (``mnnbuild.stages.io`` -> ``io``)."""
-    return stage.__module__.rpartition(".")[2]
 
 
 def run_update(source: HfSource, lock_path: Path) -> TaskFailed | None:

@@ -38,19 +38,8 @@ class Project:
         memo = DigestMemo(settings.artifact_root / ".code-digests.json")
         return cls(settings=settings, specs=specs, memo=memo)
 
-    def fetch_dir(self, spec: ModelSpec) -> Path:
-        return stage_dir(self.settings.artifact_root, "fetch", spec.name)
-
-    def io_dir(self, spec: ModelSpec) -> Path:
-        return stage_dir(self.settings.artifact_root, "io", spec.name)
-
-    def partition_dir(self, spec: ModelSpec) -> Path:
-        return stage_dir(self.settings.artifact_root, "partition", spec.name)
-
-    def modellib_dir(self, spec: ModelSpec) -> Path:
-        return stage_dir(self.settings.artifact_root, "modellib", spec.name)
-
-    def target_dir(self, spec: ModelSpec, arch: str, stage: str) -> Path:
+    def stage_dir(self, stage: str, spec: ModelSpec, arch: str | None = None) -> Path:
+        """Where ``stage`` writes for ``spec`` (and ``arch``, for the per-target stages)."""
         return stage_dir(self.settings.artifact_root, stage, spec.name, arch)
 
     def default_tasks(self) -> list[str]:

@@ -1,10 +1,16 @@
-"""The doit tasks of every stage, declared from the specs (see `mnnbuild.dag`)."""
+"""The doit tasks of every stage, derived from the stage declarations in one loop (`stage_task`).
+
+A stage declares what it reads (its upstream stages), what it calls and whether it is cacheable
+(`mnnbuild.stage.Stage`); the layout says where each stage writes. What is left per stage is how a
+model spec becomes its Inputs and Params (`RUNS`).
+"""
 
 from __future__ import annotations
 
-import logging
+import functools
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,92 +22,276 @@ from pydantic import BaseModel
 from mnnbuild.dag.actions import run_stage, run_update, run_verify
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import Project
-from mnnbuild.dag.uptodate import _hf_pinned, files_unchanged
-from mnnbuild.fingerprint import DigestMemo
+from mnnbuild.dag.uptodate import files_unchanged, hf_pinned
 from mnnbuild.layout import BUNDLE_MODEL_DIR, RESULT_MODEL, context_dir
-from mnnbuild.manifest import Manifest, tool_versions
-from mnnbuild.manifests.partition import read_merge
+from mnnbuild.manifest import tool_versions
+from mnnbuild.manifests.bundle import BundleInputs, BundleParams
+from mnnbuild.manifests.config import ConfigInputs, ConfigParams
+from mnnbuild.manifests.context import ContextInputs, ContextParams
+from mnnbuild.manifests.fetch import FetchInputs, FetchParams
+from mnnbuild.manifests.io import IoInputs, IoParams
+from mnnbuild.manifests.modellib import ModellibInputs, ModellibParams
+from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_merge
+from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
 from mnnbuild.spec import HfSource, ModelSpec
-from mnnbuild.stages.bundle import BundleInputs, BundleManifest, BundleParams, assemble_bundle
-from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
-from mnnbuild.stages.context import ContextInputs, ContextManifest, ContextParams, build_context
-from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, fetch
-from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
-from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
-from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
-from mnnbuild.stages.verify import VerifyInputs, VerifyManifest, VerifyParams, verify
+from mnnbuild.stage import Stage, StageInputs
+from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, verify
 from mnnbuild.verify import runtime_fingerprint
 
-log = logging.getLogger(__name__)
+STAGES: dict[str, Stage] = {
+    s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, bundle, verify)
+}
+"""Every stage, in chain order."""
 
-StageFn = Callable[[Any, Any, Path], Manifest]
+
+@dataclass(frozen=True)
+class Run:
+    """One task of a stage: one model (and target, and plugin), from which inputs, with which params."""
+
+    spec: ModelSpec
+    inputs: StageInputs
+    params: BaseModel
+    doc: str
+    arch: str | None = None
+    binary: str | None = None
+    """The context binary this run builds (context runs only: a subtask per plugin)."""
+    file_dep: tuple[Path, ...] = ()
+    """Files read besides the upstream manifests (a local model's source files)."""
+    uptodate: tuple[Any, ...] = ()
+    tools: dict[str, str] = field(default_factory=dict)
+    """Versions beyond the declared tools' (verify: the runtime package it runs)."""
+    action: Callable[..., TaskFailed | dict[str, Any]] = run_stage
 
 
-def stage_task(
-    *,
-    name: str | None,
-    doc: str,
-    stage: StageFn,
-    manifest: type[Manifest],
-    inputs: BaseModel,
-    params: BaseModel,
-    out_dir: Path,
-    file_dep: list[Path],
-    tools: dict[str, str],
-    uptodate: list[Any] | None = None,
-    task_dep: list[str] | None = None,
-    cacheable: bool = True,
-    action: Callable[..., TaskFailed | dict[str, Any]] | None = None,
-    memo: DigestMemo | None = None,
-) -> dict[str, Any]:
-    """The doit task dict of one stage run (a subtask named ``name`` of its stage)."""
-    key_config = stage_key(stage.__module__, manifest, inputs, params, tools, memo)
-    task = {
-        "name": name,
-        "doc": doc,
-        "actions": [(action or run_stage, [stage, inputs, params, out_dir, key_config, file_dep, cacheable])],
-        "file_dep": [str(p) for p in file_dep],
-        "targets": [str(out_dir / manifest.filename())],
-        "uptodate": [config_changed(key_config), *(uptodate or [])],
-        "task_dep": task_dep or [],
-        "clean": [(shutil.rmtree, [str(out_dir)], {"ignore_errors": True})],
+@functools.cache
+def plugin_dependent(name: str) -> bool:
+    """Whether a stage's tasks exist only once the partition has said how many plugins there are."""
+    return name == "context" or any(plugin_dependent(u) for u in STAGES[name].upstream)
+
+
+def out_dir(project: Project, stage: Stage, run: Run) -> Path:
+    root = project.settings.artifact_root
+    if run.binary is not None:
+        return context_dir(root, run.spec.name, str(run.arch), run.binary)
+    return project.stage_dir(stage.name, run.spec, run.arch)
+
+
+def upstream_dirs(project: Project, name: str, spec: ModelSpec, arch: str | None) -> list[Path]:
+    """Where stage ``name`` wrote for this model (and target): one dir per plugin for context."""
+    if name == "context":
+        assert arch is not None
+        root = project.settings.artifact_root
+        return [context_dir(root, spec.name, arch, b) for b in read_merge(project.stage_dir("partition", spec))]
+    return [project.stage_dir(name, spec, arch if STAGES[name].per_target else None)]
+
+
+def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
+    """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
+    upstream = [(STAGES[u].manifest, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch)]
+    file_dep = [*run.file_dep, *(d / cls.filename() for cls, d in upstream)]
+    tools = {
+        **tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None),
+        **run.tools,
     }
-    if name is None:  # a task of its own rather than a subtask of its stage
-        del task["name"]
+    key = stage_key(stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo)
+    dest = out_dir(project, stage, run)
+    task: dict[str, Any] = {
+        "doc": run.doc,
+        "actions": [(run.action, [stage, run.inputs, run.params, dest, key, file_dep, upstream])],
+        "file_dep": [str(p) for p in file_dep],
+        "targets": [str(dest / stage.manifest.filename())],
+        "uptodate": [config_changed(key), *run.uptodate],
+        "clean": [(shutil.rmtree, [str(dest)], {"ignore_errors": True})],
+    }
+    target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
+    if not plugin_dependent(stage.name):
+        task["name"] = target  # a subtask of its stage: ``io:<model>``, ``config:<model>-<arch>``
+    elif run.binary is not None:
+        task.update(basename=f"{stage.name}:{target}", name=Path(run.binary).stem)  # context:<model>-<arch>:graph0
+    else:
+        task["basename"] = f"{stage.name}:{target}"  # bundle:<model>-<arch>
     return task
 
 
-def fetch_tasks(project: Project) -> Iterator[dict[str, Any]]:
-    for spec in project.specs.values():
-        out_dir = project.fetch_dir(spec)
-        params = FetchParams()
-        if isinstance(spec.source, HfSource):
-            inputs = FetchInputs(model=spec.name, source=spec.source, lock_path=spec.lock_path)
-            file_dep: list[Path] = []
-            uptodate = [_hf_pinned(spec.lock_path, out_dir)]
-            where = f"HF {spec.source.hf}@{spec.source.revision}"
-        else:
-            source_dir = spec.local_dir()
-            inputs = FetchInputs(model=spec.name, source=spec.source, source_dir=source_dir)
-            file_dep = [source_dir / n for n in params.files if (source_dir / n).is_file()]
-            uptodate = []
-            where = str(source_dir)
-        yield stage_task(
-            name=spec.name,
-            doc=f"link the {spec.name} model files from {where} into {out_dir}",
-            stage=fetch,
-            manifest=FetchManifest,
-            inputs=inputs,
-            params=params,
-            out_dir=out_dir,
-            file_dep=file_dep,
-            memo=project.memo,
-            tools=tool_versions(),
-            uptodate=uptodate,
-            # its outputs are links into this machine's source or HF cache: restoring another
-            # checkout's links would point there, and relinking is as cheap as a restore
-            cacheable=False,
+# -- how a spec becomes each stage's inputs and params ------------------------------------------------
+
+
+def fetch_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    params = FetchParams()
+    if isinstance(spec.source, HfSource):
+        where = f"HF {spec.source.hf}@{spec.source.revision}"
+        dest = project.stage_dir("fetch", spec)
+        yield Run(
+            spec,
+            FetchInputs(model=spec.name, source=spec.source, lock_path=spec.lock_path),
+            params,
+            doc=f"link the {spec.name} model files from {where} into {dest}",
+            uptodate=(hf_pinned(spec.lock_path, dest),),
         )
+        return
+    source_dir = spec.local_dir()
+    yield Run(
+        spec,
+        FetchInputs(model=spec.name, source=spec.source, source_dir=source_dir),
+        params,
+        doc=f"link the {spec.name} model files from {source_dir} into {project.stage_dir('fetch', spec)}",
+        file_dep=tuple(source_dir / n for n in params.files if (source_dir / n).is_file()),
+    )
+
+
+def io_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    yield Run(
+        spec,
+        IoInputs(model=spec.name, model_dir=project.stage_dir("fetch", spec)),
+        IoParams(chunk_size=spec.chunk_size, seed=spec.seed),
+        doc=f"decode and prefill-{spec.chunk_size} reference io of {spec.name} (MNN CPU)",
+    )
+
+
+def partition_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    yield Run(
+        spec,
+        PartitionInputs(
+            model=spec.name, model_dir=project.stage_dir("fetch", spec), io_dir=project.stage_dir("io", spec)
+        ),
+        PartitionParams(chunk_size=spec.chunk_size, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
+        doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{spec.chunk_size} graphs)",
+    )
+
+
+def modellib_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    yield Run(
+        spec,
+        ModellibInputs(
+            model=spec.name,
+            model_dir=project.stage_dir("fetch", spec),
+            partition_dir=project.stage_dir("partition", spec),
+        ),
+        ModellibParams(),
+        doc=f"lower every {spec.name} graph to a QNN graph description + static tensor raws",
+    )
+
+
+def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    for arch in spec.targets:
+        yield Run(
+            spec,
+            ConfigInputs(model=spec.name, target=arch, model_dir=project.stage_dir("fetch", spec)),
+            ConfigParams(chunk_size=spec.chunk_size),
+            doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {spec.chunk_size}, 1)",
+            arch=arch,
+        )
+
+
+def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    merge = read_merge(project.stage_dir("partition", spec))
+    for arch in spec.targets:
+        soc = spec.soc(arch)
+        for binary, graphs in merge.items():
+            yield Run(
+                spec,
+                ContextInputs(
+                    model=spec.name, modellib_dir=project.stage_dir("modellib", spec), binary=binary, graphs=graphs
+                ),
+                ContextParams(soc=soc),
+                doc=f"HTP context binary {binary} ({', '.join(graphs)}) for {soc.name}",
+                arch=arch,
+                binary=binary,
+            )
+
+
+def model_name(spec: ModelSpec) -> str:
+    """The model's directory name on the device: the HF repo's name, or the local directory's."""
+    if isinstance(spec.source, HfSource):
+        return spec.source.hf.rpartition("/")[2]
+    return spec.local_dir().name
+
+
+def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    merge = read_merge(project.stage_dir("partition", spec))
+    root = project.settings.artifact_root
+    for arch in spec.targets:
+        soc = spec.soc(arch)
+        yield Run(
+            spec,
+            BundleInputs(
+                model=spec.name,
+                model_name=model_name(spec),
+                model_dir=project.stage_dir("fetch", spec),
+                config_dir=project.stage_dir("config", spec, arch),
+                qnn_model=project.stage_dir("partition", spec) / RESULT_MODEL,
+                context_binaries=[context_dir(root, spec.name, arch, b) / b for b in merge],
+            ),
+            BundleParams(soc=soc),
+            doc=f"device bundle of {spec.name} for {soc.name} (HTP {arch})",
+            arch=arch,
+        )
+
+
+def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    for arch in spec.targets:
+        soc = spec.soc(arch)
+        bundle_dir = project.stage_dir("bundle", spec, arch)
+        yield Run(
+            spec,
+            VerifyInputs(
+                model=spec.name,
+                bundle_dir=bundle_dir,
+                modellib_dir=project.stage_dir("modellib", spec),
+                partition_dir=project.stage_dir("partition", spec),
+                io_dir=project.stage_dir("io", spec),
+                model_dir=project.stage_dir("fetch", spec),
+                context_dir=project.stage_dir("context", spec, arch),
+            ),
+            VerifyParams(soc=soc),
+            doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
+            arch=arch,
+            # a bundle file replaced after bundling must not pass as verified
+            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR),),
+            # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
+            tools={"mnnbuild_runtime": runtime_fingerprint()},
+            action=run_verify,
+        )
+
+
+RUNS: dict[str, Callable[[Project, ModelSpec], Iterator[Run]]] = {
+    "fetch": fetch_runs,
+    "io": io_runs,
+    "partition": partition_runs,
+    "modellib": modellib_runs,
+    "config": config_runs,
+    "context": context_runs,
+    "bundle": bundle_runs,
+    "verify": verify_runs,
+}
+
+
+def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> Iterator[dict[str, Any]]:
+    """The tasks of stage ``name`` for every model (or one)."""
+    stage = STAGES[name]
+    for s in [spec] if spec else project.specs.values():
+        for run in RUNS[name](project, s):
+            yield stage_task(project, stage, run)
+
+
+def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
+    """One delayed task creator per model (``task_npu_<model>``), run by doit after ``partition:<model>``.
+
+    The context, bundle and verify tasks of a model exist once its partition has said how many plugins
+    there are; one creator per model keeps building one model from running every model's partition.
+    """
+    late = [name for name in STAGES if plugin_dependent(name)]
+    creators = {}
+    for spec in project.specs.values():
+        creates = [f"{name}:{spec.name}-{arch}" for arch in spec.targets for name in late]
+
+        def creator(spec: ModelSpec = spec) -> Iterator[dict[str, Any]]:
+            for name in late:
+                yield from stage_tasks(project, name, spec)
+
+        creator.__doc__ = f"{spec.name}: {' / '.join(late)} tasks, created after its partition"
+        creators[f"task_npu_{spec.name}"] = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
+    return creators
 
 
 def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
@@ -116,189 +306,6 @@ def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
         }
 
 
-def io_tasks(project: Project) -> Iterator[dict[str, Any]]:
-    for spec in project.specs.values():
-        model_dir = project.fetch_dir(spec)
-        yield stage_task(
-            name=spec.name,
-            doc=f"decode and prefill-{spec.chunk_size} reference io of {spec.name} (MNN CPU)",
-            stage=generate_io,
-            manifest=IoManifest,
-            inputs=IoInputs(model=spec.name, model_dir=model_dir),
-            params=IoParams(chunk_size=spec.chunk_size, seed=spec.seed),
-            out_dir=project.io_dir(spec),
-            file_dep=[model_dir / FetchManifest.filename()],
-            memo=project.memo,
-            tools=tool_versions(mnn=True),
-        )
-
-
-def partition_tasks(project: Project) -> Iterator[dict[str, Any]]:
-    for spec in project.specs.values():
-        model_dir, io_dir = project.fetch_dir(spec), project.io_dir(spec)
-        yield stage_task(
-            name=spec.name,
-            doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{spec.chunk_size} graphs)",
-            stage=partition,
-            manifest=PartitionManifest,
-            inputs=PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=io_dir),
-            params=PartitionParams(chunk_size=spec.chunk_size, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
-            out_dir=project.partition_dir(spec),
-            file_dep=[model_dir / FetchManifest.filename(), io_dir / IoManifest.filename()],
-            memo=project.memo,
-            tools=tool_versions(mnn=True),
-        )
-
-
-def modellib_tasks(project: Project) -> Iterator[dict[str, Any]]:
-    for spec in project.specs.values():
-        model_dir, partition_dir = project.fetch_dir(spec), project.partition_dir(spec)
-        yield stage_task(
-            name=spec.name,
-            doc=f"lower every {spec.name} graph to a QNN graph description + static tensor raws",
-            stage=build_modellib,
-            manifest=ModellibManifest,
-            inputs=ModellibInputs(model=spec.name, model_dir=model_dir, partition_dir=partition_dir),
-            params=ModellibParams(),
-            out_dir=project.modellib_dir(spec),
-            file_dep=[model_dir / FetchManifest.filename(), partition_dir / PartitionManifest.filename()],
-            memo=project.memo,
-            tools=tool_versions(),
-        )
-
-
-def config_tasks(project: Project) -> Iterator[dict[str, Any]]:
-    for spec in project.specs.values():
-        model_dir = project.fetch_dir(spec)
-        for arch in spec.targets:
-            yield stage_task(
-                name=f"{spec.name}-{arch}",
-                doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {spec.chunk_size}, 1)",
-                stage=write_config,
-                manifest=ConfigManifest,
-                inputs=ConfigInputs(model=spec.name, target=arch, model_dir=model_dir),
-                params=ConfigParams(chunk_size=spec.chunk_size),
-                out_dir=project.target_dir(spec, arch, "config"),
-                file_dep=[model_dir / FetchManifest.filename()],
-                memo=project.memo,
-                tools=tool_versions(),
-            )
-
-
-def model_name(spec: ModelSpec) -> str:
-    """The model's directory name on the device: the HF repo's name, or the local directory's."""
-    if isinstance(spec.source, HfSource):
-        return spec.source.hf.rpartition("/")[2]
-    return spec.local_dir().name
-
-
-def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
-    """context and bundle tasks of one model: how many plugins it has is known after its partition."""
-    partition_dir, modellib_dir = project.partition_dir(spec), project.modellib_dir(spec)
-    merge = read_merge(partition_dir)
-    for arch in spec.targets:
-        soc = spec.soc(arch)
-        target = f"{spec.name}-{arch}"
-        context_manifests = []
-        binaries = []
-        for binary, graphs in merge.items():
-            plugin = Path(binary).stem
-            out_dir = context_dir(project.settings.artifact_root, spec.name, arch, binary)
-            context_manifests.append(out_dir / ContextManifest.filename())
-            binaries.append(out_dir / binary)
-            yield {
-                **stage_task(
-                    name=plugin,
-                    doc=f"HTP context binary {binary} ({', '.join(graphs)}) for {soc.name}",
-                    stage=build_context,
-                    manifest=ContextManifest,
-                    inputs=ContextInputs(model=spec.name, modellib_dir=modellib_dir, binary=binary, graphs=graphs),
-                    params=ContextParams(soc=soc),
-                    out_dir=out_dir,
-                    file_dep=[modellib_dir / ModellibManifest.filename()],
-                    memo=project.memo,
-                    tools=tool_versions(qnn=qnn_build_id()),
-                ),
-                "basename": f"context:{target}",
-            }
-        config_dir = project.target_dir(spec, arch, "config")
-        yield {
-            **stage_task(
-                name=None,
-                doc=f"device bundle of {spec.name} for {soc.name} (HTP {arch})",
-                stage=assemble_bundle,
-                manifest=BundleManifest,
-                inputs=BundleInputs(
-                    model=spec.name,
-                    model_name=model_name(spec),
-                    model_dir=project.fetch_dir(spec),
-                    config_dir=config_dir,
-                    qnn_model=partition_dir / RESULT_MODEL,
-                    context_binaries=binaries,
-                ),
-                params=BundleParams(soc=soc),
-                out_dir=project.target_dir(spec, arch, "bundle"),
-                file_dep=[
-                    project.fetch_dir(spec) / FetchManifest.filename(),
-                    config_dir / ConfigManifest.filename(),
-                    partition_dir / PartitionManifest.filename(),
-                    *context_manifests,
-                ],
-                memo=project.memo,
-                tools=tool_versions(qnn=qnn_build_id()),
-            ),
-            "basename": f"bundle:{target}",
-        }
-        bundle_dir = project.target_dir(spec, arch, "bundle")
-        verify_task = stage_task(
-            name=None,
-            doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
-            stage=verify,
-            manifest=VerifyManifest,
-            inputs=VerifyInputs(
-                model=spec.name,
-                bundle_dir=bundle_dir,
-                modellib_dir=modellib_dir,
-                partition_dir=partition_dir,
-                io_dir=project.io_dir(spec),
-                model_dir=project.fetch_dir(spec),
-                context_dir=project.target_dir(spec, arch, "context"),
-            ),
-            params=VerifyParams(soc=soc),
-            out_dir=project.target_dir(spec, arch, "verify"),
-            file_dep=[
-                bundle_dir / BundleManifest.filename(),
-                modellib_dir / ModellibManifest.filename(),
-                partition_dir / PartitionManifest.filename(),
-                project.io_dir(spec) / IoManifest.filename(),
-                project.fetch_dir(spec) / FetchManifest.filename(),
-                *context_manifests,
-            ],
-            # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
-            tools={**tool_versions(mnn=True, qnn=qnn_build_id()), "mnnbuild_runtime": runtime_fingerprint()},
-            uptodate=[files_unchanged(bundle_dir / BUNDLE_MODEL_DIR)],
-            memo=project.memo,
-            action=run_verify,
-        )
-        yield {**verify_task, "basename": f"verify:{target}"}
-
-
-def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
-    """One delayed task creator per model (``task_npu_<model>``), run by doit after ``partition:<model>``."""
-    creators = {}
-    for spec in project.specs.values():
-        creates = [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("context", "bundle", "verify")]
-
-        def creator(spec: ModelSpec = spec) -> Iterator[dict[str, Any]]:
-            yield from npu_tasks(project, spec)
-
-        creator.__doc__ = (
-            f"{spec.name}: HTP context binaries (a subtask per plugin) / device bundle / verify, after its partition"
-        )
-        creators[f"task_npu_{spec.name}"] = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
-    return creators
-
-
 def verify_all_task(project: Project) -> dict[str, Any]:
     """``doit verify``: the verify tasks of the default bundles (each builds its bundle first)."""
     return {
@@ -306,3 +313,6 @@ def verify_all_task(project: Project) -> dict[str, Any]:
         "actions": None,
         "task_dep": project.default_tasks(),
     }
+
+
+__all__ = ["STAGES", "Run", "npu_task_creators", "stage_task", "stage_tasks", "update_tasks"]

@@ -11,7 +11,7 @@ from mnnbuild.errors import MnnbuildError
 from mnnbuild.stages.fetch import FetchManifest, HfLock
 
 
-def _hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
+def hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
     """Up to date while the fetched commit is still the one the lock file pins."""
 
     def check() -> bool:

@@ -7,14 +7,13 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
 from mnnbuild.targets import Soc
 
 DEFAULT_PROMPT = "hello\n"
 
 
-class BundleInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class BundleInputs(StageInputs):
     model: str
     model_name: str
     """Directory name on the device, e.g. ``Qwen3-1.7B-MNN``."""

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.layout import RESULT_MODEL
 from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
 
 
 class ConfigQnn(BaseModel):
@@ -29,9 +30,7 @@ class ConfigQnn(BaseModel):
         return self.model_dump_json(indent=4, exclude_none=True) + "\n"
 
 
-class ConfigInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ConfigInputs(StageInputs):
     model: str
     target: str
     model_dir: Path

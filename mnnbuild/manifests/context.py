@@ -7,12 +7,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
 from mnnbuild.targets import Soc
 
 
-class ContextInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ContextInputs(StageInputs):
     model: str
     modellib_dir: Path
     binary: str

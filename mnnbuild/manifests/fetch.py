@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict
 from mnnbuild.manifest import Manifest
 from mnnbuild.modeldir import ALL_FILES
 from mnnbuild.spec import HfSource, LocalSource
+from mnnbuild.stage import StageInputs
 
 
 class HfLock(BaseModel):
@@ -21,9 +22,7 @@ class HfLock(BaseModel):
     commit: str
 
 
-class FetchInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class FetchInputs(StageInputs):
     model: str
     source: LocalSource | HfSource
     source_dir: Path | None = None

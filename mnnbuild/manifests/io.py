@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
 
 INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index")
 
@@ -15,9 +16,7 @@ INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index")
 DECODE_SEQ = 1
 
 
-class IoInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class IoInputs(StageInputs):
     model: str
     model_dir: Path
     """The fetch stage's output directory."""

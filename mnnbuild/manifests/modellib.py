@@ -7,11 +7,10 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
 
 
-class ModellibInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ModellibInputs(StageInputs):
     model: str
     model_dir: Path
     """fetch output (the source llm.mnn and its weights)."""

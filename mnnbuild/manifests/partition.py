@@ -11,11 +11,10 @@ from mnnbuild.cpu import CpuRuntime
 from mnnbuild.errors import StageError
 from mnnbuild.layout import POSTREAT_FILE
 from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
 
 
-class PartitionInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class PartitionInputs(StageInputs):
     model: str
     model_dir: Path
     """The fetch stage's output directory."""

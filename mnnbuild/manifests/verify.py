@@ -8,13 +8,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
 from mnnbuild.targets import Soc
 from mnnbuild.verify.compare import Tolerance
 
 
-class VerifyInputs(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class VerifyInputs(StageInputs):
     model: str
     bundle_dir: Path
     """bundle output (``bundle.manifest.json``, ``model/<name>/``)."""

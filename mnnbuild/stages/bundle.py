@@ -18,11 +18,12 @@ from pathlib import Path
 
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, QNN_DIR, RESULT_MODEL
+from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, PUSH_SCRIPT, QNN_DIR, RESULT_MODEL, RUN_SCRIPT
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, WEIGHT_FILE, tokenizer_file
+from mnnbuild.stage import Stage
 from mnnbuild.targets import Soc
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def device_scripts(model_name: str, soc: Soc, tokenizer: str) -> dict[str, str]:
         f'adb shell "cd $PHONE_DIR && export LD_LIBRARY_PATH=$PHONE_DIR && export ADSP_LIBRARY_PATH=$PHONE_DIR && '
         f'./llm_demo $PHONE_MODEL_DIR/{CONFIG_FILE} $PHONE_DIR/{PROMPT_FILE}"',
     ]
-    return {"push.sh": _script(push), "run.sh": _script(run)}
+    return {PUSH_SCRIPT: _script(push), RUN_SCRIPT: _script(run)}
 
 
 def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -> BundleManifest:
@@ -80,7 +81,7 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
     model_dir = Path(inputs.model_dir)
     tokenizer = tokenizer_file(model_dir)
     # each binary sits in <context out_dir>/qnn/: its manifest says which QNN built it, for which SoC
-    contexts = [ContextManifest.read(Path(b).parent.parent) for b in inputs.context_binaries]
+    contexts = [inputs.manifest(ContextManifest, Path(b).parent.parent) for b in inputs.context_binaries]
     builds = sorted({c.tools.get("QNN", "unknown") for c in contexts})
     if len(builds) != 1:
         raise StageError(f"{inputs.model}: context binaries were built by different QNN builds {builds}")
@@ -115,3 +116,17 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
     total = sum(r.size for r in outputs)
     log.info("bundle %s-%s: %d files, %.1f MB", inputs.model, params.soc.dsp_arch, len(outputs), total / 1e6)
     return manifest
+
+
+STAGE = Stage(
+    name="bundle",
+    entry=assemble_bundle,
+    inputs=BundleInputs,
+    params=BundleParams,
+    manifest=BundleManifest,
+    upstream=("fetch", "config", "partition", "context"),
+    outputs=(f"{BUNDLE_MODEL_DIR}/<name>/", PUSH_SCRIPT, RUN_SCRIPT),
+    per_target=True,
+    tools=frozenset({"QNN"}),
+    doc="Device bundle per target (created once the model's partition ran).",
+)

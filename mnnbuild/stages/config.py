@@ -15,13 +15,14 @@ from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams, ConfigQnn
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.modeldir import tokenizer_file
+from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
 
 def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> ConfigManifest:
     """Write ``config_qnn.json`` with prefill and decode chunk limits and the tokenizer file."""
-    fetched = FetchManifest.read(inputs.model_dir)
+    fetched = inputs.manifest(FetchManifest, inputs.model_dir)
     tokenizer = tokenizer_file(inputs.model_dir)
     config = ConfigQnn(
         chunk_limits=[params.chunk_size, 1],
@@ -45,3 +46,16 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
         manifest.write(tmp)
     log.info("config %s-%s: chunk_limits %s, tokenizer %s", inputs.model, inputs.target, config.chunk_limits, tokenizer)
     return manifest
+
+
+STAGE = Stage(
+    name="config",
+    entry=write_config,
+    inputs=ConfigInputs,
+    params=ConfigParams,
+    manifest=ConfigManifest,
+    upstream=("fetch",),
+    outputs=(CONFIG_FILE,),
+    per_target=True,
+    doc="Write each model's config_qnn.json per target.",
+)

@@ -16,11 +16,13 @@ from pathlib import Path
 
 from mnnbuild.errors import QnnError, StageError
 from mnnbuild.fsutil import atomic_write_bytes, staged_dir
+from mnnbuild.layout import QNN_DIR
 from mnnbuild.lowering.graph import compose, read_graph_description
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
 from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, read_binary_info
+from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ def compose_context(
 
 def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -> ContextManifest:
     """Build ``inputs.binary`` for ``params.soc`` and check it through QnnSystem's binary info."""
-    modellib = ModellibManifest.read(inputs.modellib_dir)
+    modellib = inputs.manifest(ModellibManifest, inputs.modellib_dir)
     lib = QnnLibrary()
     target = HtpTarget(params.soc.soc_id, params.soc.arch_number, params.soc.vtcm_mb)
     binary = compose_context(lib, target, inputs.modellib_dir, inputs.graphs, params.weight_sharing)
@@ -87,3 +89,17 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
         ", ".join(names),
     )
     return manifest
+
+
+STAGE = Stage(
+    name="context",
+    entry=build_context,
+    inputs=ContextInputs,
+    params=ContextParams,
+    manifest=ContextManifest,
+    upstream=("modellib",),
+    outputs=(f"{QNN_DIR}/graph<k>.bin",),
+    per_target=True,
+    tools=frozenset({"QNN"}),
+    doc="HTP context binaries, one per plugin (created once the model's partition ran).",
+)

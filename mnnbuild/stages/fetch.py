@@ -18,6 +18,7 @@ from mnnbuild.manifest import FileRecord, tool_versions
 from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord
 from mnnbuild.modeldir import ALL_FILES, validate_model_dir
 from mnnbuild.spec import HfSource
+from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -116,3 +117,17 @@ def update_lock(source: HfSource, lock_path: Path, files: tuple[str, ...] = ALL_
     if old != new:
         log.info("%s@%s: %s -> %s", source.hf, source.revision, old.commit if old else "(not pinned)", commit)
     return new
+
+
+STAGE = Stage(
+    name="fetch",
+    entry=fetch,
+    inputs=FetchInputs,
+    params=FetchParams,
+    manifest=FetchManifest,
+    outputs=ALL_FILES,
+    # its outputs are links into this machine's source or HF cache: restoring another checkout's links
+    # would point there, and relinking is as cheap as a restore
+    cacheable=False,
+    doc="Link (local) or download (Hugging Face) each model's files.",
+)

@@ -22,6 +22,7 @@ from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, INPUT_NAMES, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.modeldir import LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             'only "float" attention masks are supported'
         )
     hidden = config["hidden_size"]
-    fetched = FetchManifest.read(model_dir)
+    fetched = inputs.manifest(FetchManifest, model_dir)
     rt = params.runtime.create(model_dir / WEIGHT_FILE)
     module = load_module(model_dir / MODEL_FILE, rt)
     info = module.get_info()
@@ -105,3 +106,16 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         )
         manifest.write(tmp)
     return manifest
+
+
+STAGE = Stage(
+    name="io",
+    entry=generate_io,
+    inputs=IoInputs,
+    params=IoParams,
+    manifest=IoManifest,
+    upstream=("fetch",),
+    outputs=(TESTDIR,),
+    tools=frozenset({"MNN"}),
+    doc="Generate each model's decode/prefill reference inputs and outputs.",
+)

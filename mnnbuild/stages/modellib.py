@@ -29,6 +29,7 @@ from mnnbuild.mnn import load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
 from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta
 
 def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path) -> ModellibManifest:
     """Lower each graph of the partition; errors name the graph and the MNN op."""
-    partition = PartitionManifest.read(inputs.partition_dir)
+    partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
     model_path = Path(inputs.model_dir) / MODEL_FILE
     model = load_model(model_path)
     graphs = [(p.plugin, g) for p in partition.plugins for g in p.graphs]
@@ -140,3 +141,15 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
 
 
 __all__ = ["GRAPH_JSON", "ModellibInputs", "ModellibManifest", "ModellibParams", "build_modellib", "tar_raws"]
+
+
+STAGE = Stage(
+    name="modellib",
+    entry=build_modellib,
+    inputs=ModellibInputs,
+    params=ModellibParams,
+    manifest=ModellibManifest,
+    upstream=("fetch", "partition"),
+    outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw", f"{QNN_DIR}/<graph>/<graph>.bin"),
+    doc="Lower each model's graphs to QNN graph descriptions and static tensors.",
+)

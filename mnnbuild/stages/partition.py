@@ -61,6 +61,7 @@ from mnnbuild.partition.records import (
 from mnnbuild.partition.reference import ModuleIO, run_modules
 from mnnbuild.partition.report import build_report, format_report
 from mnnbuild.partition.rewrite import fuse_attributes, rewrite_model, shape_attributes
+from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +229,8 @@ def partition(
 
     ``support`` is the QNN lowering's op check (replaceable in tests)."""
     model_dir, io_dir = Path(inputs.model_dir), Path(inputs.io_dir)
-    fetched = FetchManifest.read(model_dir)
-    io = IoManifest.read(io_dir)
+    fetched = inputs.manifest(FetchManifest, model_dir)
+    io = inputs.manifest(IoManifest, io_dir)
     if io.params.chunk_size != params.chunk_size:
         raise StageError(
             f"{io_dir / IoManifest.filename()}: field 'params.chunk_size' is {io.params.chunk_size}, "
@@ -338,3 +339,16 @@ def partition(
         len(report.cpu_ops),
     )
     return manifest
+
+
+STAGE = Stage(
+    name="partition",
+    entry=partition,
+    inputs=PartitionInputs,
+    params=PartitionParams,
+    manifest=PartitionManifest,
+    upstream=("fetch", "io"),
+    outputs=(RESULT_MODEL, f"{QNN_DIR}/graph*/", POSTREAT_FILE, PARTITION_REPORT_JSON, PARTITION_REPORT_TEXT),
+    tools=frozenset({"MNN"}),
+    doc="Cut each model into CPU ops and QNN Plugin ops (qnn/llm.mnn, graph dirs, npu_postreat.json).",
+)

@@ -39,6 +39,7 @@ from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.stage import Stage
 from mnnbuild.verify import checks
 from mnnbuild.verify.report import VerifyReport, format_report
 
@@ -305,3 +306,17 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
         )
     log.info("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
     return manifest
+
+
+STAGE = Stage(
+    name="verify",
+    entry=verify,
+    inputs=VerifyInputs,
+    params=VerifyParams,
+    manifest=VerifyManifest,
+    upstream=("fetch", "io", "partition", "modellib", "context", "bundle"),
+    outputs=(REPORT_JSON, REPORT_TEXT),
+    per_target=True,
+    tools=frozenset({"MNN", "QNN"}),
+    doc="Verify each bundle: CPU in MNN, plugins in the HTP simulator (created once the partition ran).",
+)
