@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.errors import MnnbuildError
-from mnnbuild.stages.fetch import FetchManifest, HfLock
+from mnnbuild.manifests.fetch import FetchManifest, HfLock
 
 
 def hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
