@@ -36,8 +36,14 @@ def _module_file(name: str) -> Path | None:
     return Path(spec.origin)
 
 
-@functools.cache
 def _parse(path: Path) -> ast.Module:
+    st = path.stat()
+    return _parse_version(path, st.st_size, st.st_mtime_ns)
+
+
+@functools.cache
+def _parse_version(path: Path, size: int, mtime_ns: int) -> ast.Module:
+    """One parse per file version (the import scan and the digest share it)."""
     return ast.parse(path.read_bytes(), filename=str(path))
 
 

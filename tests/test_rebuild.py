@@ -14,9 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from pydantic import Field
 
+from mnnbuild.fingerprint import DigestMemo
 from mnnbuild.lowering.ops import REGISTRY
 from mnnbuild.lowering.support import CHECKS, LOWERED_OP_TYPES
+from mnnbuild.manifest import Manifest
 from tests.conftest import copy_project, executed_tasks
 
 Build = Callable[[], list[str]]
@@ -53,6 +56,55 @@ def test_lowering_support_table_matches_the_rules() -> None:
     assert set(CHECKS) == set(REGISTRY)
     assert all(REGISTRY[kind].check is CHECKS[kind] for kind in CHECKS)
     assert LOWERED_OP_TYPES == set(REGISTRY) - {"Const"}
+
+
+def test_schema_hash_ignores_descriptions_and_titles() -> None:
+    class A(Manifest):
+        stage = "probe"
+        note: str = Field(default="", description="one wording")
+
+    class B(Manifest):
+        stage = "probe"
+        note: str = Field(default="", description="another wording", title="Note")
+
+    class C(Manifest):
+        stage = "probe"
+        note: str = Field(default="", description="one wording")
+        extra: int = 0
+
+    assert A.schema_hash() == B.schema_hash()
+    assert A.schema_hash() != C.schema_hash()
+
+
+def test_code_digest_ignores_docs_not_code(tmp_path: Path) -> None:
+    def digest(source: str) -> str:
+        path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.py"
+        path.write_text(source)
+        return DigestMemo(None).digest(path)
+
+    base = digest(
+        '"""Doc."""\nfrom pydantic import Field\nX = Field(default=1, description="a")\n\ndef f():\n    return 1\n'
+    )
+    same = digest(
+        '"""Other doc."""\n# a comment\nfrom pydantic import Field\n'
+        'X = Field(default=1, description="b", title="T")\n\n'
+        'def f():\n    """Why."""\n    return 1  # one\n'
+    )
+    changed = digest(
+        '"""Doc."""\nfrom pydantic import Field\nX = Field(default=2, description="a")\n\ndef f():\n    return 1\n'
+    )
+    assert base == same
+    assert base != changed
+
+
+def test_memo_sees_an_edit(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("X = 1\n")
+    memo = DigestMemo(tmp_path / "memo.json")
+    first = memo.digest(path)
+    memo.save()
+    path.write_text("X = 22\n")  # another size: a new entry even within the mtime granularity
+    assert DigestMemo(tmp_path / "memo.json").digest(path) != first
 
 
 def test_description_change_invalidates_nothing(clone: tuple[Path, Build]) -> None:
