@@ -24,6 +24,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
+from mnnbuild.layout import manifest_file, stage_dir  # noqa: E402
+
 log = logging.getLogger("bench_runtime")
 
 
@@ -38,34 +40,40 @@ def build(model: str, arch: str, artifacts: Path) -> None:
     )
 
 
-def measure(root: Path, arch: str, repeat: int) -> dict[str, Any]:
+def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, Any]:
     from mnnbuild_runtime import BinaryOverride, HybridModel, cpu_forward_fn
     from tqdm import tqdm
 
     from mnnbuild.cpu import load_vars
+    from mnnbuild.layout import BUNDLE_MODEL_DIR, REFERENCE_INPUT, stage_dir
+    from mnnbuild.manifests.bundle import BundleManifest
+    from mnnbuild.manifests.io import IoManifest
+    from mnnbuild.manifests.partition import read_merge
     from mnnbuild.qnn import HtpTarget, QnnLibrary
-    from mnnbuild.stages.bundle import BundleManifest
-    from mnnbuild.stages.context import read_merge
-    from mnnbuild.stages.io import IoManifest
     from mnnbuild.targets import soc_for_arch
     from mnnbuild.verify.checks import build_twins
 
     soc = soc_for_arch(arch)
     lib = QnnLibrary()
+
+    def where(stage: str, target: str | None = None) -> Path:
+        return stage_dir(artifacts, stage, model, target)
+
+    merge = read_merge(where("partition"))
     t0 = time.perf_counter()
-    twins = build_twins(lib, HtpTarget(soc.soc_id, soc.arch_number), root / "modellib", read_merge(root / "partition"))
+    twins = build_twins(lib, HtpTarget(soc.soc_id, soc.arch_number), where("modellib"), merge)
     twin_seconds = time.perf_counter() - t0
-    bundle = root / arch / "bundle"
-    model_dir = bundle / "model" / BundleManifest.read(bundle).model_name
-    io = IoManifest.read(root / "io")
-    cpu = cpu_forward_fn(root / "model")
+    bundle = where("bundle", arch)
+    model_dir = bundle / BUNDLE_MODEL_DIR / BundleManifest.read(bundle).model_name
+    io = IoManifest.read(where("io"))
+    cpu = cpu_forward_fn(where("fetch"))
     shapes = []
     with HybridModel(model_dir, binary_overrides={p: BinaryOverride(t.data) for p, t in twins.items()}) as model:
         t0 = time.perf_counter()
         model.load()
         load_seconds = time.perf_counter() - t0
-        for sample, sample_dir in zip(io.samples, io.sample_dirs(root / "io"), strict=True):
-            feed = load_vars(sample_dir / "input.mnn")
+        for sample, sample_dir in zip(io.samples, io.sample_dirs(where("io")), strict=True):
+            feed = load_vars(sample_dir / REFERENCE_INPUT)
             model.run(feed)  # warm-up: first-call allocations
             cpu(feed)
             runs = []
@@ -114,9 +122,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         artifacts = args.artifacts or Path(tmp) / "artifacts"
-        if not (artifacts / args.model / args.arch / "bundle" / "bundle.manifest.json").is_file():
+        if not (stage_dir(artifacts, "bundle", args.model, args.arch) / manifest_file("bundle")).is_file():
             build(args.model, args.arch, artifacts)
-        data = measure(artifacts / args.model, args.arch, args.repeat)
+        data = measure(artifacts, args.model, args.arch, args.repeat)
     rows = [
         (
             s["seq_len"],

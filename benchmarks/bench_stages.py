@@ -22,6 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
+from mnnbuild.layout import MODEL_STAGES, origin_file, stage_dir  # noqa: E402
+
 STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle")
 
 
@@ -47,10 +49,9 @@ def run(task: list[str], artifacts: Path) -> tuple[float, float]:
 
 def stage_seconds(artifacts: Path, model: str, arch: str, stage: str) -> float:
     """The stage's own time, as its ``<stage>.origin.json`` recorded it (summed over context subtasks)."""
-    base = artifacts / model
-    dirs = {"fetch": [base / "model"], "context": sorted((base / arch / "context").glob("graph*"))}
-    found = dirs.get(stage) or [base / stage if stage in ("io", "partition", "modellib") else base / arch / stage]
-    return sum(json.loads((d / f"{stage}.origin.json").read_text()).get("seconds", 0.0) for d in found)
+    where = stage_dir(artifacts, stage, model, None if stage in MODEL_STAGES else arch)
+    found = sorted(where.glob("graph*")) if stage == "context" else [where]
+    return sum(json.loads((d / origin_file(stage)).read_text()).get("seconds", 0.0) for d in found)
 
 
 def main() -> None:
@@ -66,7 +67,7 @@ def main() -> None:
             task = f"{stage}:{target}" if stage in ("config", "context", "bundle") else f"{stage}:{args.model}"
             seconds, rss = run([task], artifacts)
             rows.append((stage, stage_seconds(artifacts, args.model, args.arch, stage), seconds, rss))
-        context_dir = artifacts / args.model / args.arch / "context"
+        context_dir = stage_dir(artifacts, "context", args.model, args.arch)
         speed = {}
         for jobs in (1, 2):
             shutil.rmtree(context_dir)
