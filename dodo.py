@@ -47,11 +47,25 @@ def task_config() -> Iterator[dict[str, Any]]:
     yield from dag.stage_tasks(PROJECT, "config")
 
 
+def task_context() -> dict[str, Any]:
+    """HTP context binaries: context:<model>-<arch>, a subtask per plugin (created after the model's partition)."""
+    return dag.late_stage_group(PROJECT, "context")
+
+
+def task_bundle() -> dict[str, Any]:
+    """Device bundles: bundle:<model>-<arch> (created after the model's partition)."""
+    return dag.late_stage_group(PROJECT, "bundle")
+
+
 def task_verify() -> dict[str, Any]:
-    """Build and verify the default bundles (the shipped tiny model): what a bare `doit` runs."""
+    """Build and verify the default bundles (the shipped tiny model): what a bare `doit` runs.
+
+    verify:<model>-<arch> verifies any other bundle (created after the model's partition).
+    """
     return dag.verify_all_task(PROJECT)
 
 
-# context:<model>-<arch> (one subtask per plugin), bundle:<model>-<arch> and verify:<model>-<arch> are
-# created once partition:<model> has run, since the plugins are only known then.
+# The context, bundle and verify tasks of a model exist once its partition has said how many plugins it has:
+# doit creates them after partition:<model> (one task_npu_<model> creator per model, since create_after waits
+# for one task and building one model must not partition the others).
 globals().update(dag.npu_task_creators(PROJECT))

@@ -15,6 +15,15 @@ re-run leaves its manifest byte-identical leaves the stages after it up to date.
 """
 
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
-from mnnbuild.dag.tasks import STAGES, npu_task_creators, stage_tasks, update_tasks, verify_all_task
+from mnnbuild.dag.tasks import STAGES, late_stage_group, npu_task_creators, stage_tasks, update_tasks, verify_all_task
 
-__all__ = ["DEFAULT_MODEL", "STAGES", "Project", "npu_task_creators", "stage_tasks", "update_tasks", "verify_all_task"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "STAGES",
+    "Project",
+    "late_stage_group",
+    "npu_task_creators",
+    "stage_tasks",
+    "update_tasks",
+    "verify_all_task",
+]

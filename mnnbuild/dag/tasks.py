@@ -294,6 +294,14 @@ def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[
     return creators
 
 
+def late_stage_group(project: Project, name: str) -> dict[str, Any]:
+    """``doit context`` / ``doit bundle``: every model's tasks of a stage created after its partition."""
+    return {
+        "actions": None,
+        "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
+    }
+
+
 def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
     for spec in project.specs.values():
         if not isinstance(spec.source, HfSource):
@@ -315,4 +323,4 @@ def verify_all_task(project: Project) -> dict[str, Any]:
     }
 
 
-__all__ = ["STAGES", "Run", "npu_task_creators", "stage_task", "stage_tasks", "update_tasks"]
+__all__ = ["STAGES", "Run", "late_stage_group", "npu_task_creators", "stage_task", "stage_tasks", "update_tasks"]
