@@ -1,0 +1,8 @@
+"""The eight stages of the chain, one module each: fetch, io, partition, modellib, config, context, bundle, verify.
+
+A stage module holds its entry function ``(inputs, params, out_dir) -> Manifest`` and ends with its
+``STAGE`` declaration (`mnnbuild.stage.Stage`). Stages never import each other: what they share (the
+Inputs / Params / Manifest models) lives in `mnnbuild.manifests`, and artifact names in `mnnbuild.layout`,
+so a stage's code fingerprint covers its own code and the library code it calls. This package imports
+nothing, so importing one stage does not pull in the others.
+"""
