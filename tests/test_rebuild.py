@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from mnnbuild.fingerprint import DigestMemo
+from mnnbuild.fingerprint import DigestMemo, module_closure
 from mnnbuild.lowering.ops import REGISTRY
 from mnnbuild.lowering.support import CHECKS, LOWERED_OP_TYPES
 from mnnbuild.manifest import Manifest
@@ -56,6 +56,22 @@ def test_lowering_support_table_matches_the_rules() -> None:
     assert set(CHECKS) == set(REGISTRY)
     assert all(REGISTRY[kind].check is CHECKS[kind] for kind in CHECKS)
     assert LOWERED_OP_TYPES == set(REGISTRY) - {"Const"}
+
+
+def test_a_stage_key_covers_its_own_code_only() -> None:
+    """No stage imports another (they share `mnnbuild.manifests`), the CLI, or the lowering rules it does not run."""
+    stages = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "verify")
+    for stage in stages:
+        closure = {name for name, _ in module_closure(f"mnnbuild.stages.{stage}")}
+        others = {f"mnnbuild.stages.{s}" for s in stages if s != stage}
+        if stage == "verify":  # verify.checks composes twins with context's compose_context until it moves to lowering
+            others.discard("mnnbuild.stages.context")
+        assert not closure & others, (stage, closure & others)
+        assert "mnnbuild.__main__" not in closure and not any(n.startswith("mnnbuild.dag") for n in closure)
+        if stage != "partition":
+            assert "mnnbuild.partition.report" not in closure, stage
+    partition = {name for name, _ in module_closure("mnnbuild.stages.partition")}
+    assert "mnnbuild.lowering.support" in partition and "mnnbuild.lowering.ops" not in partition
 
 
 def test_schema_hash_ignores_descriptions_and_titles() -> None:
