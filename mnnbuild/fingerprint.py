@@ -96,25 +96,37 @@ def module_closure(module: str) -> tuple[tuple[str, Path], ...]:
 _DOC_KEYWORDS = frozenset({"description", "title"})
 
 
-class _StripDocs(ast.NodeTransformer):
-    """Drops docstrings (and attribute docstrings) and the doc keywords of ``Field(...)`` calls."""
+def _is_doc(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
-    def generic_visit(self, node: ast.AST) -> ast.AST:
-        super().generic_visit(node)
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            kept = [s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                                            and isinstance(s.value.value, str))]  # fmt: skip
-            node.body = kept or [ast.Pass()]  # type: ignore[attr-defined]
-        return node
 
-    def visit_Call(self, node: ast.Call) -> ast.AST:
-        self.generic_visit(node)
-        func = node.func
+def _drop_field_docs(value: ast.expr | None) -> None:
+    """``Field(..., description=..., title=...)`` as a statement's value: drop the doc keywords."""
+    if isinstance(value, ast.Call):
+        func = value.func
         name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
         if name == "Field":
-            node.keywords = [k for k in node.keywords if k.arg not in _DOC_KEYWORDS]
-        return node
+            value.keywords = [k for k in value.keywords if k.arg not in _DOC_KEYWORDS]
+
+
+def _strip_docs(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    """Statements without docstrings (module, class, function and attribute ones), recursively.
+
+    Walks statements only (not every expression node): docstrings and pydantic fields only occur there.
+    """
+    kept = [s for s in stmts if not _is_doc(s)]
+    for stmt in kept:
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+            _drop_field_docs(stmt.value)
+        for block in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, block, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                setattr(stmt, block, _strip_docs(inner))
+        for handler in getattr(stmt, "handlers", ()):
+            handler.body = _strip_docs(handler.body)
+        for case in getattr(stmt, "cases", ()):
+            case.body = _strip_docs(case.body)
+    return kept or [ast.Pass()]
 
 
 def _source_digest(path: Path) -> str:
@@ -125,7 +137,8 @@ def _source_digest(path: Path) -> str:
     """
     if "_generated" in path.parts:
         return hashlib.sha256(path.read_bytes()).hexdigest()
-    tree = _StripDocs().visit(_parse(path))  # in place: imports are untouched, and it is cached
+    tree = _parse(path)
+    tree.body = _strip_docs(tree.body)  # in place: imports are untouched, and the tree is cached
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
