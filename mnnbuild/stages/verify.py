@@ -262,15 +262,14 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
 def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyManifest:
     """Run every check and write the report; raise ``StageError`` (after writing it) when a check failed."""
     out_dir = Path(out_dir)
-    bundle = BundleManifest.read(inputs.bundle_dir)
+    bundle = inputs.manifest(BundleManifest, inputs.bundle_dir)
     upstream = [
-        (inputs.bundle_dir, BundleManifest),
         (inputs.modellib_dir, ModellibManifest),
         (inputs.partition_dir, PartitionManifest),
         (inputs.io_dir, IoManifest),
     ]
     for d, m in upstream:
-        m.read(Path(d))  # a missing or stale upstream manifest is an error, not a failed check
+        inputs.manifest(m, Path(d))  # a missing or stale upstream manifest is an error, not a failed check
     report = run_checks(inputs, params)
     graph_checks = [t for g in report.graphs for t in g.outputs]
     with staged_dir(out_dir) as tmp:
