@@ -18,7 +18,7 @@ from mnnbuild.partition.execute import shape_index
 from mnnbuild.partition.fold import folded_model
 from mnnbuild.partition.layout import BoundaryValue
 from mnnbuild.partition.rewrite import fuse_attributes
-from mnnbuild.partition.semantics import reads_content, shape_inputs
+from mnnbuild.mnn.semantics import reads_content, shape_inputs
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 
 MODEL_FILES = {

@@ -26,7 +26,7 @@ from mnnbuild.stages.context import read_merge
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.targets import soc_for_arch
 from mnnbuild.verify.checks import build_twins
-from mnnbuild.verify.compare import Tolerance, compare
+from mnnbuild.compare import Tolerance, compare
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, executed_tasks, skipped_tasks
 

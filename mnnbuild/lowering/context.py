@@ -7,12 +7,12 @@ graph input (``APP_WRITE``), a graph output (``APP_READ``), an intermediate (``N
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.lowering.graph import (
     LoweringError,
     Param,
@@ -73,10 +73,7 @@ def tensor_param(values: np.ndarray | Sequence[int], dtype: str = "uint32") -> T
 
 
 def digest(*parts: bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p)
-    return h.hexdigest()[:8]
+    return sha256_bytes(*parts)[:8]
 
 
 class LoweringContext:

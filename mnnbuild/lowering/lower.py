@@ -27,7 +27,7 @@ from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph
 from mnnbuild.lowering.ops import FOLDED_OP_TYPES, REGISTRY, blob_value, precision_reason
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.partition.semantics import CONST_OP_TYPES, reads_content, shape_inputs
+from mnnbuild.mnn.semantics import CONST_OP_TYPES, reads_content, shape_inputs
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,5 @@
 """The partition (upstream ``compilefornpu``): cut an MNN LLM graph into CPU ops and QNN subgraphs.
 
-- ``semantics``: which inputs of an MNN op are read for their content, which decide its output shape.
 - ``cut``: the pure graph algorithm (needed ops, folding, break ops, the op schedule, splits, boundaries,
   plugins).
 - ``fold``: per-shape constant values of the folded tensors and the folded copies of the model.
@@ -11,5 +10,6 @@
 - ``layout``: dense logical-NCHW plugin IO vs. the layout MNN keeps a tensor in (``o_*`` formats).
 - ``execute``: run a partitioned model on the CPU with a pluggable runner for each Plugin op.
 
+MNN op semantics (what an op reads, what decides its shape) are ``mnnbuild.mnn.semantics``.
 The stage entry is ``mnnbuild.stages.partition.partition``.
 """

@@ -38,7 +38,7 @@ from typing import Literal
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op
-from mnnbuild.partition.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, reads_content, shape_inputs
+from mnnbuild.mnn.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, reads_content, shape_inputs
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from mnnbuild.mnn import MnnModel, Op, load_model, plugin_attributes
 from mnnbuild.partition.fold import forward, forward_vars, write_folded_model
 from mnnbuild.partition.layout import NHWC, BoundaryValue, blob_format
 from mnnbuild.partition.records import SubgraphRecord
-from mnnbuild.partition.semantics import CONST_OP_TYPES
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from mnnbuild.stages.modellib import ModellibManifest
 from mnnbuild.stages.partition import PartitionManifest
 from mnnbuild.targets import Soc
 from mnnbuild.verify import checks
-from mnnbuild.verify.compare import Tolerance
+from mnnbuild.compare import Tolerance
 from mnnbuild.verify.report import VerifyReport, format_report
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ which binary was executed.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mnnbuild.errors import QnnError
+from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.mnn import schema
 from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info
 from mnnbuild_runtime.bundle import PluginSpec
@@ -70,10 +70,6 @@ def as_override(value: OverrideLike) -> BinaryOverride:
     if isinstance(value, (bytes, bytearray)):
         return BinaryOverride(bytes(value))
     return BinaryOverride(Path(value))
-
-
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def select_shape_index(spec: PluginSpec, shapes: Sequence[tuple[int, ...]]) -> int:
@@ -238,7 +234,7 @@ class PluginRunner:
             return
         lib: QnnLibrary = self._lib_factory()
         shipped = self.spec.read_binary()
-        self.shipped_sha256 = sha256(shipped)
+        self.shipped_sha256 = sha256_bytes(shipped)
         self.shipped_info = self._info(lib, shipped, f"shipped binary {self.spec.file}")
         check_structure(self.spec, self.shipped_info, f"shipped binary {self.spec.file}")
         self._check_target(self.shipped_info, f"shipped binary {self.spec.file}")
@@ -265,7 +261,7 @@ class PluginRunner:
                     "(ContextBuilder(weight_sharing=False)) that this QNN library can load"
                 )
             self._executed_bytes = twin
-            self.executed_info, self.executed_sha256, self.executed = twin_info, sha256(twin), "override"
+            self.executed_info, self.executed_sha256, self.executed = twin_info, sha256_bytes(twin), "override"
         else:
             if self.shipped_info.weight_shared and not self.allow_weight_shared:
                 raise BinaryCheckError(
