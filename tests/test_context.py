@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.errors import MnnbuildError, StageError
+from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import sha256_file
 from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_description, read_graph_dirs
 from mnnbuild.mnn import load_model, plugin_attributes
@@ -180,7 +180,9 @@ def test_refused_graph_names_graph_op_and_qnn_message(built: Path, tmp_path: Pat
     node["type"] = "NoSuchQnnOp"
     graph_json.write_text(json.dumps(desc))
     with pytest.raises(LoweringError) as info:
-        compose_context(lib, HtpTarget(69, 79), read_graph_dirs(modellib, ["qnn/graph0", "qnn/graph1_0"]), weight_sharing=True)
+        compose_context(
+            lib, HtpTarget(69, 79), read_graph_dirs(modellib, ["qnn/graph0", "qnn/graph1_0"]), weight_sharing=True
+        )
     message = str(info.value)
     assert "graph1_0" in message and node["mnn_op"] in message and "NoSuchQnnOp" in message
 

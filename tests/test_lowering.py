@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.cpu import import_mnn
 from mnnbuild.compare import Tolerance, compare
+from mnnbuild.cpu import import_mnn
 from mnnbuild.lowering.check import mnn_run, mnn_tensors, simulate
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import (

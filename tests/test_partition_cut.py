@@ -13,12 +13,12 @@ from mnnbuild.errors import StageError
 from mnnbuild.lowering.lower import constant_tensors
 from mnnbuild.lowering.support import LOWERED_OP_TYPES, SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, make_blob, schema
+from mnnbuild.mnn.semantics import reads_content, shape_inputs
 from mnnbuild.partition.cut import Cut, plan_cut, schedule_ops
 from mnnbuild.partition.execute import shape_index
 from mnnbuild.partition.fold import folded_model
 from mnnbuild.partition.layout import BoundaryValue
 from mnnbuild.partition.rewrite import fuse_attributes
-from mnnbuild.mnn.semantics import reads_content, shape_inputs
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 
 MODEL_FILES = {

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import BinaryOverride, HybridModel, Tokenizer, greedy_generate
 
+from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
@@ -26,7 +27,6 @@ from mnnbuild.stages.context import read_merge
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.targets import soc_for_arch
 from mnnbuild.verify.checks import build_twins
-from mnnbuild.compare import Tolerance, compare
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, executed_tasks, skipped_tasks
 

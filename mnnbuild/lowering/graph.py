@@ -278,4 +278,3 @@ def read_graph_dirs(root: Path, graphs: Sequence[str]) -> dict[str, tuple[GraphD
     """The graph descriptions of ``root/<graph>`` for each relative graph dir (``qnn/graph0``), by graph
     name (the dir's basename), ready for :func:`compose_context`."""
     return {Path(g).name: (read_graph_description(Path(root) / g), Path(root) / g) for g in graphs}
-

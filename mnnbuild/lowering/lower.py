@@ -26,8 +26,8 @@ from mnnbuild.lowering.context import LoweringContext, TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
 from mnnbuild.lowering.ops import FOLDED_OP_TYPES, REGISTRY, blob_value, precision_reason
 from mnnbuild.mnn import MnnModel, Op
-from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.mnn.semantics import CONST_OP_TYPES, reads_content, shape_inputs
+from mnnbuild.mnn.weights import WeightFile
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ import numpy as np
 from mnnbuild.cpu import CpuRuntime, load_module
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, load_model, plugin_attributes
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.partition.fold import forward, forward_vars, write_folded_model
 from mnnbuild.partition.layout import NHWC, BoundaryValue, blob_format
 from mnnbuild.partition.records import SubgraphRecord
-from mnnbuild.mnn.semantics import CONST_OP_TYPES
 
 log = logging.getLogger(__name__)
 

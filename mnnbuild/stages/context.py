@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -21,7 +20,7 @@ from mnnbuild.errors import QnnError, StageError
 from mnnbuild.fsutil import atomic_write_bytes, staged_dir
 from mnnbuild.lowering.graph import compose_context, read_graph_dirs
 from mnnbuild.manifest import Manifest, record_outputs, tool_versions
-from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, read_binary_info
+from mnnbuild.qnn import HtpTarget, QnnLibrary, read_binary_info
 from mnnbuild.stages.modellib import ModellibManifest
 from mnnbuild.targets import Soc
 

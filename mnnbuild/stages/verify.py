@@ -27,6 +27,7 @@ from pathlib import Path
 from mnnbuild_runtime import BinaryOverride, HybridModel
 from pydantic import BaseModel, ConfigDict, Field
 
+from mnnbuild.compare import Tolerance
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
@@ -39,7 +40,6 @@ from mnnbuild.stages.modellib import ModellibManifest
 from mnnbuild.stages.partition import PartitionManifest
 from mnnbuild.targets import Soc
 from mnnbuild.verify import checks
-from mnnbuild.compare import Tolerance
 from mnnbuild.verify.report import VerifyReport, format_report
 
 log = logging.getLogger(__name__)

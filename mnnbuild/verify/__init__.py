@@ -15,4 +15,6 @@ def runtime_fingerprint() -> str:
 
     root = Path(mnnbuild_runtime.__file__).parent
     sources = sorted(root.rglob("*.py"))
-    return sha256_bytes(*(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0" for p in sources))[:16]
+    return sha256_bytes(*(p.relative_to(root).as_posix().encode() + b"\0" + p.read_bytes() + b"\0" for p in sources))[
+        :16
+    ]

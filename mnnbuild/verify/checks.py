@@ -29,14 +29,14 @@ from mnnbuild_runtime import (
 )
 from tqdm import tqdm
 
+from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import sha256_bytes, sha256_file
-from mnnbuild.manifest import FileRecord
 from mnnbuild.lowering.graph import compose_context, read_graph_dirs
+from mnnbuild.manifest import FileRecord
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import ContextRunner, HtpTarget, QnnLibrary, read_binary_info
-from mnnbuild.compare import Tolerance, compare
 from mnnbuild.verify.compare import is_near_tie, lead, top2_margin
 from mnnbuild.verify.report import (
     GenerationCheck,
