@@ -24,6 +24,7 @@ from mnnbuild.lowering.graph import (
     raw_file_name,
 )
 from mnnbuild.mnn import MnnModel, Op
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import WeightFile
 
 
@@ -172,7 +173,7 @@ class LoweringContext:
             value = value.reshape(tuple(shape))
         producer = self.producers.get(t)
         base = self.model.ops[producer].name if producer is not None else f"const{t}"
-        if producer is None or self.model.ops[producer].type not in ("Const", "TrainableParam"):
+        if producer is None or self.model.ops[producer].type not in CONST_OP_TYPES:
             # folded per shape: the value may differ between the decode and prefill graph
             base += "." + digest(str(value.shape).encode(), np.ascontiguousarray(value).tobytes())
         if shape is not None and tuple(value.shape) != self.shape(t):

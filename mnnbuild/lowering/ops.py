@@ -17,6 +17,7 @@ import numpy as np
 
 from mnnbuild.lowering.context import LoweringContext, b8, digest, f32, i32, tensor_param, u32
 from mnnbuild.mnn import MnnModel, Op, enum_name, schema
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import WeightFile, decode_conv
 
 Check = Callable[[Op, MnnModel], "str | None"]
@@ -195,7 +196,7 @@ def _check_binary(op: Op, model: MnnModel) -> str | None:
 
 _PERIODIC = frozenset({"SIN", "COS"})
 # Ops a rotary phase never flows through; the walk back stops there (keeps it short on big graphs).
-_PHASE_STOPS = frozenset({"Convolution", "LayerNorm", "Attention", "Const", "TrainableParam", "Plugin"})
+_PHASE_STOPS = CONST_OP_TYPES | {"Convolution", "LayerNorm", "Attention", "Plugin"}
 
 
 def _is_periodic(op: Op) -> bool:
