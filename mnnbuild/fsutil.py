@@ -25,8 +25,12 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def sha256_bytes(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def sha256_bytes(*parts: bytes) -> str:
+    """Hex sha256 of the concatenated ``parts`` (the one content hash of mnnbuild and its runtime)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+    return digest.hexdigest()
 
 
 @contextlib.contextmanager

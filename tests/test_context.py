@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.errors import MnnbuildError, StageError
+from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import sha256_file
-from mnnbuild.lowering.graph import read_graph_description
+from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_description, read_graph_dirs
 from mnnbuild.mnn import load_model, plugin_attributes
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info
 from mnnbuild.stages.bundle import BundleManifest
-from mnnbuild.stages.context import ContextInputs, ContextParams, build_context, compose_context
+from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
 from mnnbuild.stages.modellib import ModellibManifest
 from mnnbuild.targets import soc_by_name
 from tests.conftest import PROJECT_ROOT
@@ -102,7 +102,7 @@ def test_graphs_match_their_references_in_the_simulator(built: Path, lib: QnnLib
     target = HtpTarget(69, 79)
     for attr in plugins(built):
         dirs = [f"qnn/{g}" for g in attr["allGraphName"]]
-        twin = compose_context(lib, target, modellib, dirs, weight_sharing=False)
+        twin = compose_context(lib, target, read_graph_dirs(modellib, dirs), weight_sharing=False)
         with load_context(lib, twin) as runner:
             for graph in attr["allGraphName"]:
                 record = SubgraphRecord.read(partition / "qnn" / graph)
@@ -127,9 +127,9 @@ def test_weight_sharing_keeps_one_copy(built: Path, lib: QnnLibrary) -> None:
     biggest = max(manifest.graphs, key=lambda g: g.static_bytes)
     decode, prefill = f"qnn/graph{biggest.plugin}", f"qnn/graph1_{biggest.plugin}"
     target = HtpTarget(69, 79)
-    shared = compose_context(lib, target, modellib, [decode, prefill], weight_sharing=True)
-    alone = compose_context(lib, target, modellib, [prefill], weight_sharing=True)
-    unshared = compose_context(lib, target, modellib, [decode, prefill], weight_sharing=False)
+    shared = compose_context(lib, target, read_graph_dirs(modellib, [decode, prefill]), weight_sharing=True)
+    alone = compose_context(lib, target, read_graph_dirs(modellib, [prefill]), weight_sharing=True)
+    unshared = compose_context(lib, target, read_graph_dirs(modellib, [decode, prefill]), weight_sharing=False)
     assert len(shared) <= 1.2 * len(alone), (len(shared), len(alone))
     assert len(unshared) > len(shared)
 
@@ -179,8 +179,10 @@ def test_refused_graph_names_graph_op_and_qnn_message(built: Path, tmp_path: Pat
     node = next(n for n in desc["nodes"] if n["type"] == "Conv2d")
     node["type"] = "NoSuchQnnOp"
     graph_json.write_text(json.dumps(desc))
-    with pytest.raises(StageError) as info:
-        compose_context(lib, HtpTarget(69, 79), modellib, ["qnn/graph0", "qnn/graph1_0"], weight_sharing=True)
+    with pytest.raises(LoweringError) as info:
+        compose_context(
+            lib, HtpTarget(69, 79), read_graph_dirs(modellib, ["qnn/graph0", "qnn/graph1_0"]), weight_sharing=True
+        )
     message = str(info.value)
     assert "graph1_0" in message and node["mnn_op"] in message and "NoSuchQnnOp" in message
 

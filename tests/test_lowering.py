@@ -19,14 +19,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import import_mnn
-from mnnbuild.lowering.check import agreement, build_context, mnn_run, mnn_tensors, simulate
+from mnnbuild.lowering.check import mnn_run, mnn_tensors, simulate
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import (
     GraphDescription,
     LoweringError,
     TensorKind,
     compose,
+    compose_context,
     raw_file_name,
     read_graph_description,
 )
@@ -67,17 +69,14 @@ def tiny_info(tiny: MnnModel) -> dict[int, TensorMeta]:
     return _tiny_info(tiny, PREFILL)
 
 
+LOWERING_TOLERANCE = Tolerance(abs_floor=0.0)
+"""cosine >= 0.999 and max abs error <= 2% of the reference's max abs, no absolute slack."""
+
+
 def assert_close(got: np.ndarray, ref: np.ndarray, what: str) -> None:
-    a = agreement(got, ref)
-    log.info(
-        "%s: cosine %.7f, max abs err %.3g (%.3g%% of %.3g)",
-        what,
-        a.cosine,
-        a.max_abs_err,
-        100 * a.relative,
-        a.ref_max_abs,
-    )
-    assert a.ok(), f"{what}: {a}"
+    check = compare(what, got, ref, LOWERING_TOLERANCE)
+    log.info("%s", check.describe())
+    assert check.passed, check.describe()
 
 
 def op_boundary(model: MnnModel, op_indexes: Sequence[int]) -> tuple[list[int], list[int]]:
@@ -406,13 +405,11 @@ def test_decode_and_prefill_name_shared_weights_alike(lib: QnnLibrary, tiny: Mnn
                     key = f"{node.name}__{p.name}"
                     assert params.setdefault(key, p.values) == p.values, key
     # Both graphs in one weight-shared context: built, and the weights are stored once.
-    with ContextBuilder(lib, V79, weight_sharing=True) as ctx:
-        compose(decode.description, decode.statics, ctx.add_graph("graph0"))
-        compose(prefill.description, prefill.statics, ctx.add_graph("graph1_0"))
-        shared = ctx.serialize()
+    graphs = {"graph0": (decode.description, decode.statics), "graph1_0": (prefill.description, prefill.statics)}
+    shared = compose_context(lib, V79, graphs, weight_sharing=True)
     info = read_binary_info(lib, shared)
     assert info.graph_names == ["graph0", "graph1_0"] and info.weight_shared
-    alone = build_context(lib, {"graph1_0": prefill})
+    alone = compose_context(lib, V79, {"graph1_0": graphs["graph1_0"]}, weight_sharing=False)
     assert len(shared) <= 1.2 * len(alone) or len(shared) - len(alone) < 64 * 1024, (len(shared), len(alone))
 
 
@@ -457,8 +454,8 @@ def test_rotary_in_fp16_loses_the_phase_at_long_positions(lib: QnnLibrary, tiny:
         info = mnn_tensors(tiny, MODEL_FILE, WEIGHT_FILE, feed)
         lowered = lower_subgraph(tiny, WEIGHT_FILE, ops, info, [position_ids], [cos])
         got = simulate(lib, lowered, {f"t{position_ids}": feed["position_ids"]})
-        results[start] = agreement(got[f"t{cos}"], info[cos].value)
-    assert results[0].ok() and not results[4000].ok(), results
+        results[start] = compare("cos", got[f"t{cos}"], info[cos].value, LOWERING_TOLERANCE)
+    assert results[0].passed and not results[4000].passed, results
 
 
 def test_unsupported_op_in_a_subgraph_is_a_clear_error(tiny: MnnModel, tiny_info: dict[int, TensorMeta]) -> None:

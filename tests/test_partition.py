@@ -6,21 +6,22 @@ import json
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from mnnbuild_runtime import HybridExecutor, PluginSpec, Segment, parse_plugins
 
 from mnnbuild.cpu import CpuRuntime, load_module, load_vars, save_vars, var_format
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.support import unsupported_reason
-from mnnbuild.mnn import MnnModel, Op, load_model, plugin_attributes
-from mnnbuild.partition import execute
-from mnnbuild.partition.execute import HybridExecutor, PluginCall, SourceSubgraphRunner
+from mnnbuild.mnn import MnnModel, Op, blob_format, load_model, plugin_attributes
 from mnnbuild.partition.fold import forward
-from mnnbuild.partition.layout import blob_format
 from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.partition.rewrite import plugin_attrs_of
 from mnnbuild.spec import LocalSource
 from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
@@ -107,19 +108,40 @@ def o_blob(op: Op, shape: int, tensor: int) -> object:
     return plugin_attributes(op)[f"o_{shape}_{op.outputs.index(tensor)}"]
 
 
+@dataclass(frozen=True)
+class PluginCall:
+    """What the hybrid executor handed one plugin."""
+
+    name: str
+    shape_index: int
+    graph_name: str
+    inputs: list[np.ndarray]
+
+
+def reference_executor(
+    src: Path, qnn_dir: Path, reference: SourceSubgraphRunner, calls: list[PluginCall]
+) -> HybridExecutor:
+    """``mnnbuild_runtime``'s hybrid executor on ``qnn_dir/llm.mnn``, each plugin run by its source subgraph
+    (the context binaries do not exist yet); every plugin call is appended to ``calls``."""
+    model_file = qnn_dir / "llm.mnn"
+    model = load_model(model_file)
+
+    def run_plugin(spec: PluginSpec, index: int, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
+        graph = spec.graph_names[index]
+        calls.append(PluginCall(spec.name, index, graph, list(inputs)))
+        return reference.run(graph, spec.input_tensors, spec.output_tensors, inputs), 0.0
+
+    plugins = parse_plugins(model, qnn_dir.parent, model_file, binaries=False)
+    return HybridExecutor(model_file, model, plugins, src / "llm.mnn.weight", run_plugin)
+
+
 def run_hybrid(
     src: Path, qnn_dir: Path, feeds: dict[str, np.ndarray]
 ) -> tuple[dict[str, np.ndarray], list[PluginCall]]:
     """Run ``qnn_dir/llm.mnn`` with every plugin replaced by its source subgraph; returns outputs and calls."""
     calls: list[PluginCall] = []
     with SourceSubgraphRunner(src / "llm.mnn", src / "llm.mnn.weight", qnn_dir) as reference:
-
-        def runner(call: PluginCall) -> list[np.ndarray]:
-            calls.append(call)
-            return reference(call)
-
-        executor = HybridExecutor(qnn_dir / "llm.mnn", src / "llm.mnn.weight", runner)
-        return executor.run(feeds), calls
+        return reference_executor(src, qnn_dir, reference, calls).run(feeds).outputs, calls
 
 
 # ---- structure ---------------------------------------------------------------------------------------
@@ -244,31 +266,31 @@ def test_executor_converts_layouts_at_plugin_boundaries(tiny: Built, monkeypatch
     """As the device runtime does: CPU segments read a plugin output in its ``o_*`` layout, plugins get
     dense logical-NCHW arrays of the shapes their graphs were built for."""
     fed: list[list[str]] = []
-    real = execute.forward_vars
 
-    def spy(module: object, variables: list[object]) -> list[object]:
-        fed.append([var_format(v) for v in variables])
-        return real(module, variables)
+    class Spy:
+        def __init__(self, module: Any) -> None:
+            self.module = module
 
-    monkeypatch.setattr(execute, "forward_vars", spy)
+        def forward(self, variables: list[Any]) -> list[Any]:
+            fed.append([var_format(v) for v in variables])
+            return self.module.forward(variables)
+
+    real = HybridExecutor._module
+    monkeypatch.setattr(HybridExecutor, "_module", lambda self, seg: Spy(real(self, seg)))
     feeds, expected = tiny.sample(CHUNK)
     calls: list[PluginCall] = []
     with SourceSubgraphRunner(tiny.src / "llm.mnn", tiny.src / "llm.mnn.weight", tiny.qnn) as reference:
-
-        def runner(call: PluginCall) -> list[np.ndarray]:
-            calls.append(call)
-            return reference(call)
-
-        executor = HybridExecutor(tiny.qnn / "llm.mnn", tiny.src / "llm.mnn.weight", runner)
-        outputs = executor.run(feeds)
+        executor = reference_executor(tiny.src, tiny.qnn, reference, calls)
+        outputs = executor.run(feeds).outputs
     np.testing.assert_allclose(outputs["logits"], expected["logits"], rtol=0, atol=1e-5)
     # what each CPU segment was fed, against the o_* layout of the plugin output it reads
     made_by: dict[int, Op] = {t: op for op in tiny.plugins() for t in op.outputs}
-    segments = [seg for seg in executor.segments if seg.plugin is None]
+    segments = [step for step in executor.steps if isinstance(step, Segment)]
     assert len(fed) == len(segments)
     converted = []
     for seg, formats in zip(segments, fed, strict=True):
-        for t, got in zip(seg.inputs, formats, strict=True):
+        for name, got in zip(seg.inputs, formats, strict=True):
+            t = tiny.result.tensor_index(name)
             if t in made_by:
                 want = blob_format(o_blob(made_by[t], 1, t))
                 assert got == want, tiny.result.tensor_names[t]
@@ -329,20 +351,11 @@ def test_reference_io_chains(tiny: Built) -> None:
     """Each graph's reference output is what its ops compute from its reference input."""
     with SourceSubgraphRunner(tiny.src / "llm.mnn", tiny.src / "llm.mnn.weight", tiny.qnn) as reference:
         for op in tiny.plugins():
-            attrs = plugin_attributes(op)
-            for s, graph in enumerate(attrs["allGraphName"]):
+            for graph in plugin_attributes(op)["allGraphName"]:
                 desc = SubgraphRecord.read(tiny.qnn / graph)
                 ins, outs = desc.load_reference(tiny.qnn / graph)
-                call = PluginCall(
-                    op_index=0,
-                    name=op.name,
-                    attrs=attrs,
-                    shape_index=s,
-                    input_names=[t.name for t in desc.inputs],
-                    output_names=[t.name for t in desc.outputs],
-                    inputs=ins,
-                )
-                for got, want in zip(reference(call), outs, strict=True):
+                got_outs = reference.run(graph, [t.name for t in desc.inputs], [t.name for t in desc.outputs], ins)
+                for got, want in zip(got_outs, outs, strict=True):
                     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
 
 

@@ -7,18 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mnnbuild_runtime import shape_index
 
-from mnnbuild.cpu import to_numpy, var_format
+from mnnbuild.cpu import BoundaryValue, to_numpy, var_format
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.lower import constant_tensors
 from mnnbuild.lowering.support import LOWERED_OP_TYPES, SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, make_blob, schema
+from mnnbuild.mnn.semantics import reads_content, shape_inputs
 from mnnbuild.partition.cut import Cut, plan_cut, schedule_ops
-from mnnbuild.partition.execute import shape_index
 from mnnbuild.partition.fold import folded_model
-from mnnbuild.partition.layout import BoundaryValue
 from mnnbuild.partition.rewrite import fuse_attributes
-from mnnbuild.partition.semantics import reads_content, shape_inputs
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 
 MODEL_FILES = {
@@ -369,11 +368,11 @@ def test_fuse_attributes() -> None:
 
 def test_shape_index() -> None:
     all_shape = [1, 1, 1, 1, 64, 1, 16, 16, 1, 64]
-    assert shape_index(all_shape, [[1, 1], [1, 1, 64]]) == 0
-    assert shape_index(all_shape, [[1, 16], [16, 1, 64]]) == 1
-    assert shape_index([], [[], []]) == 0
-    with pytest.raises(StageError, match="match no block of allInputShape"):
-        shape_index(all_shape, [[1, 8], [8, 1, 64]])
+    assert shape_index(all_shape, [[1, 1], [1, 1, 64]], 2) == 0
+    assert shape_index(all_shape, [[1, 16], [16, 1, 64]], 2) == 1
+    assert shape_index([], [[], []], 1) == 0
+    assert shape_index(all_shape, [[1, 8], [8, 1, 64]], 2) is None
+    assert shape_index(all_shape, [[1, 16], [16, 1, 64]], 1) is None  # one graph: only block 0 selectable
 
 
 def test_folded_model_replaces_producers(tiny: MnnModel) -> None:

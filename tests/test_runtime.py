@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -480,3 +483,81 @@ def test_tokenizer_round_trip(tiny_bundle: tuple[Path, dict[str, bytes]]) -> Non
     (bundle / "no_tokenizer.json").write_text('{"llm_model": "qnn/llm.mnn"}')
     with pytest.raises(BundleError, match=r"tokenizer file .*tokenizer.txt .* does not exist"):
         Tokenizer(bundle / "no_tokenizer.json")
+
+
+# ---- installing the runtime on its own ---------------------------------------------------------------
+
+BUILD_ONLY = ("doit", "huggingface_hub", "fsspec", "tqdm")
+"""What a user running a bundle does not need; the runtime must neither declare nor import them."""
+
+_RUN_INSTALLED = """
+import importlib.abc, json, sys
+site, bundle, twins, x_file, out_file, modules_file = sys.argv[1:]
+sys.path.insert(0, site)
+
+
+class BuildOnly(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in {blocked}:
+            raise ImportError(f"the runtime imported {{name}}, which it does not ship with")
+        return None
+
+
+sys.meta_path.insert(0, BuildOnly())
+import numpy as np
+from mnnbuild_runtime import HybridModel
+
+overrides = {{p: open(f, "rb").read() for p, f in json.loads(twins).items()}}
+with HybridModel(bundle, binary_overrides=overrides) as model:
+    np.save(out_file, model.forward({{"x": np.load(x_file)}})["out"])
+ours = {{n: getattr(m, "__file__", None) for n, m in sys.modules.items() if n.partition(".")[0].startswith("mnnbuild")}}
+open(modules_file, "w").write(json.dumps(ours))
+"""
+
+
+def test_runtime_installs_and_runs_a_bundle_without_the_build(synthetic: Synthetic, tmp_path: Path) -> None:
+    """``runtime/`` builds offline into a wheel holding the runtime and its format layers only, declaring none of
+    the build's dependencies; installed alone, it runs a bundle with doit, huggingface_hub, fsspec and tqdm
+    unimportable, and every mnnbuild module it loads comes from the wheel."""
+    src = tmp_path / "src"  # a copy, so the build leaves nothing in the tree
+    ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
+    shutil.copytree(PROJECT_ROOT / "runtime", src / "runtime", ignore=ignore)
+    shutil.copytree(PROJECT_ROOT / "mnnbuild", src / "mnnbuild", ignore=ignore)
+    wheels = tmp_path / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+    build = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels)]
+    subprocess.run([*build, str(src / "runtime")], check=True, capture_output=True, timeout=300)
+    (wheel,) = wheels.glob("mnnbuild_runtime-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [
+        line.split(":", 1)[1].strip().lower() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+    ]
+    assert not [r for r in requires for b in BUILD_ONLY if r.replace("-", "_").startswith(b)], requires
+    assert any(r.startswith("mnn") for r in requires) and any(r.startswith("onnxruntime-qnn") for r in requires)
+    shipped = {n for n in names if n.startswith("mnnbuild/") and n.endswith(".py")}
+    top = {n for n in shipped if n.count("/") == 1}
+    assert top == {"mnnbuild/__init__.py", "mnnbuild/errors.py", "mnnbuild/fsutil.py", "mnnbuild/cpu.py"}
+    assert {n.split("/")[1] for n in shipped - top} == {"mnn", "qnn"}
+    site = tmp_path / "site"
+    install = [*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, timeout=300)
+
+    x = np.random.default_rng(3).standard_normal((PREFILL, 8)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    twin_files = {}
+    for path, data in synthetic.twins.items():
+        twin_files[path] = str(tmp_path / Path(path).name)
+        Path(twin_files[path]).write_bytes(data)
+    script = _RUN_INSTALLED.format(blocked=set(BUILD_ONLY))
+    args = [str(site), str(synthetic.bundle), json.dumps(twin_files), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    args.append(str(tmp_path / "modules.json"))
+    # -I: no PYTHONPATH, no cwd on sys.path; the venv's site-packages (numpy, MNN, onnxruntime-qnn) stay visible
+    proc = subprocess.run([sys.executable, "-I", "-c", script, *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    loaded = json.loads((tmp_path / "modules.json").read_text())
+    assert "mnnbuild_runtime.hybrid" in loaded and "mnnbuild.qnn" in loaded
+    outside = {n: f for n, f in loaded.items() if f is not None and not Path(f).is_relative_to(site)}
+    assert outside == {}
+    assert_close(np.load(tmp_path / "y.npy"), reference(synthetic.original, x)["out"], "installed runtime out")

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import BinaryOverride, HybridModel, Tokenizer, greedy_generate
 
+from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
 from mnnbuild.manifests.partition import read_merge
@@ -26,7 +27,6 @@ from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.targets import soc_for_arch
 from mnnbuild.verify.checks import build_twins
-from mnnbuild.verify.compare import Tolerance, compare
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, executed_tasks, skipped_tasks
 

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mnnbuild.cpu import CpuRuntime, import_mnn, load_module, to_var
 from mnnbuild.lowering.context import TensorMeta
-from mnnbuild.lowering.graph import compose
+from mnnbuild.lowering.graph import compose_context
 from mnnbuild.lowering.lower import LoweredGraph
 from mnnbuild.mnn import MnnModel
-from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, load_context
+from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +72,6 @@ def mnn_run(
     return {n: _var_to_numpy(v) for n, v in zip(outputs, results, strict=True)}
 
 
-def build_context(lib: QnnLibrary, graphs: Mapping[str, LoweredGraph], target: HtpTarget = SIMULATOR_TARGET) -> bytes:
-    """One (unshared) context binary holding the lowered graphs, in order, with the upstream settings."""
-    with ContextBuilder(lib, target) as ctx:
-        for name, lowered in graphs.items():
-            compose(lowered.description, lowered.statics, ctx.add_graph(name))
-        return ctx.serialize()
-
-
 def simulate(
     lib: QnnLibrary,
     lowered: LoweredGraph,
@@ -89,31 +80,6 @@ def simulate(
 ) -> dict[str, np.ndarray]:
     """Build ``lowered`` as graph ``g`` for ``target``, load it in the simulator and run it on ``inputs``
     (by QNN tensor name, ``t<index>``)."""
-    binary = build_context(lib, {"g": lowered}, target)
+    binary = compose_context(lib, target, {"g": (lowered.description, lowered.statics)}, weight_sharing=False)
     with load_context(lib, binary) as runner:
         return runner.execute("g", inputs)
-
-
-@dataclass(frozen=True)
-class Agreement:
-    cosine: float
-    max_abs_err: float
-    ref_max_abs: float
-
-    @property
-    def relative(self) -> float:
-        return self.max_abs_err / self.ref_max_abs if self.ref_max_abs else self.max_abs_err
-
-    def ok(self, min_cosine: float = 0.999, max_relative: float = 0.02) -> bool:
-        return self.cosine >= min_cosine and self.max_abs_err <= max_relative * self.ref_max_abs
-
-
-def agreement(got: np.ndarray, ref: np.ndarray) -> Agreement:
-    """Cosine similarity and max abs error of ``got`` against ``ref`` (identical arrays: cosine 1)."""
-    g = np.asarray(got, dtype=np.float64).ravel()
-    r = np.asarray(ref, dtype=np.float64).ravel()
-    if g.shape != r.shape:
-        raise ValueError(f"shape mismatch: {np.shape(got)} vs {np.shape(ref)}")
-    norm = float(np.linalg.norm(g) * np.linalg.norm(r))
-    cos = float(g @ r / norm) if norm else (1.0 if np.array_equal(g, r) else 0.0)
-    return Agreement(cos, float(np.abs(g - r).max(initial=0.0)), float(np.abs(r).max(initial=0.0)))

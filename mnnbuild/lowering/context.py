@@ -7,12 +7,12 @@ graph input (``APP_WRITE``), a graph output (``APP_READ``), an intermediate (``N
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.lowering.graph import (
     LoweringError,
     Param,
@@ -24,6 +24,7 @@ from mnnbuild.lowering.graph import (
     raw_file_name,
 )
 from mnnbuild.mnn import MnnModel, Op
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import WeightFile
 
 
@@ -73,10 +74,7 @@ def tensor_param(values: np.ndarray | Sequence[int], dtype: str = "uint32") -> T
 
 
 def digest(*parts: bytes) -> str:
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p)
-    return h.hexdigest()[:8]
+    return sha256_bytes(*parts)[:8]
 
 
 class LoweringContext:
@@ -175,7 +173,7 @@ class LoweringContext:
             value = value.reshape(tuple(shape))
         producer = self.producers.get(t)
         base = self.model.ops[producer].name if producer is not None else f"const{t}"
-        if producer is None or self.model.ops[producer].type not in ("Const", "TrainableParam"):
+        if producer is None or self.model.ops[producer].type not in CONST_OP_TYPES:
             # folded per shape: the value may differ between the decode and prefill graph
             base += "." + digest(str(value.shape).encode(), np.ascontiguousarray(value).tobytes())
         if shape is not None and tuple(value.shape) != self.shape(t):

@@ -8,12 +8,12 @@ The modellib stage writes both into a graph directory; the context stage reads t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Literal
@@ -21,9 +21,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mnnbuild.errors import MnnbuildError
+from mnnbuild.errors import MnnbuildError, QnnError
+from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.layout import GRAPH_FILE
-from mnnbuild.qnn import GraphBuilder, Scalar
+from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Scalar
 from mnnbuild.qnn import dtypes as qdt
 
 log = logging.getLogger(__name__)
@@ -160,7 +161,7 @@ def raw_file_name(tensor_name: str) -> str:
     differ only in such characters apart.
     """
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", tensor_name).strip("._") or "tensor"
-    digest = hashlib.sha256(tensor_name.encode()).hexdigest()[:8]
+    digest = sha256_bytes(tensor_name.encode())[:8]
     return f"{safe[:100]}.{digest}.raw"
 
 
@@ -246,3 +247,35 @@ def compose(desc: GraphDescription, raw_source: Path | Mapping[str, np.ndarray],
         except MnnbuildError as exc:
             raise type(exc)(f"{exc} (lowered from MNN op {node.mnn_op!r})") from exc
     log.debug("composed graph %s: %d tensors, %d nodes", graph.name, len(desc.tensors), len(desc.nodes))
+
+
+StaticSource = Path | Mapping[str, np.ndarray]
+"""Where a graph's STATIC data comes from: its graph directory (``.raw`` files) or the arrays by tensor name."""
+
+
+def compose_context(
+    lib: QnnLibrary,
+    target: HtpTarget,
+    graphs: Mapping[str, tuple[GraphDescription, StaticSource]],
+    weight_sharing: bool,
+) -> bytes:
+    """One context binary holding ``graphs`` (name -> description and static data), finalized in order
+    with the upstream HTP settings, serialized. A graph QNN refuses raises ``LoweringError`` naming it."""
+    with ContextBuilder(lib, target, weight_sharing=weight_sharing) as ctx:
+        for name, (desc, statics) in graphs.items():
+            builder = ctx.add_graph(name)
+            where = statics if isinstance(statics, Path) else "in-memory graph"
+            try:
+                compose(desc, statics, builder)
+                started = time.perf_counter()
+                builder.finalize()
+            except QnnError as exc:
+                raise LoweringError(f"{where}: QNN refused graph {name}: {exc}") from None
+            log.info("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
+        return ctx.serialize()
+
+
+def read_graph_dirs(root: Path, graphs: Sequence[str]) -> dict[str, tuple[GraphDescription, Path]]:
+    """The graph descriptions of ``root/<graph>`` for each relative graph dir (``qnn/graph0``), by graph
+    name (the dir's basename), ready for :func:`compose_context`."""
+    return {Path(g).name: (read_graph_description(Path(root) / g), Path(root) / g) for g in graphs}

@@ -31,8 +31,8 @@ from mnnbuild.lowering.support import blob_value, precision_reason
 from mnnbuild.lowering.support import constant_tensors as constant_tensors
 from mnnbuild.lowering.support import unsupported_reason as unsupported_reason
 from mnnbuild.mnn import MnnModel
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.partition.semantics import CONST_OP_TYPES
 
 log = logging.getLogger(__name__)
 

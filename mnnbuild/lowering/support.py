@@ -16,7 +16,7 @@ from types import MappingProxyType
 import numpy as np
 
 from mnnbuild.mnn import MnnModel, Op, enum_name, schema
-from mnnbuild.partition.semantics import CONST_OP_TYPES, reads_content, shape_inputs
+from mnnbuild.mnn.semantics import CONST_OP_TYPES, reads_content, shape_inputs
 
 Check = Callable[[Op, MnnModel], "str | None"]
 

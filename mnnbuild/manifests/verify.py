@@ -6,11 +6,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mnnbuild.compare import Tolerance
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
 from mnnbuild.stage import StageInputs
 from mnnbuild.targets import Soc
-from mnnbuild.verify.compare import Tolerance
 
 
 class VerifyInputs(StageInputs):

@@ -274,6 +274,11 @@ def make_blob(dims: Sequence[int], data_type: int | str = "DT_FLOAT", data_forma
     return blob
 
 
+def blob_format(blob: Any) -> str:
+    """The MNN data format name (``NCHW``, ``NHWC``, ``NC4HW4``) a Blob (a plugin's ``o_*`` attribute) names."""
+    return enum_name(fb.MNN_DATA_FORMAT, int(blob.dataFormat))
+
+
 def make_attribute(key: str, value: AttrValue) -> Any:
     """One ``AttributeT``: str -> ``s``; list of str -> ``list.s``; list of int -> ``list.i``;
     ``BlobT`` -> ``tensor``; bool -> ``b``; int -> ``i``; float -> ``f``."""

@@ -38,7 +38,7 @@ from typing import Literal
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op
-from mnnbuild.partition.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, reads_content, shape_inputs
+from mnnbuild.mnn.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, reads_content, shape_inputs
 
 log = logging.getLogger(__name__)
 
@@ -401,6 +401,65 @@ def _cpu_side(model: MnnModel, cut_modules: list[Module], outputs: Iterable[int]
     return sorted(kept)
 
 
+def _break_reasons(
+    model: MnnModel,
+    needed: list[int],
+    compute: list[int],
+    inputs: list[int],
+    static: set[int],
+    folded_ops: set[int],
+    skips: Collection[str],
+    max_kv_size: int,
+    support: SupportCheck,
+) -> dict[int, str]:
+    """Why each op that must stay on the CPU does (op index -> reason): its own break reason, or that it lies
+    between ``attention_mask`` and an Attention kept on the CPU."""
+    reasons: dict[int, str] = {}
+    for i in compute:
+        reason = _break_reason(model.ops[i], model, static, skips, max_kv_size, support)
+        if reason is not None:
+            reasons[i] = reason
+    attention_on_cpu = [i for i in reasons if model.ops[i].type in ATTENTION_TYPES]
+    for i in sorted(_mask_to_attention_ops(model, needed, inputs, attention_on_cpu)):
+        if i not in folded_ops and i not in reasons:
+            reasons[i] = "between attention_mask and an Attention that stays on the CPU"
+    return reasons
+
+
+def _split_into_modules(model: MnnModel, compute: list[int], reasons: dict[int, str], static: set[int]) -> list[Module]:
+    """The scheduled compute ops as modules: each break op alone, the runs between them split where a shape
+    cannot be fixed."""
+    candidates: list[Module] = []
+    group: list[int] = []
+    for i in compute:
+        if i in reasons:
+            if group:
+                candidates.append(Module(ops=group))
+                group = []
+            candidates.append(Module(ops=[i], is_break=True, reason=reasons[i]))
+        else:
+            group.append(i)
+    if group:
+        candidates.append(Module(ops=group))
+    modules: list[Module] = []
+    for m in candidates:
+        modules.extend([m] if m.is_break else _shape_split(model, m.ops, static))
+    return modules
+
+
+def _number_plugins(model: MnnModel, modules: list[Module]) -> None:
+    """Give each NPU module its plugin number, in order; a run without a Convolution stays on the CPU."""
+    k = 0
+    for m in modules:
+        if m.is_break or m.reason:
+            continue
+        if not any(model.ops[i].type == CONVOLUTION for i in m.ops):
+            m.reason = "subgraph without a Convolution stays on the CPU"
+            continue
+        m.graph = k
+        k += 1
+
+
 def plan_cut(
     model: MnnModel,
     input_names: Sequence[str],
@@ -422,15 +481,7 @@ def plan_cut(
     folded_set = set(folded_ops)
     compute = [i for i in needed if i not in folded_set]
 
-    reasons: dict[int, str] = {}
-    for i in compute:
-        reason = _break_reason(model.ops[i], model, static, skips, max_kv_size, support)
-        if reason is not None:
-            reasons[i] = reason
-    attention_on_cpu = [i for i in reasons if model.ops[i].type in ATTENTION_TYPES]
-    for i in sorted(_mask_to_attention_ops(model, needed, inputs, attention_on_cpu)):
-        if i not in folded_set and i not in reasons:
-            reasons[i] = "between attention_mask and an Attention that stays on the CPU"
+    reasons = _break_reasons(model, needed, compute, inputs, static, folded_set, skips, max_kv_size, support)
 
     # everything that cannot join an NPU run goes as early as it can, so it does not split a run
     # merely by where the exporter placed it
@@ -441,33 +492,9 @@ def plan_cut(
     compute_set = set(compute)
     compute = [i for i in order if i in compute_set]
 
-    candidates: list[Module] = []
-    group: list[int] = []
-    for i in compute:
-        if i in reasons:
-            if group:
-                candidates.append(Module(ops=group))
-                group = []
-            candidates.append(Module(ops=[i], is_break=True, reason=reasons[i]))
-        else:
-            group.append(i)
-    if group:
-        candidates.append(Module(ops=group))
-
-    modules: list[Module] = []
-    for m in candidates:
-        modules.extend([m] if m.is_break else _shape_split(model, m.ops, static))
+    modules = _split_into_modules(model, compute, reasons, static)
     _boundaries(model, modules, set(inputs), set(outputs), static)
-
-    k = 0
-    for m in modules:
-        if m.is_break or m.reason:
-            continue
-        if not any(model.ops[i].type == CONVOLUTION for i in m.ops):
-            m.reason = "subgraph without a Convolution stays on the CPU"
-            continue
-        m.graph = k
-        k += 1
+    _number_plugins(model, modules)
 
     cpu_ops = _cpu_side(model, modules, outputs)
     for m in modules:

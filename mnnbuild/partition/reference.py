@@ -9,12 +9,17 @@ Each module is fed its inputs in the layout MNN gives them in the whole graph (a
 an NC4HW4 Var): MNN sub-modules adopt the layout of the Vars they are fed, so a Convolution fed an
 NCHW Var would report an NCHW output, and the recorded format (which becomes the plugin's ``o_*``
 format) would depend on where the cut fell instead of on the model.
+
+``SourceSubgraphRunner`` is the CPU reference of one plugin graph: its original ops, run from the source
+model with that graph's folded per-shape constants. Given to ``mnnbuild_runtime``'s hybrid executor in
+place of the HTP simulator, it runs a partitioned ``qnn/llm.mnn`` wholly on the CPU.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,12 +27,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mnnbuild.cpu import load_module, to_numpy, var_format
+from mnnbuild.cpu import NCHW, BoundaryValue, CpuRuntime, load_module, to_numpy, var_format
 from mnnbuild.errors import StageError
+from mnnbuild.mnn import load_model
 from mnnbuild.partition.cut import Cut, Module
-from mnnbuild.partition.fold import forward_vars
-from mnnbuild.partition.layout import NCHW, BoundaryValue
-from mnnbuild.partition.records import TensorSpec, qnn_name
+from mnnbuild.partition.fold import forward, forward_vars, write_folded_model
+from mnnbuild.partition.records import SubgraphRecord, TensorSpec, qnn_name
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +112,41 @@ def _internal_specs(
         return {}
     out_vars = _run(folded_path, rt, cut, m.inputs, made, env, formats)
     return {t: spec_of(cut, t, to_numpy(v), var_format(v)) for t, v in zip(made, out_vars, strict=True)}
+
+
+class SourceSubgraphRunner:
+    """The CPU reference for a plugin graph: its original ops, run by MNN from the source model between
+    the plugin's boundary tensor names, with that graph's folded per-shape constants in place."""
+
+    def __init__(self, source_model: Path, weight_path: Path, qnn_dir: Path, runtime: CpuRuntime | None = None) -> None:
+        self.source = load_model(source_model)
+        self.qnn_dir = Path(qnn_dir)
+        self.rt = (runtime or CpuRuntime()).create(weight_path)
+        self._work = tempfile.TemporaryDirectory(prefix="mnnbuild-ref-")
+        self._modules: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self._work.cleanup()
+
+    def __enter__(self) -> SourceSubgraphRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _module(self, graph: str, input_names: Sequence[str], output_names: Sequence[str]) -> Any:
+        if graph not in self._modules:
+            graph_dir = self.qnn_dir / graph
+            desc = SubgraphRecord.read(graph_dir)
+            folded = desc.load_folded(graph_dir)
+            path = write_folded_model(self.source, folded, Path(self._work.name) / f"{graph}.mnn")
+            self._modules[graph] = load_module(path, self.rt, list(input_names), list(output_names))
+        return self._modules[graph]
+
+    def run(
+        self, graph: str, input_names: Sequence[str], output_names: Sequence[str], inputs: Sequence[np.ndarray]
+    ) -> list[np.ndarray]:
+        """Graph ``graph``'s outputs (named ``output_names``) for ``inputs`` (named ``input_names``), as dense
+        logical-NCHW arrays: what the plugin's QNN graph writes, whatever layout MNN keeps the tensor in."""
+        module = self._module(graph, input_names, output_names)
+        return [BoundaryValue(var=v).as_array() for v in forward(module, list(inputs))]

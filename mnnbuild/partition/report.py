@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.summary import op_weight_bytes
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.records import (
@@ -21,7 +22,7 @@ from mnnbuild.partition.records import (
 def weight_ops(cut: Cut, m: Module) -> set[int]:
     """The module's ops plus the Const ops whose tensors it reads."""
     ops = cut.model.ops
-    const_producer = {t: i for i, op in enumerate(ops) if op.type in ("Const", "TrainableParam") for t in op.outputs}
+    const_producer = {t: i for i, op in enumerate(ops) if op.type in CONST_OP_TYPES for t in op.outputs}
     return set(m.ops) | {const_producer[t] for t in m.consumed if t in const_producer}
 
 

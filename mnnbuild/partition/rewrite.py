@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.cpu import BLOB_FORMATS, NCHW
 from mnnbuild.layout import binary_path, graph_name
 from mnnbuild.mnn import MnnModel, Op, attribute_value, make_blob, make_plugin_op, schema
 from mnnbuild.partition.cut import Cut, Module
-from mnnbuild.partition.layout import BLOB_FORMATS, NCHW
 from mnnbuild.partition.records import TensorSpec, qnn_name
 
 PLUGIN_TYPE = "QNN"

@@ -11,40 +11,19 @@ binary is read back through QnnSystem and checked against what was asked for.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from mnnbuild.errors import QnnError, StageError
 from mnnbuild.fsutil import atomic_write_bytes, staged_dir
 from mnnbuild.layout import QNN_DIR
-from mnnbuild.lowering.graph import compose, read_graph_description
+from mnnbuild.lowering.graph import compose_context, read_graph_dirs
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
 from mnnbuild.manifests.modellib import ModellibManifest
-from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, read_binary_info
+from mnnbuild.qnn import HtpTarget, QnnLibrary, read_binary_info
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
-
-
-def compose_context(
-    lib: QnnLibrary, target: HtpTarget, modellib_dir: Path, graphs: list[str], weight_sharing: bool
-) -> bytes:
-    """Compose, finalize and serialize the named graphs (graph names are the dirs' basenames)."""
-    with ContextBuilder(lib, target, weight_sharing=weight_sharing) as ctx:
-        for graph in graphs:
-            src = Path(modellib_dir) / graph
-            desc = read_graph_description(src)
-            name = Path(graph).name
-            builder = ctx.add_graph(name)
-            try:
-                compose(desc, src, builder)
-                started = time.perf_counter()
-                builder.finalize()
-            except QnnError as exc:
-                raise StageError(f"{src}: QNN refused graph {name}: {exc}") from None
-            log.info("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
-        return ctx.serialize()
 
 
 def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -> ContextManifest:
@@ -52,7 +31,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
     modellib = inputs.manifest(ModellibManifest, inputs.modellib_dir)
     lib = QnnLibrary()
     target = HtpTarget(params.soc.soc_id, params.soc.arch_number, params.soc.vtcm_mb)
-    binary = compose_context(lib, target, inputs.modellib_dir, inputs.graphs, params.weight_sharing)
+    binary = compose_context(lib, target, read_graph_dirs(inputs.modellib_dir, inputs.graphs), params.weight_sharing)
     info = read_binary_info(lib, binary)
     names = [Path(g).name for g in inputs.graphs]
     if info.graph_names != names:

@@ -46,6 +46,7 @@ from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded, write_folded_model
@@ -138,7 +139,7 @@ def _graph_description(
         for i in m.ops
     ]
     read = sorted(m.consumed)
-    producer = {t: i for i, op in enumerate(model.ops) if op.type in ("Const", "TrainableParam") for t in op.outputs}
+    producer = {t: i for i, op in enumerate(model.ops) if op.type in CONST_OP_TYPES for t in op.outputs}
     constants = []
     for t in read:
         if t in producer:
@@ -218,6 +219,61 @@ def _chain_error(env: dict[int, np.ndarray], cut: Cut, expected: dict[str, np.nd
     return worst
 
 
+def _run_samples(
+    model_name: str,
+    cut: Cut,
+    model_path: Path,
+    rt: Any,
+    samples: list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]],
+    io_dir: Path,
+    qnn: Path,
+    work: Path,
+) -> tuple[list[list[ModuleIO]], list[float]]:
+    """Per sample shape: fold the per-shape constants, run every module in order (checking the chain against
+    the sample's output) and write each NPU graph's dir; returns each shape's module IO and chain error."""
+    model = cut.model
+    frontier_names = [model.tensor_names[t] for t in cut.frontier]
+    per_shape: list[list[ModuleIO]] = []
+    diffs: list[float] = []
+    for s, (seq, feeds, expected) in enumerate(samples):
+        values = compute_folded(model_path, rt, feeds, frontier_names)
+        folded = {model.tensor_index(n): v for n, v in values.items()}
+        folded_path = write_folded_model(model, folded, work / f"folded{s}.mnn")
+        label = f"{model_name} seq {seq}"
+        ios, env = run_modules(cut, folded_path, rt, feeds, label)
+        diffs.append(_chain_error(env, cut, expected, testdir(io_dir, seq)))
+        per_shape.append(ios)
+        for m, mio in zip(cut.modules, ios, strict=True):
+            if m.graph is not None:
+                _write_graph_dir(qnn / graph_name(s, m.graph), cut, m, s, mio, folded)
+        log.info(
+            "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
+            model_name,
+            seq,
+            diffs[-1],
+        )
+    return per_shape, diffs
+
+
+def _plugin_attributes(
+    cut: Cut, per_shape: list[list[ModuleIO]]
+) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]]]:
+    """Per plugin number: its Plugin attributes fused over the shapes, and its boundary specs per shape."""
+    plugin_attrs: dict[int, dict[str, Any]] = {}
+    boundary: dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]] = {}
+    for pos, m in enumerate(cut.modules):
+        if m.graph is None:
+            continue
+        ins = [[shape[pos].specs[t] for t in m.inputs] for shape in per_shape]
+        outs = [[shape[pos].specs[t] for t in m.outputs] for shape in per_shape]
+        attrs = shape_attributes(m, 0, ins[0], outs[0])
+        for s in range(1, len(per_shape)):
+            attrs = fuse_attributes(attrs, shape_attributes(m, s, ins[s], outs[s]))
+        plugin_attrs[m.graph] = attrs
+        boundary[m.graph] = (ins, outs)
+    return plugin_attrs, boundary
+
+
 def partition(
     inputs: PartitionInputs,
     params: PartitionParams,
@@ -254,42 +310,11 @@ def partition(
     if not cut.plugins:
         log.warning("partition %s: no subgraph qualifies for the NPU; qnn/llm.mnn equals the CPU graph", inputs.model)
     rt = params.runtime.create(weight_path)
-    frontier_names = [model.tensor_names[t] for t in cut.frontier]
-    per_shape: list[list[ModuleIO]] = []
-    diffs: list[float] = []
     with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="mnnbuild-partition-") as work:
         qnn = tmp / QNN_DIR
         qnn.mkdir()
-        for s, (seq, feeds, expected) in enumerate(samples):
-            values = compute_folded(model_path, rt, feeds, frontier_names)
-            folded = {model.tensor_index(n): v for n, v in values.items()}
-            folded_path = write_folded_model(model, folded, Path(work) / f"folded{s}.mnn")
-            label = f"{inputs.model} seq {seq}"
-            ios, env = run_modules(cut, folded_path, rt, feeds, label)
-            diffs.append(_chain_error(env, cut, expected, testdir(io_dir, seq)))
-            per_shape.append(ios)
-            for m, mio in zip(cut.modules, ios, strict=True):
-                if m.graph is not None:
-                    _write_graph_dir(qnn / graph_name(s, m.graph), cut, m, s, mio, folded)
-            log.info(
-                "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
-                inputs.model,
-                seq,
-                diffs[-1],
-            )
-
-        plugin_attrs: dict[int, dict[str, Any]] = {}
-        boundary: dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]] = {}
-        for pos, m in enumerate(cut.modules):
-            if m.graph is None:
-                continue
-            ins = [[per_shape[s][pos].specs[t] for t in m.inputs] for s in range(len(samples))]
-            outs = [[per_shape[s][pos].specs[t] for t in m.outputs] for s in range(len(samples))]
-            attrs = shape_attributes(m, 0, ins[0], outs[0])
-            for s in range(1, len(samples)):
-                attrs = fuse_attributes(attrs, shape_attributes(m, s, ins[s], outs[s]))
-            plugin_attrs[m.graph] = attrs
-            boundary[m.graph] = (ins, outs)
+        per_shape, diffs = _run_samples(inputs.model, cut, model_path, rt, samples, io_dir, qnn, Path(work))
+        plugin_attrs, boundary = _plugin_attributes(cut, per_shape)
         result = rewrite_model(cut, plugin_attrs)
         save_model(result, tmp / RESULT_MODEL)
 

@@ -40,7 +40,7 @@ from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.stage import Stage
-from mnnbuild.verify import checks
+from mnnbuild.verify import checks, failures
 from mnnbuild.verify.report import VerifyReport, format_report
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,61 @@ def _read_prompt(model_dir: Path, prompt: str | None) -> str:
     return text or DEFAULT_PROMPT
 
 
+def _overrides(
+    inputs: VerifyInputs, bundle: BundleManifest, model_prefix: str, twins: dict[str, checks.Twin]
+) -> tuple[dict[str, dict[str, str]], dict[str, BinaryOverride]]:
+    """The recorded hashes of each shipped binary (bundle, context, twin) and the twins to run in its place."""
+    hashes = _expected_hashes(inputs, bundle, model_prefix)
+    for path, twin in twins.items():
+        hashes.setdefault(path, {})["twin"] = twin.sha256
+    overrides = {
+        path: BinaryOverride(
+            twin.data,
+            shipped_sha256=hashes[path].get("context") or hashes[path].get("bundle"),
+            label=f"unshared twin of {path} (sha256 {twin.sha256[:12]}…)",
+        )
+        for path, twin in twins.items()
+    }
+    return hashes, overrides
+
+
+def _run_bundle(
+    model: HybridModel,
+    inputs: VerifyInputs,
+    params: VerifyParams,
+    hashes: dict[str, dict[str, str]],
+    report: VerifyReport,
+    timings: dict[str, float],
+) -> list[failures.Failure]:
+    """Plugin checks, then (if every binary passed) the whole model and generation checks, into ``report``."""
+    found = []
+    report.plugins = checks.plugin_checks(model, hashes)
+    found += failures.plugin_failures(report.plugins)
+    if all(p.passed for p in report.plugins):
+        t0 = time.perf_counter()
+        io = IoManifest.read(Path(inputs.io_dir))
+        samples = [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(inputs.io_dir), strict=True)]
+        report.whole_model = checks.check_whole_model(model, samples, params.model_tolerance)
+        timings["whole_model"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        report.generation = checks.check_generation(
+            model,
+            Path(inputs.model_dir),
+            _read_prompt(model.bundle.model_dir, params.prompt),
+            params.max_new_tokens,
+            params.model_tolerance,
+            params.runtime,
+        )
+        timings["generation"] = time.perf_counter() - t0
+    else:
+        found.append(failures.structure("whole model and generation not run: a plugin binary failed its checks", -1.0))
+    for p, runner in zip(report.plugins, model.plugins.values(), strict=True):
+        rep = runner.report()
+        p.load_seconds = rep["load_seconds"]
+        p.simulator_seconds = rep["simulator_seconds"]
+    return found
+
+
 def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     """Every check, in order; returns the report (never raises for a failed check)."""
     started = time.perf_counter()
@@ -114,11 +169,8 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
         model_tolerance=params.model_tolerance,
         executed_note="",
     )
-    # (group, -severity, line); groups: 0 integrity, 1 bundle/plugin structure, 2 graphs, 3 whole model, 4 generation
-    failures: list[tuple[int, float, str]] = []
-
     report.integrity = checks.check_integrity(Path(inputs.bundle_dir), bundle.outputs)
-    failures += [(0, 0.0, p) for p in report.integrity.problems]
+    found = [failures.Failure(failures.INTEGRITY, 0.0, p) for p in report.integrity.problems]
 
     lib = QnnLibrary()
     report.qnn = {k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"}
@@ -129,131 +181,33 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
         twins = checks.build_twins(lib, target, Path(inputs.modellib_dir), merge)
     except MnnbuildError as exc:  # nothing can run without them; still write the report
         twins = {}
-        failures.append((1, 0.0, f"unshared twins: {exc}"))
+        found.append(failures.structure(f"unshared twins: {exc}"))
     timings["twins"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     report.graphs = checks.check_graphs(lib, twins, Path(inputs.partition_dir), params.graph_tolerance)
     timings["graphs"] = time.perf_counter() - t0
-    for g in report.graphs:
-        if g.problem:
-            failures.append((2, -float("inf"), f"graph {g.graph} ({g.binary}): {g.problem}"))
-        for t in g.outputs:
-            if not t.passed:
-                sev = t.severity(params.graph_tolerance)
-                failures.append((2, -sev, f"graph {g.graph} ({g.binary}) output {t.describe()}"))
+    found += failures.graph_failures(report.graphs, params.graph_tolerance)
 
-    failures += [(1, 0.0, p) for p in _context_problems(inputs, params, merge)]
-    hashes = _expected_hashes(inputs, bundle, model_prefix)
-    for path, twin in twins.items():
-        hashes.setdefault(path, {})["twin"] = twin.sha256
-    overrides = {
-        path: BinaryOverride(
-            twin.data,
-            shipped_sha256=hashes[path].get("context") or hashes[path].get("bundle"),
-            label=f"unshared twin of {path} (sha256 {twin.sha256[:12]}…)",
-        )
-        for path, twin in twins.items()
-    }
+    found += [failures.structure(p) for p in _context_problems(inputs, params, merge)]
+    hashes, overrides = _overrides(inputs, bundle, model_prefix, twins)
     model = None
     try:
         model = HybridModel(
             bundle_model_dir, binary_overrides=overrides, expected_target=target, qnn_lib=lib, runtime=params.runtime
         )
     except MnnbuildError as exc:
-        failures.append((1, 0.0, f"bundle {bundle_model_dir}: {exc}"))
+        found.append(failures.structure(f"bundle {bundle_model_dir}: {exc}"))
     try:
         if model is not None and twins:
-            report.plugins = checks.plugin_checks(model, hashes)
-            for p in report.plugins:
-                if p.context_sha256 and p.bundle_sha256 and p.context_sha256 != p.bundle_sha256:
-                    failures.append(
-                        (1, 0.0, f"plugin {p.path}: the bundle manifest's sha256 differs from the context stage's")
-                    )
-                if p.problem:
-                    failures.append((1, 0.0, p.problem))
-            if all(p.passed for p in report.plugins):
-                t0 = time.perf_counter()
-                io = IoManifest.read(Path(inputs.io_dir))
-                samples = [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(inputs.io_dir), strict=True)]
-                report.whole_model = checks.check_whole_model(model, samples, params.model_tolerance)
-                timings["whole_model"] = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                report.generation = checks.check_generation(
-                    model,
-                    Path(inputs.model_dir),
-                    _read_prompt(bundle_model_dir, params.prompt),
-                    params.max_new_tokens,
-                    params.model_tolerance,
-                    params.runtime,
-                )
-                timings["generation"] = time.perf_counter() - t0
-            else:
-                failures.append((1, 1.0, "whole model and generation not run: a plugin binary failed its checks"))
-            for p, runner in zip(report.plugins, model.plugins.values(), strict=True):
-                rep = runner.report()
-                p.load_seconds = rep["load_seconds"]
-                p.simulator_seconds = rep["simulator_seconds"]
+            found += _run_bundle(model, inputs, params, hashes, report, timings)
     finally:
         if model is not None:
             model.close()
-    for s in report.whole_model:
-        if s.problem:
-            failures.append((3, -float("inf"), f"whole model seq {s.seq_len}: {s.problem}"))
-        for t in s.outputs:
-            if not t.passed:
-                failures.append(
-                    (3, -t.severity(params.model_tolerance), f"whole model seq {s.seq_len}: {t.describe()}")
-                )
-        if s.top1 is not None and not s.top1.passed:
-            bad = [d for d in s.top1.disagreements if not d.tolerated]
-            failures.append(
-                (
-                    3,
-                    0.0,
-                    f"whole model seq {s.seq_len}: top-1 differs on {len(bad)} rows beyond near-ties (first: row "
-                    f"{bad[0].row}, reference {bad[0].ref_token} leads hybrid's {bad[0].got_token} by "
-                    f"{bad[0].ref_lead:.4g})",
-                )
-            )
-    gen = report.generation
-    if gen is not None and not gen.passed:
-        if gen.problem:
-            failures.append((4, 0.0, f"generation: {gen.problem}"))
-        else:
-            bad_steps = [s for s in gen.steps if not s.logits.passed]
-            if bad_steps:
-                worst = max(bad_steps, key=lambda s: s.logits.severity(params.model_tolerance))
-                line = (
-                    f"generation: {len(bad_steps)} of {len(gen.steps)} steps out of tolerance; "
-                    f"worst: {worst.logits.describe()}"
-                )
-                failures.append((4, 0.0, line))
-            if gen.first_divergence is not None and not gen.steps[gen.first_divergence].tolerated_flip:
-                line = (
-                    f"generation: tokens differ from new token {gen.first_divergence} on: {gen.divergence_note}; "
-                    f"cpu {gen.cpu_tokens}, hybrid {gen.hybrid_tokens}"
-                )
-                failures.append((4, 0.0, line))
-    executed = {p.path: p.executed or "not run" for p in report.plugins}
-    kinds = sorted(set(executed.values()))
-    report.executed_note = (
-        "executed in the simulator: unshared twins built from the same modellib graphs (this x86 QNN library "
-        "cannot load the shipped weight-shared binaries); the shipped binaries were checked by sha256 and "
-        "binary info"
-        if kinds == ["override"]
-        else f"executed in the simulator per plugin: {executed}"
-        if executed
-        else "nothing was executed in the simulator (see the failures)"
-    )
-    failures.sort(key=lambda f: (f[0], f[1]))
-    report.failures = [f[2] for f in failures]
-    # the error message: the worst failure of each kind (a hash mismatch alone would hide what the numbers say)
-    groups: dict[int, str] = {}
-    for group, _, line in failures:
-        groups.setdefault(group, line)
-    report.headline = list(groups.values())
-    report.passed = not failures
+    found += failures.whole_model_failures(report.whole_model, params.model_tolerance)
+    found += failures.generation_failures(report.generation, params.model_tolerance)
+    report.executed_note = failures.executed_note(report.plugins)
+    failures.conclude(report, found)
     timings["total"] = time.perf_counter() - started
     report.timings = {k: round(v, 3) for k, v in timings.items()}
     return report

@@ -29,15 +29,16 @@ from mnnbuild_runtime import (
 )
 from tqdm import tqdm
 
+from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import sha256_bytes, sha256_file
 from mnnbuild.layout import CONFIG_FILE, REFERENCE_INPUT, REFERENCE_OUTPUT, manifest_file, origin_file
+from mnnbuild.lowering.graph import compose_context, read_graph_dirs
 from mnnbuild.manifest import FileRecord
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import ContextRunner, HtpTarget, QnnLibrary, read_binary_info
-from mnnbuild.stages.context import compose_context
-from mnnbuild.verify.compare import Tolerance, compare, is_near_tie, lead, top2_margin
+from mnnbuild.verify.compare import is_near_tie, lead, top2_margin
 from mnnbuild.verify.report import (
     GenerationCheck,
     GenerationStep,
@@ -102,7 +103,7 @@ def build_twins(
     twins = {}
     for binary, graphs in tqdm(merge.items(), desc="unshared twins", unit="binary", leave=False, disable=None):
         t0 = time.perf_counter()
-        data = compose_context(lib, target, modellib_dir, list(graphs), weight_sharing=False)
+        data = compose_context(lib, target, read_graph_dirs(modellib_dir, graphs), weight_sharing=False)
         twins[binary] = Twin(binary, list(graphs), data, sha256_bytes(data), time.perf_counter() - t0)
         log.info(
             "verify: twin %s (%s): %.1f MB in %.2fs", binary, ", ".join(graphs), len(data) / 1e6, twins[binary].seconds

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from mnnbuild.verify.compare import TensorCheck, Tolerance
+from mnnbuild.compare import TensorCheck, Tolerance
 
 
 class IntegrityCheck(BaseModel):

@@ -12,7 +12,7 @@
         report = model.report()   # which binary each plugin ran, simulator vs MNN time
 """
 
-from mnnbuild_runtime.bundle import Bundle, OutputDesc, PluginSpec
+from mnnbuild_runtime.bundle import Bundle, OutputDesc, PluginSpec, parse_plugins
 from mnnbuild_runtime.errors import BinaryCheckError, BundleError, PluginShapeError, RuntimeBundleError
 from mnnbuild_runtime.generate import (
     Embeddings,
@@ -24,11 +24,26 @@ from mnnbuild_runtime.generate import (
     llm_inputs,
     recompute_generate,
 )
-from mnnbuild_runtime.hybrid import ForwardResult, HybridModel, PluginStep, Segment, StepTiming, build_plan
-from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structure, select_shape_index
+from mnnbuild_runtime.hybrid import (
+    ForwardResult,
+    HybridExecutor,
+    HybridModel,
+    PluginFn,
+    PluginStep,
+    Segment,
+    StepTiming,
+    build_plan,
+    plan_steps,
+)
+from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structure, select_shape_index, shape_index
 from mnnbuild_runtime.tokenizer import Tokenizer
 
 __all__ = [
+    "shape_index",
+    "plan_steps",
+    "parse_plugins",
+    "PluginFn",
+    "HybridExecutor",
     "BinaryCheckError",
     "BinaryOverride",
     "Bundle",

@@ -148,8 +148,11 @@ def _str_list(attrs: dict[str, Any], key: str, where: str, count: int | None = N
     return tuple(value)
 
 
-def parse_plugin(model: MnnModel, op_index: int, model_dir: Path, model_file: Path) -> PluginSpec:
-    """Decode and check one Plugin op's attributes (see :class:`PluginSpec`)."""
+def parse_plugin(
+    model: MnnModel, op_index: int, model_dir: Path, model_file: Path, *, binaries: bool = True
+) -> PluginSpec:
+    """Decode and check one Plugin op's attributes (see :class:`PluginSpec`). ``binaries=False`` accepts a
+    ``path`` whose file does not exist yet (a partitioned model before its context binaries are built)."""
     op = model.ops[op_index]
     where = f"{model_file}: plugin {op.name!r} (op #{op_index})"
     plugin_type = getattr(op.main, "type", None)
@@ -168,7 +171,7 @@ def parse_plugin(model: MnnModel, op_index: int, model_dir: Path, model_file: Pa
     if not isinstance(path, str) or not path:
         raise BundleError(f"{where}: attribute 'path' missing or not a string; expected e.g. 'qnn/graph0.bin'")
     file = model_dir / path
-    if not file.is_file():
+    if binaries and not file.is_file():
         raise BundleError(f"{where}: attribute 'path' = {path!r} but {file} does not exist")
     qnn_inputs = _str_list(attrs, "inputs", where, len(op.inputs))
     qnn_outputs = _str_list(attrs, "outputs", where, len(op.outputs))
@@ -225,6 +228,26 @@ def parse_plugin(model: MnnModel, op_index: int, model_dir: Path, model_file: Pa
     )
 
 
+def parse_plugins(
+    model: MnnModel, model_dir: Path, model_file: Path, *, binaries: bool = True
+) -> tuple[PluginSpec, ...]:
+    """Every Plugin op of ``model`` (see :func:`parse_plugin`), checked for unique names and binaries."""
+    plugins = tuple(
+        parse_plugin(model, i, model_dir, model_file, binaries=binaries)
+        for i, op in enumerate(model.ops)
+        if op.type == "Plugin"
+    )
+    names = [p.name for p in plugins]
+    dup_names = sorted({n for n in names if names.count(n) > 1})
+    if dup_names:
+        raise BundleError(f"{model_file}: several Plugin ops are named {dup_names}; expected unique op names")
+    paths = [p.path for p in plugins if not p.size]
+    dup = sorted({p for p in paths if paths.count(p) > 1})
+    if dup:
+        raise BundleError(f"{model_file}: several plugins use the same context binary {dup}; expected one each")
+    return plugins
+
+
 @dataclass
 class Bundle:
     """A bundle's model directory, opened and validated: config, the plugin graph and its plugins."""
@@ -268,17 +291,7 @@ class Bundle:
             weight_file = None
         if weight_file is not None:
             _check_weight_extent(model, model_dir, weight_file)
-        plugins = tuple(
-            parse_plugin(model, i, model_dir, model_file) for i, op in enumerate(model.ops) if op.type == "Plugin"
-        )
-        names = [p.name for p in plugins]
-        dup_names = sorted({n for n in names if names.count(n) > 1})
-        if dup_names:
-            raise BundleError(f"{model_file}: several Plugin ops are named {dup_names}; expected unique op names")
-        paths = [p.path for p in plugins if not p.size]
-        dup = sorted({p for p in paths if paths.count(p) > 1})
-        if dup:
-            raise BundleError(f"{model_file}: several plugins use the same context binary {dup}; expected one each")
+        plugins = parse_plugins(model, model_dir, model_file)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
         return cls(model_dir, config, model_file, model, weight_file, plugins)
 

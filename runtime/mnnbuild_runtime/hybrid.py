@@ -5,6 +5,10 @@ supported. Please recompile with MNN_WITH_PLUGIN"), but it loads any sub-graph o
 Plugin ops when given tensor names, as long as the sub-graph does not reach a Plugin op. So the ops
 between plugins run as MNN sub-modules of ``qnn/llm.mnn`` itself (maximal runs of non-plugin ops), and
 the plugins run in the HTP simulator in between.
+
+:class:`HybridExecutor` is that loop for any model file holding Plugin ops, with each plugin run by a
+callback (:data:`PluginFn`): :class:`HybridModel` plugs in the HTP simulator, the build's tests plug in
+the partition's CPU reference (``mnnbuild.partition.reference.SourceSubgraphRunner``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -20,18 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import CpuRuntime, import_mnn, load_module, to_numpy, to_var
-from mnnbuild.mnn import Op, schema
+from mnnbuild.cpu import NHWC, BoundaryValue, CpuRuntime, load_module
+from mnnbuild.mnn import MnnModel
+from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.qnn import HtpTarget, QnnLibrary
-from mnnbuild_runtime.bundle import Bundle
+from mnnbuild_runtime.bundle import Bundle, PluginSpec
 from mnnbuild_runtime.errors import BundleError
-from mnnbuild_runtime.plugin import OverrideLike, PluginRunner, as_override
+from mnnbuild_runtime.plugin import OverrideLike, PluginRunner, as_override, select_shape_index
 
 log = logging.getLogger(__name__)
-
-_NCHW = schema.MNN_DATA_FORMAT.NCHW
-_NHWC = schema.MNN_DATA_FORMAT.NHWC
-_NC4HW4 = schema.MNN_DATA_FORMAT.NC4HW4
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Segment:
 class PluginStep:
     name: str
     path: str
+    op_index: int = -1
 
 
 Step = Segment | PluginStep
@@ -78,53 +80,26 @@ class ForwardResult:
         return sum(s.seconds for s in self.steps if s.kind == "qnn")
 
 
-class _Value:
-    """A tensor between steps: an MNN Var (from a segment) and/or an NCHW numpy array (from a plugin)."""
-
-    __slots__ = ("array", "fmt", "var")
-
-    def __init__(self, var: Any = None, array: np.ndarray | None = None, fmt: int = _NCHW) -> None:
-        self.var, self.array, self.fmt = var, array, fmt
-
-    def as_var(self) -> Any:
-        if self.var is None:
-            F = import_mnn().expr
-            var = to_var(np.ascontiguousarray(self.array))
-            # MNN sub-modules take a tensor in the layout the graph keeps it in (as the plugin
-            # kernel's copy-back does); an NCHW Var fed where NC4HW4 is expected is misread.
-            if self.fmt == _NC4HW4:
-                var = F.convert(var, F.NC4HW4)
-            elif self.fmt == _NHWC and self.array is not None and self.array.ndim >= 3:
-                var = F.convert(var, F.NHWC)
-            self.var = var
-        return self.var
-
-    def as_array(self) -> np.ndarray:
-        if self.array is None:
-            F = import_mnn().expr
-            var = self.var
-            # read() returns the raw buffer; NC4HW4 and NHWC tensors are converted to the logical
-            # NCHW layout first, as the plugin kernel does (Tensor::CAFFE) before handing them to QNN.
-            if var.data_format != F.NCHW:
-                var = F.convert(var, F.NCHW)
-            self.array = to_numpy(var)
-        return self.array
-
-
-def _const_like(op: Op) -> bool:
-    return op.type != "Input" and not op.inputs
+PluginFn = Callable[[PluginSpec, int, Sequence[np.ndarray]], tuple[Sequence[np.ndarray], float]]
+"""Runs one plugin: (its spec, the shape index the live inputs select, the inputs as dense logical-NCHW
+arrays in ``inputs`` attribute order) -> (the outputs in ``outputs`` attribute order, seconds spent)."""
 
 
 def build_plan(bundle: Bundle) -> list[Step]:
-    """Cut ``qnn/llm.mnn`` into segments and plugin steps, in op order, with each segment's inputs and
+    """:func:`plan_steps` of a bundle's ``qnn/llm.mnn``."""
+    return plan_steps(bundle.model, bundle.model_file, bundle.plugins)
+
+
+def plan_steps(model: MnnModel, model_file: Path, plugins: Sequence[PluginSpec]) -> list[Step]:
+    """Cut ``model`` into segments and plugin steps, in op order, with each segment's inputs and
     outputs reduced to what later steps and the model outputs need."""
-    model = bundle.model
     names = model.tensor_names
     graph_inputs = set(model.input_indexes)
-    const_tensors = {t for op in model.ops if _const_like(op) for t in op.outputs}
+    # MNN's own notion (mnn.semantics): Const/TrainableParam outputs are constant by construction
+    const_tensors = {t for op in model.ops if op.type in CONST_OP_TYPES for t in op.outputs}
     raw: list[tuple[str, list[int]]] = []
     for i, op in enumerate(model.ops):
-        if op.type == "Input" or _const_like(op):
+        if op.type == "Input" or op.type in CONST_OP_TYPES:
             continue  # Inputs are fed; constants are pulled in by MNN wherever they are used
         kind = "plugin" if op.type == "Plugin" else "ops"
         if kind == "ops" and raw and raw[-1][0] == "ops":
@@ -139,13 +114,13 @@ def build_plan(bundle: Bundle) -> list[Step]:
             missing = [names[t] for t in op.inputs if t not in ready]
             if missing:
                 raise BundleError(
-                    f"{bundle.model_file}: op #{i} {op.name!r} ({op.type}) reads {missing[:3]} before any op "
+                    f"{model_file}: op #{i} {op.name!r} ({op.type}) reads {missing[:3]} before any op "
                     "writes them; expected ops in topological order"
                 )
             ready.update(op.outputs)
     missing_out = [n for n in model.output_names if model.tensor_index(n) not in ready]
     if missing_out:
-        raise BundleError(f"{bundle.model_file}: model outputs {missing_out} are never produced")
+        raise BundleError(f"{model_file}: model outputs {missing_out} are never produced")
     # backward pass: what each step must produce and read
     live = {model.tensor_index(n) for n in model.output_names}
     steps: list[Step] = []
@@ -158,8 +133,8 @@ def build_plan(bundle: Bundle) -> list[Step]:
                 continue
             live -= set(op.outputs)
             live |= set(op.inputs)
-            spec = next(p for p in bundle.plugins if p.op_index == idxs[0])
-            steps.append(PluginStep(spec.name, spec.path))
+            spec = next(p for p in plugins if p.op_index == idxs[0])
+            steps.append(PluginStep(spec.name, spec.path, spec.op_index))
             continue
         seg_count -= 1
         produced = {t for i in idxs for t in model.ops[i].outputs}
@@ -192,6 +167,154 @@ def build_plan(bundle: Bundle) -> list[Step]:
         )
     steps.reverse()
     return steps
+
+
+class HybridExecutor:
+    """Runs a model file holding Plugin ops: each segment as an MNN sub-module of that file, each plugin
+    through ``run_plugin`` (see :data:`PluginFn`), with the tensor layouts the device uses at every boundary.
+
+    A plugin gets dense logical-NCHW arrays whatever layout MNN keeps a tensor in; its outputs are converted
+    into the layout its ``o_<shape>_<j>`` Blob names (NC4HW4 for a Convolution output) before CPU ops read
+    them. Values passed between segments keep MNN's own layout.
+    """
+
+    def __init__(
+        self,
+        model_file: Path,
+        model: MnnModel,
+        plugins: Sequence[PluginSpec],
+        weight_file: Path | None,
+        run_plugin: PluginFn,
+        *,
+        runtime: CpuRuntime | None = None,
+    ) -> None:
+        self.model_file = Path(model_file)
+        self.model = model
+        self.plugins = {p.name: p for p in plugins}
+        self.weight_file = weight_file
+        self.run_plugin = run_plugin
+        self.runtime = runtime or CpuRuntime()
+        self.steps = plan_steps(model, self.model_file, plugins)
+        self._rt: Any = None
+        self._modules: dict[str, Any] = {}
+        self.segment_seconds: dict[str, list[float]] = {}
+
+    def _module(self, seg: Segment) -> Any:
+        mod = self._modules.get(seg.name)
+        if mod is None:
+            if self._rt is None:
+                self._rt = self.runtime.create(self.weight_file)
+            try:
+                mod = load_module(self.model_file, self._rt, seg.inputs, seg.outputs)
+            except Exception as exc:  # MNN raises a bare SystemError with the reason on stderr
+                raise BundleError(
+                    f"{self.model_file}: MNN cannot load segment {seg.name} (inputs {list(seg.inputs)[:6]}, "
+                    f"outputs {list(seg.outputs)[:6]}): {exc}"
+                ) from exc
+            self._modules[seg.name] = mod
+        return mod
+
+    def load_segments(self) -> None:
+        """Load every MNN segment now instead of on first use."""
+        for step in self.steps:
+            if isinstance(step, Segment):
+                self._module(step)
+
+    def _feed(self, inputs: Mapping[str, np.ndarray]) -> dict[str, BoundaryValue]:
+        expected = self.model.input_names
+        missing = [n for n in expected if n not in inputs]
+        unknown = sorted(set(inputs) - set(expected))
+        if missing or unknown:
+            raise BundleError(f"{self.model_file}: inputs missing {missing}, unknown {unknown}; expected {expected}")
+        env = {}
+        for name in expected:
+            arr = np.asarray(inputs[name])
+            if arr.dtype.kind == "f" and arr.dtype != np.float32:
+                arr = arr.astype(np.float32)
+            elif arr.dtype.kind in "iu" and arr.dtype != np.int32:
+                arr = arr.astype(np.int32)
+            env[name] = BoundaryValue(array=np.ascontiguousarray(arr))
+        return env
+
+    def _segment(self, step: Segment, env: dict[str, BoundaryValue]) -> float:
+        mod = self._module(step)
+        feed = [env[n].as_var() for n in step.inputs]
+        t0 = time.perf_counter()
+        outs = mod.forward(feed)
+        if len(outs) != len(step.outputs):
+            raise BundleError(
+                f"{self.model_file}: segment {step.name} returned {len(outs)} outputs, expected "
+                f"{len(step.outputs)} ({list(step.outputs)[:6]}); MNN could not run it (see its log)"
+            )
+        for name, var in zip(step.outputs, outs, strict=True):
+            env[name] = BoundaryValue(var=var)
+        seconds = time.perf_counter() - t0
+        self.segment_seconds.setdefault(step.name, []).append(seconds)
+        return seconds
+
+    def _plugin(
+        self, spec: PluginSpec, env: dict[str, BoundaryValue]
+    ) -> tuple[int, list[np.ndarray], list[np.ndarray], float]:
+        arrays = [env[n].as_array() for n in spec.input_tensors]
+        index = select_shape_index(spec, [a.shape for a in arrays])
+        got, seconds = self.run_plugin(spec, index, arrays)
+        outs = [np.asarray(o) for o in got]
+        if len(outs) != len(spec.output_tensors):
+            raise BundleError(f"{spec.where()}: produced {len(outs)} outputs, expected {len(spec.output_tensors)}")
+        for j, (name, arr, desc) in enumerate(zip(spec.output_tensors, outs, spec.outputs[index], strict=True)):
+            # an NHWC Blob lists MNN's NHWC dims while the graph writes NCHW order: only sizes compare
+            same = arr.size == int(np.prod(desc.dims)) if desc.format_name == NHWC else tuple(arr.shape) == desc.dims
+            if not same:
+                raise BundleError(
+                    f"{spec.where()}: output {j} ({spec.qnn_outputs[j]}) has shape {list(arr.shape)}, "
+                    f"attribute 'o_{index}_{j}' says {list(desc.dims)}"
+                )
+            env[name] = BoundaryValue(array=arr, fmt=desc.format_name)
+        return index, arrays, outs, seconds
+
+    def run(self, inputs: Mapping[str, np.ndarray], *, capture: bool = False) -> ForwardResult:
+        """One forward pass; returns outputs, per-step timings and (``capture``) every plugin's IO."""
+        env = self._feed(inputs)
+        timings: list[StepTiming] = []
+        plugin_io: dict[str, dict[str, Any]] = {}
+        for step in self.steps:
+            if isinstance(step, Segment):
+                timings.append(StepTiming("mnn", step.name, self._segment(step, env)))
+                continue
+            spec = self.plugins[step.name]
+            index, arrays, outs, seconds = self._plugin(spec, env)
+            graph = spec.graph_names[index]
+            timings.append(StepTiming("qnn", step.name, seconds, graph, index))
+            if capture:
+                plugin_io[step.name] = {
+                    "graph": graph,
+                    "shape_index": index,
+                    "inputs": dict(zip(spec.qnn_inputs, arrays, strict=True)),
+                    "outputs": dict(zip(spec.qnn_outputs, outs, strict=True)),
+                }
+        outputs = {n: env[n].as_array() for n in self.model.output_names}
+        return ForwardResult(outputs, timings, plugin_io)
+
+    def segment_report(self) -> list[dict[str, Any]]:
+        """Per segment: its ops, boundary tensors, calls and MNN time so far."""
+        segments = []
+        for step in self.steps:
+            if isinstance(step, Segment):
+                times = self.segment_seconds.get(step.name, [])
+                segments.append(
+                    {
+                        "segment": step.name,
+                        "ops": len(step.op_indexes),
+                        "inputs": list(step.inputs),
+                        "outputs": list(step.outputs),
+                        "calls": len(times),
+                        "mnn_seconds": sum(times),
+                    }
+                )
+        return segments
+
+    def close(self) -> None:
+        self._modules.clear()
 
 
 class HybridModel:
@@ -235,32 +358,24 @@ class HybridModel:
             )
             for p in self.bundle.plugins
         }
-        self.steps = build_plan(self.bundle)
-        self._rt: Any = None
-        self._modules: dict[str, Any] = {}
-        self._segment_stats: dict[str, list[float]] = {}
+        self.executor = HybridExecutor(
+            self.bundle.model_file,
+            self.bundle.model,
+            self.bundle.plugins,
+            self.bundle.weight_file,
+            lambda spec, index, inputs: self.plugins[spec.name].run(index, inputs),
+            runtime=self.runtime,
+        )
         self._closed = False
 
-    # -- resources ---------------------------------------------------------------------------------
+    @property
+    def steps(self) -> list[Step]:
+        return self.executor.steps
+
     def _qnn_lib(self) -> QnnLibrary:
         if self._lib is None:
             self._lib = QnnLibrary()
         return self._lib
-
-    def _module(self, seg: Segment) -> Any:
-        mod = self._modules.get(seg.name)
-        if mod is None:
-            if self._rt is None:
-                self._rt = self.runtime.create(self.bundle.weight_file)
-            try:
-                mod = load_module(self.bundle.model_file, self._rt, seg.inputs, seg.outputs)
-            except Exception as exc:  # MNN raises a bare SystemError with the reason on stderr
-                raise BundleError(
-                    f"{self.bundle.model_file}: MNN cannot load segment {seg.name} (inputs {list(seg.inputs)[:6]}, "
-                    f"outputs {list(seg.outputs)[:6]}): {exc}"
-                ) from exc
-            self._modules[seg.name] = mod
-        return mod
 
     def check_binaries(self) -> list[dict[str, Any]]:
         """Check every plugin's shipped binary (and override) now, without running anything."""
@@ -270,94 +385,23 @@ class HybridModel:
 
     def load(self) -> None:
         """Load every MNN segment and create every QNN context now instead of on first use."""
+        self.executor.load_segments()
         for step in self.steps:
-            if isinstance(step, Segment):
-                self._module(step)
-            else:
+            if isinstance(step, PluginStep):
                 self.plugins[step.name].load()
-
-    # -- running -----------------------------------------------------------------------------------
-    def _feed(self, inputs: Mapping[str, np.ndarray]) -> dict[str, _Value]:
-        expected = self.bundle.input_names
-        missing = [n for n in expected if n not in inputs]
-        unknown = sorted(set(inputs) - set(expected))
-        if missing or unknown:
-            raise BundleError(
-                f"{self.bundle.model_file}: inputs missing {missing}, unknown {unknown}; expected {expected}"
-            )
-        env = {}
-        for name in expected:
-            arr = np.asarray(inputs[name])
-            if arr.dtype.kind == "f" and arr.dtype != np.float32:
-                arr = arr.astype(np.float32)
-            elif arr.dtype.kind in "iu" and arr.dtype != np.int32:
-                arr = arr.astype(np.int32)
-            env[name] = _Value(array=np.ascontiguousarray(arr))
-        return env
 
     def run(self, inputs: Mapping[str, np.ndarray], *, capture: bool = False) -> ForwardResult:
         """One forward pass; returns outputs, per-step timings and (``capture``) every plugin's IO."""
         if self._closed:
             raise BundleError("HybridModel is closed")
-        env = self._feed(inputs)
-        timings: list[StepTiming] = []
-        plugin_io: dict[str, dict[str, Any]] = {}
-        for step in self.steps:
-            if isinstance(step, Segment):
-                mod = self._module(step)
-                feed = [env[n].as_var() for n in step.inputs]
-                t0 = time.perf_counter()
-                outs = mod.forward(feed)
-                if len(outs) != len(step.outputs):
-                    raise BundleError(
-                        f"{self.bundle.model_file}: segment {step.name} returned {len(outs)} outputs, expected "
-                        f"{len(step.outputs)} ({list(step.outputs)[:6]}); MNN could not run it (see its log)"
-                    )
-                for name, var in zip(step.outputs, outs, strict=True):
-                    env[name] = _Value(var=var)
-                seconds = time.perf_counter() - t0
-                self._segment_stats.setdefault(step.name, []).append(seconds)
-                timings.append(StepTiming("mnn", step.name, seconds))
-            else:
-                runner = self.plugins[step.name]
-                spec = runner.spec
-                arrays = [env[n].as_array() for n in spec.input_tensors]
-                index, outs, seconds = runner.execute(arrays)
-                for name, arr, desc in zip(spec.output_tensors, outs, spec.outputs[index], strict=True):
-                    env[name] = _Value(array=arr, fmt=desc.data_format)
-                graph = spec.graph_names[index]
-                timings.append(StepTiming("qnn", step.name, seconds, graph, index))
-                if capture:
-                    plugin_io[step.name] = {
-                        "graph": graph,
-                        "shape_index": index,
-                        "inputs": dict(zip(spec.qnn_inputs, arrays, strict=True)),
-                        "outputs": dict(zip(spec.qnn_outputs, outs, strict=True)),
-                    }
-        outputs = {n: env[n].as_array() for n in self.bundle.output_names}
-        return ForwardResult(outputs, timings, plugin_io)
+        return self.executor.run(inputs, capture=capture)
 
     def forward(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model outputs (``logits``, ``hidden_states`` ...) for ``inputs`` by name."""
         return self.run(inputs).outputs
 
-    # -- reporting ---------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """Which binary each plugin executed (shipped or override, with hashes), and time spent so far."""
-        segments = []
-        for step in self.steps:
-            if isinstance(step, Segment):
-                times = self._segment_stats.get(step.name, [])
-                segments.append(
-                    {
-                        "segment": step.name,
-                        "ops": len(step.op_indexes),
-                        "inputs": list(step.inputs),
-                        "outputs": list(step.outputs),
-                        "calls": len(times),
-                        "mnn_seconds": sum(times),
-                    }
-                )
         lib = self._lib
         return {
             "bundle": str(self.bundle.model_dir),
@@ -366,7 +410,7 @@ class HybridModel:
             "cpu_runtime": self.runtime.model_dump(),
             "order": [s.name for s in self.steps],
             "plugins": [r.report() for r in self.plugins.values()],
-            "segments": segments,
+            "segments": self.executor.segment_report(),
         }
 
     def close(self) -> None:
@@ -376,7 +420,7 @@ class HybridModel:
         self._closed = True
         for runner in self.plugins.values():
             runner.close()
-        self._modules.clear()
+        self.executor.close()
 
     def __enter__(self) -> HybridModel:
         return self

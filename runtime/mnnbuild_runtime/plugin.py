@@ -13,7 +13,6 @@ which binary was executed.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from mnnbuild.errors import QnnError
+from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.mnn import schema
 from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info
 from mnnbuild_runtime.bundle import PluginSpec
@@ -72,23 +72,27 @@ def as_override(value: OverrideLike) -> BinaryOverride:
     return BinaryOverride(Path(value))
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
+def shape_index(all_input_shape: Sequence[int], shapes: Sequence[Sequence[int]], num_shapes: int) -> int | None:
+    """The index of the first block of ``allInputShape`` equal to the live input shapes, as MNN's plugin
+    kernel picks it (``None``: no block matches). Inputs of total rank 0 select block 0; only the first
+    ``num_shapes`` blocks (one per graph) can be selected."""
+    flat = [int(d) for s in shapes for d in s]
+    if not flat:
+        return 0
+    for index in range(min(len(all_input_shape) // len(flat), num_shapes)):
+        if [int(d) for d in all_input_shape[index * len(flat) : (index + 1) * len(flat)]] == flat:
+            return index
+    return None
 
 
 def select_shape_index(spec: PluginSpec, shapes: Sequence[tuple[int, ...]]) -> int:
-    """The index of the first ``allInputShape`` entry equal to the live input shapes (as MNN does it).
-
-    Inputs with rank 0 in total select shape 0. No match raises :class:`PluginShapeError`."""
+    """:func:`shape_index` of ``spec``'s ``allInputShape``; no match raises :class:`PluginShapeError`."""
+    index = shape_index(spec.all_input_shape, shapes, spec.num_shapes)
+    if index is not None:
+        return index
     ranks = [len(s) for s in shapes]
-    if sum(ranks) == 0:
-        return 0
     candidates = spec.input_shapes(ranks)
     live = [tuple(int(d) for d in s) for s in shapes]
-    # only as many shape entries as there are graphs can be selected
-    for index, expected in enumerate(candidates[: spec.num_shapes]):
-        if expected == live:
-            return index
     shown = [[list(d) for d in c] for c in candidates] if len(spec.all_input_shape) % sum(ranks) == 0 else None
     raise PluginShapeError(
         f"{spec.where()}: input shapes {[list(s) for s in live]} (tensors {list(spec.input_tensors)}) match none "
@@ -238,7 +242,7 @@ class PluginRunner:
             return
         lib: QnnLibrary = self._lib_factory()
         shipped = self.spec.read_binary()
-        self.shipped_sha256 = sha256(shipped)
+        self.shipped_sha256 = sha256_bytes(shipped)
         self.shipped_info = self._info(lib, shipped, f"shipped binary {self.spec.file}")
         check_structure(self.spec, self.shipped_info, f"shipped binary {self.spec.file}")
         self._check_target(self.shipped_info, f"shipped binary {self.spec.file}")
@@ -265,7 +269,7 @@ class PluginRunner:
                     "(ContextBuilder(weight_sharing=False)) that this QNN library can load"
                 )
             self._executed_bytes = twin
-            self.executed_info, self.executed_sha256, self.executed = twin_info, sha256(twin), "override"
+            self.executed_info, self.executed_sha256, self.executed = twin_info, sha256_bytes(twin), "override"
         else:
             if self.shipped_info.weight_shared and not self.allow_weight_shared:
                 raise BinaryCheckError(
@@ -305,8 +309,14 @@ class PluginRunner:
     def execute(self, inputs: Sequence[np.ndarray]) -> tuple[int, list[np.ndarray], float]:
         """Run the graph for these inputs (in ``inputs`` attribute order); returns (shape index, outputs in
         ``outputs`` attribute order, simulator seconds)."""
+        index = select_shape_index(self.spec, [a.shape for a in inputs])
+        outs, seconds = self.run(index, inputs)
+        return index, outs, seconds
+
+    def run(self, index: int, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
+        """Run graph ``allGraphName[index]`` on ``inputs``; returns the outputs (``outputs`` attribute order)
+        and the simulator seconds (context creation excluded). A :data:`~mnnbuild_runtime.hybrid.PluginFn`."""
         spec = self.spec
-        index = select_shape_index(spec, [a.shape for a in inputs])
         runner = self.load()
         graph = spec.graph_names[index]
         ginfo = runner.info.graph(graph)
@@ -327,7 +337,7 @@ class PluginRunner:
             if desc.data_format != schema.MNN_DATA_FORMAT.NHWC:
                 arr = arr.reshape(desc.dims)
             outs.append(arr.astype(desc.dtype, copy=False))
-        return index, outs, seconds
+        return outs, seconds
 
     def report(self) -> dict[str, Any]:
         """What was checked and what was executed, for the run report."""

@@ -1,4 +1,4 @@
-"""Facts about MNN ops the partition needs, as MNN's own shape inference defines them.
+"""Facts about MNN ops (what the partition and the lowering ask), as MNN's own shape inference defines them.
 
 Two different questions, answered per input position:
 
@@ -14,7 +14,7 @@ Both tables follow MNN's ``OpCommonUtils::opNeedContent`` and ``SizeComputer::ne
 
 from __future__ import annotations
 
-from mnnbuild.mnn import Op
+from mnnbuild.mnn.model import Op
 
 # Ops that never read their inputs' content (only shapes), per input position (None: every input).
 _NO_CONTENT: dict[str, tuple[int, ...] | None] = {

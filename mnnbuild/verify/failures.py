@@ -1,0 +1,116 @@
+"""Judging a verify report: one line per failure, ordered by kind and severity, and the report's verdict.
+
+Kinds, in the order they are listed: integrity, bundle and plugin structure, per graph, whole model, generation.
+The error message names the worst failure of each kind, so a hash mismatch alone never hides what the
+numbers say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mnnbuild.compare import Tolerance
+from mnnbuild.verify.report import GenerationCheck, GraphCheck, PluginCheck, ShapeCheck, VerifyReport
+
+INTEGRITY, STRUCTURE, GRAPHS, WHOLE_MODEL, GENERATION = range(5)
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: int
+    severity: float
+    """Larger is worse; orders the failures within a kind."""
+    line: str
+
+
+def structure(line: str, severity: float = 0.0) -> Failure:
+    return Failure(STRUCTURE, severity, line)
+
+
+def graph_failures(graphs: list[GraphCheck], tol: Tolerance) -> list[Failure]:
+    failures = []
+    for g in graphs:
+        if g.problem:
+            failures.append(Failure(GRAPHS, float("inf"), f"graph {g.graph} ({g.binary}): {g.problem}"))
+        for t in g.outputs:
+            if not t.passed:
+                failures.append(Failure(GRAPHS, t.severity(tol), f"graph {g.graph} ({g.binary}) output {t.describe()}"))
+    return failures
+
+
+def plugin_failures(plugins: list[PluginCheck]) -> list[Failure]:
+    failures = []
+    for p in plugins:
+        if p.context_sha256 and p.bundle_sha256 and p.context_sha256 != p.bundle_sha256:
+            failures.append(
+                structure(f"plugin {p.path}: the bundle manifest's sha256 differs from the context stage's")
+            )
+        if p.problem:
+            failures.append(structure(p.problem))
+    return failures
+
+
+def whole_model_failures(shapes: list[ShapeCheck], tol: Tolerance) -> list[Failure]:
+    failures = []
+    for s in shapes:
+        where = f"whole model seq {s.seq_len}"
+        if s.problem:
+            failures.append(Failure(WHOLE_MODEL, float("inf"), f"{where}: {s.problem}"))
+        for t in s.outputs:
+            if not t.passed:
+                failures.append(Failure(WHOLE_MODEL, t.severity(tol), f"{where}: {t.describe()}"))
+        if s.top1 is not None and not s.top1.passed:
+            bad = [d for d in s.top1.disagreements if not d.tolerated]
+            line = (
+                f"{where}: top-1 differs on {len(bad)} rows beyond near-ties (first: row {bad[0].row}, reference "
+                f"{bad[0].ref_token} leads hybrid's {bad[0].got_token} by {bad[0].ref_lead:.4g})"
+            )
+            failures.append(Failure(WHOLE_MODEL, 0.0, line))
+    return failures
+
+
+def generation_failures(gen: GenerationCheck | None, tol: Tolerance) -> list[Failure]:
+    if gen is None or gen.passed:
+        return []
+    if gen.problem:
+        return [Failure(GENERATION, 0.0, f"generation: {gen.problem}")]
+    failures = []
+    bad_steps = [s for s in gen.steps if not s.logits.passed]
+    if bad_steps:
+        worst = max(bad_steps, key=lambda s: s.logits.severity(tol))
+        line = (
+            f"generation: {len(bad_steps)} of {len(gen.steps)} steps out of tolerance; worst: {worst.logits.describe()}"
+        )
+        failures.append(Failure(GENERATION, 0.0, line))
+    if gen.first_divergence is not None and not gen.steps[gen.first_divergence].tolerated_flip:
+        line = (
+            f"generation: tokens differ from new token {gen.first_divergence} on: {gen.divergence_note}; "
+            f"cpu {gen.cpu_tokens}, hybrid {gen.hybrid_tokens}"
+        )
+        failures.append(Failure(GENERATION, 0.0, line))
+    return failures
+
+
+def executed_note(plugins: list[PluginCheck]) -> str:
+    """What ran in the simulator, in one sentence for the report."""
+    executed = {p.path: p.executed or "not run" for p in plugins}
+    if sorted(set(executed.values())) == ["override"]:
+        return (
+            "executed in the simulator: unshared twins built from the same modellib graphs (this x86 QNN library "
+            "cannot load the shipped weight-shared binaries); the shipped binaries were checked by sha256 and "
+            "binary info"
+        )
+    if executed:
+        return f"executed in the simulator per plugin: {executed}"
+    return "nothing was executed in the simulator (see the failures)"
+
+
+def conclude(report: VerifyReport, failures: list[Failure]) -> None:
+    """Set the report's failures (by kind, worst first), headline (the worst of each kind) and verdict."""
+    ordered = sorted(failures, key=lambda f: (f.kind, -f.severity))
+    report.failures = [f.line for f in ordered]
+    headline: dict[int, str] = {}
+    for f in ordered:
+        headline.setdefault(f.kind, f.line)
+    report.headline = list(headline.values())
+    report.passed = not failures
