@@ -16,6 +16,7 @@ import hashlib
 import importlib.util
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,11 @@ def _imports(path: Path, module: str) -> frozenset[str]:
 
 
 @functools.cache
-def module_closure(module: str) -> tuple[tuple[str, Path], ...]:
-    """Every mnnbuild module reachable by imports from ``module``, with its file, sorted by name."""
+def module_closure(module: str, memo: DigestMemo | None = None) -> tuple[tuple[str, Path], ...]:
+    """Every mnnbuild module reachable by imports from ``module``, with its file, sorted by name.
+
+    With a ``memo`` a file's imports are scanned once per file version, across runs.
+    """
     seen: dict[str, Path] = {}
     todo = [module]
     while todo:
@@ -85,7 +89,7 @@ def module_closure(module: str) -> tuple[tuple[str, Path], ...]:
         if path is None:
             continue
         seen[name] = path
-        todo.extend(_imports(path, name) - seen.keys())
+        todo.extend((memo.imports(path, name) if memo else _imports(path, name)) - seen.keys())
         # importing a submodule runs its parents' __init__ too
         parent = name.rpartition(".")[0]
         if parent:
@@ -159,16 +163,23 @@ class DigestMemo:
             except (OSError, ValueError):
                 self.entries = {}
 
-    def digest(self, path: Path) -> str:
+    def _remembered(self, key: str, path: Path, compute: Callable[[], Any]) -> Any:
         st = path.stat()
-        key = str(path)
         entry = self.entries.get(key)
-        if isinstance(entry, list) and entry[:2] == [st.st_size, st.st_mtime_ns] and len(entry) == 3:
-            return str(entry[2])
-        value = _source_digest(path)
+        if isinstance(entry, list) and len(entry) == 3 and entry[:2] == [st.st_size, st.st_mtime_ns]:
+            return entry[2]
+        value = compute()
         self.entries[key] = [st.st_size, st.st_mtime_ns, value]
         self.dirty = True
         return value
+
+    def digest(self, path: Path) -> str:
+        return str(self._remembered(str(path), path, lambda: _source_digest(path)))
+
+    def imports(self, path: Path, module: str) -> frozenset[str]:
+        """`_imports`, remembered: a no-op build parses no source at all."""
+        names = self._remembered(f"imports {module} {path}", path, lambda: sorted(_imports(path, module)))
+        return frozenset(str(n) for n in names) if isinstance(names, list) else _imports(path, module)
 
     def save(self) -> None:
         if self.path is None or not self.dirty:
@@ -182,8 +193,8 @@ class DigestMemo:
 
 def code_fingerprint(module: str, memo: DigestMemo | None = None) -> str:
     """sha256 over the code of ``module`` and its mnnbuild imports (generated code included)."""
-    memo = memo or DigestMemo(None)
     digest = hashlib.sha256()
-    for name, path in module_closure(module):
-        digest.update(name.encode() + b"\0" + memo.digest(path).encode() + b"\0")
+    for name, path in module_closure(module, memo):
+        value = memo.digest(path) if memo is not None else _source_digest(path)
+        digest.update(name.encode() + b"\0" + value.encode() + b"\0")
     return digest.hexdigest()[:16]
