@@ -65,9 +65,13 @@ def _cache(args: argparse.Namespace) -> int:
     for entry in usage.entries:
         stages[entry.stage] = stages.get(entry.stage, 0) + 1
     per_stage = ", ".join(f"{stage} {n}" for stage, n in sorted(stages.items())) or "none"
+    partial = ""
+    if usage.partial:
+        size = human_bytes(sum(n for n, _ in usage.partial.values()))
+        partial = f", {len(usage.partial)} partial writes ({size}; prune removes those older than an hour)"
     sys.stdout.write(
         f"{cache.url}: {len(usage.entries)} entries ({per_stage}), {len(usage.blobs)} blobs, "
-        f"{human_bytes(usage.total_bytes)}\n"
+        f"{human_bytes(usage.total_bytes)}{partial}\n"
     )
     return 0
 

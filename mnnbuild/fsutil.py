@@ -9,7 +9,9 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+from mnnbuild.errors import UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +82,20 @@ def relative_symlink(target: Path, link: Path) -> None:
     """Create ``link`` pointing at ``target`` by a relative path (portable when both move together)."""
     rel = os.path.relpath(Path(target).resolve(), Path(link).parent.resolve())
     os.symlink(rel, link)
+
+
+def confined(base: Path, rel: str, what: str) -> Path:
+    """``base / rel`` for a relative path read from a file, refused unless it stays inside ``base``.
+
+    ``rel`` may not be absolute or contain ``..``, and once resolved (symlinks already in ``base``
+    followed) it must still lie under ``base``: a path read from a cache entry, manifest or model
+    directory can never name a file elsewhere. ``what`` says where ``rel`` came from, for the error.
+    """
+    pure = PurePosixPath(rel)
+    if not rel or "\\" in rel or pure.is_absolute() or ".." in pure.parts or "\0" in rel:
+        raise UnsafePathError(f"{what}: path {rel!r} must be relative, without '..', inside {base}")
+    root = Path(base).resolve()
+    resolved = (root / pure).resolve()
+    if root not in resolved.parents:
+        raise UnsafePathError(f"{what}: path {rel!r} leads outside {base} (to {resolved}) through a symlink")
+    return Path(base) / pure

@@ -1,0 +1,174 @@
+"""Faults and hostile inputs (issue 12): each reproduced here, then shown handled.
+
+Read-only and full file systems are real ones: a read-only bind mount or a small tmpfs, mounted in a
+private user + mount namespace (``unshare -rm``), so nothing here needs root or touches the host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from mnnbuild.cache import ArtifactCache
+from mnnbuild.fsutil import sha256_file
+from tests.conftest import PROJECT_ROOT, RunDoit
+
+
+def in_namespace(
+    argv: Sequence[str],
+    *,
+    tmpfs: dict[Path, str] | None = None,
+    readonly: Sequence[Path] = (),
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a private mount namespace with small tmpfs mounts (path -> size) and read-only dirs."""
+    steps = [f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(p))}" for p, size in (tmpfs or {}).items()]
+    steps += [
+        f"mount --bind {shlex.quote(str(p))} {shlex.quote(str(p))} && mount -o remount,bind,ro {shlex.quote(str(p))}"
+        for p in readonly
+    ]
+    steps.append("exec " + shlex.join(argv))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", " && ".join(steps)],
+        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600,
+    )  # fmt: skip
+
+
+def doit_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args]
+
+
+# -- the artifact cache -------------------------------------------------------------------------
+
+
+def stored_tree(tmp_path: Path) -> tuple[ArtifactCache, Path]:
+    """A local cache holding one entry ``stage/k`` with files ``a.bin`` and ``sub/b.json``."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"payload " * 100)
+    (src / "sub" / "b.json").write_text('{"x": 1}')
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("stage", "k", src)
+    return cache, tmp_path / "cache" / "stage" / "k.json"
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        pytest.param(lambda out, sha: [{"path": "../../escaped.bin", "size": 800, "sha256": sha}], id="dotdot"),
+        pytest.param(
+            lambda out, sha: [{"path": str(out.parent / "escaped.bin"), "size": 800, "sha256": sha}], id="absolute"
+        ),  # fmt: skip
+        pytest.param(
+            lambda out, sha: [
+                {"path": "d", "size": 0, "sha256": sha, "link": "../../.."},
+                {"path": "d/escaped.bin", "size": 800, "sha256": sha},
+            ],
+            id="through-a-symlink",
+        ),
+        pytest.param(
+            lambda out, sha: [{"path": "l", "size": 0, "sha256": sha, "link": str(out.parent / "escaped.bin")}],
+            id="absolute-link",
+        ),
+        pytest.param(lambda out, sha: [{"path": "a.bin", "size": 800, "sha256": "../../../x"}], id="blob-name"),
+    ],
+)
+def test_cache_entry_cannot_write_outside_its_stage_dir(
+    tmp_path: Path, files: Callable[[Path, str], list[dict]], caplog: pytest.LogCaptureFixture
+) -> None:
+    cache, entry_path = stored_tree(tmp_path)
+    entry = json.loads(entry_path.read_text())
+    sha = entry["files"][0]["sha256"]
+    out = tmp_path / "artifacts" / "model" / "stage"
+    entry["files"] = files(out, sha)
+    entry_path.write_text(json.dumps(entry))
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+        assert cache.restore("stage", "k", out) is None
+    assert not [p for p in tmp_path.rglob("escaped.bin")], "a cache entry wrote outside the stage dir"
+    assert not out.exists(), "a rejected entry leaves no stage dir"
+    assert not cache.has("stage", "k"), "a hostile entry is discarded"
+    assert any("discard" in r.getMessage() or "unreadable" in r.getMessage() for r in caplog.records)
+
+
+def test_failed_cache_write_leaves_no_partial_blob(tmp_path: Path) -> None:
+    """A real full file system (a 64 KB tmpfs) under the cache: the store fails, no temp file stays."""
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(1 << 20))
+    code = (
+        "import sys; from mnnbuild.cache import ArtifactCache;"
+        f"c = ArtifactCache({str(cache_dir)!r}); print('moved', c.store('stage', 'k', __import__('pathlib').Path("
+        f"{str(src)!r})));"
+        "import os; print('left', [f for _, _, fs in os.walk(c.root) for f in fs])"
+    )
+    proc = in_namespace([sys.executable, "-c", code], tmpfs={cache_dir: "64k"}, cwd=PROJECT_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "moved 0" in proc.stdout and "left []" in proc.stdout, proc.stdout + proc.stderr
+    assert "could not store stage" in proc.stderr and "No space left" in proc.stderr
+
+
+def test_stale_partial_writes_are_reported_and_swept(tmp_path: Path) -> None:
+    """A writer killed mid-upload leaves ``<blob>.tmp-*``: `cache info` counts it and prune removes it."""
+    cache, _ = stored_tree(tmp_path)
+    blob_dir = next((tmp_path / "cache" / "blobs").iterdir())
+    stale = blob_dir / ("f" * 64 + ".tmp-deadbeef")
+    stale.write_bytes(b"x" * 5000)
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    fresh = blob_dir / ("e" * 64 + ".tmp-cafebabe")  # a write in progress right now: kept
+    fresh.write_bytes(b"y" * 10)
+    proc = subprocess.run([sys.executable, "-m", "mnnbuild", "cache", "info", "--url", str(tmp_path / "cache")],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert "2 partial writes" in proc.stdout, proc.stdout
+    _, freed = cache.prune(1 << 30)
+    assert freed == 5000 and not stale.exists() and fresh.exists()
+    assert cache.restore("stage", "k", tmp_path / "out") is not None
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [("nosuchscheme://bucket/x", "unknown URL scheme"), ("{tmp}/a-file", "a cache path that is a file")],
+)
+def test_unusable_cache_is_a_warning(tmp_path: Path, url: str, why: str, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x.bin").write_bytes(b"1234")
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+        cache = ArtifactCache.from_env({"MNNBUILD_CACHE": url.format(tmp=tmp_path)})
+        if cache is not None:
+            assert cache.restore("stage", "k", tmp_path / "out") is None
+            assert cache.store("stage", "k", src) == 0
+            assert not cache.has("stage", "k")
+    assert caplog.records, f"{why}: expected a warning"
+    assert (tmp_path / "a-file").read_text() == "not a directory"
+
+
+def test_read_only_cache_with_corrupt_blob_degrades_to_a_build(tmp_path: Path, run_doit: RunDoit) -> None:
+    """A shared read-only cache (a real read-only mount) whose blob is corrupt: every run still builds."""
+    cache_dir = tmp_path / "cache"
+    run_doit("io:tiny-qwen3", env={"MNNBUILD_CACHE": str(cache_dir)})
+    blob = max((p for p in (cache_dir / "blobs").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    blob.write_bytes(b"corrupt" + blob.read_bytes()[7:])
+    env = {"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(tmp_path / "fresh"), "HF_HUB_OFFLINE": "1"}
+    for _ in range(2):
+        proc = in_namespace(doit_argv("io:tiny-qwen3"), readonly=[cache_dir], env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "does not match its sha256" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+        assert "0 from cache" in proc.stdout, proc.stdout
+        subprocess.run(["rm", "-rf", str(tmp_path / "fresh")], check=True)
+    assert blob.read_bytes().startswith(b"corrupt"), "the read-only cache was not modified"
