@@ -85,7 +85,7 @@ class ArtifactCache:
             return None
         try:
             return cls(url or default_cache_url(env))
-        except Exception as exc:  # noqa: BLE001 - any backend problem means "no cache", never a failed build
+        except Exception as exc:  # any backend problem means "no cache", never a failed build
             log.warning(
                 "cache: %s=%r is unusable (%s: %s); building without the cache", CACHE_ENV, url, _kind(exc), exc
             )
@@ -115,7 +115,7 @@ class ArtifactCache:
     def has(self, stage: str, key: str) -> bool:
         try:
             return bool(self.fs.exists(self._entry(stage, key)))
-        except Exception as exc:  # noqa: BLE001 - a cache problem is never a build problem
+        except Exception as exc:  # a cache problem is never a build problem
             log.warning("cache: cannot look up %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return False
 
@@ -126,7 +126,7 @@ class ArtifactCache:
         """
         try:
             return self._store(stage, key, out_dir)
-        except Exception as exc:  # noqa: BLE001 - a cache is an optimisation: never fail a good build on it
+        except Exception as exc:  # a cache is an optimisation: never fail a good build on it
             log.warning("cache: could not store %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return 0
 
@@ -157,7 +157,7 @@ class ArtifactCache:
         """
         try:
             return self._restore(stage, key, out_dir)
-        except Exception as exc:  # noqa: BLE001 - a cache problem degrades to "no cache", never a failed build
+        except Exception as exc:  # a cache problem degrades to "no cache", never a failed build
             log.warning("cache: %s %s not restored (%s: %s); building it", stage, key[:12], _kind(exc), exc)
             return None
 
@@ -298,7 +298,7 @@ class ArtifactCache:
             self.fs.rm(path)
         except FileNotFoundError:
             pass
-        except Exception as exc:  # noqa: BLE001 - e.g. a read-only cache: the entry just stays
+        except Exception as exc:  # e.g. a read-only cache: the entry just stays
             log.warning("cache: cannot remove %s (%s: %s)", path, _kind(exc), exc)
 
 

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from mnnbuild.cache import ArtifactCache
-from mnnbuild.fsutil import sha256_file
 from tests.conftest import PROJECT_ROOT, RunDoit
 
 
@@ -172,3 +171,113 @@ def test_read_only_cache_with_corrupt_blob_degrades_to_a_build(tmp_path: Path, r
         assert "0 from cache" in proc.stdout, proc.stdout
         subprocess.run(["rm", "-rf", str(tmp_path / "fresh")], check=True)
     assert blob.read_bytes().startswith(b"corrupt"), "the read-only cache was not modified"
+
+
+# -- names that reach shell scripts --------------------------------------------------------------
+
+FAKE_ADB = """#!/usr/bin/env python3
+# A fake adb: records its argv; 'shell' runs the command line with sh (as the device would), 'push' copies.
+import json, os, shutil, subprocess, sys
+with open(os.environ["FAKE_ADB_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "shell":
+    sys.exit(subprocess.run(["sh", "-c", " ".join(sys.argv[2:])]).returncode)
+if sys.argv[1] == "push":
+    src, dst = sys.argv[2], sys.argv[3]
+    if dst.endswith("/"):
+        dst = os.path.join(dst, os.path.basename(src.rstrip("/")))
+    (shutil.copytree(src, dst, dirs_exist_ok=True) if os.path.isdir(src) else shutil.copyfile(src, dst))
+"""
+FAKE_LLM_DEMO = """#!/bin/sh
+# the device's llm_demo: records the arguments it was started with
+printf '%s\\n' "$@" > "$FAKE_DEMO_ARGS"
+"""
+
+
+def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
+    """A model folder named ``m$(touch pwned)`` and a PHONE_DIR full of shell syntax: the scripts run
+    against a fake adb (whose 'device shell' really is a shell) and nothing but the intended commands run."""
+    from mnnbuild.stages.bundle import device_scripts
+    from mnnbuild.targets import soc_by_name
+
+    name = "m$(touch pwned)`touch pwned2`;touch pwned3 'q"
+    bundle = tmp_path / "bundle"
+    (bundle / "model" / name / "qnn").mkdir(parents=True)
+    for rel in ("config_qnn.json", "llm.mnn.weight", "prompt.txt", "qnn/graph0.bin"):
+        (bundle / "model" / name / rel).write_text(rel)
+    for script, text in device_scripts(name, soc_by_name("SM8750"), "tokenizer.txt").items():
+        (bundle / script).write_text(text)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "adb").write_text(FAKE_ADB)
+    (tools / "adb").chmod(0o755)
+    sdk, mnn = tmp_path / "sdk", tmp_path / "mnn-build"
+    for lib in ("aarch64-android/libQnnHtp.so", "aarch64-android/libQnnHtpV79Stub.so",
+                "hexagon-v79/unsigned/libQnnHtpV79Skel.so", "aarch64-android/libQnnSystem.so"):  # fmt: skip
+        (sdk / "lib" / lib).parent.mkdir(parents=True, exist_ok=True)
+        (sdk / "lib" / lib).write_text(lib)
+    mnn.mkdir()
+    (mnn / "llm_demo").write_text(FAKE_LLM_DEMO)
+    (mnn / "libMNN.so").write_text("")
+    phone = tmp_path / "device" / "data $(touch pwned4) `touch pwned5`;'x"
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_ADB_LOG": str(tmp_path / "adb.log"),
+        "FAKE_DEMO_ARGS": str(tmp_path / "demo.args"),
+        "QNN_SDK_ROOT": str(sdk),
+        "MNN_BUILD_DIR": str(mnn),
+        "PHONE_DIR": str(phone),
+    }
+    for script in ("push.sh", "run.sh"):
+        proc = subprocess.run(["bash", str(bundle / script)], cwd=work, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{script}: {proc.stdout}{proc.stderr}"
+    assert not [p for p in tmp_path.rglob("pwned*")], "a name from the bundle was executed by a shell"
+    calls = [json.loads(line) for line in (tmp_path / "adb.log").read_text().splitlines()]
+    assert all(call[0] in ("shell", "push") for call in calls) and len(calls) > 8
+    # everything arrived under the exact (hostile) names, and llm_demo got exactly two arguments
+    assert (phone / "model" / name / "qnn" / "graph0.bin").read_text() == "qnn/graph0.bin"
+    assert (phone / "llm_demo").exists() and (phone / "prompt.txt").read_text() == "prompt.txt"
+    args = (tmp_path / "demo.args").read_text().splitlines()
+    assert args == [f"{phone}/model/{name}/config_qnn.json", f"{phone}/prompt.txt"]
+
+
+def write_spec(tmp_path: Path, body: str, local: str = "model") -> Path:
+    (tmp_path / local).mkdir(exist_ok=True)
+    path = tmp_path / "m.toml"
+    path.write_text(f'name = "m"\nsource = {{ local = {json.dumps(local)} }}\n{body}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("local", "body", "field", "expected"),
+    [
+        ("m$(touch pwned)", 'targets = ["v79"]', "source.local", "may only hold letters, digits"),
+        ("model", 'targets = ["v79"]\nsocs = { v75 = "SM8650" }', "socs.v75", "v75 is not in targets ['v79']"),
+        ("model", 'targets = ["v79"]\nsocs = { v79 = "SM8650" }', "socs.v79", "SoC SM8650 is v75, not v79"),
+    ],
+)
+def test_spec_gaps_are_one_line_naming_the_field(
+    tmp_path: Path, local: str, body: str, field: str, expected: str
+) -> None:
+    from mnnbuild.errors import SpecError
+    from mnnbuild.spec import load_spec
+
+    path = write_spec(tmp_path, body, local)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: field {field!r}: ") and expected in message
+    assert "\n" not in message and "spec_path" not in message and "'targets':" not in message, "no spec dump"
+
+
+def test_non_utf8_spec_is_one_line(tmp_path: Path) -> None:
+    from mnnbuild.errors import SpecError
+    from mnnbuild.spec import load_spec
+
+    path = tmp_path / "m.toml"
+    path.write_bytes(b'name = "m\xff"\n')
+    with pytest.raises(SpecError, match=r"m\.toml: not UTF-8 text \(byte 9"):
+        load_spec(path)
