@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mnnbuild.cache import ArtifactCache
+from mnnbuild.fsutil import sha256_file
 from tests.conftest import PROJECT_ROOT, RunDoit
 
 
@@ -281,3 +282,90 @@ def test_non_utf8_spec_is_one_line(tmp_path: Path) -> None:
     path.write_bytes(b'name = "m\xff"\n')
     with pytest.raises(SpecError, match=r"m\.toml: not UTF-8 text \(byte 9"):
         load_spec(path)
+
+
+# -- the bundle and reproducibility (two real builds) -------------------------------------------
+
+
+def build_bundle(root: Path, *doit_args: str) -> Path:
+    """`doit bundle:tiny-qwen3-v79` into the artifact root ``root``, cache off."""
+    env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
+    full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}, **env}
+    proc = subprocess.run(doit_argv(*doit_args, "bundle:tiny-qwen3-v79"), env=full_env, capture_output=True, text=True,
+                          timeout=600, cwd=root.parent)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bundle(tmp_path_factory.mktemp("faults") / "artifacts")
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (links followed), except what records how it was made."""
+    return {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(".origin.json") and not p.name.startswith(".doit")
+    }
+
+
+def test_two_cold_cache_off_builds_are_byte_identical(built: Path, tmp_path: Path) -> None:
+    """Context binaries included: their bytes no longer depend on what the process built before (the second
+    build runs two workers, so each process builds other contexts in another order)."""
+    other = build_bundle(tmp_path / "artifacts", "-n", "2")
+    first, second = tree_hashes(built), tree_hashes(other)
+    assert any(p.endswith("/qnn/graph3.bin") for p in first)
+    differing = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
+    assert not differing, f"files that differ between two builds of the same inputs: {differing}"
+
+
+def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path) -> None:
+    """One process builds plugin 0, then plugin 1, then plugin 0 again: both plugin-0 binaries are equal."""
+    from mnnbuild.stages.context import ContextInputs, ContextParams, build_context, read_merge
+    from mnnbuild.targets import soc_by_name
+
+    model = built / "tiny-qwen3"
+    merge = read_merge(model / "partition")
+
+    def build(binary: str, out: Path) -> bytes:
+        inputs = ContextInputs(model="tiny-qwen3", modellib_dir=model / "modellib", binary=binary,
+                               graphs=merge[binary])  # fmt: skip
+        build_context(inputs, ContextParams(soc=soc_by_name("SM8750")), out)
+        return (out / binary).read_bytes()
+
+    first = build("qnn/graph0.bin", tmp_path / "a")
+    build("qnn/graph1.bin", tmp_path / "b")
+    assert build("qnn/graph0.bin", tmp_path / "c") == first
+    assert first == (model / "v79" / "context" / "graph0" / "qnn" / "graph0.bin").read_bytes()
+
+
+def test_qnn_numbers_tensors_per_process(built: Path) -> None:
+    """The evidence behind the fresh process per binary: composed twice in one process, the same graphs give
+    different bytes (QNN serializes tensor ids taken from a process-wide counter)."""
+    from mnnbuild.qnn import HtpTarget, QnnLibrary
+    from mnnbuild.stages.context import compose_context
+
+    lib, graphs = QnnLibrary(), ["qnn/graph0", "qnn/graph1_0"]
+    modellib = built / "tiny-qwen3" / "modellib"
+    one = compose_context(lib, HtpTarget(69, 79), modellib, graphs, weight_sharing=True)
+    two = compose_context(lib, HtpTarget(69, 79), modellib, graphs, weight_sharing=True)
+    assert len(one) == len(two) and one != two
+
+
+def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_model_dir: Path) -> None:
+    bundle = built / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3"
+    sources = {
+        "llm_config.json": tiny_model_dir / "llm_config.json",
+        "llm.mnn.weight": tiny_model_dir / "llm.mnn.weight",
+        "qnn/graph0.bin": built / "tiny-qwen3" / "v79" / "context" / "graph0" / "qnn" / "graph0.bin",
+        "qnn/llm.mnn": built / "tiny-qwen3" / "partition" / "qnn" / "llm.mnn",
+    }
+    before = {rel: src.read_bytes() for rel, src in sources.items()}
+    for rel in sources:
+        shipped = bundle / rel
+        assert not shipped.is_symlink() and shipped.stat().st_nlink == 1, f"{rel} is a link"
+        with open(shipped, "r+b") as f:  # in place, as an editor that keeps the inode would
+            f.write(b"tampered")
+    assert {rel: src.read_bytes() for rel, src in sources.items()} == before
