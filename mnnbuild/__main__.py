@@ -17,10 +17,13 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from mnnbuild.mnn import load_model, summarize
+    from mnnbuild.mnn import check_weight_ranges, load_model, summarize, weight_path_for
     from mnnbuild.mnn.summary import format_summary
 
-    summary = summarize(load_model(args.model))
+    model = load_model(args.model)
+    summary = summarize(model)
+    if weight_path_for(args.model).exists():
+        check_weight_ranges(model, weight_path_for(args.model))
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:

@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -89,7 +90,16 @@ class Project:
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
-        self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
+        root = self.settings.artifact_root
+        try:  # doit's state lives here: an unwritable root is one line, not a sqlite traceback
+            root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=root):
+                pass
+        except OSError as exc:
+            raise InvalidDodoFile(
+                f"{root}: the artifact root is not writable ({exc.strerror}); set MNNBUILD_ARTIFACTS to a writable "
+                "directory"
+            ) from None
         return {
             "dep_file": str(self.settings.artifact_root / ".doit.db"),
             "backend": "sqlite3",

@@ -29,3 +29,7 @@ class StageError(MnnbuildError):
 
 class UnsafePathError(MnnbuildError):
     """A path read from a cache entry, manifest or model directory would leave the directory it belongs to."""
+
+
+class OutputError(MnnbuildError):
+    """An output cannot be written where it belongs (read-only or full file system, no permission)."""

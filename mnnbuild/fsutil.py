@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -11,7 +12,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from mnnbuild.errors import UnsafePathError
+from mnnbuild.errors import OutputError, UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +40,43 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
     was, so a failed or interrupted stage never leaves a half artifact under the final name.
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise _unwritable(out_dir, exc) from None
     try:
         yield tmp
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if exc.errno in _UNWRITABLE:
+            raise _unwritable(out_dir, exc) from None
+        raise
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     replace_dir(tmp, out_dir)
+
+
+# errors that mean "this location cannot take the output" (not a bug, not bad input): one line, no traceback
+_UNWRITABLE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG})
+
+
+def _unwritable(out_dir: Path, exc: OSError) -> OutputError:
+    where = exc.filename or out_dir
+    return OutputError(f"{where}: cannot write the output ({exc.strerror or exc}); {out_dir} was left as it was")
+
+
+def check_free_space(directory: Path, need: int) -> None:
+    """Refuse up front to write ``need`` bytes where they do not fit, for writers (MNN's) that crash on a
+    full disk instead of reporting it."""
+    stat = os.statvfs(directory)
+    free = stat.f_bavail * stat.f_frsize
+    if free < need:
+        raise OutputError(
+            f"{directory}: No space left on device: writing needs about {need / 1e6:.1f} MB, {free / 1e6:.1f} MB free"
+        )
 
 
 def replace_dir(src: Path, dst: Path) -> None:

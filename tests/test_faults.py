@@ -369,3 +369,75 @@ def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_mod
         with open(shipped, "r+b") as f:  # in place, as an editor that keeps the inode would
             f.write(b"tampered")
     assert {rel: src.read_bytes() for rel, src in sources.items()} == before
+
+
+# -- bad model files and file systems: one line naming the file, never a traceback ---------------
+
+
+def hostile_model(tmp_path: Path, tiny_model_dir: Path, damage: str) -> dict[str, str]:
+    """A copy of the tiny model damaged as ``damage`` says, with its spec; returns doit's env."""
+    import shutil
+
+    model = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, model)
+    if damage == "truncated-llm.mnn":
+        (model / "llm.mnn").write_bytes((model / "llm.mnn").read_bytes()[:3000])
+    elif damage == "random-llm.mnn":
+        (model / "llm.mnn").write_bytes(os.urandom((model / "llm.mnn").stat().st_size))
+    elif damage == "short-weight":
+        weight = model / "llm.mnn.weight"
+        weight.write_bytes(weight.read_bytes()[: weight.stat().st_size // 2])
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "bad.toml").write_text(f'name = "bad"\nsource = {{ local = "{model}" }}\ntargets = ["v79"]\n')
+    return {"MNNBUILD_MODELS_PATH": str(specs)}
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        ("truncated-llm.mnn", r"bad/llm\.mnn: truncated or not an MNN model"),
+        ("random-llm.mnn", r"bad/llm\.mnn: not an MNN model"),
+        ("short-weight", r"bad/llm\.mnn\.weight: op '.*' needs bytes \[\d+, \d+\) but the weight file has \d+ bytes"),
+    ],
+)
+def test_broken_model_files_are_one_line(
+    tmp_path: Path, run_doit: RunDoit, tiny_model_dir: Path, damage: str, expected: str
+) -> None:
+    import re
+
+    env = hostile_model(tmp_path, tiny_model_dir, damage)
+    proc = run_doit("io:bad", env=env, check=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ModelDirError: ")]
+    assert len(lines) == 1 and re.search(expected, lines[0]), proc.stdout + proc.stderr
+
+
+def test_read_only_artifact_root_is_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
+    proc = in_namespace(doit_argv("fetch:tiny-qwen3"), readonly=[root], env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert f"{root}" in out and "Read-only file system" in out, out
+
+
+def test_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    """A real full file system: the artifact root is a 2 MB tmpfs, io's outputs do not fit."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
+    code = (
+        "import subprocess, sys, os;"
+        f"p = subprocess.run({doit_argv('modellib:tiny-qwen3')!r}, capture_output=True, text=True);"
+        "sys.stdout.write(p.stdout + p.stderr);"
+        f"print('LEFT', sorted(n for _, ds, fs in os.walk({str(root)!r}) for n in ds + fs if '.tmp-' in n));"
+        "sys.exit(p.returncode)"
+    )
+    proc = in_namespace([sys.executable, "-c", code], tmpfs={root: "2m"}, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert "No space left on device" in out and str(root) in out, out
+    assert "LEFT []" in out, "a stage that ran out of space left its temp dir behind"

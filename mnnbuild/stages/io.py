@@ -117,6 +117,11 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             feed = make_inputs(seq_len, hidden, params.seed)
             feed = {n: feed[n] for n in names}
             outputs = module.forward([to_var(feed[n]) for n in names])
+            if len(outputs) != len(out_names):  # MNN failed inside forward (it prints why, returns fewer outputs)
+                raise ModelDirError(
+                    f"{model_dir / WEIGHT_FILE}: MNN computed {len(outputs)} of the {len(out_names)} outputs of "
+                    f"{MODEL_FILE} at seq {seq_len}; is the weight file this model's?"
+                )
             results = {n: to_numpy(v) for n, v in zip(out_names, outputs, strict=True)}
             for n, a in results.items():
                 if a.dtype.kind == "f" and not np.isfinite(a).all():
