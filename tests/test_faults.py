@@ -441,3 +441,40 @@ def test_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -
     assert proc.returncode != 0 and "Traceback" not in out, out
     assert "No space left on device" in out and str(root) in out, out
     assert "LEFT []" in out, "a stage that ran out of space left its temp dir behind"
+
+
+def test_chunk_too_small_for_verify_prompt_is_refused_up_front(
+    tmp_path: Path, run_doit: RunDoit, tiny_model_dir: Path
+) -> None:
+    """'hello' is 3 tokens for the tiny tokenizer: chunk_size 3 leaves generation no room, refused by io."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "small.toml").write_text(
+        f'name = "small"\nsource = {{ local = "{tiny_model_dir}" }}\ntargets = ["v79"]\nchunk_size = 3\n'
+    )
+    proc = run_doit("io:small", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert "small: spec field 'chunk_size' is 3, but verify's prompt 'hello' is 3 tokens" in out, out
+    assert "expected chunk_size >= 4" in out
+    assert not (tmp_path / "artifacts" / "small" / "io").exists()
+
+
+def test_bundle_manifest_paths_stay_in_the_bundle(tmp_path: Path) -> None:
+    """verify's integrity check reads only inside the bundle, whatever its manifest lists."""
+    from mnnbuild.manifest import FileRecord
+    from mnnbuild.verify.checks import check_integrity
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the bundle's")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "link").symlink_to(tmp_path)
+    records = [
+        FileRecord(path="../secret.txt", size=secret.stat().st_size, sha256=sha256_file(secret)),
+        FileRecord(path=str(secret), size=secret.stat().st_size, sha256=sha256_file(secret)),
+        FileRecord(path="link/secret.txt", size=secret.stat().st_size, sha256=sha256_file(secret)),
+    ]
+    check = check_integrity(bundle, records)
+    assert not check.passed and len(check.problems) == 3
+    assert all("must be relative" in p or "leads outside" in p for p in check.problems), check.problems

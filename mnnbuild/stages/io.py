@@ -99,6 +99,22 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             'only "float" attention masks are supported'
         )
     hidden = config["hidden_size"]
+    # verify generates from the bundle's prompt inside one prefill chunk: refuse a chunk it cannot fit now,
+    # not after the whole build (imported here: io otherwise needs neither the runtime nor the bundle stage)
+    from mnnbuild_runtime import BundleError, Tokenizer
+
+    from mnnbuild.stages.bundle import DEFAULT_PROMPT
+
+    try:
+        prompt_tokens = len(Tokenizer(model_dir / "config.json").encode(DEFAULT_PROMPT.strip()))
+    except BundleError as exc:
+        raise ModelDirError(str(exc)) from None
+    if params.chunk_size <= prompt_tokens:
+        raise ModelDirError(
+            f"{inputs.model}: spec field 'chunk_size' is {params.chunk_size}, but verify's prompt "
+            f"{DEFAULT_PROMPT.strip()!r} is {prompt_tokens} tokens and generation needs room after it; "
+            f"expected chunk_size >= {prompt_tokens + 1}"
+        )
     fetched = FetchManifest.read(model_dir)
     rt = params.runtime.create(model_dir / WEIGHT_FILE)
     module = load_module(model_dir / MODEL_FILE, rt)
