@@ -17,10 +17,13 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from mnnbuild.mnn import load_model, summarize
+    from mnnbuild.mnn import check_weight_ranges, load_model, summarize, weight_path_for
     from mnnbuild.mnn.summary import format_summary
 
-    summary = summarize(load_model(args.model))
+    model = load_model(args.model)
+    summary = summarize(model)
+    if weight_path_for(args.model).exists():
+        check_weight_ranges(model, weight_path_for(args.model))
     if args.json:
         sys.stdout.write(json.dumps(summary, indent=2) + "\n")
     else:
@@ -65,9 +68,13 @@ def _cache(args: argparse.Namespace) -> int:
     for entry in usage.entries:
         stages[entry.stage] = stages.get(entry.stage, 0) + 1
     per_stage = ", ".join(f"{stage} {n}" for stage, n in sorted(stages.items())) or "none"
+    partial = ""
+    if usage.partial:
+        size = human_bytes(sum(n for n, _ in usage.partial.values()))
+        partial = f", {len(usage.partial)} partial writes ({size}; prune removes those older than an hour)"
     sys.stdout.write(
         f"{cache.url}: {len(usage.entries)} entries ({per_stage}), {len(usage.blobs)} blobs, "
-        f"{human_bytes(usage.total_bytes)}\n"
+        f"{human_bytes(usage.total_bytes)}{partial}\n"
     )
     return 0
 

@@ -17,15 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from mnnbuild.fsutil import sha256_bytes, sha256_file, staged_dir
+from mnnbuild.errors import UnsafePathError
+from mnnbuild.fsutil import confined, sha256_bytes, sha256_file, staged_dir
 from mnnbuild.layout import ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
@@ -34,12 +36,16 @@ CACHE_ENV = "MNNBUILD_CACHE"
 DISABLED = ("off", "0", "false", "no", "none")
 # Files in a stage dir that describe how it was produced, not what it is: never cached.
 SIDECAR_SUFFIX = ORIGIN_SUFFIX
+# Temp names of writes in progress; one older than this was left by a writer that died or failed.
+PARTIAL_MARK = ".tmp-"
+STALE_PARTIAL_SECONDS = 3600.0
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
 
 
 class CachedFile(BaseModel):
     path: str
     size: int
-    sha256: str
+    sha256: str = Field(pattern=SHA256_PATTERN)
     link: str | None = None
     """For a symlink: its target as written (the content is checked through it on restore)."""
 
@@ -78,7 +84,13 @@ class ArtifactCache:
         url = env.get(CACHE_ENV, "").strip()
         if url.lower() in DISABLED:
             return None
-        return cls(url or default_cache_url(env))
+        try:
+            return cls(url or default_cache_url(env))
+        except Exception as exc:  # any backend problem means "no cache", never a failed build
+            log.warning(
+                "cache: %s=%r is unusable (%s: %s); building without the cache", CACHE_ENV, url, _kind(exc), exc
+            )
+            return None
 
     def _blob(self, sha: str) -> str:
         return f"{self.root}/blobs/{sha[:2]}/{sha}"
@@ -89,18 +101,37 @@ class ArtifactCache:
     def _put_atomic(self, local: Path | None, data: bytes | None, dest: str) -> None:
         parent = dest.rsplit("/", 1)[0]
         self.fs.makedirs(parent, exist_ok=True)
-        tmp = f"{dest}.tmp-{uuid.uuid4().hex[:8]}"
-        if local is not None:
-            self.fs.put_file(str(local), tmp)
-        else:
-            self.fs.pipe_file(tmp, data)
-        self.fs.mv(tmp, dest)
+        tmp = f"{dest}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}"
+        try:
+            if local is not None:
+                self.fs.put_file(str(local), tmp)
+            else:
+                self.fs.pipe_file(tmp, data)
+            self.fs.mv(tmp, dest)
+        except BaseException:
+            # a failed write (full disk, lost connection) must not leave a partial blob behind
+            self._remove(tmp)
+            raise
 
     def has(self, stage: str, key: str) -> bool:
-        return bool(self.fs.exists(self._entry(stage, key)))
+        try:
+            return bool(self.fs.exists(self._entry(stage, key)))
+        except Exception as exc:  # a cache problem is never a build problem
+            log.warning("cache: cannot look up %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
+            return False
 
     def store(self, stage: str, key: str, out_dir: Path) -> int:
-        """Add ``out_dir`` under ``key``; returns the bytes uploaded (blobs already present are skipped)."""
+        """Add ``out_dir`` under ``key``; returns the bytes uploaded (blobs already present are skipped).
+
+        Never raises for a cache problem (read-only, full, unreachable): it is logged and 0 returned.
+        """
+        try:
+            return self._store(stage, key, out_dir)
+        except Exception as exc:  # a cache is an optimisation: never fail a good build on it
+            log.warning("cache: could not store %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
+            return 0
+
+    def _store(self, stage: str, key: str, out_dir: Path) -> int:
         files: list[CachedFile] = []
         moved = 0
         for path in sorted(p for p in Path(out_dir).rglob("*") if p.is_file() or p.is_symlink()):
@@ -121,7 +152,17 @@ class ArtifactCache:
         return moved
 
     def restore(self, stage: str, key: str, out_dir: Path) -> int | None:
-        """Recreate ``out_dir`` from the entry; returns bytes restored, or None on a miss or a bad entry."""
+        """Recreate ``out_dir`` from the entry; returns bytes restored, or None on a miss or a bad entry.
+
+        Never raises for a cache problem: anything the backend throws is logged and treated as a miss.
+        """
+        try:
+            return self._restore(stage, key, out_dir)
+        except Exception as exc:  # a cache problem degrades to "no cache", never a failed build
+            log.warning("cache: %s %s not restored (%s: %s); building it", stage, key[:12], _kind(exc), exc)
+            return None
+
+    def _restore(self, stage: str, key: str, out_dir: Path) -> int | None:
         try:
             raw = self.fs.cat_file(self._entry(stage, key))
         except FileNotFoundError:
@@ -132,13 +173,27 @@ class ArtifactCache:
             log.warning("cache: entry %s %s is unreadable; discarding it", stage, key[:12])
             self.discard(stage, key)
             return None
+        if (entry.stage, entry.key) != (stage, key):
+            log.warning(
+                "cache: entry %s %s describes %s %s; discarding it", stage, key[:12], entry.stage, entry.key[:12]
+            )
+            self.discard(stage, key)
+            return None
         moved = 0
+        what = f"cache entry {self._entry(stage, key)}"
         try:
             with staged_dir(out_dir) as tmp:
+                seen: set[str] = set()
                 for rec in entry.files:
-                    dest = tmp / rec.path
+                    if rec.path in seen:
+                        raise UnsafePathError(f"{what}: path {rec.path!r} is listed twice")
+                    seen.add(rec.path)
+                    dest = confined(tmp, rec.path, what)
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     if rec.link is not None:
+                        if posixpath.isabs(rec.link):
+                            raise UnsafePathError(f"{what}: link {rec.path!r} -> {rec.link!r} is absolute")
+                        confined(tmp, posixpath.normpath(posixpath.join(posixpath.dirname(rec.path), rec.link)), what)
                         os.symlink(rec.link, dest)
                         if not dest.exists() or sha256_file(dest) != rec.sha256:
                             # the linked source differs on this machine: rebuild, but keep the entry
@@ -152,6 +207,12 @@ class ArtifactCache:
                     moved += rec.size
         except _Miss as miss:
             log.warning("cache: %s %s not restored: %s", stage, key[:12], miss)
+            return None
+        except UnsafePathError as exc:
+            log.warning(
+                "cache: rejected %s %s, which writes outside its stage dir: %s; entry discarded", stage, key[:12], exc
+            )
+            self.discard(stage, key)
             return None
         except FileNotFoundError as exc:
             log.warning("cache: %s %s is incomplete (%s); discarding it", stage, key[:12], exc)
@@ -173,10 +234,12 @@ class ArtifactCache:
         """Entries (with the bytes of the blobs they reference and when they were last used) and blobs."""
         listing = self.fs.find(self.root, detail=True)
         blobs: dict[str, tuple[int, float]] = {}
+        partial: dict[str, tuple[int, float]] = {}
         entries: list[EntryUsage] = []
         for path, info in listing.items():
             rel = path[len(self.root) :].lstrip("/")
-            if ".tmp-" in rel:
+            if PARTIAL_MARK in rel:
+                partial[rel] = (int(info.get("size") or 0), _mtime(info))
                 continue
             if rel.startswith("blobs/"):
                 blobs[rel.rsplit("/", 1)[1]] = (int(info.get("size") or 0), _mtime(info))
@@ -187,7 +250,7 @@ class ArtifactCache:
                     continue
                 shas = frozenset(f.sha256 for f in entry.files if f.link is None)
                 entries.append(EntryUsage(stage=entry.stage, key=entry.key, blobs=shas, last_used=_mtime(info)))
-        return CacheUsage(entries=entries, blobs=blobs)
+        return CacheUsage(entries=entries, blobs=blobs, partial=partial)
 
     def prune(self, max_bytes: int, *, grace_seconds: float = 3600.0) -> tuple[int, int]:
         """Drop least recently used entries until the blobs still referenced fit in ``max_bytes``, then
@@ -211,17 +274,33 @@ class ArtifactCache:
             if sha not in live and now - mtime > grace_seconds:
                 self._remove(self._blob(sha))
                 freed += size
+        freed += self.sweep_partial(usage, max_age=grace_seconds)
         log.info("cache: pruned %d entries, freed %s", removed, human_bytes(freed))
         return removed, freed
+
+    def sweep_partial(self, usage: CacheUsage | None = None, *, max_age: float = STALE_PARTIAL_SECONDS) -> int:
+        """Delete temp files of writes that died (older than ``max_age``: younger ones may be in progress);
+        returns the bytes freed."""
+        usage = usage or self.usage()
+        now = time.time()
+        freed = 0
+        for rel, (size, mtime) in usage.partial.items():
+            if now - mtime > max_age:
+                self._remove(f"{self.root}/{rel}")
+                freed += size
+        return freed
 
     def discard(self, stage: str, key: str) -> None:
         self._remove(self._entry(stage, key))
 
     def _remove(self, path: str) -> None:
+        """Delete a cache file; a cache we may not write (read-only share) is logged, not an error."""
         try:
             self.fs.rm(path)
         except FileNotFoundError:
             pass
+        except Exception as exc:  # e.g. a read-only cache: the entry just stays
+            log.warning("cache: cannot remove %s (%s: %s)", path, _kind(exc), exc)
 
 
 class _Miss(Exception):
@@ -239,10 +318,16 @@ class CacheUsage(BaseModel):
     entries: list[EntryUsage]
     blobs: dict[str, tuple[int, float]]
     """sha256 -> (size, mtime)."""
+    partial: dict[str, tuple[int, float]] = Field(default_factory=dict)
+    """Temp files of unfinished writes, path under the cache root -> (size, mtime)."""
 
     @property
     def total_bytes(self) -> int:
         return sum(size for size, _ in self.blobs.values())
+
+
+def _kind(exc: BaseException) -> str:
+    return type(exc).__name__
 
 
 def _mtime(info: Mapping[str, Any]) -> float:

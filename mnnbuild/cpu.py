@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.errors import MNNFormatError
+from mnnbuild.fsutil import check_free_space
+
 
 class CpuRuntime(BaseModel):
     """MNN runtime settings used for every reference computation; recorded in manifests."""
@@ -52,7 +55,12 @@ def import_mnn() -> Any:
 def load_module(model: Path, rt: Any, inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> Any:
     """Load ``model`` (or the sub-graph between named tensors) as an MNN Module."""
     mnn = import_mnn()
-    return mnn.nn.load_module_from_file(str(model), list(inputs), list(outputs), runtime_manager=rt)
+    try:
+        return mnn.nn.load_module_from_file(str(model), list(inputs), list(outputs), runtime_manager=rt)
+    except Exception as exc:  # MNN reports a file it cannot load as a bare Exception/SystemError
+        raise MNNFormatError(
+            f"{model}: MNN cannot load this model ({exc}); is it truncated or not an MNN file?"
+        ) from None
 
 
 _DTYPES = {
@@ -95,6 +103,8 @@ def save_vars(path: Path, arrays: dict[str, np.ndarray], nhwc: Sequence[str] = (
     """Write named arrays as an MNN Var file (``input.mnn``/``output.mnn``), via a temp name."""
     F = import_mnn().expr
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    # MNN crashes (SIGSEGV) when its write fails: make sure the file fits first (names + headers: 64 KB)
+    check_free_space(path.parent, sum(a.nbytes for a in arrays.values()) + (64 << 10))
     F.save([to_var(a, n, n in nhwc) for n, a in arrays.items()], str(tmp))
     os.replace(tmp, path)
 

@@ -25,3 +25,11 @@ class QnnError(MnnbuildError):
 
 class StageError(MnnbuildError):
     """A stage could not produce its outputs."""
+
+
+class UnsafePathError(MnnbuildError):
+    """A path read from a cache entry, manifest or model directory would leave the directory it belongs to."""
+
+
+class OutputError(MnnbuildError):
+    """An output cannot be written where it belongs (read-only or full file system, no permission)."""

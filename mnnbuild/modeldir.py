@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import ModelDirError
+from mnnbuild.errors import MNNFormatError, ModelDirError
+from mnnbuild.mnn import check_weight_ranges, load_model
 
 MODEL_FILE = "llm.mnn"
 WEIGHT_FILE = "llm.mnn.weight"
@@ -65,6 +66,12 @@ def validate_model_dir(model_dir: Path, where: str | None = None) -> list[str]:
     read_llm_config(model_dir)
     if (model_dir / WEIGHT_FILE).stat().st_size == 0:
         raise ModelDirError(f"{model_dir / WEIGHT_FILE}: weight file is empty")
+    # a truncated or foreign llm.mnn, or a weight file of another model, is named here and not met
+    # later as an error inside MNN
+    try:
+        check_weight_ranges(load_model(model_dir / MODEL_FILE), model_dir / WEIGHT_FILE)
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
     try:
         tokenizer_file(model_dir)
     except ModelDirError:

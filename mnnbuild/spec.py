@@ -7,6 +7,7 @@ project's ``models/`` directory and in every directory of ``MNNBUILD_MODELS_PATH
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -22,6 +23,8 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+#: The model's directory name on the device (a local dir's or HF repo's name): it reaches shell scripts.
+DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class LocalSource(BaseModel):
@@ -77,10 +80,29 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _socs_match_archs(self) -> ModelSpec:
         for arch, soc_name in self.socs.items():
+            if arch not in self.targets:
+                raise SpecFieldError(
+                    f"socs.{arch}", f"{arch} is not in targets {self.targets}; add it there or drop the override"
+                )
             try:
                 soc_for_arch(arch, soc_name)
             except KeyError as exc:
-                raise ValueError(f"socs.{arch}: {exc.args[0]}") from None
+                raise SpecFieldError(f"socs.{arch}", exc.args[0]) from None
+        return self
+
+    @model_validator(mode="after")
+    def _device_name_is_plain(self) -> ModelSpec:
+        field, name = (
+            ("source.hf", self.source.hf.rpartition("/")[2])
+            if isinstance(self.source, HfSource)
+            else ("source.local", self.local_dir().name)
+        )
+        if not re.fullmatch(DEVICE_NAME_PATTERN, name):
+            raise SpecFieldError(
+                field,
+                f"the model directory name {name!r} becomes a path on the device and in push.sh/run.sh; it may "
+                "only hold letters, digits, '.', '_' and '-' and start with a letter or digit",
+            )
         return self
 
     def soc(self, arch: str) -> Soc:
@@ -100,10 +122,20 @@ class ModelSpec(BaseModel):
         return self.spec_path.with_suffix(".lock.json")
 
 
+class SpecFieldError(ValueError):
+    """A whole-spec check that blames one field (so the message names it, not the whole spec)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}\0{problem}")
+
+
 def _describe(err: dict[str, Any]) -> str:
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    got = f" (got {err['input']!r})" if err["type"] not in ("missing",) and "input" in err else ""
     msg = err["msg"].removeprefix("Value error, ")
+    if "\0" in msg:  # a SpecFieldError: the field it names and its problem, without the spec dump
+        field, _, problem = msg.partition("\0")
+        return f"field {field!r}: {problem}"
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    got = f" (got {err['input']!r})" if err["type"] not in ("missing",) and "input" in err and err["loc"] else ""
     return f"field {loc!r}: {msg}{got}"
 
 
@@ -114,6 +146,12 @@ def load_spec(path: Path) -> ModelSpec:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise SpecError(f"{path}: spec file does not exist") from None
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); expected a UTF-8 TOML file"
+        ) from None
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the spec file: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"{path}: not valid TOML: {exc}") from None
     if "spec_path" in data:

@@ -57,7 +57,7 @@ def test_spec_overrides_soc(tmp_path: Path) -> None:
         ('targets = ["v79"]\nchunk_size = -4', "chunk_size", "greater than 1"),
         ("targets = []", "targets", "at least 1 item"),
         ('targets = ["v79"]\nchunk = 12', "chunk", "Extra inputs are not permitted"),
-        ('targets = ["v79"]\nsocs = { v79 = "SM8650" }', "(top level)", "socs.v79: SoC SM8650 is v75, not v79"),
+        ('targets = ["v79"]\nsocs = { v79 = "SM8650" }', "socs.v79", "SoC SM8650 is v75, not v79"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, expected: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,16 @@ class Project:
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
-        self.settings.artifact_root.mkdir(parents=True, exist_ok=True)
+        root = self.settings.artifact_root
+        try:  # doit's state lives here: an unwritable root is one line, not a sqlite traceback
+            root.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=root):
+                pass
+        except OSError as exc:
+            raise InvalidDodoFile(
+                f"{root}: the artifact root is not writable ({exc.strerror}); set MNNBUILD_ARTIFACTS to a writable "
+                "directory"
+            ) from None
         return {
             "dep_file": str(self.settings.artifact_root / ".doit.db"),
             "backend": "sqlite3",

@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mnnbuild.errors import MnnbuildError, QnnError
-from mnnbuild.fsutil import sha256_bytes
+from mnnbuild.fsutil import confined, sha256_bytes
 from mnnbuild.layout import GRAPH_FILE
 from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Scalar
 from mnnbuild.qnn import dtypes as qdt
@@ -278,4 +278,5 @@ def compose_context(
 def read_graph_dirs(root: Path, graphs: Sequence[str]) -> dict[str, tuple[GraphDescription, Path]]:
     """The graph descriptions of ``root/<graph>`` for each relative graph dir (``qnn/graph0``), by graph
     name (the dir's basename), ready for :func:`compose_context`."""
-    return {Path(g).name: (read_graph_description(Path(root) / g), Path(root) / g) for g in graphs}
+    dirs = [confined(Path(root), g, "npu_postreat.json field 'merge'") for g in graphs]
+    return {d.name: (read_graph_description(d), d) for d in dirs}

@@ -122,6 +122,16 @@ class WeightFile:
         self.close()
 
 
+def check_weight_ranges(model: MnnModel, weight_path: str | os.PathLike[str]) -> None:
+    """Every op's external data lies inside ``weight_path`` (bounds only, nothing decoded); otherwise
+    MNNFormatError naming the weight file and the first op that does not fit."""
+    with WeightFile(weight_path) as weights:
+        for op in model.ops:
+            ext = getattr(op.main, "external", None) if op.main is not None else None
+            if ext is not None and len(ext) > 1:
+                weights.read(int(ext[0]), int(sum(int(v) for v in ext[1:])), f"op {op.name!r}")
+
+
 # ---- low-level decoders -----------------------------------------------------------------------------
 
 

@@ -3,15 +3,18 @@
 ``<out>/model/<ModelName>/`` holds ``config_qnn.json``, ``llm_config.json``, the tokenizer,
 ``llm.mnn.weight`` (and ``embeddings_bf16.bin``), ``qnn/llm.mnn``, ``qnn/graph*.bin`` and
 ``prompt.txt``. ``push.sh`` and ``run.sh`` push it with the QNN runtime libraries that match
-the target's HTP arch and start ``llm_demo`` on the device. Large files are hard-linked from
-the earlier stages when they are on the same file system (never symlinked: adb must push
-real files).
+the target's HTP arch and start ``llm_demo`` on the device. Every file is a copy (a reflink where
+the file system shares blocks), never a link: the bundle is the user's to ship and edit, and an edit
+must not reach the source model, the HF cache or an earlier stage. The scripts quote every value for
+the local shell and again for the device shell that ``adb shell`` hands its command line to.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import shlex
 import shutil
 import stat
 from pathlib import Path
@@ -23,6 +26,7 @@ from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, WEIGHT_FILE, tokenizer_file
+from mnnbuild.spec import DEVICE_NAME_PATTERN
 from mnnbuild.stage import Stage
 from mnnbuild.targets import Soc
 
@@ -30,12 +34,17 @@ log = logging.getLogger(__name__)
 
 
 def place(src: Path, dst: Path) -> None:
-    """Put ``src``'s content at ``dst``: a hard link when possible, else a copy."""
+    """Put a copy of ``src``'s content at ``dst``; copy_file_range lets btrfs/XFS share the blocks (a reflink)."""
     real = src.resolve()
     dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(real, dst)
-    except OSError:
+    with open(real, "rb") as fin, open(dst, "wb") as fout:
+        left = os.fstat(fin.fileno()).st_size
+        try:
+            while left > 0 and (n := os.copy_file_range(fin.fileno(), fout.fileno(), left)) > 0:
+                left -= n
+        except OSError:  # not supported here (old kernel, other file systems): a plain copy
+            left = -1
+    if left != 0:
         shutil.copyfile(real, dst)
 
 
@@ -52,26 +61,30 @@ def device_scripts(model_name: str, soc: Soc, tokenizer: str) -> dict[str, str]:
         f"# Target: {soc.name} (soc id {soc.soc_id}, HTP v{arch}); the Stub/Skel libraries must match it.",
         "set -euo pipefail",
         'here="$(cd "$(dirname "$0")" && pwd)"',
+        "# q VALUE: VALUE single-quoted for the device's shell, which runs the command line adb shell sends",
+        "q() { printf \"'%s'\" \"$(printf '%s' \"$1\" | sed \"s/'/'\\\\\\\\''/g\")\"; }",
         'PHONE_DIR="${PHONE_DIR:-/data/local/tmp/mnn-llm-qnn}"',
-        f'PHONE_MODEL_DIR="$PHONE_DIR/model/{model_name}"',
+        f"MODEL_NAME={shlex.quote(model_name)}",
+        'PHONE_MODEL_DIR="$PHONE_DIR/model/$MODEL_NAME"',
     ]
     push = header + [
         ': "${QNN_SDK_ROOT:?set QNN_SDK_ROOT to a QAIRT SDK}"',
         ': "${MNN_BUILD_DIR:?set MNN_BUILD_DIR to the Android build directory holding llm_demo}"',
-        'adb shell "rm -rf $PHONE_DIR && mkdir -p $PHONE_MODEL_DIR"',
+        'adb shell "rm -rf $(q "$PHONE_DIR") && mkdir -p $(q "$PHONE_MODEL_DIR")"',
         'adb push "$MNN_BUILD_DIR/llm_demo" "$PHONE_DIR/"',
         'adb push "$MNN_BUILD_DIR/libMNN.so" "$PHONE_DIR/"',
         'adb push "$QNN_SDK_ROOT/lib/aarch64-android/libQnnHtp.so" "$PHONE_DIR/"',
         f'adb push "$QNN_SDK_ROOT/lib/aarch64-android/libQnnHtpV{arch}Stub.so" "$PHONE_DIR/"',
         f'adb push "$QNN_SDK_ROOT/lib/hexagon-v{arch}/unsigned/libQnnHtpV{arch}Skel.so" "$PHONE_DIR/"',
         'adb push "$QNN_SDK_ROOT/lib/aarch64-android/libQnnSystem.so" "$PHONE_DIR/"',
-        f'for f in "$here/model/{model_name}"/*; do adb push "$f" "$PHONE_MODEL_DIR/"; done',
-        f'adb push "$here/model/{model_name}/{PROMPT_FILE}" "$PHONE_DIR/"',
-        'adb shell "chmod +x $PHONE_DIR/llm_demo"',
+        'for f in "$here/model/$MODEL_NAME"/*; do adb push "$f" "$PHONE_MODEL_DIR/"; done',
+        f'adb push "$here/model/$MODEL_NAME/{PROMPT_FILE}" "$PHONE_DIR/"',
+        'adb shell "chmod +x $(q "$PHONE_DIR/llm_demo")"',
     ]
     run = header + [
-        f'adb shell "cd $PHONE_DIR && export LD_LIBRARY_PATH=$PHONE_DIR && export ADSP_LIBRARY_PATH=$PHONE_DIR && '
-        f'./llm_demo $PHONE_MODEL_DIR/{CONFIG_FILE} $PHONE_DIR/{PROMPT_FILE}"',
+        'adb shell "cd $(q "$PHONE_DIR") && export LD_LIBRARY_PATH=$(q "$PHONE_DIR") && '
+        'export ADSP_LIBRARY_PATH=$(q "$PHONE_DIR") && '
+        f'./llm_demo $(q "$PHONE_MODEL_DIR/{CONFIG_FILE}") $(q "$PHONE_DIR/{PROMPT_FILE}")"',
     ]
     return {PUSH_SCRIPT: _script(push), RUN_SCRIPT: _script(run)}
 
@@ -79,6 +92,12 @@ def device_scripts(model_name: str, soc: Soc, tokenizer: str) -> dict[str, str]:
 def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -> BundleManifest:
     """Lay out the device directory and the scripts that push and run it."""
     model_dir = Path(inputs.model_dir)
+    # the name reaches push.sh/run.sh and the device's shell: quoted there, and refused here unless plain
+    if not re.fullmatch(DEVICE_NAME_PATTERN, inputs.model_name):
+        raise StageError(
+            f"{inputs.model}: model directory name {inputs.model_name!r} may only hold letters, digits, '.', '_' "
+            "and '-' (and start with a letter or digit)"
+        )
     tokenizer = tokenizer_file(model_dir)
     # each binary sits in <context out_dir>/qnn/: its manifest says which QNN built it, for which SoC
     contexts = [inputs.manifest(ContextManifest, Path(b).parent.parent) for b in inputs.context_binaries]

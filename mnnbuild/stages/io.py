@@ -54,6 +54,22 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             'only "float" attention masks are supported'
         )
     hidden = config["hidden_size"]
+    # verify generates from the bundle's prompt inside one prefill chunk: refuse a chunk it cannot fit now,
+    # not after the whole build (imported here: io otherwise needs neither the runtime nor the bundle stage)
+    from mnnbuild_runtime import BundleError, Tokenizer
+
+    from mnnbuild.manifests.bundle import DEFAULT_PROMPT
+
+    try:
+        prompt_tokens = len(Tokenizer(model_dir / "config.json").encode(DEFAULT_PROMPT.strip()))
+    except BundleError as exc:
+        raise ModelDirError(str(exc)) from None
+    if params.chunk_size <= prompt_tokens:
+        raise ModelDirError(
+            f"{inputs.model}: spec field 'chunk_size' is {params.chunk_size}, but verify's prompt "
+            f"{DEFAULT_PROMPT.strip()!r} is {prompt_tokens} tokens and generation needs room after it; "
+            f"expected chunk_size >= {prompt_tokens + 1}"
+        )
     fetched = inputs.manifest(FetchManifest, model_dir)
     rt = params.runtime.create(model_dir / WEIGHT_FILE)
     module = load_module(model_dir / MODEL_FILE, rt)
@@ -72,6 +88,11 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             feed = make_inputs(seq_len, hidden, params.seed)
             feed = {n: feed[n] for n in names}
             outputs = module.forward([to_var(feed[n]) for n in names])
+            if len(outputs) != len(out_names):  # MNN failed inside forward (it prints why, returns fewer outputs)
+                raise ModelDirError(
+                    f"{model_dir / WEIGHT_FILE}: MNN computed {len(outputs)} of the {len(out_names)} outputs of "
+                    f"{MODEL_FILE} at seq {seq_len}; is the weight file this model's?"
+                )
             results = {n: to_numpy(v) for n, v in zip(out_names, outputs, strict=True)}
             for n, a in results.items():
                 if a.dtype.kind == "f" and not np.isfinite(a).all():

@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import CpuRuntime, load_vars
-from mnnbuild.errors import MnnbuildError, StageError
-from mnnbuild.fsutil import sha256_bytes, sha256_file
+from mnnbuild.errors import MnnbuildError, StageError, UnsafePathError
+from mnnbuild.fsutil import confined, sha256_bytes, sha256_file
 from mnnbuild.layout import CONFIG_FILE, REFERENCE_INPUT, REFERENCE_OUTPUT, manifest_file, origin_file
 from mnnbuild.lowering.graph import compose_context, read_graph_dirs
 from mnnbuild.manifest import FileRecord
@@ -67,7 +67,11 @@ def check_integrity(bundle_dir: Path, records: list[FileRecord]) -> IntegrityChe
     listed = set()
     for rec in records:
         listed.add(rec.path)
-        path = bundle_dir / rec.path
+        try:
+            path = confined(bundle_dir, rec.path, f"{bundle_dir} manifest")
+        except UnsafePathError as exc:
+            problems.append(f"bundle file {rec.path}: {exc}")
+            continue
         if not path.is_file():
             problems.append(f"bundle file {rec.path}: missing (listed in the bundle manifest)")
             continue

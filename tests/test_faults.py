@@ -1,0 +1,481 @@
+"""Faults and hostile inputs (issue 12): each reproduced here, then shown handled.
+
+Read-only and full file systems are real ones: a read-only bind mount or a small tmpfs, mounted in a
+private user + mount namespace (``unshare -rm``), so nothing here needs root or touches the host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+
+from mnnbuild.cache import ArtifactCache
+from mnnbuild.fsutil import sha256_file
+from tests.conftest import PROJECT_ROOT, RunDoit
+
+
+def in_namespace(
+    argv: Sequence[str],
+    *,
+    tmpfs: dict[Path, str] | None = None,
+    readonly: Sequence[Path] = (),
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in a private mount namespace with small tmpfs mounts (path -> size) and read-only dirs."""
+    steps = [f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(p))}" for p, size in (tmpfs or {}).items()]
+    steps += [
+        f"mount --bind {shlex.quote(str(p))} {shlex.quote(str(p))} && mount -o remount,bind,ro {shlex.quote(str(p))}"
+        for p in readonly
+    ]
+    steps.append("exec " + shlex.join(argv))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        ["unshare", "-rm", "sh", "-c", " && ".join(steps)],
+        capture_output=True, text=True, env=full_env, cwd=cwd, timeout=600,
+    )  # fmt: skip
+
+
+def doit_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args]
+
+
+# -- the artifact cache -------------------------------------------------------------------------
+
+
+def stored_tree(tmp_path: Path) -> tuple[ArtifactCache, Path]:
+    """A local cache holding one entry ``stage/k`` with files ``a.bin`` and ``sub/b.json``."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"payload " * 100)
+    (src / "sub" / "b.json").write_text('{"x": 1}')
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("stage", "k", src)
+    return cache, tmp_path / "cache" / "stage" / "k.json"
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        pytest.param(lambda out, sha: [{"path": "../../escaped.bin", "size": 800, "sha256": sha}], id="dotdot"),
+        pytest.param(
+            lambda out, sha: [{"path": str(out.parent / "escaped.bin"), "size": 800, "sha256": sha}], id="absolute"
+        ),  # fmt: skip
+        pytest.param(
+            lambda out, sha: [
+                {"path": "d", "size": 0, "sha256": sha, "link": "../../.."},
+                {"path": "d/escaped.bin", "size": 800, "sha256": sha},
+            ],
+            id="through-a-symlink",
+        ),
+        pytest.param(
+            lambda out, sha: [{"path": "l", "size": 0, "sha256": sha, "link": str(out.parent / "escaped.bin")}],
+            id="absolute-link",
+        ),
+        pytest.param(lambda out, sha: [{"path": "a.bin", "size": 800, "sha256": "../../../x"}], id="blob-name"),
+    ],
+)
+def test_cache_entry_cannot_write_outside_its_stage_dir(
+    tmp_path: Path, files: Callable[[Path, str], list[dict]], caplog: pytest.LogCaptureFixture
+) -> None:
+    cache, entry_path = stored_tree(tmp_path)
+    entry = json.loads(entry_path.read_text())
+    sha = entry["files"][0]["sha256"]
+    out = tmp_path / "artifacts" / "model" / "stage"
+    entry["files"] = files(out, sha)
+    entry_path.write_text(json.dumps(entry))
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+        assert cache.restore("stage", "k", out) is None
+    assert not [p for p in tmp_path.rglob("escaped.bin")], "a cache entry wrote outside the stage dir"
+    assert not out.exists(), "a rejected entry leaves no stage dir"
+    assert not cache.has("stage", "k"), "a hostile entry is discarded"
+    assert any("discard" in r.getMessage() or "unreadable" in r.getMessage() for r in caplog.records)
+
+
+def test_failed_cache_write_leaves_no_partial_blob(tmp_path: Path) -> None:
+    """A real full file system (a 64 KB tmpfs) under the cache: the store fails, no temp file stays."""
+    cache_dir = tmp_path / "cache"
+    cache_dir.mkdir()
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "big.bin").write_bytes(os.urandom(1 << 20))
+    code = (
+        "import sys; from mnnbuild.cache import ArtifactCache;"
+        f"c = ArtifactCache({str(cache_dir)!r}); print('moved', c.store('stage', 'k', __import__('pathlib').Path("
+        f"{str(src)!r})));"
+        "import os; print('left', [f for _, _, fs in os.walk(c.root) for f in fs])"
+    )
+    proc = in_namespace([sys.executable, "-c", code], tmpfs={cache_dir: "64k"}, cwd=PROJECT_ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "moved 0" in proc.stdout and "left []" in proc.stdout, proc.stdout + proc.stderr
+    assert "could not store stage" in proc.stderr and "No space left" in proc.stderr
+
+
+def test_stale_partial_writes_are_reported_and_swept(tmp_path: Path) -> None:
+    """A writer killed mid-upload leaves ``<blob>.tmp-*``: `cache info` counts it and prune removes it."""
+    cache, _ = stored_tree(tmp_path)
+    blob_dir = next((tmp_path / "cache" / "blobs").iterdir())
+    stale = blob_dir / ("f" * 64 + ".tmp-deadbeef")
+    stale.write_bytes(b"x" * 5000)
+    old = time.time() - 7200
+    os.utime(stale, (old, old))
+    fresh = blob_dir / ("e" * 64 + ".tmp-cafebabe")  # a write in progress right now: kept
+    fresh.write_bytes(b"y" * 10)
+    proc = subprocess.run([sys.executable, "-m", "mnnbuild", "cache", "info", "--url", str(tmp_path / "cache")],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    assert "2 partial writes" in proc.stdout, proc.stdout
+    _, freed = cache.prune(1 << 30)
+    assert freed == 5000 and not stale.exists() and fresh.exists()
+    assert cache.restore("stage", "k", tmp_path / "out") is not None
+
+
+@pytest.mark.parametrize(
+    "url, why",
+    [("nosuchscheme://bucket/x", "unknown URL scheme"), ("{tmp}/a-file", "a cache path that is a file")],
+)
+def test_unusable_cache_is_a_warning(tmp_path: Path, url: str, why: str, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "x.bin").write_bytes(b"1234")
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+        cache = ArtifactCache.from_env({"MNNBUILD_CACHE": url.format(tmp=tmp_path)})
+        if cache is not None:
+            assert cache.restore("stage", "k", tmp_path / "out") is None
+            assert cache.store("stage", "k", src) == 0
+            assert not cache.has("stage", "k")
+    assert caplog.records, f"{why}: expected a warning"
+    assert (tmp_path / "a-file").read_text() == "not a directory"
+
+
+def test_read_only_cache_with_corrupt_blob_degrades_to_a_build(tmp_path: Path, run_doit: RunDoit) -> None:
+    """A shared read-only cache (a real read-only mount) whose blob is corrupt: every run still builds."""
+    cache_dir = tmp_path / "cache"
+    run_doit("io:tiny-qwen3", env={"MNNBUILD_CACHE": str(cache_dir)})
+    blob = max((p for p in (cache_dir / "blobs").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    blob.write_bytes(b"corrupt" + blob.read_bytes()[7:])
+    env = {"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(tmp_path / "fresh"), "HF_HUB_OFFLINE": "1"}
+    for _ in range(2):
+        proc = in_namespace(doit_argv("io:tiny-qwen3"), readonly=[cache_dir], env=env, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "does not match its sha256" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
+        assert "0 from cache" in proc.stdout, proc.stdout
+        subprocess.run(["rm", "-rf", str(tmp_path / "fresh")], check=True)
+    assert blob.read_bytes().startswith(b"corrupt"), "the read-only cache was not modified"
+
+
+# -- names that reach shell scripts --------------------------------------------------------------
+
+FAKE_ADB = """#!/usr/bin/env python3
+# A fake adb: records its argv; 'shell' runs the command line with sh (as the device would), 'push' copies.
+import json, os, shutil, subprocess, sys
+with open(os.environ["FAKE_ADB_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if sys.argv[1] == "shell":
+    sys.exit(subprocess.run(["sh", "-c", " ".join(sys.argv[2:])]).returncode)
+if sys.argv[1] == "push":
+    src, dst = sys.argv[2], sys.argv[3]
+    if dst.endswith("/"):
+        dst = os.path.join(dst, os.path.basename(src.rstrip("/")))
+    (shutil.copytree(src, dst, dirs_exist_ok=True) if os.path.isdir(src) else shutil.copyfile(src, dst))
+"""
+FAKE_LLM_DEMO = """#!/bin/sh
+# the device's llm_demo: records the arguments it was started with
+printf '%s\\n' "$@" > "$FAKE_DEMO_ARGS"
+"""
+
+
+def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
+    """A model folder named ``m$(touch pwned)`` and a PHONE_DIR full of shell syntax: the scripts run
+    against a fake adb (whose 'device shell' really is a shell) and nothing but the intended commands run."""
+    from mnnbuild.stages.bundle import device_scripts
+    from mnnbuild.targets import soc_by_name
+
+    name = "m$(touch pwned)`touch pwned2`;touch pwned3 'q"
+    bundle = tmp_path / "bundle"
+    (bundle / "model" / name / "qnn").mkdir(parents=True)
+    for rel in ("config_qnn.json", "llm.mnn.weight", "prompt.txt", "qnn/graph0.bin"):
+        (bundle / "model" / name / rel).write_text(rel)
+    for script, text in device_scripts(name, soc_by_name("SM8750"), "tokenizer.txt").items():
+        (bundle / script).write_text(text)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "adb").write_text(FAKE_ADB)
+    (tools / "adb").chmod(0o755)
+    sdk, mnn = tmp_path / "sdk", tmp_path / "mnn-build"
+    for lib in ("aarch64-android/libQnnHtp.so", "aarch64-android/libQnnHtpV79Stub.so",
+                "hexagon-v79/unsigned/libQnnHtpV79Skel.so", "aarch64-android/libQnnSystem.so"):  # fmt: skip
+        (sdk / "lib" / lib).parent.mkdir(parents=True, exist_ok=True)
+        (sdk / "lib" / lib).write_text(lib)
+    mnn.mkdir()
+    (mnn / "llm_demo").write_text(FAKE_LLM_DEMO)
+    (mnn / "libMNN.so").write_text("")
+    phone = tmp_path / "device" / "data $(touch pwned4) `touch pwned5`;'x"
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}",
+        "FAKE_ADB_LOG": str(tmp_path / "adb.log"),
+        "FAKE_DEMO_ARGS": str(tmp_path / "demo.args"),
+        "QNN_SDK_ROOT": str(sdk),
+        "MNN_BUILD_DIR": str(mnn),
+        "PHONE_DIR": str(phone),
+    }
+    for script in ("push.sh", "run.sh"):
+        proc = subprocess.run(["bash", str(bundle / script)], cwd=work, env=env, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{script}: {proc.stdout}{proc.stderr}"
+    assert not [p for p in tmp_path.rglob("pwned*")], "a name from the bundle was executed by a shell"
+    calls = [json.loads(line) for line in (tmp_path / "adb.log").read_text().splitlines()]
+    assert all(call[0] in ("shell", "push") for call in calls) and len(calls) > 8
+    # everything arrived under the exact (hostile) names, and llm_demo got exactly two arguments
+    assert (phone / "model" / name / "qnn" / "graph0.bin").read_text() == "qnn/graph0.bin"
+    assert (phone / "llm_demo").exists() and (phone / "prompt.txt").read_text() == "prompt.txt"
+    args = (tmp_path / "demo.args").read_text().splitlines()
+    assert args == [f"{phone}/model/{name}/config_qnn.json", f"{phone}/prompt.txt"]
+
+
+def write_spec(tmp_path: Path, body: str, local: str = "model") -> Path:
+    (tmp_path / local).mkdir(exist_ok=True)
+    path = tmp_path / "m.toml"
+    path.write_text(f'name = "m"\nsource = {{ local = {json.dumps(local)} }}\n{body}\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("local", "body", "field", "expected"),
+    [
+        ("m$(touch pwned)", 'targets = ["v79"]', "source.local", "may only hold letters, digits"),
+        ("model", 'targets = ["v79"]\nsocs = { v75 = "SM8650" }', "socs.v75", "v75 is not in targets ['v79']"),
+        ("model", 'targets = ["v79"]\nsocs = { v79 = "SM8650" }', "socs.v79", "SoC SM8650 is v75, not v79"),
+    ],
+)
+def test_spec_gaps_are_one_line_naming_the_field(
+    tmp_path: Path, local: str, body: str, field: str, expected: str
+) -> None:
+    from mnnbuild.errors import SpecError
+    from mnnbuild.spec import load_spec
+
+    path = write_spec(tmp_path, body, local)
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: field {field!r}: ") and expected in message
+    assert "\n" not in message and "spec_path" not in message and "'targets':" not in message, "no spec dump"
+
+
+def test_non_utf8_spec_is_one_line(tmp_path: Path) -> None:
+    from mnnbuild.errors import SpecError
+    from mnnbuild.spec import load_spec
+
+    path = tmp_path / "m.toml"
+    path.write_bytes(b'name = "m\xff"\n')
+    with pytest.raises(SpecError, match=r"m\.toml: not UTF-8 text \(byte 9"):
+        load_spec(path)
+
+
+# -- the bundle and reproducibility (two real builds) -------------------------------------------
+
+
+def build_bundle(root: Path, *doit_args: str) -> Path:
+    """`doit bundle:tiny-qwen3-v79` into the artifact root ``root``, cache off."""
+    env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
+    full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}, **env}
+    proc = subprocess.run(doit_argv(*doit_args, "bundle:tiny-qwen3-v79"), env=full_env, capture_output=True, text=True,
+                          timeout=600, cwd=root.parent)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_bundle(tmp_path_factory.mktemp("faults") / "artifacts")
+
+
+def tree_hashes(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (links followed), except what records how it was made."""
+    return {
+        p.relative_to(root).as_posix(): sha256_file(p)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and not p.name.endswith(".origin.json") and not p.name.startswith(".doit")
+    }
+
+
+def test_two_cold_cache_off_builds_are_byte_identical(built: Path, tmp_path: Path) -> None:
+    """Context binaries included: their bytes no longer depend on what the process built before (the second
+    build runs two workers, so each process builds other contexts in another order)."""
+    other = build_bundle(tmp_path / "artifacts", "-n", "2")
+    first, second = tree_hashes(built), tree_hashes(other)
+    assert any(p.endswith("/qnn/graph3.bin") for p in first)
+    differing = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
+    assert not differing, f"files that differ between two builds of the same inputs: {differing}"
+
+
+def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path) -> None:
+    """One process builds plugin 0, then plugin 1, then plugin 0 again: both plugin-0 binaries are equal."""
+    from mnnbuild.manifests.partition import read_merge
+    from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
+    from mnnbuild.targets import soc_by_name
+
+    model = built / "tiny-qwen3"
+    merge = read_merge(model / "partition")
+
+    def build(binary: str, out: Path) -> bytes:
+        inputs = ContextInputs(model="tiny-qwen3", modellib_dir=model / "modellib", binary=binary,
+                               graphs=merge[binary])  # fmt: skip
+        build_context(inputs, ContextParams(soc=soc_by_name("SM8750")), out)
+        return (out / binary).read_bytes()
+
+    first = build("qnn/graph0.bin", tmp_path / "a")
+    build("qnn/graph1.bin", tmp_path / "b")
+    assert build("qnn/graph0.bin", tmp_path / "c") == first
+    assert first == (model / "v79" / "context" / "graph0" / "qnn" / "graph0.bin").read_bytes()
+
+
+def test_qnn_numbers_tensors_per_process(built: Path) -> None:
+    """The evidence behind the fresh process per binary: composed twice in one process, the same graphs give
+    different bytes (QNN serializes tensor ids taken from a process-wide counter)."""
+    from mnnbuild.lowering.graph import compose_context, read_graph_dirs
+    from mnnbuild.qnn import HtpTarget, QnnLibrary
+
+    lib = QnnLibrary()
+    graphs = read_graph_dirs(built / "tiny-qwen3" / "modellib", ["qnn/graph0", "qnn/graph1_0"])
+    one = compose_context(lib, HtpTarget(69, 79), graphs, weight_sharing=True)
+    two = compose_context(lib, HtpTarget(69, 79), graphs, weight_sharing=True)
+    assert len(one) == len(two) and one != two
+
+
+def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_model_dir: Path) -> None:
+    bundle = built / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3"
+    sources = {
+        "llm_config.json": tiny_model_dir / "llm_config.json",
+        "llm.mnn.weight": tiny_model_dir / "llm.mnn.weight",
+        "qnn/graph0.bin": built / "tiny-qwen3" / "v79" / "context" / "graph0" / "qnn" / "graph0.bin",
+        "qnn/llm.mnn": built / "tiny-qwen3" / "partition" / "qnn" / "llm.mnn",
+    }
+    before = {rel: src.read_bytes() for rel, src in sources.items()}
+    for rel in sources:
+        shipped = bundle / rel
+        assert not shipped.is_symlink() and shipped.stat().st_nlink == 1, f"{rel} is a link"
+        with open(shipped, "r+b") as f:  # in place, as an editor that keeps the inode would
+            f.write(b"tampered")
+    assert {rel: src.read_bytes() for rel, src in sources.items()} == before
+
+
+# -- bad model files and file systems: one line naming the file, never a traceback ---------------
+
+
+def hostile_model(tmp_path: Path, tiny_model_dir: Path, damage: str) -> dict[str, str]:
+    """A copy of the tiny model damaged as ``damage`` says, with its spec; returns doit's env."""
+    import shutil
+
+    model = tmp_path / "bad"
+    shutil.copytree(tiny_model_dir, model)
+    if damage == "truncated-llm.mnn":
+        (model / "llm.mnn").write_bytes((model / "llm.mnn").read_bytes()[:3000])
+    elif damage == "random-llm.mnn":
+        (model / "llm.mnn").write_bytes(os.urandom((model / "llm.mnn").stat().st_size))
+    elif damage == "short-weight":
+        weight = model / "llm.mnn.weight"
+        weight.write_bytes(weight.read_bytes()[: weight.stat().st_size // 2])
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "bad.toml").write_text(f'name = "bad"\nsource = {{ local = "{model}" }}\ntargets = ["v79"]\n')
+    return {"MNNBUILD_MODELS_PATH": str(specs)}
+
+
+@pytest.mark.parametrize(
+    ("damage", "expected"),
+    [
+        ("truncated-llm.mnn", r"bad/llm\.mnn: truncated or not an MNN model"),
+        ("random-llm.mnn", r"bad/llm\.mnn: not an MNN model"),
+        ("short-weight", r"bad/llm\.mnn\.weight: op '.*' needs bytes \[\d+, \d+\) but the weight file has \d+ bytes"),
+    ],
+)
+def test_broken_model_files_are_one_line(
+    tmp_path: Path, run_doit: RunDoit, tiny_model_dir: Path, damage: str, expected: str
+) -> None:
+    import re
+
+    env = hostile_model(tmp_path, tiny_model_dir, damage)
+    proc = run_doit("io:bad", env=env, check=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("ModelDirError: ")]
+    assert len(lines) == 1 and re.search(expected, lines[0]), proc.stdout + proc.stderr
+
+
+def test_read_only_artifact_root_is_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
+    proc = in_namespace(doit_argv("fetch:tiny-qwen3"), readonly=[root], env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert f"{root}" in out and "Read-only file system" in out, out
+
+
+def test_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -> None:
+    """A real full file system: the artifact root is a 2 MB tmpfs, io's outputs do not fit."""
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
+    code = (
+        "import subprocess, sys, os;"
+        f"p = subprocess.run({doit_argv('modellib:tiny-qwen3')!r}, capture_output=True, text=True);"
+        "sys.stdout.write(p.stdout + p.stderr);"
+        f"print('LEFT', sorted(n for _, ds, fs in os.walk({str(root)!r}) for n in ds + fs if '.tmp-' in n));"
+        "sys.exit(p.returncode)"
+    )
+    proc = in_namespace([sys.executable, "-c", code], tmpfs={root: "2m"}, env=env, cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    assert "No space left on device" in out and str(root) in out, out
+    assert "LEFT []" in out, "a stage that ran out of space left its temp dir behind"
+
+
+def test_chunk_too_small_for_verify_prompt_is_refused_up_front(
+    tmp_path: Path, run_doit: RunDoit, tiny_model_dir: Path
+) -> None:
+    """'hello' is 3 tokens for the tiny tokenizer: chunk_size 3 leaves generation no room, refused by io."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "small.toml").write_text(
+        f'name = "small"\nsource = {{ local = "{tiny_model_dir}" }}\ntargets = ["v79"]\nchunk_size = 3\n'
+    )
+    proc = run_doit("io:small", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert "small: spec field 'chunk_size' is 3, but verify's prompt 'hello' is 3 tokens" in out, out
+    assert "expected chunk_size >= 4" in out
+    assert not (tmp_path / "artifacts" / "small" / "io").exists()
+
+
+def test_bundle_manifest_paths_stay_in_the_bundle(tmp_path: Path) -> None:
+    """verify's integrity check reads only inside the bundle, whatever its manifest lists."""
+    from mnnbuild.manifest import FileRecord
+    from mnnbuild.verify.checks import check_integrity
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not the bundle's")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "link").symlink_to(tmp_path)
+    records = [
+        FileRecord(path="../secret.txt", size=secret.stat().st_size, sha256=sha256_file(secret)),
+        FileRecord(path=str(secret), size=secret.stat().st_size, sha256=sha256_file(secret)),
+        FileRecord(path="link/secret.txt", size=secret.stat().st_size, sha256=sha256_file(secret)),
+    ]
+    check = check_integrity(bundle, records)
+    assert not check.passed and len(check.problems) == 3
+    assert all("must be relative" in p or "leads outside" in p for p in check.problems), check.problems
