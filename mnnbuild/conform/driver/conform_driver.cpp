@@ -65,6 +65,27 @@ const float* lastRow(VARP logits, int realTokens, int chunk, int* vocab) {
     return base == nullptr ? nullptr : base + static_cast<size_t>(row) * *vocab;
 }
 
+// JSON string body; a token may end inside a UTF-8 character, so bytes >= 0x80 pass through and the
+// reader decodes the line with replacement.
+std::string jsonText(Llm* llm, const std::vector<int>& ids) {
+    std::string out;
+    for (int id : ids) {
+        for (unsigned char c : llm->tokenizer_decode(id)) {
+            if (c == '"' || c == '\\') {
+                out += '\\';
+                out += static_cast<char>(c);
+            } else if (c < 0x20) {
+                char buf[8];
+                std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+                out += buf;
+            } else {
+                out += static_cast<char>(c);
+            }
+        }
+    }
+    return out;
+}
+
 std::string joinIds(const std::vector<int>& ids) {
     std::string out;
     for (size_t i = 0; i < ids.size(); ++i) {
@@ -146,7 +167,7 @@ int main(int argc, const char* argv[]) {
     const double generateSeconds = secondsSince(t0);
 
     std::cout << "{\"stepped\": [" << joinIds(stepped) << "], \"generated\": [" << joinIds(generated)
-              << "], \"load_s\": " << loadSeconds << ", \"prefill_s\": " << prefillSeconds
+              << "], \"text\": \"" << jsonText(llm.get(), stepped) << "\", \"load_s\": " << loadSeconds << ", \"prefill_s\": " << prefillSeconds
               << ", \"decode_s\": " << decodeSeconds << ", \"generate_s\": " << generateSeconds << "}" << std::endl;
     return logitsFile.fail() ? 1 : 0;
 }
