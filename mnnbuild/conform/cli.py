@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from mnnbuild.conform.build import ensure_build, ensure_driver, resolve_qnn_headers, resolve_source
+from mnnbuild.conform.patches import load_patches
 from mnnbuild.conform.run import ConformError, conform_model, format_report
 from mnnbuild.settings import Settings
 from mnnbuild.spec import discover_specs
@@ -44,9 +45,17 @@ def run_conform(args: argparse.Namespace) -> int:
     bundle_dir = target_root / "bundle"
     if not (bundle_dir / "bundle.manifest.json").is_file():
         raise ConformError(f"{bundle_dir}: no finished bundle; run `doit bundle:{model}-{arch}` first")
+    out_dir = Path(args.out).resolve() if args.out else target_root / "conform"
     source = resolve_source(args.mnn_source)
     headers = resolve_qnn_headers(args.qnn_headers)
-    build = ensure_build(source, headers, jobs=args.jobs)
+    patches = load_patches()
+    unknown = set(args.skip_patch) - {p.name for p in patches}
+    if unknown:
+        raise ConformError(
+            f"--skip-patch {sorted(unknown)[0]!r}: no such patch; have {', '.join(p.name for p in patches)}"
+        )
+    patches = [p for p in patches if p.name not in args.skip_patch]
+    build = ensure_build(source, headers, jobs=args.jobs, patches=patches)
     driver = ensure_driver(build)
     report = conform_model(
         model=model,
@@ -56,13 +65,13 @@ def run_conform(args: argparse.Namespace) -> int:
         original_dir=model_root / "model",
         modellib_dir=model_root / "modellib",
         partition_dir=model_root / "partition",
-        out_dir=target_root / "conform",
+        out_dir=out_dir,
         build=build,
         driver=driver,
         max_new_tokens=args.max_new_tokens,
     )
     sys.stdout.write(format_report(report))
-    sys.stdout.write(f"report: {target_root / 'conform' / 'conform.json'}\n")
+    sys.stdout.write(f"report: {out_dir / 'conform.json'}\n")
     return 0 if report.passed else 1
 
 
@@ -78,4 +87,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs of the MNN build (default 2)")
     p.add_argument("--max-new-tokens", type=int, default=16, help="greedy tokens per prompt (default 16)")
+    p.add_argument(
+        "--skip-patch",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="build without this patch (its own build dir), e.g. to see what a fix changes; repeatable",
+    )
+    p.add_argument("--out", help="report dir (default: artifacts/<model>/<arch>/conform)")
     p.set_defaults(handler=run_conform)
