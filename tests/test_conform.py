@@ -24,7 +24,7 @@ from mnnbuild.conform.build import (
     unpack_source,
 )
 from mnnbuild.conform.patches import PatchError, check_patches, load_patches, parse_patch
-from mnnbuild.conform.run import EngineRun, PromptCheck, compare_runs, prompt_ids
+from mnnbuild.conform.run import ConformError, EngineRun, PromptCheck, compare_runs, prompt_ids
 from mnnbuild.verify.compare import Tolerance
 
 PATCHES = load_patches()
@@ -180,10 +180,12 @@ def test_source_and_headers_are_checked(tmp_path: Path) -> None:
 
 
 def test_three_prompt_lengths() -> None:
-    prompts = dict(prompt_ids([5, 6, 7], 8))
+    prompts = dict(prompt_ids([5, 6, 7], [1, 2], 8))
     assert prompts["short"] == [5, 6, 7]
-    assert len(prompts["chunk"]) == 8
+    assert prompts["chunk"] == [5, 6, 7, 1, 2, 1, 2, 1]
     assert 8 < len(prompts["two chunks"]) < 16  # two chunks, the second one padded
+    with pytest.raises(ConformError, match="must be below the chunk"):
+        prompt_ids(list(range(8)), [1], 8)
 
 
 def _run(tokens: list[int], loop: list[int] | None = None) -> EngineRun:
