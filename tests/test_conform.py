@@ -180,12 +180,13 @@ def test_source_and_headers_are_checked(tmp_path: Path) -> None:
 
 
 def test_three_prompt_lengths() -> None:
-    prompts = dict(prompt_ids([5, 6, 7], [1, 2], 8))
-    assert prompts["short"] == [5, 6, 7]
-    assert prompts["chunk"] == [5, 6, 7, 1, 2, 1, 2, 1]
-    assert 8 < len(prompts["two chunks"]) < 16  # two chunks, the second one padded
+    prompts = dict(prompt_ids([5, 6, 7], [1, 2], 128))
+    assert prompts["short"][:5] == [5, 6, 7, 1, 2] and len(prompts["short"]) == 16  # padded, not one token
+    assert len(prompts["chunk"]) == 128
+    assert 128 < len(prompts["two chunks"]) < 256  # two chunks, the second one padded
+    assert dict(prompt_ids(list(range(40)), [1], 128))["short"] == list(range(40))
     with pytest.raises(ConformError, match="must be below the chunk"):
-        prompt_ids(list(range(8)), [1], 8)
+        prompt_ids(list(range(128)), [1], 128)
 
 
 def _run(tokens: list[int], loop: list[int] | None = None) -> EngineRun:

@@ -4,7 +4,7 @@ Three runs per prompt, each by our driver (greedy, real decode path with the KV 
 ``bundle`` (the bundle's ``config_qnn.json``: CPU ops in MNN, every Plugin in the HTP simulator),
 ``original`` (the original model on MNN's CPU with the bundle's runtime settings, ``chunk_limits`` included)
 and ``unchunked`` (the same without ``chunk_limits``: no padding, the CPU bug's control). Prompts: shorter
-than the chunk (the bundle's ``prompt.txt``), exactly one chunk, and two chunks (the second one padded).
+than the chunk (the bundle's ``prompt.txt``, lengthened to 16 tokens), exactly one chunk, and two chunks (the second one padded).
 The bundle must equal the original token for token and per-step logits must agree within verify's
 tolerance; ``llm_demo`` on the bundle is a smoke test.
 
@@ -190,18 +190,24 @@ FILLER = (
 )
 
 
-def prompt_ids(short: list[int], filler: list[int], chunk: int) -> list[tuple[str, list[int]]]:
-    """Shorter than the chunk (``short``: the bundle's prompt), exactly one chunk, and two chunks (1.5 chunks:
-    the second one padded), the longer ones being ``short`` followed by ``filler`` repeated."""
-    if not short or not filler:
+#: The short prompt has at least this many tokens: a one-token prompt runs through the decode graph unpadded
+#: (``chunk_limits`` holds 1), so it would test neither the padded prefill nor the CPU bug.
+SHORT_MIN_TOKENS = 16
+
+
+def prompt_ids(base: list[int], filler: list[int], chunk: int) -> list[tuple[str, list[int]]]:
+    """Shorter than the chunk (the bundle's prompt, lengthened with ``filler`` to ``SHORT_MIN_TOKENS``), exactly
+    one chunk, and two chunks (1.5 chunks: the second one padded); each starts with the bundle's prompt."""
+    if not base or not filler:
         raise ConformError("the bundle's prompt or the filler text encodes to no tokens")
-    if len(short) >= chunk:
-        raise ConformError(f"the bundle's prompt has {len(short)} tokens; the short prompt must be below the chunk")
+    short_len = max(len(base), min(SHORT_MIN_TOKENS, chunk - 1))
+    if short_len >= chunk:
+        raise ConformError(f"the bundle's prompt has {len(base)} tokens; the short prompt must be below the chunk")
 
     def lengthen(n: int) -> list[int]:
-        return (short + filler * (n // len(filler) + 1))[:n]
+        return (base + filler * (n // len(filler) + 1))[:n]
 
-    return [("short", list(short)), ("chunk", lengthen(chunk)), ("two chunks", lengthen(chunk + chunk // 2))]
+    return [("short", lengthen(short_len)), ("chunk", lengthen(chunk)), ("two chunks", lengthen(chunk + chunk // 2))]
 
 
 def _loop_agrees(run: EngineRun) -> bool:
