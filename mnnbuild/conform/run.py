@@ -5,8 +5,8 @@ Three runs per prompt, each by our driver (greedy, real decode path with the KV 
 ``original`` (the original model on MNN's CPU with the bundle's runtime settings, ``chunk_limits`` included)
 and ``unchunked`` (the same without ``chunk_limits``: no padding, the CPU bug's control). Prompts: shorter
 than the chunk (the bundle's ``prompt.txt``, lengthened to 16 tokens), exactly one chunk, and two chunks
-(the second one padded). The bundle must equal the original token for token and per-step logits must agree within verify's
-tolerance; ``llm_demo`` on the bundle is a smoke test.
+(the second one padded). The bundle must equal the original token for token and per-step logits must agree
+within verify's tolerance; ``llm_demo`` on the bundle is a smoke test.
 
 The x86 HTP library refuses weight-shared context binaries ("Shared weights buffer isn't supported on this
 platform"); when the shipped binaries fail to load for that reason, the bundle runs with unshared twins
