@@ -15,6 +15,7 @@ import pytest
 
 from mnnbuild.__main__ import main
 from mnnbuild.conform.build import (
+    BuildRecord,
     ConformBuildError,
     build_key,
     ensure_build,
@@ -24,7 +25,7 @@ from mnnbuild.conform.build import (
     unpack_source,
 )
 from mnnbuild.conform.patches import PatchError, check_patches, load_patches, parse_patch
-from mnnbuild.conform.run import ConformError, EngineRun, PromptCheck, compare_runs, prompt_ids
+from mnnbuild.conform.run import ConformError, EngineRun, PromptCheck, compare_runs, prompt_ids, stage_dir
 from mnnbuild.verify.compare import Tolerance
 
 PATCHES = load_patches()
@@ -227,3 +228,54 @@ def test_cli_names_a_bad_target(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["conform", "tiny-qwen3-v99"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "target 'tiny-qwen3-v99': expected <model>-<arch>" in err
+
+
+def test_a_finished_build_is_reused_without_building(tmp_path: Path) -> None:
+    """A key whose build.json exists is returned as is; a changed patch set is another key (another dir)."""
+    src = fake_source(tmp_path / "mnn")
+    headers = tmp_path / "qnn"
+    headers.mkdir()
+    (headers / "QnnInterface.h").write_text("// QNN\n")
+    root = tmp_path / "cache"
+    with pytest.raises(PatchError):  # stops at the patch check: the key dir exists, nothing else
+        ensure_build(src, headers, root=root, patches=[*PATCHES, parse_patch(_stale_patch(tmp_path))])
+    (key_dir,) = root.iterdir()
+    record = BuildRecord(
+        key=key_dir.name,
+        source=str(src),
+        source_sha256="s",
+        patches=[],
+        qnn_headers=str(headers),
+        compiler="c",
+        cmake="m",
+        options=[],
+        seconds=1.0,
+    )
+    (key_dir / "build.json").write_text(record.model_dump_json())
+    build = ensure_build(src, headers, root=root, patches=[*PATCHES, parse_patch(_stale_patch(tmp_path))])
+    assert build.root == key_dir and build.record.key == key_dir.name
+    assert not (key_dir / "build").exists()  # nothing was configured or compiled
+
+
+def _stale_patch(tmp_path: Path) -> Path:
+    path = tmp_path / "0099-stale.patch"
+    path.write_text(
+        "Why: a test patch for a file the source does not have.\n--- a/nope.cpp\n+++ b/nope.cpp\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    return path
+
+
+def test_stage_dir_links_files_and_writes_replacements(tmp_path: Path) -> None:
+    src = tmp_path / "bundle"
+    (src / "qnn").mkdir(parents=True)
+    (src / "qnn" / "graph0.bin").write_bytes(b"shipped")
+    (src / "qnn" / "llm.mnn").write_bytes(b"graph")
+    (src / "config_qnn.json").write_text("{}")
+    config = stage_dir(
+        src, tmp_path / "run", {"qnn/graph0.bin": b"twin"}, {"llm_model": "qnn/llm.mnn"}, "config_qnn.json"
+    )
+    run = tmp_path / "run"
+    assert (run / "qnn" / "llm.mnn").is_symlink() and (run / "qnn" / "llm.mnn").read_bytes() == b"graph"
+    assert not (run / "qnn" / "graph0.bin").is_symlink() and (run / "qnn" / "graph0.bin").read_bytes() == b"twin"
+    assert (src / "qnn" / "graph0.bin").read_bytes() == b"shipped"  # the bundle itself is untouched
+    assert config == run / "config_qnn.json" and '"llm_model": "qnn/llm.mnn"' in config.read_text()

@@ -126,7 +126,7 @@ def _env(build: MnnBuild) -> dict[str, str]:
     return env
 
 
-def _stage_dir(src: Path, dest: Path, replace: dict[str, bytes], config: dict[str, object], config_name: str) -> Path:
+def stage_dir(src: Path, dest: Path, replace: dict[str, bytes], config: dict[str, object], config_name: str) -> Path:
     """``dest``: symlinks to every file of ``src`` but the replaced ones (written) and the config (ours)."""
     shutil.rmtree(dest, ignore_errors=True)
     for path in sorted(src.rglob("*")):
@@ -275,8 +275,8 @@ def conform_model(
     unchunked_config = {k: v for k, v in original_config.items() if k != "chunk_limits"}
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    orig_cfg = _stage_dir(original_dir, out_dir / "original", {}, original_config, "config.json")
-    unch_cfg = _stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, "config.json")
+    orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, "config.json")
+    unch_cfg = stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, "config.json")
     prompt_text = (bundle_model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
     tokenizer = Tokenizer(orig_cfg)
     prompts = prompt_ids(tokenizer.encode(prompt_text), tokenizer.encode(FILLER), chunk)
@@ -284,7 +284,7 @@ def conform_model(
     # the shipped binaries first; twins only if the x86 library refuses them
     merge = read_merge(partition_dir)
     binaries = [BinaryRun(binary=b, ran="shipped", sha256=sha256_file(bundle_model_dir / b)) for b in merge]
-    bundle_cfg = _stage_dir(bundle_model_dir, out_dir / "bundle", {}, bundle_config, BUNDLE_CONFIG)
+    bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", {}, bundle_config, BUNDLE_CONFIG)
     probe, _, output = run_driver(driver, build, bundle_cfg, prompts[0][1], 1, chunk, out_dir / "probe.f32")
     if probe is None:
         if SHARED_WEIGHTS_REFUSAL in output:
@@ -294,7 +294,7 @@ def conform_model(
         log.warning("conform: %s; running unshared twins in their place", reason)
         twins = _twins(modellib_dir, partition_dir, soc)
         binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
-        bundle_cfg = _stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
+        bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
 
     report = ConformReport(
         model=model,
