@@ -87,8 +87,14 @@ def _add_cache(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_cache)
 
 
+def _add_conform(sub: argparse._SubParsersAction) -> None:
+    from mnnbuild.conform.cli import add_parser
+
+    add_parser(sub)
+
+
 # subcommand registrars; add new ones here
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_cache]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_cache, _add_conform]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,92 @@
+"""Conformance of the tiny model and every fixture model: bundle vs original model in MNN's own Llm engine.
+
+Builds each model's bundle with doit (the fixtures through a temporary spec dir, as tests/test_verify.py
+does), then runs ``python -m mnnbuild conform <model>-<arch>`` for each (MNN built once from ``MNN_SOURCE``,
+QNN headers from ``QNN_SDK_ROOT`` or ``--qnn-headers``; see README "Conformance"), prints a table and writes
+``benchmarks/results/conformance.json``. Not part of CI: the first run builds MNN (~15 minutes on 2 cores).
+
+    python benchmarks/bench_conformance.py [--arch v79] [--artifacts DIR] [--qnn-headers DIR] [--mnn-source SRC]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
+
+FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "models"
+
+
+def _specs(arch: str, specs_dir: Path) -> list[str]:
+    specs_dir.mkdir(parents=True, exist_ok=True)
+    names = sorted(p.name for p in FIXTURES.iterdir() if (p / "llm.mnn").is_file())
+    for name in names:
+        (specs_dir / f"{name}.toml").write_text(
+            f'name = "{name}"\nsource = {{ local = "{FIXTURES / name}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
+        )
+    return ["tiny-qwen3", *names]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="v79")
+    parser.add_argument("--artifacts", type=Path, default=PROJECT_ROOT / "artifacts")
+    parser.add_argument("--mnn-source")
+    parser.add_argument("--qnn-headers")
+    args = parser.parse_args()
+    artifacts = args.artifacts.resolve()
+    specs_dir = artifacts / "conformance-specs"
+    models = _specs(args.arch, specs_dir)
+    env = {**os.environ, "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_MODELS_PATH": str(specs_dir)}
+    tasks = [f"bundle:{m}-{args.arch}" for m in models]
+    subprocess.run([sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *tasks], env=env, check=True)
+    extra = [f"--mnn-source={args.mnn_source}"] * bool(args.mnn_source)
+    extra += [f"--qnn-headers={args.qnn_headers}"] * bool(args.qnn_headers)
+    reports: dict[str, Any] = {}
+    rows = []
+    for model in models:
+        report_path = artifacts / model / args.arch / "conform" / "conform.json"
+        report_path.unlink(missing_ok=True)  # a stale report must not stand for this run
+        proc = subprocess.run(
+            [sys.executable, "-m", "mnnbuild", "conform", f"{model}-{args.arch}", *extra], env=env, check=False
+        )
+        if not report_path.is_file():
+            reports[model] = {"passed": False, "problem": f"conform exited {proc.returncode} without a report"}
+            rows.append([model, "-", "-", "-", "-", "-", "-", "FAILED"])
+            continue
+        report = json.loads(report_path.read_text())
+        reports[model] = report
+        for p in report["prompts"]:
+            worst_cos = min((s["logits"]["cosine"] or 1.0 for s in p["steps"]), default=float("nan"))
+            worst_rel = max((s["logits"]["rel_err"] or 0.0 for s in p["steps"]), default=float("nan"))
+            bundle = p.get("bundle") or {}
+            rows.append(
+                [
+                    model,
+                    p["name"],
+                    p["prompt_tokens"],
+                    "yes" if p["tokens_equal"] else "NO",
+                    worst_cos,
+                    worst_rel,
+                    bundle.get("decode_s", float("nan")),
+                    "ok" if p["passed"] else "FAILED",
+                ]
+            )
+    print_table(
+        ["model", "prompt", "tokens", "bundle = original", "min cosine", "max rel err", "bundle decode s", "verdict"],
+        rows,
+    )
+    path = write_results("conformance", {"arch": args.arch, "models": reports})
+    sys.stdout.write(f"wrote {path}\n")
+    return 0 if all(r.get("passed") for r in reports.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""``python -m mnnbuild conform <model>-<arch>``: build MNN's runtime (once) and run the conformance check.
+
+A command, not a doit task: it needs inputs the DAG does not have (an MNN source and QNN headers named by
+the user), a per-machine build outside the artifact root, and ~15 minutes the first time; it must stay out of
+a bare ``doit`` and of CI. It reads the DAG's outputs (bundle, modellib, partition, the fetched model) and
+says which ``doit`` task to run when one is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mnnbuild.conform.build import ensure_build, ensure_driver, resolve_qnn_headers, resolve_source
+from mnnbuild.conform.patches import load_patches
+from mnnbuild.conform.run import ConformError, conform_model, format_report
+from mnnbuild.settings import Settings
+from mnnbuild.spec import discover_specs
+from mnnbuild.targets import known_archs
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+def split_target(target: str) -> tuple[str, str]:
+    model, sep, arch = target.rpartition("-")
+    if not sep or not model or arch not in known_archs():
+        raise ConformError(f"target {target!r}: expected <model>-<arch> with arch one of {', '.join(known_archs())}")
+    return model, arch
+
+
+def run_conform(args: argparse.Namespace) -> int:
+    model, arch = split_target(args.target)
+    settings = Settings.from_env(PROJECT_ROOT)
+    specs = discover_specs(list(settings.spec_dirs))
+    if model not in specs:
+        raise ConformError(
+            f"target {args.target!r}: no model spec named {model!r} in {', '.join(map(str, settings.spec_dirs))}"
+        )
+    spec = specs[model]
+    if arch not in spec.targets:
+        raise ConformError(f"{spec.spec_path}: field 'targets' does not list {arch!r}")
+    target_root = settings.target_root(model, arch)
+    model_root = settings.model_root(model)
+    bundle_dir = target_root / "bundle"
+    if not (bundle_dir / "bundle.manifest.json").is_file():
+        raise ConformError(f"{bundle_dir}: no finished bundle; run `doit bundle:{model}-{arch}` first")
+    out_dir = Path(args.out).resolve() if args.out else target_root / "conform"
+    source = resolve_source(args.mnn_source)
+    headers = resolve_qnn_headers(args.qnn_headers)
+    patches = load_patches()
+    unknown = set(args.skip_patch) - {p.name for p in patches}
+    if unknown:
+        raise ConformError(
+            f"--skip-patch {sorted(unknown)[0]!r}: no such patch; have {', '.join(p.name for p in patches)}"
+        )
+    patches = [p for p in patches if p.name not in args.skip_patch]
+    build = ensure_build(source, headers, jobs=args.jobs, patches=patches)
+    driver = ensure_driver(build)
+    report = conform_model(
+        model=model,
+        arch=arch,
+        soc=spec.soc(arch),
+        bundle_model_dir=bundle_dir / "model" / model,
+        original_dir=model_root / "model",
+        modellib_dir=model_root / "modellib",
+        partition_dir=model_root / "partition",
+        out_dir=out_dir,
+        build=build,
+        driver=driver,
+        max_new_tokens=args.max_new_tokens,
+    )
+    sys.stdout.write(format_report(report))
+    sys.stdout.write(f"report: {out_dir / 'conform.json'}\n")
+    return 0 if report.passed else 1
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "conform",
+        help="run a bundle and its original model through MNN's own Llm engine (builds MNN once; see README)",
+    )
+    p.add_argument("target", help="<model>-<arch>, e.g. tiny-qwen3-v79 (its bundle must be built)")
+    p.add_argument("--mnn-source", help="MNN source tree or tarball (default: $MNN_SOURCE)")
+    p.add_argument(
+        "--qnn-headers", help="QNN API headers dir holding QnnInterface.h (default: $QNN_SDK_ROOT/include/QNN)"
+    )
+    p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs of the MNN build (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="greedy tokens per prompt (default 16)")
+    p.add_argument(
+        "--skip-patch",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="build without this patch (its own build dir), e.g. to see what a fix changes; repeatable",
+    )
+    p.add_argument("--out", help="report dir (default: artifacts/<model>/<arch>/conform)")
+    p.set_defaults(handler=run_conform)

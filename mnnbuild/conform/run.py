@@ -1,0 +1,404 @@
+"""Run a bundle and its original model through MNN's own ``Llm`` engine and compare them.
+
+Three runs per prompt, each by our driver (greedy, real decode path with the KV cache, per-step logits):
+``bundle`` (the bundle's ``config_qnn.json``: CPU ops in MNN, every Plugin in the HTP simulator),
+``original`` (the original model on MNN's CPU with the bundle's runtime settings, ``chunk_limits`` included)
+and ``unchunked`` (the same without ``chunk_limits``: no padding, the CPU bug's control). Prompts: shorter
+than the chunk (the bundle's ``prompt.txt``, lengthened to 16 tokens), exactly one chunk, and two chunks
+(the second one padded). The bundle must equal the original token for token and per-step logits must agree
+within verify's tolerance; ``llm_demo`` on the bundle is a smoke test.
+
+The x86 HTP library refuses weight-shared context binaries ("Shared weights buffer isn't supported on this
+platform"); when the shipped binaries fail to load for that reason, the bundle runs with unshared twins
+(verify's :func:`~mnnbuild.verify.checks.build_twins`) in their place, and the report says so per binary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel
+
+from mnnbuild.conform.build import MnnBuild
+from mnnbuild.errors import MnnbuildError
+from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.qnn.library import find_qnn_libraries
+from mnnbuild.stages.bundle import PROMPT_FILE
+from mnnbuild.stages.context import read_merge
+from mnnbuild.targets import Soc
+from mnnbuild.verify.compare import TensorCheck, Tolerance, compare, is_near_tie
+
+log = logging.getLogger(__name__)
+
+SHARED_WEIGHTS_REFUSAL = "Shared weights buffer isn't supported"
+BUNDLE_CONFIG = "config_qnn.json"
+#: Runtime settings of the bundle's config that the original model runs with too (same engine behaviour).
+RUNTIME_KEYS = ("backend_type", "thread_num", "precision", "memory", "chunk_limits")
+DRIVER_TIMEOUT_S = 1800
+
+
+class ConformError(MnnbuildError):
+    """The conformance run could not run (missing bundle, a driver crash)."""
+
+
+class BinaryRun(BaseModel):
+    binary: str
+    ran: str
+    """``shipped`` or ``twin``."""
+    sha256: str
+    reason: str | None = None
+
+
+class EngineRun(BaseModel):
+    tokens: list[int]
+    """The stepped greedy loop's tokens (argmax of the dumped logits)."""
+    engine_loop_tokens: list[int]
+    """Llm::generate with the greedy sampler (the engine's own decode loop); may stop early at an end token."""
+    text: str
+    load_s: float
+    prefill_s: float
+    decode_s: float
+    generate_s: float
+
+
+class StepCheck(BaseModel):
+    step: int
+    original_token: int
+    bundle_token: int
+    logits: TensorCheck
+    tolerated_flip: bool
+
+
+class PromptCheck(BaseModel):
+    name: str
+    prompt_tokens: int
+    bundle: EngineRun | None = None
+    original: EngineRun | None = None
+    unchunked: EngineRun | None = None
+    steps: list[StepCheck] = []
+    first_divergence: int | None = None
+    tokens_equal: bool = False
+    engine_loop_agrees: bool = False
+    """Every run's Llm::generate tokens are a prefix of (or equal to) its stepped tokens."""
+    passed: bool = False
+    problem: str | None = None
+
+
+class SmokeCheck(BaseModel):
+    command: str
+    exit_code: int
+    seconds: float
+    output_tail: list[str]
+    passed: bool
+
+
+class ConformReport(BaseModel):
+    model: str
+    arch: str
+    soc: str
+    mnn_build: str
+    mnn_source: str
+    patches: list[str]
+    chunk: int
+    max_new_tokens: int
+    tolerance: Tolerance
+    binaries: list[BinaryRun]
+    prompts: list[PromptCheck]
+    llm_demo: SmokeCheck | None = None
+    unchunked_agrees: bool = False
+    """The original model gives the same tokens with and without chunk_limits padding (the CPU bug's check)."""
+    seconds: float = 0.0
+    passed: bool = False
+
+
+def _env(build: MnnBuild) -> dict[str, str]:
+    env = dict(os.environ)
+    dirs = [str(d) for d in build.lib_dirs()] + [str(find_qnn_libraries().lib_dir)]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+    return env
+
+
+def stage_dir(src: Path, dest: Path, replace: dict[str, bytes], config: dict[str, object], config_name: str) -> Path:
+    """``dest``: symlinks to every file of ``src`` but the replaced ones (written) and the config (ours)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    for path in sorted(src.rglob("*")):
+        rel = path.relative_to(src).as_posix()
+        if not path.is_file() or rel in replace or rel == config_name:
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).symlink_to(path.resolve())
+    for rel, data in replace.items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_bytes(data)
+    dest.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(dest / config_name, json.dumps(config, indent=2) + "\n")
+    return dest / config_name
+
+
+def _read_json(path: Path) -> dict[str, object]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConformError(f"{path}: cannot read: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConformError(f"{path}: expected a JSON object")
+    return data
+
+
+def run_driver(
+    driver: Path, build: MnnBuild, config: Path, ids: list[int], max_new: int, chunk: int, logits_path: Path
+) -> tuple[EngineRun | None, np.ndarray | None, str]:
+    """One driver run; returns (result, logits rows, combined output). A failed run returns (None, None, output)."""
+    cmd = [str(driver), str(config), ",".join(map(str, ids)), str(max_new), str(chunk), str(logits_path)]
+    proc = subprocess.run(
+        cmd, cwd=config.parent, capture_output=True, env=_env(build), timeout=DRIVER_TIMEOUT_S, check=False
+    )
+    out = proc.stdout.decode("utf-8", errors="replace")
+    err = proc.stderr.decode("utf-8", errors="replace")
+    combined = out + err
+    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith('{"stepped"')), None)
+    if proc.returncode != 0 or line is None:
+        return None, None, combined
+    doc = json.loads(line)
+    rows = np.fromfile(logits_path, dtype=np.float32)
+    n = len(doc["stepped"])
+    run = EngineRun(
+        tokens=doc["stepped"],
+        engine_loop_tokens=doc["generated"],
+        text=doc["text"],
+        load_s=doc["load_s"],
+        prefill_s=doc["prefill_s"],
+        decode_s=doc["decode_s"],
+        generate_s=doc["generate_s"],
+    )
+    return run, rows.reshape(n, -1), combined
+
+
+#: Text that lengthens the bundle's prompt to one and two chunks (any text does; this one has varied tokens).
+FILLER = (
+    " The build system reads a model, cuts its graph into parts for the processor and the accelerator,"
+    " compiles each accelerator part ahead of time, and checks that the result answers like the original."
+    " Every stage writes its outputs atomically and records what it read, so a second run does nothing."
+)
+
+
+#: The short prompt has at least this many tokens: a one-token prompt runs through the decode graph unpadded
+#: (``chunk_limits`` holds 1), so it would test neither the padded prefill nor the CPU bug.
+SHORT_MIN_TOKENS = 16
+
+
+def prompt_ids(base: list[int], filler: list[int], chunk: int) -> list[tuple[str, list[int]]]:
+    """Shorter than the chunk (the bundle's prompt, lengthened with ``filler`` to ``SHORT_MIN_TOKENS``), exactly
+    one chunk, and two chunks (1.5 chunks: the second one padded); each starts with the bundle's prompt."""
+    if not base or not filler:
+        raise ConformError("the bundle's prompt or the filler text encodes to no tokens")
+    short_len = max(len(base), min(SHORT_MIN_TOKENS, chunk - 1))
+    if short_len >= chunk:
+        raise ConformError(f"the bundle's prompt has {len(base)} tokens; the short prompt must be below the chunk")
+
+    def lengthen(n: int) -> list[int]:
+        return (base + filler * (n // len(filler) + 1))[:n]
+
+    return [("short", lengthen(short_len)), ("chunk", lengthen(chunk)), ("two chunks", lengthen(chunk + chunk // 2))]
+
+
+def _loop_agrees(run: EngineRun) -> bool:
+    loop = run.engine_loop_tokens
+    return 0 < len(loop) <= len(run.tokens) and loop == run.tokens[: len(loop)]
+
+
+def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.ndarray, tol: Tolerance) -> None:
+    """Per step along the original's tokens, up to and including the first divergence (after it the two
+    sequences differ, so their logits answer different questions)."""
+    assert check.bundle is not None and check.original is not None
+    ok = True
+    for i, (ref, got) in enumerate(zip(check.original.tokens, check.bundle.tokens, strict=True)):
+        flip = ref != got
+        tolerated = flip and is_near_tie(original_rows[i], ref, got, tol)
+        logits = compare(f"step {i} logits", bundle_rows[i], original_rows[i], tol)
+        check.steps.append(
+            StepCheck(step=i, original_token=ref, bundle_token=got, logits=logits, tolerated_flip=tolerated)
+        )
+        ok = ok and logits.passed and (not flip or tolerated)
+        if flip:
+            check.first_divergence = i
+            break
+    check.tokens_equal = check.bundle.tokens == check.original.tokens
+    runs = [r for r in (check.bundle, check.original, check.unchunked) if r is not None]
+    check.engine_loop_agrees = all(_loop_agrees(r) for r in runs)
+    check.passed = ok and check.tokens_equal and check.engine_loop_agrees
+
+
+def _twins(modellib_dir: Path, partition_dir: Path, soc: Soc) -> dict[str, bytes]:
+    from mnnbuild.verify.checks import build_twins
+
+    lib = QnnLibrary()
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    return {path: twin.data for path, twin in build_twins(lib, target, modellib_dir, read_merge(partition_dir)).items()}
+
+
+def conform_model(
+    *,
+    model: str,
+    arch: str,
+    soc: Soc,
+    bundle_model_dir: Path,
+    original_dir: Path,
+    modellib_dir: Path,
+    partition_dir: Path,
+    out_dir: Path,
+    build: MnnBuild,
+    driver: Path,
+    max_new_tokens: int = 16,
+    tol: Tolerance | None = None,
+) -> ConformReport:
+    """Run the three prompts through MNN's engine for bundle, original and unchunked original."""
+    from mnnbuild_runtime import Tokenizer
+
+    started = time.perf_counter()
+    tol = tol or Tolerance()
+    bundle_config = _read_json(bundle_model_dir / BUNDLE_CONFIG)
+    limits = bundle_config.get("chunk_limits")
+    if not isinstance(limits, list) or not limits or not all(isinstance(x, int) for x in limits):
+        raise ConformError(f"{bundle_model_dir / BUNDLE_CONFIG}: field 'chunk_limits' must be a list of ints")
+    chunk = max(limits)
+    original_config = _read_json(original_dir / "config.json")
+    original_config.update({k: bundle_config[k] for k in RUNTIME_KEYS if k in bundle_config})
+    unchunked_config = {k: v for k, v in original_config.items() if k != "chunk_limits"}
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, "config.json")
+    unch_cfg = stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, "config.json")
+    prompt_text = (bundle_model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
+    tokenizer = Tokenizer(orig_cfg)
+    prompts = prompt_ids(tokenizer.encode(prompt_text), tokenizer.encode(FILLER), chunk)
+
+    # the shipped binaries first; twins only if the x86 library refuses them
+    merge = read_merge(partition_dir)
+    binaries = [BinaryRun(binary=b, ran="shipped", sha256=sha256_file(bundle_model_dir / b)) for b in merge]
+    bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", {}, bundle_config, BUNDLE_CONFIG)
+    probe, _, output = run_driver(driver, build, bundle_cfg, prompts[0][1], 1, chunk, out_dir / "probe.f32")
+    if probe is None:
+        if SHARED_WEIGHTS_REFUSAL in output:
+            reason = f"the x86 QNN library refuses the shipped weight-shared binaries: '{SHARED_WEIGHTS_REFUSAL}'"
+        else:
+            reason = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
+        log.warning("conform: %s; running unshared twins in their place", reason)
+        twins = _twins(modellib_dir, partition_dir, soc)
+        binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
+        bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
+
+    report = ConformReport(
+        model=model,
+        arch=arch,
+        soc=soc.name,
+        mnn_build=build.record.key,
+        mnn_source=build.record.source,
+        patches=build.record.patches,
+        chunk=chunk,
+        max_new_tokens=max_new_tokens,
+        tolerance=tol,
+        binaries=binaries,
+        prompts=[],
+    )
+    unchunked_same = True
+    for name, ids in prompts:
+        check = PromptCheck(name=name, prompt_tokens=len(ids))
+        rows: dict[str, np.ndarray] = {}
+        for label, cfg in (("bundle", bundle_cfg), ("original", orig_cfg), ("unchunked", unch_cfg)):
+            slug = name.replace(" ", "_")
+            run, logits, output = run_driver(
+                driver, build, cfg, ids, max_new_tokens, chunk, out_dir / f"{label}-{slug}.f32"
+            )
+            if run is None:
+                check.problem = f"{label} run failed: {_last_lines(output)}"
+                break
+            setattr(check, label, run)
+            assert logits is not None
+            rows[label] = logits
+        if check.problem is None:
+            compare_runs(check, rows["bundle"], rows["original"], tol)
+            assert check.unchunked is not None and check.original is not None
+            unchunked_same = unchunked_same and check.unchunked.tokens == check.original.tokens
+        report.prompts.append(check)
+    report.unchunked_agrees = unchunked_same
+    report.llm_demo = smoke_llm_demo(build, bundle_cfg, max_new_tokens)
+    report.seconds = time.perf_counter() - started
+    report.passed = all(p.passed for p in report.prompts) and report.llm_demo.passed
+    atomic_write_text(out_dir / "conform.json", report.model_dump_json(indent=2))
+    atomic_write_text(out_dir / "conform.txt", format_report(report))
+    return report
+
+
+def _last_lines(text: str, n: int = 3) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return " | ".join(lines[-n:]) or "(no output)"
+
+
+def smoke_llm_demo(build: MnnBuild, config: Path, max_new_tokens: int) -> SmokeCheck:
+    """``llm_demo <config> prompt.txt <n>`` on the bundle, as run.sh does on the phone; must load and answer."""
+    prompt = config.parent / PROMPT_FILE
+    cmd = [str(build.llm_demo), str(config), str(prompt), str(max_new_tokens)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=config.parent, capture_output=True, env=_env(build), timeout=DRIVER_TIMEOUT_S)
+    seconds = time.perf_counter() - t0
+    text = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    # llm_demo exits 0 even when loading fails; its own messages tell
+    failed = proc.returncode != 0 or any("init error" in ln or "[Error]" in ln for ln in lines)
+    answered = any("decode" in ln.lower() for ln in lines)
+    return SmokeCheck(
+        command=" ".join(cmd),
+        exit_code=proc.returncode,
+        seconds=seconds,
+        output_tail=lines[-12:],
+        passed=not failed and answered,
+    )
+
+
+def format_report(report: ConformReport) -> str:
+    out = [
+        f"conform {report.model}-{report.arch} ({report.soc}): {'PASSED' if report.passed else 'FAILED'} "
+        f"in {report.seconds:.1f}s",
+        f"MNN build {report.mnn_build} from {report.mnn_source}; patches: {', '.join(report.patches)}",
+        f"chunk {report.chunk}, {report.max_new_tokens} new tokens, tolerance cosine >= {report.tolerance.min_cosine}, "
+        f"max abs err <= {report.tolerance.max_rel_err:.0%} of ref max abs",
+        "",
+        "binaries that ran in the HTP simulator:",
+    ]
+    for b in report.binaries:
+        out.append(f"  {b.binary}: {b.ran} (sha256 {b.sha256[:12]}…)" + (f" — {b.reason}" if b.reason else ""))
+    out.append("")
+    for p in report.prompts:
+        verdict = "ok" if p.passed else "FAILED"
+        out.append(
+            f"prompt '{p.name}' ({p.prompt_tokens} tokens): {verdict}" + (f" — {p.problem}" if p.problem else "")
+        )
+        for label in ("bundle", "original", "unchunked"):
+            run: EngineRun | None = getattr(p, label)
+            if run is not None:
+                out.append(
+                    f"  {label:9s} {run.tokens}  {run.text!r}  (load {run.load_s:.2f}s, prefill {run.prefill_s:.3f}s, "
+                    f"decode {run.decode_s:.3f}s)"
+                )
+        if p.steps:
+            worst = max(p.steps, key=lambda s: s.logits.severity(report.tolerance))
+            out.append(f"  worst step logits: {worst.logits.describe()}")
+        if p.first_divergence is not None:
+            out.append(f"  first divergence at step {p.first_divergence}")
+        out.append(f"  engine's own loop (Llm::generate) agrees: {p.engine_loop_agrees}")
+    out.append(f"original with chunk_limits = without (no padding effect): {report.unchunked_agrees}")
+    if report.llm_demo:
+        d = report.llm_demo
+        out.append(
+            f"llm_demo smoke: {'ok' if d.passed else 'FAILED'} (exit {d.exit_code}, {d.seconds:.1f}s): {d.command}"
+        )
+    return "\n".join(out) + "\n"
