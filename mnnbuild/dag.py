@@ -16,6 +16,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import code_fingerprint
 from mnnbuild.manifest import Manifest, package_version, tool_versions
 from mnnbuild.qnn.library import find_qnn_libraries
+from mnnbuild.resources import peak_rss, reset_peak_rss, run_id
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, ModelSpec, discover_specs
 from mnnbuild.stages.bundle import BundleInputs, BundleManifest, BundleParams, assemble_bundle
@@ -39,7 +41,7 @@ from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLoc
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
-from mnnbuild.stages.verify import VerifyInputs, VerifyManifest, VerifyParams, verify
+from mnnbuild.stages.verify import REPORT_JSON, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.verify import runtime_fingerprint
 
 log = logging.getLogger(__name__)
@@ -121,29 +123,49 @@ def run_stage(
     if cache and key:
         restored = cache.restore(name, key, out_dir)
         if restored is not None:
-            write_origin(out_dir, name, {"origin": "cache", "key": key, "cache": cache.url})
+            write_origin(out_dir, name, {"origin": "cache", "key": key, "cache": cache.url, **run_stamp()})
             return {"origin": "cache", "bytes": restored}
+    reset_peak_rss()
     started = time.perf_counter()
     try:
         stage(inputs, params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
+    peak = peak_rss()
     moved = 0
     if cache and key:
         try:
             moved = cache.store(name, key, out_dir)
         except OSError as exc:  # a cache is an optimisation: never fail a good build on it
             log.warning("cache: could not store %s: %s", name, exc)
-    write_origin(out_dir, name, {"origin": "built", "key": key, "seconds": round(seconds, 3)})
+    origin = {"origin": "built", "key": key, "seconds": round(seconds, 3), "peak_rss": peak, **run_stamp()}
+    write_origin(out_dir, name, origin)
     return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
+
+
+def run_stamp() -> dict[str, str]:
+    """Origin record fields saying when and in which doit run a stage dir was made (the report's cost table)."""
+    return {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run": run_id()}
 
 
 def run_verify(
     stage: StageFn, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
 ) -> TaskFailed | dict[str, Any]:
     """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
-    verified for real instead of restored from the cache (the cache key only sees the manifests)."""
+    verified for real instead of restored from the cache (the cache key only sees the manifests).
+
+    A failed verify leaves its report without a manifest; its origin record says so (for the page report)."""
+    result = _run_verify(stage, inputs, params, out_dir, *rest)
+    if isinstance(result, TaskFailed) and (out_dir / REPORT_JSON).is_file():
+        if not (out_dir / VerifyManifest.filename()).exists():
+            write_origin(out_dir, stage_name(stage), {"origin": "failed", **run_stamp()})
+    return result
+
+
+def _run_verify(
+    stage: StageFn, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
+) -> TaskFailed | dict[str, Any]:
     from mnnbuild.verify.checks import check_integrity
 
     if ArtifactCache.from_env() is not None:
