@@ -41,6 +41,7 @@ from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLoc
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 from mnnbuild.stages.modellib import ModellibInputs, ModellibManifest, ModellibParams, build_modellib
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition
+from mnnbuild.stages.report import PAGE, ReportInputs, ReportManifest, ReportParams, report
 from mnnbuild.stages.verify import REPORT_JSON, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.verify import runtime_fingerprint
 
@@ -85,9 +86,11 @@ class Project:
         return self.settings.target_root(spec.name, arch) / stage
 
     def default_tasks(self) -> list[str]:
-        # verifying a bundle builds it first, so a bare `doit` builds and proves the default model
+        # verifying a bundle builds it first, so a bare `doit` builds, proves and reports the default model
         spec = self.specs.get(DEFAULT_MODEL)
-        return [f"verify:{spec.name}-{arch}" for arch in spec.targets] if spec else []
+        if spec is None:
+            return []
+        return [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("verify", "report")]
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""
@@ -562,20 +565,24 @@ def npu_tasks(project: Project, spec: ModelSpec) -> Iterator[dict[str, Any]]:
             uptodate=[files_unchanged(bundle_dir / "model")],
             action=run_verify,
         )
-        yield {**verify_task, "basename": f"verify:{target}"}
+        report = report_task(project, spec, arch)  # issue 16: the page report, wired beside verify
+        yield {**verify_task, "basename": f"verify:{target}", "teardown": report.pop("verify_teardown")}
+        yield report
 
 
 def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
     """One delayed task creator per model (``task_npu_<model>``), run by doit after ``partition:<model>``."""
     creators = {}
     for spec in project.specs.values():
-        creates = [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("context", "bundle", "verify")]
+        stages = ("context", "bundle", "verify", "report")
+        creates = [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in stages]
 
         def creator(spec: ModelSpec = spec) -> Iterator[dict[str, Any]]:
             yield from npu_tasks(project, spec)
 
         creator.__doc__ = (
-            f"{spec.name}: HTP context binaries (a subtask per plugin) / device bundle / verify, after its partition"
+            f"{spec.name}: HTP context binaries (a subtask per plugin) / device bundle / verify / report, after its "
+            "partition"
         )
         creators[f"task_npu_{spec.name}"] = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
     return creators
@@ -583,8 +590,68 @@ def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[
 
 def verify_all_task(project: Project) -> dict[str, Any]:
     """``doit verify``: the verify tasks of the default bundles (each builds its bundle first)."""
+    verify_tasks = [t for t in project.default_tasks() if t.startswith("verify:")]
     return {
-        "doc": f"build and verify the default bundles ({', '.join(project.default_tasks()) or 'none'})",
+        "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
         "actions": None,
-        "task_dep": project.default_tasks(),
+        "task_dep": verify_tasks,
     }
+
+
+# ---- issue 16: the page report (report:<model>-<arch>) -------------------------------------------------------
+
+
+def report_task(project: Project, spec: ModelSpec, arch: str) -> dict[str, Any]:
+    """``report:<model>-<arch>``: the page of what verify found, re-made when verify's outputs change.
+
+    Its file_dep are verify's manifest (so it runs after a passing verify) and verify.json (what it shows).
+    A failed verify stops doit before any task that depends on it, so the dict also carries
+    ``verify_teardown``, for the verify task: doit runs a task's teardown at the end of the run even when the
+    task failed, and that teardown writes the page of the failed verify (with the failures at the top).
+    """
+    verify_dir = project.target_dir(spec, arch, "verify")
+    inputs = ReportInputs(
+        model=spec.name,
+        verify_dir=verify_dir,
+        partition_dir=project.partition_dir(spec),
+        bundle_dir=project.target_dir(spec, arch, "bundle"),
+        model_dir=project.fetch_dir(spec),
+        io_dir=project.io_dir(spec),
+        modellib_dir=project.modellib_dir(spec),
+        config_dir=project.target_dir(spec, arch, "config"),
+        context_dir=project.target_dir(spec, arch, "context"),
+    )
+    params = ReportParams(target=arch)
+    out_dir = project.target_dir(spec, arch, "report")
+    task = stage_task(
+        name=None,
+        doc=f"the {spec.name} {arch} bundle's page report: verdict, partition, numbers, cost ({out_dir / PAGE})",
+        stage=report,
+        manifest=ReportManifest,
+        inputs=inputs,
+        params=params,
+        out_dir=out_dir,
+        file_dep=[
+            verify_dir / VerifyManifest.filename(),
+            verify_dir / REPORT_JSON,
+            project.partition_dir(spec) / PartitionManifest.filename(),
+            project.target_dir(spec, arch, "bundle") / BundleManifest.filename(),
+        ],
+        tools=tool_versions(),
+    )
+    return {
+        **task,
+        "basename": f"report:{spec.name}-{arch}",
+        "verify_teardown": [(report_failed_verify, [inputs, params, out_dir])],
+    }
+
+
+def report_failed_verify(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> TaskFailed | dict[str, Any]:
+    """verify's teardown: when verify left a report but no manifest (it failed), write that run's page."""
+    verify_dir = Path(inputs.verify_dir)
+    if not (verify_dir / REPORT_JSON).is_file() or (verify_dir / VerifyManifest.filename()).exists():
+        return {}
+    result = run_stage(report, inputs, params, out_dir, key_config="", file_dep=[], cacheable=False)
+    if not isinstance(result, TaskFailed):
+        log.warning("verify %s-%s failed; its page report: %s", inputs.model, params.target, out_dir / PAGE)
+    return result
