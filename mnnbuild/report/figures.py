@@ -23,6 +23,8 @@ PASS_COLOR = "#2e7d32"
 FAIL_COLOR = "#c62828"
 DECODE_COLOR = "#1565c0"
 PREFILL_COLOR = "#ef6c00"
+_METADATA = re.compile(r"\s*<metadata>.*?</metadata>", re.DOTALL)
+_ID_REF = re.compile(r'(\bid="|url\(#|href="#)([^")]+)')
 _ROOT_SIZE = re.compile(r'^(<svg\b[^>]*?)\s(?:width|height)="[^"]*"(?:\s(?:width|height)="[^"]*")?')
 
 
@@ -39,7 +41,11 @@ def to_svg(fig: Figure, salt: str) -> str:
         fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": None})
     text = buf.getvalue()
     text = text[text.index("<svg") :]
+    text = _METADATA.sub("", text, count=1)  # RDF boilerplate (license and type URLs): nothing a reader needs
     text = _ROOT_SIZE.sub(r"\1", text, count=1)
+    # every figure numbers its elements from 1 (figure_1, axes_1 ...): prefix ids so that they stay unique in the
+    # page and each url(#...) / href="#..." finds its own figure's element
+    text = _ID_REF.sub(lambda m: f"{m.group(1)}{salt}-{m.group(2)}", text)
     return text.replace("<svg", f'<svg role="img" aria-label="{salt}" class="figure"', 1)
 
 
