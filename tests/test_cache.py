@@ -118,7 +118,7 @@ def test_editing_a_stage_reruns_it_and_dependents_only(tmp_path: Path, run_doit:
     src = clone / "mnnbuild" / "stages" / "partition.py"
     src.write_text(src.read_text() + "\n# an edit\n")
     proc = run_doit(project=clone)
-    downstream = ("partition:", "modellib:", "context:", "bundle:", "verify:")
+    downstream = ("partition:", "modellib:", "context:", "bundle:", "verify:", "report:")
     assert sorted(executed_tasks(proc.stdout)) == sorted(t for t in first if t.startswith(downstream))
     assert {"fetch:tiny-qwen3", "io:tiny-qwen3", "config:tiny-qwen3-v79"} <= set(skipped_tasks(proc.stdout))
 
@@ -134,7 +134,7 @@ def test_bumping_a_manifest_schema_reruns_its_stages(tmp_path: Path, run_doit: R
     # the config manifest changed shape: config and the stages that read it re-run, nothing else
     proc = run_doit(project=clone)
     assert sorted(executed_tasks(proc.stdout)) == sorted(
-        t for t in first if t.startswith(("config:", "bundle:", "verify:"))
+        t for t in first if t.startswith(("config:", "bundle:", "verify:", "report:"))
     )
     assert {"io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3"} <= set(skipped_tasks(proc.stdout))
 
