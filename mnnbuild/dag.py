@@ -31,6 +31,7 @@ from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import code_fingerprint
 from mnnbuild.manifest import Manifest, package_version, tool_versions
 from mnnbuild.qnn.library import find_qnn_libraries
+from mnnbuild.report import renderer_fingerprint
 from mnnbuild.resources import peak_rss, reset_peak_rss, run_id
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, ModelSpec, discover_specs
@@ -637,7 +638,7 @@ def report_task(project: Project, spec: ModelSpec, arch: str) -> dict[str, Any]:
             project.partition_dir(spec) / PartitionManifest.filename(),
             project.target_dir(spec, arch, "bundle") / BundleManifest.filename(),
         ],
-        tools=tool_versions(),
+        tools={**tool_versions(), "report_renderer": renderer_fingerprint()},
     )
     return {
         **task,

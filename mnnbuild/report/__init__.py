@@ -4,6 +4,6 @@ Knows nothing about stages or doit: the report stage gathers the data from the s
 """
 
 from mnnbuild.report.data import OpCell, ReportData, StageCost
-from mnnbuild.report.render import render_html
+from mnnbuild.report.render import render_html, renderer_fingerprint
 
-__all__ = ["OpCell", "ReportData", "StageCost", "render_html"]
+__all__ = ["OpCell", "ReportData", "StageCost", "render_html", "renderer_fingerprint"]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
 from typing import Any
 
+import jinja2
+import matplotlib
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
 from mnnbuild.cache import human_bytes
 from mnnbuild.report import figures
 from mnnbuild.report.data import CPU, ReportData
 
+TEMPLATES = Path(__file__).parent / "templates"
 TEMPLATE = "report.html.j2"
 LARGEST_FILES = 15
 """Bundle files drawn in the size figure (the table lists them all)."""
@@ -95,6 +100,17 @@ def _figures(data: ReportData) -> dict[str, str | None]:
     largest = sorted(data.bundle_files, key=lambda r: -r.size)[:LARGEST_FILES]
     out["bundle_files"] = figures.file_sizes([r.path for r in largest], [r.size for r in largest]) if largest else None
     return out
+
+
+def renderer_fingerprint() -> str:
+    """The template's content and the versions of the libraries that draw the page: a change re-makes it
+    (the stage code fingerprint sees Python modules only)."""
+    digest = hashlib.sha256()
+    for path in sorted(TEMPLATES.rglob("*")):
+        if path.is_file():
+            digest.update(path.relative_to(TEMPLATES).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    digest.update(f"jinja2 {jinja2.__version__} matplotlib {matplotlib.__version__}".encode())
+    return digest.hexdigest()[:16]
 
 
 def render_html(data: ReportData) -> str:
