@@ -65,6 +65,11 @@ def task_verify() -> dict[str, Any]:
     return dag.verify_all_task(PROJECT)
 
 
+def task_report() -> dict[str, Any]:
+    """Page reports: report:<model>-<arch>, one HTML page per verified bundle (created after the model's partition)."""
+    return dag.late_stage_group(PROJECT, "report")
+
+
 # The context, bundle and verify tasks of a model exist once its partition has said how many plugins it has:
 # doit creates them after partition:<model> (one task_npu_<model> creator per model, since create_after waits
 # for one task and building one model must not partition the others).

@@ -9,6 +9,7 @@
 <artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graph<k>.bin
 <artifact root>/<model>/<arch>/bundle/    bundle    model/<name>/ (what goes to the device) + scripts
 <artifact root>/<model>/<arch>/verify/    verify    verify.{json,txt}
+<artifact root>/<model>/<arch>/report/    report    index.html
 ```
 
 Every stage directory also holds ``<stage>.manifest.json`` (what it read and wrote) and
@@ -32,6 +33,7 @@ STAGE_DIRS = {
     "context": "context",
     "bundle": "bundle",
     "verify": "verify",
+    "report": "report",
 }
 
 
@@ -105,3 +107,4 @@ PUSH_SCRIPT = "push.sh"
 RUN_SCRIPT = "run.sh"
 VERIFY_REPORT_JSON = "verify.json"
 VERIFY_REPORT_TEXT = "verify.txt"
+REPORT_PAGE = "index.html"

@@ -124,7 +124,7 @@ def test_editing_a_stage_reruns_it_and_dependents_only(tmp_path: Path, run_doit:
     assert "json.dumps(postreat, indent=4)" in text
     src.write_text(text.replace("json.dumps(postreat, indent=4)", "json.dumps(postreat, indent=2)"))
     proc = run_doit(project=clone)
-    downstream = ("partition:", "modellib:", "bundle:", "verify:")
+    downstream = ("partition:", "modellib:", "bundle:", "verify:", "report:")
     assert sorted(executed_tasks(proc.stdout)) == sorted(t for t in first if t.startswith(downstream))
     assert {"fetch:tiny-qwen3", "io:tiny-qwen3", "config:tiny-qwen3-v79"} <= set(skipped_tasks(proc.stdout))
 

@@ -20,7 +20,9 @@ from mnnbuild_runtime import BinaryOverride, HybridModel, Tokenizer, greedy_gene
 from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
+from mnnbuild.layout import REPORT_PAGE as PAGE
 from mnnbuild.manifests.partition import read_merge
+from mnnbuild.manifests.report import ReportManifest
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary
@@ -314,8 +316,8 @@ def test_graph_off_its_reference_fails_naming_graph_and_tensor(built: tuple[Path
 
 @pytest.fixture(scope="module")
 def held_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The held-out fixture models (untied int8 Qwen3, channel-wise int4 Llama) built and verified for v79 and
-    v75 in one doit run."""
+    """The held-out fixture models (untied int8 Qwen3, channel-wise int4 Llama) built, verified and reported for
+    v79 and v75 in one doit run."""
     cwd = tmp_path_factory.mktemp("held_out")
     specs = cwd / "specs"
     specs.mkdir()
@@ -324,7 +326,7 @@ def held_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
             f'name = "{name}"\nsource = {{ local = "{FIXTURE_MODELS / name}" }}\nchunk_size = 128\n'
             f"targets = {list(HELD_OUT_ARCHS)!r}\n".replace("'", '"')
         )
-    tasks = [f"verify:{m}-{a}" for m in HELD_OUT for a in HELD_OUT_ARCHS]
+    tasks = [f"report:{m}-{a}" for m in HELD_OUT for a in HELD_OUT_ARCHS]  # report runs verify first
     proc = doit(cwd, "-n", "2", "--continue", *tasks, env={"MNNBUILD_MODELS_PATH": str(specs)})
     assert proc.returncode == 0, f"doit {' '.join(tasks)} failed:\n{proc.stdout}\n{proc.stderr}"
     return cwd / "artifacts"
@@ -340,3 +342,7 @@ def test_held_out_models_verify(held_out: Path, name: str, arch: str) -> None:
     assert report.passed and report.soc == soc_for_arch(arch).name
     assert all(p.target and p.target["dsp_arch"] == int(arch[1:]) for p in report.plugins)
     assert report.generation is not None and report.generation.hybrid_tokens == report.generation.cpu_tokens
+    page = ReportManifest.read(held_out / name / arch / "report")
+    assert page.verify_passed and page.target == arch
+    text = (held_out / name / arch / "report" / PAGE).read_text(encoding="utf-8")
+    assert 'class="verdict pass"' in text and report.soc in text and text.count('<svg role="img"') == 7

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,11 @@ from pydantic import BaseModel, ValidationError
 
 from mnnbuild.cache import ArtifactCache, cache_key, write_origin
 from mnnbuild.errors import MnnbuildError
+from mnnbuild.layout import VERIFY_REPORT_JSON
 from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
+from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
+from mnnbuild.resources import peak_rss, reset_peak_rss, run_id
 from mnnbuild.spec import HfSource
 from mnnbuild.stage import Stage, StageInputs
 from mnnbuild.stages.fetch import update_lock
@@ -47,29 +50,66 @@ def run_stage(
     if cache and key:
         restored = cache.restore(stage.name, key, out_dir)
         if restored is not None:
-            write_origin(out_dir, stage.name, {"origin": "cache", "key": key, "cache": cache.url})
+            write_origin(out_dir, stage.name, {"origin": "cache", "key": key, "cache": cache.url, **run_stamp()})
             return {"origin": "cache", "bytes": restored}
+    reset_peak_rss()
     started = time.perf_counter()
     try:
         stage.entry(inputs.model_copy(update={"upstream": read_upstream(upstream)}), params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
+    peak = peak_rss()
     moved = 0
     if cache and key:
         try:
             moved = cache.store(stage.name, key, out_dir)
         except OSError as exc:  # a cache is an optimisation: never fail a good build on it
             log.warning("cache: could not store %s: %s", stage.name, exc)
-    write_origin(out_dir, stage.name, {"origin": "built", "key": key, "seconds": round(seconds, 3)})
+    origin = {"origin": "built", "key": key, "seconds": round(seconds, 3), "peak_rss": peak, **run_stamp()}
+    write_origin(out_dir, stage.name, origin)
     return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
+
+
+def run_stamp() -> dict[str, str]:
+    """Origin record fields saying when and in which doit run a stage dir was made (the report's cost table)."""
+    return {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run": run_id()}
 
 
 def run_verify(
     stage: Stage, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
 ) -> TaskFailed | dict[str, Any]:
     """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
-    verified for real instead of restored from the cache (the cache key only sees the manifests)."""
+    verified for real instead of restored from the cache (the cache key only sees the manifests).
+
+    A failed verify leaves its report without a manifest; its origin record says so (for the page report)."""
+    result = _run_verify(stage, inputs, params, out_dir, *rest)
+    if isinstance(result, TaskFailed) and (out_dir / VERIFY_REPORT_JSON).is_file():
+        if not (out_dir / VerifyManifest.filename()).exists():
+            write_origin(out_dir, stage.name, {"origin": "failed", **run_stamp()})
+    return result
+
+
+def report_failed_verify(
+    stage: Stage, inputs: StageInputs, params: BaseModel, out_dir: Path, verify_dir: Path
+) -> TaskFailed | dict[str, Any]:
+    """verify's teardown: when verify left a report but no manifest (it failed), write that run's page.
+
+    doit runs no task whose dependency failed, but runs a failed task's teardown; the page of a failed verify
+    opens with its failures."""
+    if not (verify_dir / VERIFY_REPORT_JSON).is_file() or (verify_dir / VerifyManifest.filename()).exists():
+        return {}
+    try:
+        stage.entry(inputs, params, out_dir)
+    except (MnnbuildError, ValidationError) as exc:
+        return TaskFailed(f"{type(exc).__name__}: {exc}")
+    log.warning("verify of %s failed; its page report: %s", verify_dir.parent, out_dir)
+    return {}
+
+
+def _run_verify(
+    stage: Stage, inputs: VerifyInputs, params: VerifyParams, out_dir: Path, *rest: Any
+) -> TaskFailed | dict[str, Any]:
     from mnnbuild.verify.checks import check_integrity
 
     if ArtifactCache.from_env() is not None:

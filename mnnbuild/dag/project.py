@@ -44,9 +44,11 @@ class Project:
         return stage_dir(self.settings.artifact_root, stage, spec.name, arch)
 
     def default_tasks(self) -> list[str]:
-        # verifying a bundle builds it first, so a bare `doit` builds and proves the default model
+        # verifying a bundle builds it first, so a bare `doit` builds, proves and reports the default model
         spec = self.specs.get(DEFAULT_MODEL)
-        return [f"verify:{spec.name}-{arch}" for arch in spec.targets] if spec else []
+        if spec is None:
+            return []
+        return [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("verify", "report")]
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""

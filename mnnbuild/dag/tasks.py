@@ -19,11 +19,11 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 from pydantic import BaseModel
 
-from mnnbuild.dag.actions import run_stage, run_update, run_verify
+from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned
-from mnnbuild.layout import BUNDLE_MODEL_DIR, RESULT_MODEL, context_dir
+from mnnbuild.layout import BUNDLE_MODEL_DIR, REPORT_PAGE, RESULT_MODEL, VERIFY_REPORT_JSON, context_dir
 from mnnbuild.manifest import tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
@@ -32,14 +32,16 @@ from mnnbuild.manifests.fetch import FetchInputs, FetchParams
 from mnnbuild.manifests.io import IoInputs, IoParams
 from mnnbuild.manifests.modellib import ModellibInputs, ModellibParams
 from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_merge
+from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
+from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
-from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, verify
+from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, verify
 from mnnbuild.verify import runtime_fingerprint
 
 STAGES: dict[str, Stage] = {
-    s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, bundle, verify)
+    s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, bundle, verify, report)
 }
 """Every stage, in chain order."""
 
@@ -61,6 +63,8 @@ class Run:
     tools: dict[str, str] = field(default_factory=dict)
     """Versions beyond the declared tools' (verify: the runtime package it runs)."""
     action: Callable[..., TaskFailed | dict[str, Any]] = run_stage
+    teardown: tuple[Any, ...] = ()
+    """doit teardown actions (verify: the page of a failed verify)."""
 
 
 @functools.cache
@@ -103,6 +107,8 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         "uptodate": [config_changed(key), *run.uptodate],
         "clean": [(shutil.rmtree, [str(dest)], {"ignore_errors": True})],
     }
+    if run.teardown:
+        task["teardown"] = list(run.teardown)
     target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
     if not plugin_dependent(stage.name):
         task["name"] = target  # a subtask of its stage: ``io:<model>``, ``config:<model>-<arch>``
@@ -232,6 +238,7 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
     for arch in spec.targets:
         soc = spec.soc(arch)
         bundle_dir = project.stage_dir("bundle", spec, arch)
+        page = report_run(project, spec, arch)
         yield Run(
             spec,
             VerifyInputs(
@@ -251,7 +258,49 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
             tools={"mnnbuild_runtime": runtime_fingerprint()},
             action=run_verify,
+            teardown=(
+                (
+                    report_failed_verify,
+                    [
+                        STAGES["report"],
+                        page.inputs,
+                        page.params,
+                        out_dir(project, STAGES["report"], page),
+                        project.stage_dir("verify", spec, arch),
+                    ],
+                ),
+            ),
         )
+
+
+def report_run(project: Project, spec: ModelSpec, arch: str) -> Run:
+    verify_dir = project.stage_dir("verify", spec, arch)
+    return Run(
+        spec,
+        ReportInputs(
+            model=spec.name,
+            verify_dir=verify_dir,
+            partition_dir=project.stage_dir("partition", spec),
+            bundle_dir=project.stage_dir("bundle", spec, arch),
+            model_dir=project.stage_dir("fetch", spec),
+            io_dir=project.stage_dir("io", spec),
+            modellib_dir=project.stage_dir("modellib", spec),
+            config_dir=project.stage_dir("config", spec, arch),
+            context_dir=project.stage_dir("context", spec, arch),
+        ),
+        ReportParams(target=arch),
+        doc=f"the {spec.name} {arch} bundle's page report: verdict, partition, numbers, cost ({REPORT_PAGE})",
+        arch=arch,
+        # what the page shows: verify's results, also when it failed (then it has no manifest)
+        file_dep=(verify_dir / VERIFY_REPORT_JSON,),
+        # the template and the libraries that draw the page are not Python modules of ours
+        tools={"report_renderer": renderer_fingerprint()},
+    )
+
+
+def report_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    for arch in spec.targets:
+        yield report_run(project, spec, arch)
 
 
 RUNS: dict[str, Callable[[Project, ModelSpec], Iterator[Run]]] = {
@@ -263,6 +312,7 @@ RUNS: dict[str, Callable[[Project, ModelSpec], Iterator[Run]]] = {
     "context": context_runs,
     "bundle": bundle_runs,
     "verify": verify_runs,
+    "report": report_runs,
 }
 
 
@@ -316,10 +366,11 @@ def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
 
 def verify_all_task(project: Project) -> dict[str, Any]:
     """``doit verify``: the verify tasks of the default bundles (each builds its bundle first)."""
+    verify_tasks = [t for t in project.default_tasks() if t.startswith("verify:")]
     return {
-        "doc": f"build and verify the default bundles ({', '.join(project.default_tasks()) or 'none'})",
+        "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
         "actions": None,
-        "task_dep": project.default_tasks(),
+        "task_dep": verify_tasks,
     }
 
 

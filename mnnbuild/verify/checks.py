@@ -38,7 +38,7 @@ from mnnbuild.lowering.graph import compose_context, read_graph_dirs
 from mnnbuild.manifest import FileRecord
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import ContextRunner, HtpTarget, QnnLibrary, read_binary_info
-from mnnbuild.verify.compare import is_near_tie, lead, top2_margin
+from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
 from mnnbuild.verify.report import (
     GenerationCheck,
     GenerationStep,
@@ -213,11 +213,15 @@ def check_whole_model(model: HybridModel, samples: list[tuple[int, Path]], tol: 
                     continue
                 checks.append(compare(name, run.outputs[name], ref, tol))
             top1 = _top1(run.outputs.get("logits"), refs.get("logits"), tol)
+            rows = None
+            if "logits" in run.outputs and "logits" in refs:
+                rows = row_errors(run.outputs["logits"], refs["logits"])
             results.append(
                 ShapeCheck(
                     seq_len=seq,
                     outputs=checks,
                     top1=top1,
+                    logits_rows=rows,
                     seconds=seconds,
                     mnn_seconds=run.mnn_seconds,
                     qnn_seconds=run.qnn_seconds,

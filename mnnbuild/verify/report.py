@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from mnnbuild.compare import TensorCheck, Tolerance
+from mnnbuild.verify.compare import RowErrors
 
 
 class IntegrityCheck(BaseModel):
@@ -76,6 +77,8 @@ class ShapeCheck(BaseModel):
     seq_len: int
     outputs: list[TensorCheck] = Field(default_factory=list)
     top1: Top1Check | None = None
+    logits_rows: RowErrors | None = None
+    """The logits' error per position (row) of the sample."""
     seconds: float | None = None
     mnn_seconds: float | None = None
     qnn_seconds: float | None = None

@@ -1,0 +1,131 @@
+"""What the page report shows, as plain data: gathered by the report stage, rendered by :mod:`render`.
+
+Nothing here reads files or knows about stages; it only shapes the verify and partition records and the
+stage costs into what the page and its figures need.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from mnnbuild.manifest import FileRecord
+from mnnbuild.partition.records import PartitionReport
+from mnnbuild.verify.report import VerifyReport
+
+CPU = "CPU"
+
+
+class OpCell(BaseModel):
+    """One op of the source model in the partition strip: where it runs and, on the CPU, why."""
+
+    index: int
+    name: str
+    type: str
+    where: str
+    """``CPU`` or the plugin's binary path (``qnn/graph<k>.bin``)."""
+    reason: str | None = None
+
+
+class StageCost(BaseModel):
+    """One stage directory's cost, from its manifest (bytes written) and origin record (how it came to be)."""
+
+    stage: str
+    label: str
+    """The stage with its part, e.g. ``context graph0``."""
+    status: str
+    """``built`` or ``from cache`` in the run that last ran verify, ``up to date`` (made by an earlier run),
+    ``failed`` or ``missing``."""
+    at: str | None = None
+    seconds: float | None = None
+    peak_rss: int | None = None
+    bytes_written: int = 0
+    files: int = 0
+
+
+class ReportData(BaseModel):
+    model: str
+    target: str
+    verify: VerifyReport
+    partition: PartitionReport
+    ops: list[OpCell]
+    plugin_binaries: dict[str, int] = Field(default_factory=dict)
+    """Shipped context binary size by plugin path (``qnn/graph<k>.bin``)."""
+    bundle_files: list[FileRecord] = Field(default_factory=list)
+    bundle_qnn_build: str | None = None
+    costs: list[StageCost] = Field(default_factory=list)
+
+    @property
+    def plugins(self) -> list[str]:
+        return [p.name for p in self.partition.plugins]
+
+    def check_verdicts(self) -> list[tuple[str, bool | None, str]]:
+        """(check, passed or None when it did not run, one-line detail), in verify's order."""
+        v = self.verify
+        rows: list[tuple[str, bool | None, str]] = []
+        if v.integrity is not None:
+            rows.append(
+                (
+                    "bundle integrity",
+                    v.integrity.passed,
+                    f"{v.integrity.files} files vs the bundle manifest" + ("" if v.integrity.passed else " differ"),
+                )
+            )
+        else:
+            rows.append(("bundle integrity", None, "not run"))
+        bad_plugins = [p.path for p in v.plugins if not p.passed]
+        rows.append(
+            (
+                "plugins (sha256, binary info)",
+                (not bad_plugins) if v.plugins else None,
+                f"{len(v.plugins)} binaries" + (f"; failing: {', '.join(bad_plugins)}" if bad_plugins else ""),
+            )
+        )
+        graph_outputs = [t for g in v.graphs for t in g.outputs]
+        rows.append(
+            (
+                "(a) per graph vs reference",
+                all(g.passed for g in v.graphs) if v.graphs else None,
+                f"{len(v.graphs)} graphs, {len(graph_outputs)} outputs",
+            )
+        )
+        rows.append(
+            (
+                "(b) whole model vs MNN CPU",
+                all(s.passed for s in v.whole_model) if v.whole_model else None,
+                ", ".join(f"seq {s.seq_len}" for s in v.whole_model) or "not run",
+            )
+        )
+        gen = v.generation
+        rows.append(
+            (
+                "(c) greedy generation",
+                gen.passed if gen is not None else None,
+                "not run"
+                if gen is None
+                else "identical tokens"
+                if gen.first_divergence is None
+                else f"tokens differ from new token {gen.first_divergence}",
+            )
+        )
+        return rows
+
+
+def op_strip(partition: PartitionReport, plugin_cells: list[OpCell]) -> list[OpCell]:
+    """The source model's ops that run (on the CPU or in a plugin), in source order.
+
+    ``plugin_cells`` are the ops of each plugin's decode graph. Ops folded away per shape (shape arithmetic)
+    and constants are not in the strip.
+    """
+    cpu = [OpCell(index=c.index, name=c.name, type=c.type, where=CPU, reason=c.reason) for c in partition.cpu_ops]
+    return sorted([*cpu, *plugin_cells], key=lambda c: c.index)
+
+
+def runs(cells: list[OpCell]) -> list[tuple[int, int, str]]:
+    """Consecutive cells with one ``where``: (start position, length, where)."""
+    out: list[tuple[int, int, str]] = []
+    for pos, cell in enumerate(cells):
+        if out and out[-1][2] == cell.where and out[-1][0] + out[-1][1] == pos:
+            out[-1] = (out[-1][0], out[-1][1] + 1, cell.where)
+        else:
+            out.append((pos, 1, cell.where))
+    return out

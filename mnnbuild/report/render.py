@@ -1,0 +1,112 @@
+"""The page: ReportData -> one self-contained HTML document (Jinja2 template, inline CSS and SVG figures)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+
+from mnnbuild.cache import human_bytes
+from mnnbuild.report import figures
+from mnnbuild.report.data import CPU, ReportData
+from mnnbuild.report.template import TEMPLATE
+
+LARGEST_FILES = 15
+"""Bundle files drawn in the size figure (the table lists them all)."""
+
+
+def size(n: float | None) -> str:
+    return "n/a" if n is None else human_bytes(n)
+
+
+def fmt(v: float | None, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def _environment() -> Environment:
+    env = Environment(
+        loader=PackageLoader("mnnbuild.report", "templates"),
+        autoescape=select_autoescape(["html", "j2"]),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["bytes"] = size
+    env.filters["fmt"] = fmt
+    return env
+
+
+def _figures(data: ReportData) -> dict[str, str | None]:
+    v, part = data.verify, data.partition
+    out: dict[str, str | None] = {}
+    out["strip"] = figures.partition_strip(data.ops, data.plugins) if data.ops else None
+    out["plugin_sizes"] = (
+        figures.plugin_sizes(
+            data.plugins,
+            [p.weight_bytes for p in part.plugins],
+            [data.plugin_binaries.get(p.name, 0) for p in part.plugins],
+        )
+        if part.plugins
+        else None
+    )
+    outputs = [(g, t) for g in v.graphs for t in g.outputs]
+    out["graph_errors"] = (
+        figures.graph_errors(
+            [f"{g.graph} {t.qnn_name or t.name}" for g, t in outputs],
+            ["_" in g.graph for g, _ in outputs],  # graph<s>_<k> with s > 0: a prefill shape
+            [t.rel_err for _, t in outputs],
+            [t.cosine for _, t in outputs],
+            v.graph_tolerance.max_rel_err,
+            v.graph_tolerance.min_cosine,
+        )
+        if outputs
+        else None
+    )
+    prefill = [s for s in v.whole_model if s.seq_len > 1 and s.logits_rows is not None]
+    if prefill:
+        rows = prefill[-1].logits_rows
+        assert rows is not None
+        out["position_errors"] = figures.position_errors(
+            prefill[-1].seq_len,
+            [e / m if m > 0 else 0.0 for e, m in zip(rows.max_abs_err, rows.ref_max_abs, strict=True)],
+            rows.cosine,
+            v.model_tolerance.max_rel_err,
+        )
+    else:
+        out["position_errors"] = None
+    gen = v.generation
+    out["generation"] = (
+        figures.generation_steps(
+            [s.logits.rel_err for s in gen.steps],
+            [s.cpu_token == s.hybrid_pick for s in gen.steps],
+            v.model_tolerance.max_rel_err,
+        )
+        if gen is not None and gen.steps
+        else None
+    )
+    ran = [c for c in data.costs if c.seconds is not None]
+    out["costs"] = (
+        figures.stage_costs(
+            [c.label for c in ran], [c.seconds or 0.0 for c in ran], [(c.peak_rss or 0) / 2**20 for c in ran]
+        )
+        if ran
+        else None
+    )
+    largest = sorted(data.bundle_files, key=lambda r: -r.size)[:LARGEST_FILES]
+    out["bundle_files"] = figures.file_sizes([r.path for r in largest], [r.size for r in largest]) if largest else None
+    return out
+
+
+def render_html(data: ReportData) -> str:
+    """The report page for ``data``; deterministic (the same data gives the same bytes)."""
+    context: dict[str, Any] = {
+        "d": data,
+        "v": data.verify,
+        "p": data.partition,
+        "checks": data.check_verdicts(),
+        "figures": _figures(data),
+        "colors": figures.plugin_colors(data.plugins),
+        "cpu": CPU,
+        "bundle_bytes": sum(r.size for r in data.bundle_files),
+    }
+    return _environment().get_template(TEMPLATE).render(context)

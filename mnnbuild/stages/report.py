@@ -1,0 +1,160 @@
+"""report: one self-contained HTML page per verified (or failed) bundle that a reviewer reads in a minute.
+
+Reads verify's ``verify.json`` (written on success and on failure: a failed verify has no manifest, and its
+page then opens with the failures), the partition's ``partition.json`` and decode graph records (the op
+strip), the bundle manifest (sha256 list, sizes) and every stage's manifest and origin record (cost), and
+writes ``index.html``: styles and SVG figures inline, nothing fetched when it is viewed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from mnnbuild.errors import StageError
+from mnnbuild.fsutil import atomic_write_text, staged_dir
+from mnnbuild.layout import PARTITION_REPORT_JSON as PARTITION_JSON
+from mnnbuild.layout import QNN_DIR, REPORT_PAGE, origin_file
+from mnnbuild.layout import VERIFY_REPORT_JSON as VERIFY_JSON
+from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.manifests.config import ConfigManifest
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.io import IoManifest
+from mnnbuild.manifests.modellib import ModellibManifest
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.manifests.report import ReportInputs, ReportManifest, ReportParams
+from mnnbuild.manifests.verify import VerifyManifest
+from mnnbuild.partition.records import PartitionReport, SubgraphRecord
+from mnnbuild.report import OpCell, ReportData, StageCost
+from mnnbuild.report.data import op_strip
+from mnnbuild.stage import Stage
+from mnnbuild.verify.report import VerifyReport
+
+log = logging.getLogger(__name__)
+
+
+def _read_json_model(path: Path, model: type[BaseModel], what: str) -> BaseModel:
+    try:
+        return model.model_validate_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StageError(f"{path}: {what} missing; run the {what.split('.')[0]} stage first") from None
+    except (OSError, ValueError, ValidationError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise StageError(f"{path}: not a valid {what}: {first}") from None
+
+
+def _origin(stage_dir: Path, stage: str) -> dict[str, object]:
+    path = stage_dir / origin_file(stage)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run: object) -> StageCost:
+    origin = _origin(stage_dir, stage)
+    outputs: list[FileRecord] = []
+    try:
+        outputs = manifest.read(stage_dir).outputs
+    except StageError:
+        if origin.get("origin") != "failed":
+            return StageCost(stage=stage, label=label, status="missing")
+    how = {"built": "built", "cache": "from cache", "failed": "failed"}.get(str(origin.get("origin")), "unknown")
+    status = how if how == "failed" or (run is not None and origin.get("run") == run) else "up to date"
+    seconds, peak = origin.get("seconds"), origin.get("peak_rss")
+    return StageCost(
+        stage=stage,
+        label=label,
+        status=status if origin else "unknown",
+        at=str(origin["at"]) if "at" in origin else None,
+        seconds=float(seconds) if isinstance(seconds, (int, float)) else None,
+        peak_rss=int(peak) if isinstance(peak, int) else None,
+        bytes_written=sum(r.size for r in outputs),
+        files=len(outputs),
+    )
+
+
+def gather(inputs: ReportInputs, params: ReportParams) -> ReportData:
+    """Everything the page shows, read from the stage dirs; bad or missing records name their file."""
+    verify_dir = Path(inputs.verify_dir)
+    verify_report = _read_json_model(verify_dir / VERIFY_JSON, VerifyReport, VERIFY_JSON)
+    assert isinstance(verify_report, VerifyReport)
+    partition_dir = Path(inputs.partition_dir)
+    partition_report = _read_json_model(partition_dir / PARTITION_JSON, PartitionReport, PARTITION_JSON)
+    assert isinstance(partition_report, PartitionReport)
+    plugin_cells = []
+    for plugin in partition_report.plugins:
+        record = SubgraphRecord.read(partition_dir / QNN_DIR / plugin.graphs[0])
+        plugin_cells += [OpCell(index=op.index, name=op.name, type=op.type, where=plugin.name) for op in record.ops]
+    bundle = BundleManifest.read(Path(inputs.bundle_dir))
+    prefix = f"model/{bundle.model_name}/"
+    binaries = {r.path[len(prefix) :]: r.size for r in bundle.outputs if r.path.startswith(prefix + QNN_DIR + "/")}
+
+    run = _origin(verify_dir, "verify").get("run")
+    stages: list[tuple[str, str, Path, type[Manifest]]] = [
+        ("fetch", "fetch", Path(inputs.model_dir), FetchManifest),
+        ("io", "io", Path(inputs.io_dir), IoManifest),
+        ("partition", "partition", partition_dir, PartitionManifest),
+        ("modellib", "modellib", Path(inputs.modellib_dir), ModellibManifest),
+        ("config", "config", Path(inputs.config_dir), ConfigManifest),
+        *(
+            ("context", f"context {Path(p.name).stem}", Path(inputs.context_dir) / Path(p.name).stem, ContextManifest)
+            for p in partition_report.plugins
+        ),
+        ("bundle", "bundle", Path(inputs.bundle_dir), BundleManifest),
+        ("verify", "verify", verify_dir, VerifyManifest),
+    ]
+    return ReportData(
+        model=inputs.model,
+        target=params.target,
+        verify=verify_report,
+        partition=partition_report,
+        ops=op_strip(partition_report, plugin_cells),
+        plugin_binaries=binaries,
+        bundle_files=[r for r in bundle.outputs if r.path.startswith("model/")],
+        bundle_qnn_build=bundle.qnn_build,
+        costs=[_cost(stage, label, d, m, run) for stage, label, d, m in stages],
+    )
+
+
+def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportManifest:
+    """Write ``index.html`` (and the manifest) for the bundle verify last checked, passed or failed."""
+    out_dir = Path(out_dir)
+    from mnnbuild.report.render import render_html  # Jinja2 and matplotlib: loaded only to draw a page
+
+    data = gather(inputs, params)
+    page = render_html(data)
+    with staged_dir(out_dir) as tmp:
+        atomic_write_text(tmp / REPORT_PAGE, page)
+        manifest = ReportManifest(
+            model=inputs.model,
+            target=params.target,
+            inputs=[FileRecord.of(Path(inputs.verify_dir) / VERIFY_JSON, Path(inputs.verify_dir).parent)],
+            params=params,
+            tools=tool_versions(),
+            outputs=record_outputs(tmp),
+            verify_passed=data.verify.passed,
+        )
+        manifest.write(tmp)
+    log.info("report %s-%s: %s", inputs.model, params.target, out_dir / REPORT_PAGE)
+    return manifest
+
+
+STAGE = Stage(
+    name="report",
+    entry=report,
+    inputs=ReportInputs,
+    params=ReportParams,
+    manifest=ReportManifest,
+    # verify's manifest orders it after a passing verify; partition and bundle hold what the page reads
+    upstream=("partition", "bundle", "verify"),
+    outputs=(REPORT_PAGE,),
+    per_target=True,
+    doc="The page report of each verified bundle (created once the partition ran).",
+)
