@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import Project
-from mnnbuild.dag.uptodate import files_unchanged, hf_pinned
+from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, outputs_intact
 from mnnbuild.layout import BUNDLE_MODEL_DIR, REPORT_PAGE, RESULT_MODEL, VERIFY_REPORT_JSON, context_dir
 from mnnbuild.manifest import tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleParams
@@ -104,7 +104,8 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         "actions": [(run.action, [stage, run.inputs, run.params, dest, key, file_dep, upstream])],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(dest / stage.manifest.filename())],
-        "uptodate": [config_changed(key), *run.uptodate],
+        # outputs deleted or edited since the manifest was written make the task run (or restore) again
+        "uptodate": [config_changed(key), outputs_intact(dest, stage.manifest), *run.uptodate],
         "clean": [(shutil.rmtree, [str(dest)], {"ignore_errors": True})],
     }
     if run.teardown:
