@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifest import Manifest, record_outputs, tool_versions
-from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, WEIGHT_FILE, tokenizer_file
+from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, OPTIONAL_FILES, WEIGHT_FILE, tokenizer_file
 from mnnbuild.spec import DEVICE_NAME_PATTERN
 from mnnbuild.stages.config import CONFIG_FILE
 from mnnbuild.stages.context import ContextManifest
@@ -33,7 +33,6 @@ from mnnbuild.targets import Soc
 log = logging.getLogger(__name__)
 
 PROMPT_FILE = "prompt.txt"
-DEFAULT_PROMPT = "hello\n"
 
 
 class BundleInputs(BaseModel):

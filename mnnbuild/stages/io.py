@@ -19,7 +19,7 @@ from mnnbuild.cpu import CpuRuntime, load_module, save_vars, to_numpy, to_var
 from mnnbuild.errors import ModelDirError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
-from mnnbuild.modeldir import LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
 from mnnbuild.stages.fetch import FetchManifest
 
 log = logging.getLogger(__name__)
@@ -100,10 +100,8 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         )
     hidden = config["hidden_size"]
     # verify generates from the bundle's prompt inside one prefill chunk: refuse a chunk it cannot fit now,
-    # not after the whole build (imported here: io otherwise needs neither the runtime nor the bundle stage)
+    # not after the whole build (imported here: io otherwise does not need the runtime)
     from mnnbuild_runtime import BundleError, Tokenizer
-
-    from mnnbuild.stages.bundle import DEFAULT_PROMPT
 
     try:
         prompt_tokens = len(Tokenizer(model_dir / "config.json").encode(DEFAULT_PROMPT.strip()))
