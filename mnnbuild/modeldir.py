@@ -16,6 +16,8 @@ REQUIRED_FILES = ("config.json", LLM_CONFIG, MODEL_FILE, WEIGHT_FILE)
 TOKENIZER_FILES = ("tokenizer.txt", "tokenizer.mtok")
 OPTIONAL_FILES = ("embeddings_bf16.bin",)
 ALL_FILES = REQUIRED_FILES + TOKENIZER_FILES + OPTIONAL_FILES
+#: What run.sh feeds the phone and verify generates from (the bundle's prompt.txt).
+DEFAULT_PROMPT = "hello\n"
 
 
 def read_llm_config(model_dir: Path) -> dict[str, Any]:

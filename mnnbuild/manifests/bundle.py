@@ -7,10 +7,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.manifest import Manifest
+from mnnbuild.modeldir import DEFAULT_PROMPT
 from mnnbuild.stage import StageInputs
 from mnnbuild.targets import Soc
-
-DEFAULT_PROMPT = "hello\n"
 
 
 class BundleInputs(StageInputs):

@@ -21,7 +21,7 @@ from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, INPUT_NAMES, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
-from mnnbuild.modeldir import LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -55,10 +55,8 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         )
     hidden = config["hidden_size"]
     # verify generates from the bundle's prompt inside one prefill chunk: refuse a chunk it cannot fit now,
-    # not after the whole build (imported here: io otherwise needs neither the runtime nor the bundle stage)
+    # not after the whole build (imported here: io otherwise does not need the runtime)
     from mnnbuild_runtime import BundleError, Tokenizer
-
-    from mnnbuild.manifests.bundle import DEFAULT_PROMPT
 
     try:
         prompt_tokens = len(Tokenizer(model_dir / "config.json").encode(DEFAULT_PROMPT.strip()))

@@ -38,6 +38,7 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
+from mnnbuild.modeldir import DEFAULT_PROMPT
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.stage import Stage
 from mnnbuild.verify import checks, failures
@@ -45,7 +46,6 @@ from mnnbuild.verify.report import VerifyReport, format_report
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROMPT = "hello"
 
 
 def _expected_hashes(inputs: VerifyInputs, bundle: BundleManifest, model_prefix: str) -> dict[str, dict[str, str]]:
@@ -93,7 +93,7 @@ def _read_prompt(model_dir: Path, prompt: str | None) -> str:
         text = (model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
     except OSError:
         text = ""
-    return text or DEFAULT_PROMPT
+    return text or DEFAULT_PROMPT.strip()
 
 
 def _overrides(
