@@ -3,6 +3,10 @@
 A spec says where the MNN LLM comes from (a local directory or a Hugging Face repo),
 the prefill chunk size and which NPU targets to build. Specs are found in the
 project's ``models/`` directory and in every directory of ``MNNBUILD_MODELS_PATH``.
+
+A spec also names the model family (docs/families.md): a text LLM (``llm.mnn``), a
+vision-language model (``llm.mnn`` with M-RoPE plus a ``visual.mnn`` encoder compiled for
+each listed image size) or an embedding model (``embedding.mnn``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,16 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from mnnbuild.errors import SpecError
 from mnnbuild.targets import Soc, known_archs, soc_for_arch
@@ -25,6 +38,76 @@ else:  # pragma: no cover - exercised only on 3.10
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 #: The model's directory name on the device (a local dir's or HF repo's name): it reaches shell scripts.
 DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+IMAGE_SIZE_PATTERN = r"^([0-9]+)x([0-9]+)$"
+
+Family = Literal["llm", "vl", "embedding"]
+VisualEncoderKind = Literal["qwen2.5-vl", "qwen3-vl"]
+
+
+class VisualEncoder(BaseModel):
+    """How a vision tower turns an image into patches (the facts upstream's export hard-codes per model)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: VisualEncoderKind
+    patch_size: int  # pixels per patch side
+    merge_size: int  # patches per merged token side (the patch merger)
+    patch_dim: int  # floats per patch row: channels * temporal patch * patch_size**2
+
+    @property
+    def alignment(self) -> int:
+        """Image sides must be multiples of this (one merged token)."""
+        return self.patch_size * self.merge_size
+
+    def input_shapes(self, size: ImageSize) -> dict[str, list[int]]:
+        """The encoder graph's inputs for one aligned image size, in the order ``visual.mnn`` takes them."""
+        seq = size.patch_count(self)
+        shapes = {"patches": [seq, self.patch_dim], "position_ids": [2, seq]}
+        if self.kind == "qwen2.5-vl":
+            # A full and a windowed mask; the window permutation works on merged tokens (merge_size**2 patches).
+            shapes["attention_mask"] = [2, 1, seq, seq]
+            shapes["window_index"] = [seq // self.merge_size**2]
+        else:
+            # Learned position embeddings are interpolated bilinearly: 4 corner indices and weights per patch.
+            shapes["attention_mask"] = [1, seq, seq]
+            shapes["idx_tensor"] = [4, seq]
+            shapes["weight_tensor"] = [4, seq]
+        return shapes
+
+
+VISUAL_ENCODERS: dict[str, VisualEncoder] = {
+    "qwen2.5-vl": VisualEncoder(kind="qwen2.5-vl", patch_size=14, merge_size=2, patch_dim=3 * 2 * 14 * 14),
+    "qwen3-vl": VisualEncoder(kind="qwen3-vl", patch_size=16, merge_size=2, patch_dim=3 * 2 * 16 * 16),
+}
+
+
+class ImageSize(BaseModel):
+    """One image size the visual encoder is compiled for, written ``"<width>x<height>"`` as upstream does."""
+
+    model_config = ConfigDict(frozen=True)
+
+    width: int
+    height: int
+
+    @classmethod
+    def parse(cls, text: str) -> ImageSize:
+        match = re.fullmatch(IMAGE_SIZE_PATTERN, text)
+        if match is None:
+            raise ValueError(f"image size {text!r} is not '<width>x<height>', e.g. '448x448'")
+        return cls(width=int(match.group(1)), height=int(match.group(2)))
+
+    def __str__(self) -> str:
+        return f"{self.width}x{self.height}"
+
+    def grid(self, encoder: VisualEncoder) -> tuple[int, int]:
+        """Patches along (height, width); the size must already be aligned."""
+        return self.height // encoder.patch_size, self.width // encoder.patch_size
+
+    def patch_count(self, encoder: VisualEncoder) -> int:
+        """The encoder's sequence length for this size (patches before merging)."""
+        grid_h, grid_w = self.grid(encoder)
+        return grid_h * grid_w
 
 
 class LocalSource(BaseModel):
@@ -50,6 +133,21 @@ class HfSource(BaseModel):
         return "hf"
 
 
+def _aligned_image_size(text: str, info: ValidationInfo) -> str:
+    """One ``image_sizes`` entry: ``WxH``, both sides positive multiples of the encoder's alignment."""
+    size = ImageSize.parse(text)
+    encoder = VISUAL_ENCODERS.get(info.data.get("visual_encoder") or "")
+    if encoder is None:
+        return text  # no (valid) encoder: the visual_encoder field reports that
+    for side, value in (("width", size.width), ("height", size.height)):
+        if value <= 0 or value % encoder.alignment:
+            raise ValueError(
+                f"{side} {value} is not a positive multiple of {encoder.alignment} "
+                f"(one {encoder.kind} merged patch: {encoder.merge_size} x {encoder.patch_size} px)"
+            )
+    return text
+
+
 class ModelSpec(BaseModel):
     """One model to build bundles for, as written in ``models/<name>.toml``."""
 
@@ -65,6 +163,17 @@ class ModelSpec(BaseModel):
     max_kv_size: int = Field(
         default=0, ge=0, description="KV cache length for NPU Attention; 0 keeps Attention on the CPU."
     )
+    family: Family = Field(default="llm", description="llm (llm.mnn), vl (llm.mnn + visual.mnn) or embedding.")
+    visual_encoder: VisualEncoderKind | None = Field(
+        default=None,
+        validate_default=True,
+        description="vl only: the vision tower's kind, which fixes its patch size and inputs.",
+    )
+    image_sizes: list[Annotated[str, AfterValidator(_aligned_image_size)]] = Field(
+        default_factory=list,
+        validate_default=True,
+        description="vl only: '<width>x<height>' sizes the visual encoder is compiled for, one graph each.",
+    )
     spec_path: Path = Field(exclude=True, description="The TOML file this spec was read from.")
 
     @field_validator("targets")
@@ -76,6 +185,38 @@ class ModelSpec(BaseModel):
         if len(set(targets)) != len(targets):
             raise ValueError("targets are listed twice")
         return targets
+
+    @field_validator("visual_encoder")
+    @classmethod
+    def _encoder_for_vl_only(cls, kind: str | None, info: ValidationInfo) -> str | None:
+        family = info.data.get("family")
+        if family == "vl" and kind is None:
+            raise ValueError(f"required for family = 'vl'; expected one of {', '.join(VISUAL_ENCODERS)}")
+        if family in ("llm", "embedding") and kind is not None:
+            raise ValueError(f"only a family = 'vl' model has a visual encoder (family is {family!r})")
+        return kind
+
+    @field_validator("image_sizes")
+    @classmethod
+    def _sizes_for_vl_only(cls, sizes: list[str], info: ValidationInfo) -> list[str]:
+        family = info.data.get("family")
+        if family in ("llm", "embedding") and sizes:
+            raise ValueError(f"only a family = 'vl' model has a visual encoder (family is {family!r})")
+        if family == "vl" and not sizes:
+            raise ValueError("family = 'vl' needs at least one '<width>x<height>' size, e.g. ['448x448']")
+        encoder = VISUAL_ENCODERS.get(info.data.get("visual_encoder") or "")
+        if encoder is not None:
+            seen: dict[int, str] = {}
+            for text in sizes:
+                patches = ImageSize.parse(text).patch_count(encoder)
+                if patches in seen:
+                    # The encoder's input shapes depend only on the patch count: the two graphs would be one.
+                    raise ValueError(
+                        f"{text!r} gives the same encoder input shapes as {seen[patches]!r} "
+                        f"({patches} patches); list only one of them"
+                    )
+                seen[patches] = text
+        return sizes
 
     @model_validator(mode="after")
     def _socs_match_archs(self) -> ModelSpec:
@@ -104,6 +245,15 @@ class ModelSpec(BaseModel):
                 "only hold letters, digits, '.', '_' and '-' and start with a letter or digit",
             )
         return self
+
+    @property
+    def encoder(self) -> VisualEncoder | None:
+        """The visual encoder's patch facts (vl models only)."""
+        return VISUAL_ENCODERS[self.visual_encoder] if self.visual_encoder else None
+
+    def parsed_image_sizes(self) -> list[ImageSize]:
+        """``image_sizes`` as validated sizes, in spec order (the encoder's graph order)."""
+        return [ImageSize.parse(text) for text in self.image_sizes]
 
     def soc(self, arch: str) -> Soc:
         """The SoC this spec builds for ``arch``."""

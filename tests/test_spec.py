@@ -93,3 +93,110 @@ def test_settings_from_environment(tmp_path: Path) -> None:
     assert settings.spec_dirs == (tmp_path / "proj" / "models", tmp_path / "a", tmp_path / "proj" / "rel")
     assert Settings.from_env(tmp_path, {}).artifact_root == tmp_path / "artifacts"
     assert settings.target_root("m", "v79") == tmp_path / "proj" / "out" / "m" / "v79"
+
+
+def test_family_defaults_to_text_llm(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, 'name = "m"\nsource = { local = "x" }\ntargets = ["v79"]\n'))
+    assert spec.family == "llm"
+    assert spec.visual_encoder is None and spec.encoder is None and spec.image_sizes == []
+
+
+def test_vl_spec_image_sizes_and_encoder_shapes(tmp_path: Path) -> None:
+    path = write_spec(
+        tmp_path,
+        'name = "m"\nsource = { local = "x" }\ntargets = ["v79", "v75"]\nfamily = "vl"\n'
+        'visual_encoder = "qwen2.5-vl"\nimage_sizes = ["448x448", "896x448", "56x28"]\n',
+    )
+    spec = load_spec(path)
+    assert spec.family == "vl" and spec.encoder is not None
+    sizes = spec.parsed_image_sizes()
+    assert [str(s) for s in sizes] == ["448x448", "896x448", "56x28"]
+    assert (sizes[1].width, sizes[1].height) == (896, 448)
+    # 896 wide, 448 high: 64 x 32 patches of 14 px; grid is (height, width).
+    assert sizes[1].grid(spec.encoder) == (32, 64)
+    assert spec.encoder.input_shapes(sizes[0]) == {
+        "patches": [1024, 1176],
+        "position_ids": [2, 1024],
+        "attention_mask": [2, 1, 1024, 1024],
+        "window_index": [256],
+    }
+    assert spec.encoder.input_shapes(sizes[2])["window_index"] == [2]
+
+
+def test_qwen3_vl_encoder_shapes(tmp_path: Path) -> None:
+    path = write_spec(
+        tmp_path,
+        'name = "m"\nsource = { local = "x" }\ntargets = ["v79"]\nfamily = "vl"\n'
+        'visual_encoder = "qwen3-vl"\nimage_sizes = ["448x448", "64x128"]\n',
+    )
+    spec = load_spec(path)
+    assert spec.encoder is not None and spec.encoder.alignment == 32
+    first, second = spec.parsed_image_sizes()
+    assert spec.encoder.input_shapes(first) == {
+        "patches": [784, 1536],
+        "position_ids": [2, 784],
+        "attention_mask": [1, 784, 784],
+        "idx_tensor": [4, 784],
+        "weight_tensor": [4, 784],
+    }
+    assert spec.encoder.input_shapes(second)["patches"] == [32, 1536]
+
+
+def test_embedding_family(tmp_path: Path) -> None:
+    spec = load_spec(
+        write_spec(tmp_path, 'name = "m"\nsource = { local = "x" }\ntargets = ["v79"]\nfamily = "embedding"\n')
+    )
+    assert spec.family == "embedding" and spec.encoder is None
+
+
+VL = 'targets = ["v79"]\nfamily = "vl"\n'
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "expected"),
+    [
+        ('targets = ["v79"]\nfamily = "vision"', "family", "Input should be 'llm', 'vl' or 'embedding'"),
+        (VL + 'image_sizes = ["448x448"]', "visual_encoder", "required for family = 'vl'; expected one of qwen2.5-vl"),
+        (VL + 'visual_encoder = "qwen2-vl"\nimage_sizes = ["448x448"]', "visual_encoder", "'qwen2.5-vl' or"),
+        (VL + 'visual_encoder = "qwen3-vl"', "image_sizes", "needs at least one '<width>x<height>' size"),
+        (VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = []', "image_sizes", "needs at least one"),
+        (VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = ["448"]', "image_sizes.0", "is not '<width>x<height>'"),
+        (VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = ["448x-32"]', "image_sizes.0", "is not '<width>x<height>'"),
+        (VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = [" 64x64"]', "image_sizes.0", "is not '<width>x<height>'"),
+        (
+            VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = ["64x64", "0x64"]',
+            "image_sizes.1",
+            "width 0 is not a positive multiple of 32 (one qwen3-vl merged patch: 2 x 16 px) (got '0x64')",
+        ),
+        (
+            VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = ["448x450"]',
+            "image_sizes.0",
+            "height 450 is not a positive multiple of 32",
+        ),
+        (
+            VL + 'visual_encoder = "qwen2.5-vl"\nimage_sizes = ["448x448", "512x512"]',
+            "image_sizes.1",
+            "width 512 is not a positive multiple of 28",
+        ),
+        (
+            VL + 'visual_encoder = "qwen2.5-vl"\nimage_sizes = ["896x448", "448x896"]',
+            "image_sizes",
+            "'448x896' gives the same encoder input shapes as '896x448' (2048 patches); list only one of them",
+        ),
+        (VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = 448', "image_sizes", "valid list"),
+        ('targets = ["v79"]\nimage_sizes = ["448x448"]', "image_sizes", "only a family = 'vl' model has a visual"),
+        (
+            'targets = ["v79"]\nfamily = "embedding"\nvisual_encoder = "qwen3-vl"',
+            "visual_encoder",
+            "only a family = 'vl' model has a visual encoder (family is 'embedding')",
+        ),
+    ],
+)
+def test_bad_family_fields_name_file_and_field(tmp_path: Path, body: str, field: str, expected: str) -> None:
+    path = write_spec(tmp_path, f'name = "m"\nsource = {{ local = "x" }}\n{body}\n')
+    with pytest.raises(SpecError) as info:
+        load_spec(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: field {field!r}: ")
+    assert expected in message

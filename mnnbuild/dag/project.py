@@ -36,6 +36,14 @@ class Project:
         except MnnbuildError as exc:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
             raise InvalidDodoFile(str(exc)) from None
+        for spec in specs.values():
+            # the spec format knows the VL and embedding families (docs/families.md); the stages do not yet, and
+            # building such a model as a text LLM would give a wrong bundle rather than an error
+            if spec.family != "llm":
+                raise InvalidDodoFile(
+                    f"{spec.spec_path}: field 'family': {spec.family!r} models cannot be built yet (only 'llm'); "
+                    "see docs/families.md"
+                )
         memo = DigestMemo(settings.artifact_root / ".code-digests.json")
         return cls(settings=settings, specs=specs, memo=memo)
 

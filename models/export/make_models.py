@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    import transformers
     from tokenizers import Tokenizer
 
 LOG = logging.getLogger("make_models")
@@ -48,6 +49,9 @@ ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+# Vision-language models also need the image placeholder tokens (appended after training, so the
+# text tokenizer's ids and merges stay those of the text models).
+VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 # Qwen2/Qwen3 pre-tokenizer split pattern (same as the released Qwen tokenizer.json).
 QWEN2_SPLIT_PATTERN = (
@@ -71,6 +75,10 @@ KEEP_FILES = (
     "tokenizer.txt",
     "tokenizer.mtok",
     "embeddings_bf16.bin",
+    "visual.mnn",
+    "visual.mnn.weight",
+    "embedding.mnn",
+    "embedding.mnn.weight",
 )
 
 BASE_TEXT = """\
@@ -110,6 +118,19 @@ one two three four five six seven eight nine ten hundred thousand first second l
 
 
 @dataclass(frozen=True)
+class VisionTower:
+    """The tiny vision encoder of a VL test model (HF vision config + llmexport's visual quantization)."""
+
+    kind: str  # "qwen2.5-vl" or "qwen3-vl" (mnnbuild's spec field visual_encoder)
+    hidden_size: int
+    depth: int
+    num_heads: int
+    intermediate_size: int
+    quant_bit: int
+    quant_block: int
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """One test model: HF architecture, dimensions and llmexport quantization."""
 
@@ -127,6 +148,9 @@ class ModelSpec:
     quant_block: int  # 0 = channel-wise
     symmetric: bool
     purpose: str
+    family: str = "llm"  # "llm", "vl" or "embedding" (mnnbuild's spec field family)
+    vision: VisionTower | None = None
+    mrope_section: tuple[int, ...] = ()  # vl only: rotary pairs per (t, h, w) axis, sums to head_dim / 2
 
 
 MODELS: tuple[ModelSpec, ...] = (
@@ -178,7 +202,74 @@ MODELS: tuple[ModelSpec, ...] = (
         symmetric=True,
         purpose="Llama architecture (no q/k norm), int4 channel-wise symmetric, MHA",
     ),
+    ModelSpec(
+        name="qwen2.5-vl-tiny",
+        dest="tests/fixtures/models/qwen2.5-vl-tiny",
+        arch="qwen2.5-vl",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        tie_embeddings=True,
+        quant_bit=4,
+        quant_block=64,
+        symmetric=False,
+        purpose="Qwen2.5-VL: M-RoPE llm.mnn (position_ids [3, seq]) + visual.mnn with window attention",
+        family="vl",
+        vision=VisionTower(
+            kind="qwen2.5-vl", hidden_size=32, depth=2, num_heads=2, intermediate_size=64, quant_bit=8, quant_block=32
+        ),
+        mrope_section=(2, 3, 3),
+    ),
+    ModelSpec(
+        name="qwen3-vl-tiny",
+        dest="tests/fixtures/models/qwen3-vl-tiny",
+        arch="qwen3-vl",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        tie_embeddings=True,
+        quant_bit=4,
+        quant_block=64,
+        symmetric=False,
+        purpose="Qwen3-VL: M-RoPE llm.mnn with deepstack_embeds + visual.mnn (interpolated position embeddings)",
+        family="vl",
+        vision=VisionTower(
+            kind="qwen3-vl", hidden_size=32, depth=3, num_heads=2, intermediate_size=64, quant_bit=8, quant_block=32
+        ),
+        mrope_section=(4, 2, 2),
+    ),
+    ModelSpec(
+        name="qwen3-embedding-tiny",
+        dest="tests/fixtures/models/qwen3-embedding-tiny",
+        arch="qwen3",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        tie_embeddings=False,
+        quant_bit=4,
+        quant_block=64,
+        symmetric=False,
+        purpose="Qwen3-Embedding: embedding.mnn, output sentence_embeddings (last token, final norm)",
+        family="embedding",
+    ),
 )
+
+# llmexport picks its embedding exporter by the model path (bge, gte, Qwen3-Embedding), so the HF dir is named so.
+EMBEDDING_HF_DIR = "Qwen3-Embedding-tiny"
+VL_ROPE_THETA = 10000.0
+VISION_QKV_GAIN = 8.0
+# MNN vs HF (quant-dequant) encoder outputs, relative to the output's range. Measured: Qwen3-VL <= 0.1%;
+# Qwen2.5-VL ~1% even at 56x56 (one window, so not the windowing), cause not found (see README.md).
+VISUAL_TOLERANCE = {"qwen2.5-vl": 1.5e-2, "qwen3-vl": 2e-3}
 
 
 def build_corpus(seed: int) -> list[str]:
@@ -273,6 +364,8 @@ def build_hf_model(spec: ModelSpec, seed: int, vocab_size: int, out_dir: Path) -
     elif spec.arch == "llama":
         config = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
         model_cls = transformers.LlamaForCausalLM
+    elif spec.arch in ("qwen2.5-vl", "qwen3-vl"):
+        config, model_cls = vl_config(spec, common, vocab_size)
     else:
         raise ValueError(f"unknown arch {spec.arch!r}")
 
@@ -283,7 +376,89 @@ def build_hf_model(spec: ModelSpec, seed: int, vocab_size: int, out_dir: Path) -
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.add_(torch.randn_like(param) * 0.1)
+            # With HF's init (std 0.02) the encoder's attention is nearly uniform, so its output hardly
+            # depends on position_ids, masks or windows; sharper attention makes a wrong input layout show.
+            if spec.vision is not None and ".visual.blocks." in f".{name}" and name.endswith("attn.qkv.weight"):
+                param.mul_(VISION_QKV_GAIN)
     model.save_pretrained(out_dir, safe_serialization=True)
+    if spec.arch == "qwen2.5-vl":
+        add_legacy_text_fields(spec, out_dir)
+
+
+def vl_config(spec: ModelSpec, common: dict, vocab_size: int) -> tuple[transformers.PretrainedConfig, type]:
+    """HF config and class of a tiny Qwen2.5-VL / Qwen3-VL: the text model of ``common`` plus a tiny vision tower."""
+    import transformers
+
+    vision = spec.vision
+    if vision is None or sum(spec.mrope_section) * 2 != spec.head_dim:
+        raise ValueError(f"{spec.name}: a VL model needs a vision tower and mrope_section summing to head_dim / 2")
+    first_vision_id = vocab_size - len(VISION_TOKENS)
+    token_ids = {
+        "vision_start_token_id": first_vision_id,
+        "vision_end_token_id": first_vision_id + 1,
+        "image_token_id": first_vision_id + 2,
+        "video_token_id": first_vision_id + 3,
+    }
+    text = {k: v for k, v in common.items() if k not in ("rope_theta", "tie_word_embeddings")}
+    # llmexport 0.0.5 finds no rope_theta in a transformers 5 VL config and uses 1e4: match it.
+    rope = {"rope_type": "default", "rope_theta": VL_ROPE_THETA, "mrope_section": list(spec.mrope_section)}
+    tower = {
+        "depth": vision.depth,
+        "hidden_size": vision.hidden_size,
+        "intermediate_size": vision.intermediate_size,
+        "num_heads": vision.num_heads,
+        "out_hidden_size": spec.hidden_size,
+        "initializer_range": 0.02,
+    }
+    if spec.arch == "qwen2.5-vl":
+        # Qwen2.5-VL derives head_dim from hidden_size / heads; llmexport reads it from the config, so it stays.
+        config = transformers.Qwen2_5_VLConfig(
+            text_config={**text, "rope_parameters": rope},
+            # Windows of 112 px = 4 merged tokens; the last block attends to the whole image.
+            vision_config={**tower, "patch_size": 14, "window_size": 112, "fullatt_block_indexes": [vision.depth - 1]},
+            tie_word_embeddings=spec.tie_embeddings,
+            **token_ids,
+        )
+        return config, transformers.Qwen2_5_VLForConditionalGeneration
+    config = transformers.Qwen3VLConfig(
+        text_config={**text, "rope_parameters": {**rope, "mrope_interleaved": True}},
+        # 8 x 8 learned position embeddings, interpolated to each grid; a deepstack feature from every block.
+        vision_config={
+            **tower,
+            "patch_size": 16,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": list(range(vision.depth)),
+        },
+        tie_word_embeddings=spec.tie_embeddings,
+        **token_ids,
+    )
+    return config, transformers.Qwen3VLForConditionalGeneration
+
+
+def add_legacy_text_fields(spec: ModelSpec, hf_dir: Path) -> None:
+    """Repeat a Qwen2.5-VL's text settings at the top level of config.json, as the released checkpoints do.
+
+    llmexport 0.0.5 reads Qwen2.5-VL's sizes and M-RoPE sections from there; transformers 5 writes them only
+    under ``text_config`` (and ignores the top-level copies when loading).
+    """
+    path = hf_dir / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    text = config["text_config"]
+    for key in ("hidden_size", "num_attention_heads", "num_hidden_layers", "num_key_value_heads", "head_dim"):
+        config[key] = text[key]
+    config["max_position_embeddings"] = text["max_position_embeddings"]
+    config["rope_theta"] = VL_ROPE_THETA
+    config["rope_scaling"] = {"type": "mrope", "mrope_section": list(spec.mrope_section)}
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def with_vision_tokens(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy of the text tokenizer with the VL placeholder tokens appended as special tokens."""
+    from tokenizers import Tokenizer
+
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.add_special_tokens(VISION_TOKENS)
+    return copy
 
 
 def llmexport_dir() -> Path:
@@ -326,6 +501,8 @@ def run_llmexport(spec: ModelSpec, hf_dir: Path, out_dir: Path, work: Path, shim
     ]
     if spec.symmetric:
         cmd.append("--sym")
+    if spec.vision is not None:
+        cmd += ["--visual_quant_bit", str(spec.vision.quant_bit), "--visual_quant_block", str(spec.vision.quant_block)]
     if any(ch.isspace() or ch in "'\"$`\\;&|<>*?" for ch in str(work)):
         # llmexport runs the converter through os.popen(" ".join(args)) without quoting.
         raise SystemExit(f"temporary dir {work} must not contain spaces or shell characters (set TMPDIR)")
@@ -358,7 +535,8 @@ def check_export(spec: ModelSpec, out_dir: Path) -> None:
     llm_cfg = json.loads((out_dir / "llm_config.json").read_text(encoding="utf-8"))
     if llm_cfg.get("hidden_size") != spec.hidden_size:
         raise SystemExit(f"{spec.name}: llm_config hidden_size {llm_cfg.get('hidden_size')}")
-    if llm_cfg.get("attention_mask") != "float":
+    # llmexport labels an embedding model's mask "int" although its graph takes a float mask (docs/families.md).
+    if llm_cfg.get("attention_mask") != ("int" if spec.family == "embedding" else "float"):
         raise SystemExit(f"{spec.name}: llm_config attention_mask {llm_cfg.get('attention_mask')}")
     has_embed = (out_dir / "embeddings_bf16.bin").exists()
     if has_embed == spec.tie_embeddings:
@@ -367,7 +545,7 @@ def check_export(spec: ModelSpec, out_dir: Path) -> None:
         raise SystemExit(f"{spec.name}: tied model without tie_embeddings in llm_config.json")
 
 
-def pin_model_uuid(spec: ModelSpec, seed: int, mnn_path: Path) -> None:
+def pin_model_uuid(spec: ModelSpec, seed: int, mnn_path: Path, part: str = "") -> None:
     """Replace the random ``Net.mnn_uuid`` MNNConvert writes with one derived from name and seed.
 
     The UUID is the only byte difference between two exports with the same seed; it is a
@@ -376,13 +554,33 @@ def pin_model_uuid(spec: ModelSpec, seed: int, mnn_path: Path) -> None:
     import MNN  # top-level package only; never MNN.tools
 
     old = MNN.get_model_uuid(str(mnn_path)).encode("ascii")
-    new = str(uuid.uuid5(uuid.NAMESPACE_URL, f"mnnbuild-test-model:{spec.name}:{seed}")).encode("ascii")
+    key = f"mnnbuild-test-model:{spec.name}:{seed}" + (f":{part}" if part else "")
+    new = str(uuid.uuid5(uuid.NAMESPACE_URL, key)).encode("ascii")
     data = mnn_path.read_bytes()
     if len(old) != len(new) or data.count(old) != 1:
         raise SystemExit(f"{spec.name}: cannot pin mnn_uuid {old!r} in {mnn_path}")
     mnn_path.write_bytes(data.replace(old, new))
     if MNN.get_model_uuid(str(mnn_path)) != new.decode("ascii"):
         raise SystemExit(f"{spec.name}: mnn_uuid not pinned")
+
+
+def adapt_family_outputs(spec: ModelSpec, seed: int, out_dir: Path) -> None:
+    """Family-specific fixes to llmexport's output: pin the encoder's UUID; name an embedding model as MNN's tools do.
+
+    llmexport 0.0.5 writes an embedding model as ``llm.mnn``; MNN's NPU export script and ``generateLlmIO``
+    look for ``embedding.mnn`` (+ ``.weight``), so the files are renamed and config.json points at them.
+    """
+    if spec.family == "vl":
+        pin_model_uuid(spec, seed, out_dir / "visual.mnn", part="visual")
+    if spec.family != "embedding":
+        return
+    (out_dir / "llm.mnn").rename(out_dir / "embedding.mnn")
+    (out_dir / "llm.mnn.weight").rename(out_dir / "embedding.mnn.weight")
+    config_path = out_dir / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["llm_model"] = "embedding.mnn"
+    config["llm_weight"] = "embedding.mnn.weight"
+    config_path.write_text(json.dumps(config, indent=4, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def quant_dequant(weight: torch.Tensor, bits: int, block: int, symmetric: bool) -> torch.Tensor:
@@ -469,6 +667,133 @@ def verify_export(spec: ModelSpec, hf_dir: Path, out_dir: Path) -> None:
         raise SystemExit(f"{spec.name}: MNN logits differ from the quant-dequant HF reference by {diff}")
 
 
+def quant_dequant_linears(
+    module: torch.nn.Module, bits: int, block: int, symmetric: bool, by_mnnconvert: bool = False
+) -> None:
+    """Replace every Linear (and patch-embedding Conv3d) weight under ``module`` by what the export stores for it.
+
+    ``by_mnnconvert``: the weights were quantized by MNNConvert (llmexport's encoders), which uses a block only
+    when it divides the input size and is a multiple of 16, and is channel-wise otherwise.
+    """
+    import torch
+
+    with torch.no_grad():
+        for sub in module.modules():
+            if isinstance(sub, (torch.nn.Linear, torch.nn.Conv3d)):
+                # A Conv3d patch embedding is a Linear over flattened patches, quantized the same way.
+                flat = sub.weight.reshape(sub.weight.shape[0], -1)
+                layer_block = block
+                if by_mnnconvert and (flat.shape[1] % block or block % 16):
+                    layer_block = 0
+                sub.weight.copy_(quant_dequant(flat, bits, layer_block, symmetric).reshape(sub.weight.shape))
+
+
+def verify_vl_export(spec: ModelSpec, hf_dir: Path, out_dir: Path) -> None:
+    """Check a VL export against its HF model: text logits of llm.mnn and the encoder's outputs per image size.
+
+    The encoder inputs are built by check_models.py from mnnbuild's per-size shapes (docs/families.md); HF
+    computes its own positions, windows and interpolation from the grid, so equal outputs mean our inputs
+    are laid out the way the model expects.
+    """
+    import MNN.expr as F
+    import numpy as np
+    import torch
+    import transformers
+
+    if str(SCRIPT_DIR) not in sys.path:
+        sys.path.insert(0, str(SCRIPT_DIR))
+    from check_models import CHECK_IMAGE_SIZES, load_module, run_module, visual_inputs
+
+    from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
+
+    if spec.vision is None:
+        raise SystemExit(f"{spec.name}: a VL model without a vision tower")
+    model_cls = {"qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration", "qwen3-vl": "Qwen3VLForConditionalGeneration"}
+    model = getattr(transformers, model_cls[spec.arch]).from_pretrained(hf_dir).eval()
+    visual = model.model.visual
+    quant_dequant_linears(model.model.language_model, spec.quant_bit, spec.quant_block, spec.symmetric)
+    quant_dequant_linears(model.lm_head, spec.quant_bit, spec.quant_block, spec.symmetric)
+    quant_dequant_linears(visual, spec.vision.quant_bit, spec.vision.quant_block, False, by_mnnconvert=True)
+
+    ids = list(VERIFY_IDS)
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids])).logits[0, -1].numpy()
+    got = run_module(out_dir, ids).reshape(-1)
+    diff = float(np.abs(ref - got).max())
+    LOG.info("%s: llm.mnn vs HF(quant-dequant) text logits max abs diff %.3g", spec.name, diff)
+    if diff > 1e-3:
+        raise SystemExit(f"{spec.name}: llm.mnn logits differ from the quant-dequant HF reference by {diff}")
+
+    llm_cfg = json.loads((out_dir / "llm_config.json").read_text(encoding="utf-8"))
+    module, info = load_module(out_dir, "visual.mnn", "visual.mnn.weight")
+    for size_text in CHECK_IMAGE_SIZES[spec.vision.kind]:
+        feeds = visual_inputs(spec.vision.kind, size_text, llm_cfg, seed=1)
+        grid = torch.tensor([[1, *ImageSize.parse(size_text).grid(VISUAL_ENCODERS[spec.vision.kind])]])
+        with torch.no_grad():
+            out = visual(torch.from_numpy(feeds["patches"]), grid_thw=grid)
+        refs = {"image_embeds": out.pooler_output.numpy()}
+        if spec.vision.kind == "qwen3-vl":
+            refs["deepstack_feature"] = torch.stack(list(out.deepstack_features)).numpy()
+        args = [
+            F.const(feeds[n], list(feeds[n].shape), F.NCHW, F.int if feeds[n].dtype == np.int32 else F.float)
+            for n in info["inputNames"]
+        ]
+        for name, var in zip(info["outputNames"], module.forward(args), strict=True):
+            mnn_out = np.array(var.read(), dtype=np.float32).reshape(refs[name].shape)
+            scale = float(np.abs(refs[name]).max())
+            vdiff = float(np.abs(mnn_out - refs[name]).max())
+            LOG.info(
+                "%s: visual %s %s vs HF(quant-dequant) max abs diff %.3g (max |ref| %.3g)",
+                spec.name,
+                size_text,
+                name,
+                vdiff,
+                scale,
+            )
+            if vdiff > VISUAL_TOLERANCE[spec.vision.kind] * scale:
+                raise SystemExit(f"{spec.name}: visual.mnn {name} at {size_text} differs from HF by {vdiff}")
+        # The check only means something if a wrong layout is caught: swap each patch's row and column.
+        swapped = dict(feeds, position_ids=np.ascontiguousarray(feeds["position_ids"][::-1]))
+        wrong = module.forward(
+            [
+                F.const(swapped[n], list(swapped[n].shape), F.NCHW, F.int if swapped[n].dtype == np.int32 else F.float)
+                for n in info["inputNames"]
+            ]
+        )[0]
+        wdiff = float(
+            np.abs(np.array(wrong.read(), np.float32).reshape(refs["image_embeds"].shape) - refs["image_embeds"]).max()
+        )
+        LOG.info("%s: visual %s with row/column swapped: max abs diff %.3g", spec.name, size_text, wdiff)
+        if wdiff < 2 * VISUAL_TOLERANCE[spec.vision.kind] * float(np.abs(refs["image_embeds"]).max()):
+            raise SystemExit(f"{spec.name}: visual.mnn output hardly depends on position_ids ({wdiff})")
+
+
+def verify_embedding_export(spec: ModelSpec, hf_dir: Path, out_dir: Path) -> None:
+    """Check an embedding export: MNN's sentence_embeddings equal the HF model's final-norm last-token state."""
+    import numpy as np
+    import torch
+    import transformers
+
+    if str(SCRIPT_DIR) not in sys.path:
+        sys.path.insert(0, str(SCRIPT_DIR))
+    from check_models import run_embedding
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    quant_dequant_linears(model.model, spec.quant_bit, spec.quant_block, spec.symmetric)
+    with torch.no_grad():
+        emb = model.get_input_embeddings().weight
+        emb.copy_(emb.bfloat16().float())
+    ids = list(VERIFY_IDS)
+    with torch.no_grad():
+        ref = model.model(input_ids=torch.tensor([ids])).last_hidden_state[0, -1].numpy()
+    got = run_embedding(out_dir, ids).reshape(-1)
+    diff = float(np.abs(ref - got).max())
+    cos = float(np.dot(ref, got) / (np.linalg.norm(ref) * np.linalg.norm(got)))
+    LOG.info("%s: sentence_embeddings vs HF(quant-dequant) max abs diff %.3g, cosine %.6f", spec.name, diff, cos)
+    if diff > 1e-3:
+        raise SystemExit(f"{spec.name}: sentence_embeddings differ from the quant-dequant HF reference by {diff}")
+
+
 def copy_outputs(out_dir: Path, dest: Path) -> None:
     """Replace ``dest``'s model files with the kept files from ``out_dir``."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -488,16 +813,21 @@ def make_model(spec: ModelSpec, seed: int, tokenizer: Tokenizer, keep_tmp: bool,
     dest = REPO_ROOT / spec.dest
     work = Path(tempfile.mkdtemp(prefix=f"mnnbuild-{spec.name}-"))
     try:
-        hf_dir = work / "hf"
+        hf_dir = work / (EMBEDDING_HF_DIR if spec.family == "embedding" else "hf")
         out_dir = work / "mnn"
         hf_dir.mkdir()
-        vocab_size = save_tokenizer(tokenizer, hf_dir)
+        vocab_size = save_tokenizer(with_vision_tokens(tokenizer) if spec.vision else tokenizer, hf_dir)
         build_hf_model(spec, seed, vocab_size, hf_dir)
         shim = write_mnnconvert_shim(work)
         run_llmexport(spec, hf_dir, out_dir, work, shim)
         check_export(spec, out_dir)
         pin_model_uuid(spec, seed, out_dir / "llm.mnn")
-        if verify:
+        adapt_family_outputs(spec, seed, out_dir)
+        if verify and spec.family == "vl":
+            verify_vl_export(spec, hf_dir, out_dir)
+        elif verify and spec.family == "embedding":
+            verify_embedding_export(spec, hf_dir, out_dir)
+        elif verify:
             verify_export(spec, hf_dir, out_dir)
         LOG.info("%s -> %s", spec.name, dest)
         copy_outputs(out_dir, dest)
@@ -513,6 +843,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for tokenizer text and weights")
     parser.add_argument("--vocab-size", type=int, default=1024, help="BPE vocabulary size (incl. specials)")
     parser.add_argument("--only", action="append", choices=[m.name for m in MODELS], help="build only these models")
+    parser.add_argument(
+        "--family", action="append", choices=["llm", "vl", "embedding"], help="build only models of these families"
+    )
     parser.add_argument("--no-verify", action="store_true", help="skip the tokenizer/logits check against the HF model")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
@@ -526,6 +859,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = train_tokenizer(args.seed, args.vocab_size)
     for spec in MODELS:
         if args.only and spec.name not in args.only:
+            continue
+        if args.family and spec.family not in args.family:
             continue
         make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify)
     return 0
