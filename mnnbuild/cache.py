@@ -134,11 +134,14 @@ class ArtifactCache:
     def _store(self, stage: str, key: str, out_dir: Path) -> int:
         files: list[CachedFile] = []
         moved = 0
+        by_inode: dict[tuple[int, int], str] = {}  # hard links (modellib's shared weights) are hashed once
         for path in sorted(p for p in Path(out_dir).rglob("*") if p.is_file() or p.is_symlink()):
             rel = path.relative_to(out_dir).as_posix()
             if rel.endswith(SIDECAR_SUFFIX):
                 continue
-            sha = sha256_file(path)
+            st = path.stat()
+            sha = by_inode.get((st.st_dev, st.st_ino)) or sha256_file(path)
+            by_inode[(st.st_dev, st.st_ino)] = sha
             if path.is_symlink():
                 files.append(CachedFile(path=rel, size=path.stat().st_size, sha256=sha, link=os.readlink(path)))
                 continue
@@ -181,6 +184,7 @@ class ArtifactCache:
             return None
         moved = 0
         what = f"cache entry {self._entry(stage, key)}"
+        restored: dict[str, Path] = {}  # sha256 -> first file restored with it: later ones are hard links
         try:
             with staged_dir(out_dir) as tmp:
                 seen: set[str] = set()
@@ -199,11 +203,15 @@ class ArtifactCache:
                             # the linked source differs on this machine: rebuild, but keep the entry
                             raise _Miss(f"link {rec.path} -> {rec.link} does not resolve to the cached content")
                         continue
+                    if rec.sha256 in restored:
+                        os.link(restored[rec.sha256], dest)
+                        continue
                     self.fs.get_file(self._blob(rec.sha256), str(dest))
                     if sha256_file(dest) != rec.sha256:
                         self._remove(self._blob(rec.sha256))
                         self.discard(stage, key)
                         raise _Miss(f"{rec.path} does not match its sha256; entry discarded")
+                    restored[rec.sha256] = dest
                     moved += rec.size
         except _Miss as miss:
             log.warning("cache: %s %s not restored: %s", stage, key[:12], miss)

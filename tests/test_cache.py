@@ -177,6 +177,23 @@ def test_cache_backends_round_trip(tmp_path: Path, url: str) -> None:
         assert (tmp_path / "out" / rel).read_bytes() == (src / rel).read_bytes()
 
 
+def test_same_content_is_stored_once_and_restored_as_hard_links(tmp_path: Path) -> None:
+    """modellib hard-links the weights its graphs share: the cache keeps one blob, the restore one file."""
+    import os
+
+    src = make_tree(tmp_path / "src")
+    os.link(src / "a.bin", src / "sub" / "a-again.bin")
+    (src / "copy.bin").write_bytes((src / "a.bin").read_bytes())
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    assert cache.store("stage", "k", src) == (src / "a.bin").stat().st_size + (src / "sub" / "b.json").stat().st_size
+    out = tmp_path / "out"
+    assert cache.restore("stage", "k", out) == (src / "a.bin").stat().st_size + (src / "sub" / "b.json").stat().st_size
+    assert os.path.samefile(out / "a.bin", out / "sub" / "a-again.bin") and os.path.samefile(
+        out / "a.bin", out / "copy.bin"
+    )
+    assert (out / "copy.bin").read_bytes() == (src / "a.bin").read_bytes()
+
+
 def test_concurrent_writers_of_one_key(tmp_path: Path) -> None:
     """Two runners storing the same key at once leave one valid entry (temp name + rename)."""
     from concurrent.futures import ThreadPoolExecutor

@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -147,16 +146,25 @@ def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
         assert os.path.samefile(modellib / "graph0" / d[name], modellib / "graph1_0" / p[name])
 
 
-def test_raw_tar_is_deterministic(built: Path, tmp_path: Path) -> None:
-    from mnnbuild.stages.modellib import tar_raws
+def test_modellib_writes_each_weight_once_in_fp16(built: Path) -> None:
+    """The graph dir (graph.json + raws) is the whole model-lib: no second copy of the weights, fp16 weights."""
+    from mnnbuild.lowering.graph import HALF_MIN_ELEMENTS
 
-    graph_dir = built / "tiny-qwen3" / "modellib" / "qnn" / "graph0"
-    tar_raws(graph_dir, tmp_path / "again.bin")
-    assert (tmp_path / "again.bin").read_bytes() == (graph_dir / "graph0.bin").read_bytes()
-    with tarfile.open(graph_dir / "graph0.bin") as tar:
-        members = tar.getmembers()
-    assert [m.name for m in members] == sorted(p.name for p in graph_dir.glob("*.raw"))
-    assert all(m.mtime == 0 and m.uid == 0 for m in members)
+    modellib = built / "tiny-qwen3" / "modellib"
+    files = [p for p in modellib.rglob("*") if p.is_file()]
+    assert not [p for p in files if p.suffix == ".bin"], "no tar of the raws beside them"
+    raws = [p for p in files if p.suffix == ".raw"]
+    desc = read_graph_description(modellib / "qnn" / "graph0")
+    weights = [t for t in desc.static_tensors if t.name.endswith(".weight")]
+    assert weights and all(t.dtype == "float16" for t in weights)
+    small = [t for t in desc.static_tensors if t.dtype == "float32"]
+    assert small and all(not t.name.endswith(".weight") or np.prod(t.dims) < HALF_MIN_ELEMENTS for t in small)
+    for t in weights:
+        assert (modellib / "qnn" / "graph0" / str(t.raw)).stat().st_size == 2 * int(np.prod(t.dims))
+    # bytes on disk: the weights of each plugin once, although both of its graphs list them
+    on_disk = sum({(p.stat().st_dev, p.stat().st_ino): p.stat().st_size for p in raws}.values())
+    decode_graphs = [d for d in (modellib / "qnn").iterdir() if not d.name.startswith("graph1_")]
+    assert on_disk < 1.05 * sum(p.stat().st_size for d in decode_graphs for p in d.glob("*.raw"))
 
 
 def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:

@@ -1,17 +1,16 @@
 """modellib: lower every partition graph to a QNN graph description with its static tensors.
 
 For each ``qnn/<graph>/`` of the partition it writes ``qnn/<graph>/graph.json`` (tensors and
-nodes, see `mnnbuild.lowering.graph`), one ``.raw`` per static tensor, and ``<graph>.bin``, a
-tar of the raws (upstream ``tar -cf graph.bin *.raw``) that is byte-identical whenever the raw
-contents are (sorted members, fixed metadata). The context stage composes QNN graphs from it.
+nodes, see `mnnbuild.lowering.graph`) and one ``.raw`` per static tensor: the graph directory is
+the model-lib, complete on its own (upstream's ``graph.bin`` is ``tar -cf graph.bin *.raw`` of
+it). Every weight is written once: the prefill graph's raws that equal the decode graph's are hard
+links, and weights are stored in fp16 since the HTP prepares the graphs in fp16 (see
+`half_precision_statics`). The context stage composes QNN graphs from it.
 """
 
 from __future__ import annotations
 
-import filecmp
 import logging
-import os
-import tarfile
 from pathlib import Path
 
 from tqdm import tqdm
@@ -20,7 +19,7 @@ from mnnbuild.errors import StageError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import QNN_DIR
 from mnnbuild.lowering.context import TensorMeta
-from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError
+from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError, half_precision_statics, write_graph_dir
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
@@ -29,44 +28,10 @@ from mnnbuild.mnn import load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
 from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.qnn import GraphOptions
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
-
-
-def tar_raws(graph_dir: Path, dest: Path) -> None:
-    """A tar of the ``.raw`` files of ``graph_dir``, identical bytes for identical contents.
-
-    Streamed to ``dest`` (a graph holding an lm_head has over a GB of raws); the caller's staging
-    directory makes it appear atomically.
-    """
-    with tarfile.open(dest, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for raw in sorted(graph_dir.glob("*.raw")):
-            info = tarfile.TarInfo(raw.name)
-            info.size = raw.stat().st_size
-            info.mode = 0o644
-            info.mtime = 0
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            with open(raw, "rb") as f:
-                tar.addfile(info, f)
-
-
-def link_shared_raws(graph_dir: Path, first_dir: Path) -> int:
-    """Hard-link raws of ``graph_dir`` that equal the same-named raw of ``first_dir``; returns bytes saved.
-
-    The decode and prefill graphs of one plugin name their weights alike, so a model's weights
-    would otherwise sit on disk twice (fp32: 13 GB for Qwen3-1.7B).
-    """
-    saved = 0
-    for raw in sorted(graph_dir.glob("*.raw")):
-        twin = first_dir / raw.name
-        if twin.is_file() and raw.stat().st_size == twin.stat().st_size and filecmp.cmp(raw, twin, shallow=False):
-            tmp = raw.with_name(raw.name + ".link")
-            os.link(twin, tmp)
-            os.replace(tmp, raw)
-            saved += raw.stat().st_size
-    return saved
 
 
 def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta]:
@@ -90,6 +55,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     records: list[LoweredRecord] = []
     first_graph: dict[int, Path] = {}
     saved = 0
+    half = GraphOptions().fp16_precision  # what the context stage prepares the graphs with
     with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / WEIGHT_FILE) as weights:
         for plugin, graph in tqdm(graphs, desc=f"lower {inputs.model}", unit="graph", disable=len(graphs) < 8):
             src = Path(inputs.partition_dir) / QNN_DIR / graph
@@ -106,22 +72,26 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             except LoweringError as exc:
                 raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
             dest = tmp / QNN_DIR / graph
-            lowered.write(dest)
+            desc, data = lowered.description, lowered.statics
+            if half:
+                desc, data = half_precision_statics(desc, data)
             first = first_graph.setdefault(plugin, dest)
+            write_graph_dir(dest, desc, data, link_from=first if first != dest else None)
+            del lowered, data
+            statics = desc.static_tensors
             if first != dest:
-                saved += link_shared_raws(dest, first)
-            tar_raws(dest, dest / f"{graph}.bin")
-            statics = lowered.description.static_tensors
+                linked = [(dest / str(t.raw)).stat() for t in statics]
+                saved += sum(st.st_size for st in linked if st.st_nlink > 1)
             records.append(
                 LoweredRecord(
                     graph=graph,
                     plugin=plugin,
-                    nodes=len(lowered.description.nodes),
+                    nodes=len(desc.nodes),
                     static_tensors=len(statics),
                     static_bytes=sum((dest / str(t.raw)).stat().st_size for t in statics),
                 )
             )
-            log.debug("modellib %s: %s -> %d QNN nodes", inputs.model, graph, len(lowered.description.nodes))
+            log.debug("modellib %s: %s -> %d QNN nodes", inputs.model, graph, len(desc.nodes))
         manifest = ModellibManifest(
             model=inputs.model,
             # the graph files read, not the partition manifest: a partition re-run with identical graphs
@@ -140,7 +110,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     return manifest
 
 
-__all__ = ["GRAPH_JSON", "ModellibInputs", "ModellibManifest", "ModellibParams", "build_modellib", "tar_raws"]
+__all__ = ["GRAPH_JSON", "ModellibInputs", "ModellibManifest", "ModellibParams", "build_modellib"]
 
 
 STAGE = Stage(
@@ -150,6 +120,6 @@ STAGE = Stage(
     params=ModellibParams,
     manifest=ModellibManifest,
     upstream=("fetch", "partition"),
-    outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw", f"{QNN_DIR}/<graph>/<graph>.bin"),
+    outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw"),
     doc="Lower each model's graphs to QNN graph descriptions and static tensors.",
 )

@@ -47,7 +47,6 @@ from mnnbuild.verify.report import VerifyReport, format_report
 log = logging.getLogger(__name__)
 
 
-
 def _expected_hashes(inputs: VerifyInputs, bundle: BundleManifest, model_prefix: str) -> dict[str, dict[str, str]]:
     """Per plugin path: the shipped binary's hash in the bundle manifest and in its context manifest."""
     hashes: dict[str, dict[str, str]] = {}

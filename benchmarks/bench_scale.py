@@ -1,0 +1,316 @@
+"""The whole chain on a Qwen3-1.7B-shaped model (real dims, N layers), stage by stage, against Qualcomm's floor.
+
+The model is built on demand by ``models/export/make_models.py --qwen3-1.7b-layers N`` into a cache dir
+outside the repo (``--models-cache``, a ``READY`` file marks it complete) and described by a spec written
+into a temp models dir (``MNNBUILD_MODELS_PATH``). Each stage (fetch, io, partition, modellib, config,
+context, bundle, then verify) runs as its own ``doit`` process with a fresh artifact cache, recording its
+wall time, peak RSS (the largest process of its tree), bytes written (``du`` of the artifact and cache dirs
+before and after, hard links counted once, and the block-device writes of its process tree), and for
+context the seconds of each plugin (its ``context.origin.json``).
+
+The floor, measured in the same run: per plugin, a weight-shared context (same SoC and settings) of its
+decode and prefill graphs holding only their linear ops (Conv2d / FullyConnected, MatMul with a static
+operand) with the shapes and weights the lowering gave them. The table ends with our context time and
+our whole bundle time (fetch ... bundle) over that floor. Optionally ``-n 1`` vs ``-n 2`` on context.
+
+    python benchmarks/bench_scale.py --layers 4 [--jobs] [--no-verify] [--keep]
+
+Results are merged into ``benchmarks/results/scale.json`` under the layer count (``--label`` adds a key,
+e.g. ``before`` for a run of older code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
+
+STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "verify")
+PER_TARGET = ("config", "context", "bundle", "verify")
+EXPORT_SCRIPT = PROJECT_ROOT / "models" / "export" / "make_models.py"
+READY = "READY"
+# the node types whose preparation is Qualcomm's own work for a linear layer
+LINEAR_TYPES = ("Conv2d", "FullyConnected")
+
+# Runs a command and reports the peak RSS of its process tree and its block writes (getrusage of children).
+RUSAGE_WRAPPER = (
+    "import resource, subprocess, sys\n"
+    "r = subprocess.run(sys.argv[1:])\n"
+    "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "sys.stderr.write('RUSAGE %d %d\\n' % (u.ru_maxrss, u.ru_oublock))\n"
+    "sys.exit(r.returncode)\n"
+)
+
+
+def model_name(layers: int) -> str:
+    """The spec and task name (lower case, as specs require); the export dir is `qwen3-1.7b-L<n>`."""
+    return f"qwen3-1.7b-l{layers}"
+
+
+def ensure_model(layers: int, cache: Path, export_python: Path) -> Path:
+    """The exported model dir, built by the export script unless a complete one is there."""
+    dest = cache / f"qwen3-1.7b-L{layers}"
+    if (dest / READY).is_file():
+        return dest
+    cmd = [str(export_python), str(EXPORT_SCRIPT), "--qwen3-1.7b-layers", str(layers), "--out", str(dest)]
+    sys.stderr.write(f"exporting {dest.name}: {' '.join(cmd)}\n")
+    subprocess.run(cmd, check=True)
+    (dest / READY).write_text("exported by benchmarks/bench_scale.py\n")
+    return dest
+
+
+def write_spec(models_dir: Path, name: str, model_dir: Path, arch: str) -> None:
+    models_dir.mkdir(parents=True, exist_ok=True)
+    text = f'name = "{name}"\nsource = {{ local = "{model_dir}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
+    (models_dir / f"{name}.toml").write_text(text)
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes of the regular files under ``root``, each inode once (hard links are one file on disk)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(dirpath, f))
+            except FileNotFoundError:
+                continue
+            if (st.st_dev, st.st_ino) in seen or not os.path.isfile(os.path.join(dirpath, f)):
+                continue
+            if os.path.islink(os.path.join(dirpath, f)):
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_size
+    return total
+
+
+def run_doit(args: list[str], env: dict[str, str]) -> dict[str, float]:
+    """Wall seconds, peak RSS (MB) and block writes (MB) of one doit process tree."""
+    cmd = [sys.executable, "-c", RUSAGE_WRAPPER, sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py")]
+    started = time.perf_counter()
+    proc = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        raise SystemExit(f"doit {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("RUSAGE "))
+    maxrss_kb, oublock = (int(v) for v in line.split()[1:])
+    return {"wall_s": round(seconds, 2), "peak_rss_mb": round(maxrss_kb / 1024, 1), "io_written_mb": oublock / 2048}
+
+
+def origin_seconds(stage_dir: Path, stage: str) -> float | None:
+    path = stage_dir / f"{stage}.origin.json"
+    return json.loads(path.read_text()).get("seconds") if path.is_file() else None
+
+
+def context_dirs(target_dir: Path) -> list[Path]:
+    return sorted((target_dir / "context").glob("graph*"), key=lambda p: int(p.name.removeprefix("graph")))
+
+
+def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
+    """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone."""
+    from mnnbuild.lowering.graph import GRAPH_JSON, GraphDescription, TensorKind, read_graph_description
+    from mnnbuild.qnn import HtpTarget, QnnLibrary
+    from mnnbuild.stages.context import compose_context, read_merge
+    from mnnbuild.targets import soc_for_arch
+
+    soc = soc_for_arch(arch)
+    lib = QnnLibrary()
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for binary, graphs in read_merge(partition_dir).items():
+            nodes = 0
+            for graph in graphs:
+                src = modellib_dir / graph
+                desc = read_graph_description(src)
+                by_name = {t.name: t for t in desc.tensors}
+
+                def linear(node: Any, by_name: dict[str, Any] = by_name) -> bool:
+                    if node.type in LINEAR_TYPES:
+                        return True
+                    return node.type == "MatMul" and any(by_name[n].kind == TensorKind.STATIC for n in node.inputs)
+
+                kept = [n for n in desc.nodes if linear(n)]
+                nodes += len(kept)
+                used_in = [n for node in kept for n in node.inputs if by_name[n].kind != TensorKind.STATIC]
+                used_out = [n for node in kept for n in node.outputs]
+                ins = list(dict.fromkeys(n for n in used_in if n not in used_out))
+                outs = list(dict.fromkeys(n for n in used_out if n not in used_in))
+                tensors = []
+                for name in dict.fromkeys([*ins, *outs, *(n for node in kept for n in (*node.inputs, *node.outputs))]):
+                    t = by_name[name]
+                    kind = TensorKind.APP_WRITE if name in ins else TensorKind.APP_READ if name in outs else t.kind
+                    tensors.append(t.model_copy(update={"kind": kind}))
+                dest = Path(tmp) / graph
+                dest.mkdir(parents=True)
+                floor_desc = GraphDescription(inputs=ins, outputs=outs, tensors=tensors, nodes=kept)
+                (dest / GRAPH_JSON).write_text(floor_desc.model_dump_json())
+                for t in floor_desc.static_tensors:
+                    os.link(src / str(t.raw), dest / str(t.raw))
+            started = time.perf_counter()
+            data = compose_context(lib, target, Path(tmp), graphs, weight_sharing=True)
+            results[binary] = {"seconds": round(time.perf_counter() - started, 2), "nodes": nodes, "bytes": len(data)}
+            shutil.rmtree(Path(tmp) / "qnn")
+            sys.stderr.write(f"floor {binary}: {results[binary]}\n")
+    out_json.write_text(json.dumps(results, indent=1))
+
+
+def measure_floor(artifacts: Path, name: str, arch: str, env: dict[str, str]) -> dict[str, Any]:
+    out = artifacts / "floor.json"
+    cmd = [
+        sys.executable, "-c", RUSAGE_WRAPPER, sys.executable, __file__, "--floor-worker",
+        str(artifacts / name / "modellib"), str(artifacts / name / "partition"), arch, str(out),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"floor failed:\n{proc.stderr[-4000:]}")
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("RUSAGE "))
+    plugins = json.loads(out.read_text())
+    return {
+        "wall_s": round(time.perf_counter() - started, 2),
+        "peak_rss_mb": round(int(line.split()[1]) / 1024, 1),
+        "seconds": round(sum(p["seconds"] for p in plugins.values()), 2),
+        "plugins": plugins,
+    }
+
+
+def save_result(key: str, result: dict[str, Any]) -> Path:
+    """Merge ``result`` into ``scale.json`` under ``key`` (after every stage, so a long run leaves its stages)."""
+    path = RESULTS / "scale.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data["machine"] = machine()
+    data.setdefault("layers", {})[key] = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **result}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--floor-worker", nargs=4, help=argparse.SUPPRESS)  # MODELLIB PARTITION ARCH OUT
+    parser.add_argument("--layers", type=int, default=4, help="layers of the 28 (default 4)")
+    parser.add_argument("--arch", default="v79")
+    parser.add_argument("--models-cache", type=Path, default=Path("/work/models-cache"), help="exported models")
+    parser.add_argument("--export-python", type=Path, default=Path("/work/export-venv/bin/python"),
+                        help="python with the export extra (llmexport, torch)")  # fmt: skip
+    parser.add_argument("--work", type=Path, default=None, help="dir for artifacts and cache (default: a temp dir)")
+    parser.add_argument("--stages", default=",".join(STAGES), help="comma list, a prefix of the chain")
+    parser.add_argument("--jobs", action="store_true", help="also time context with -n 1 and -n 2 (cache off)")
+    parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    args = parser.parse_args()
+    if args.floor_worker:
+        modellib, partition, arch, out = args.floor_worker
+        floor_worker(Path(modellib), Path(partition), arch, Path(out))
+        return
+
+    name = model_name(args.layers)
+    target = f"{name}-{args.arch}"
+    stages = [s for s in args.stages.split(",") if s]
+    model_dir = ensure_model(args.layers, args.models_cache, args.export_python)
+    work = Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
+    artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
+    artifacts.mkdir()
+    cache.mkdir()
+    write_spec(models, name, model_dir, args.arch)
+    env = {
+        **os.environ,
+        "MNNBUILD_ARTIFACTS": str(artifacts),
+        "MNNBUILD_CACHE": str(cache),
+        "MNNBUILD_MODELS_PATH": str(models),
+        "MNNBUILD_LOG_LEVEL": "WARNING",
+    }
+    rows: dict[str, dict[str, Any]] = {}
+    key = str(args.layers) + (f"-{args.label}" if args.label else "")
+    result: dict[str, Any] = {"model": name, "target": target, "stages": rows}
+    try:
+        for stage in stages:
+            task = f"{stage}:{target}" if stage in PER_TARGET else f"{stage}:{name}"
+            before_a, before_c = disk_bytes(artifacts), disk_bytes(cache)
+            load_before = os.getloadavg()[0]
+            rec = run_doit([task], env)
+            # the box is shared: the load beside the run says how far its times are from an idle machine's
+            rec["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
+            rec["artifacts_mb"] = round((disk_bytes(artifacts) - before_a) / 1e6, 1)
+            rec["cache_mb"] = round((disk_bytes(cache) - before_c) / 1e6, 1)
+            rec["io_written_mb"] = round(rec["io_written_mb"], 1)
+            stage_dir = {"fetch": artifacts / name / "model", "io": artifacts / name / "io"}.get(
+                stage, artifacts / name / stage if stage not in PER_TARGET else artifacts / name / args.arch / stage
+            )
+            if stage == "context":
+                per = {d.name: origin_seconds(d, "context") for d in context_dirs(artifacts / name / args.arch)}
+                rec["plugins_s"] = per
+                rec["stage_s"] = round(sum(v or 0.0 for v in per.values()), 2)
+            else:
+                rec["stage_s"] = origin_seconds(stage_dir, stage)
+            if stage == "verify":
+                report = json.loads((stage_dir / "verify.json").read_text())
+                rec["checks_s"] = report.get("timings", {})
+                rec["passed"] = report.get("passed")
+            rows[stage] = rec
+            sys.stderr.write(f"{stage}: {rec}\n")
+            if stage == "context":  # right after our context build, under the same load
+                load_before = os.getloadavg()[0]
+                result["floor"] = measure_floor(artifacts, name, args.arch, env)
+                result["floor"]["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
+                result["context_over_floor"] = round(rec["stage_s"] / result["floor"]["seconds"], 2)
+            if stage == "bundle" and "floor" in result:
+                bundle_wall = sum(rows[s]["wall_s"] for s in STAGES[:-1] if s in rows)
+                result["bundle_wall_s"] = round(bundle_wall, 2)
+                result["bundle_over_floor"] = round(bundle_wall / result["floor"]["seconds"], 2)
+            save_result(key, {**result, "partial": True})
+        result["final_bundle_mb"] = round(disk_bytes(artifacts / name / args.arch / "bundle") / 1e6, 1)
+        result["written_mb"] = round(sum(r["artifacts_mb"] + r["cache_mb"] for r in rows.values()), 1)
+        if args.jobs and "context" in stages:
+            off = {**env, "MNNBUILD_CACHE": "off"}
+            speed = {}
+            for jobs in (1, 2):
+                shutil.rmtree(artifacts / name / args.arch / "context")
+                speed[f"n{jobs}"] = run_doit(["-n", str(jobs), f"context:{target}"], off)
+            speed["speedup"] = round(speed["n1"]["wall_s"] / speed["n2"]["wall_s"], 2)
+            result["context_jobs"] = speed
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            sys.stderr.write(f"kept {work}\n")
+
+    keys = ("wall_s", "peak_rss_mb", "artifacts_mb", "cache_mb", "io_written_mb", "load_avg")
+    table = [(s, r.get("stage_s") or 0.0, *(r[k] for k in keys)) for s, r in rows.items()]
+    headers = ["stage", "stage s", "wall s", "peak RSS MB", "artifacts MB", "cache MB", "io written MB", "load"]
+    print_table(headers, table)
+    out = sys.stdout.write
+    if "context" in rows:
+        out("context per plugin (s): " + ", ".join(f"{k} {v}" for k, v in rows["context"]["plugins_s"].items()) + "\n")
+    if "floor" in result:
+        f = result["floor"]
+        out("floor per plugin (s): " + ", ".join(f"{k} {v['seconds']}" for k, v in f["plugins"].items()) + "\n")
+        out(f"floor {f['seconds']:.1f} s; context {rows['context']['stage_s']:.1f} s = {result['context_over_floor']}x")
+        if "bundle_wall_s" in result:
+            out(f"; bundle (fetch..bundle) {result['bundle_wall_s']:.1f} s = {result['bundle_over_floor']}x")
+        out("\n")
+    out(f"written (artifacts + cache) {result['written_mb']:.0f} MB; final bundle {result['final_bundle_mb']:.0f} MB\n")
+    if "verify" in rows:
+        out("verify checks (s): " + ", ".join(f"{k} {v}" for k, v in rows["verify"]["checks_s"].items()) + "\n")
+    if "context_jobs" in result:
+        j = result["context_jobs"]
+        out(f"context -n 1 {j['n1']['wall_s']} s, -n 2 {j['n2']['wall_s']} s: {j['speedup']}x\n")
+
+    out(f"wrote {save_result(key, result)}\n")
+
+
+if __name__ == "__main__":
+    main()
