@@ -24,6 +24,7 @@ import numpy as np
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.lowering.context import LoweringContext, TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
+from mnnbuild.lowering.layout import channel_last
 from mnnbuild.lowering.ops import REGISTRY
 from mnnbuild.lowering.support import FOLDED_OP_TYPES as FOLDED_OP_TYPES
 from mnnbuild.lowering.support import LOWERED_OP_TYPES as LOWERED_OP_TYPES
@@ -147,11 +148,14 @@ def _lower(
         tensors=list(ctx.tensors.values()),
         nodes=ctx.nodes,
     )
+    # op-by-op lowering leaves MNN's [N, C, 1, 1] between ops, which the HTP prepares very slowly
+    desc, statics = channel_last(desc, ctx.statics)
     log.debug(
-        "lowered %d MNN ops (%d folded) into %d QNN nodes, %d static tensors",
+        "lowered %d MNN ops (%d folded) into %d QNN nodes (%d before the layout pass), %d static tensors",
         len(ops),
         folded,
         len(desc.nodes),
-        len(ctx.statics),
+        len(ctx.nodes),
+        len(statics),
     )
-    return LoweredGraph(desc, dict(ctx.statics))
+    return LoweredGraph(desc, statics)

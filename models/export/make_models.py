@@ -151,6 +151,7 @@ class ModelSpec:
     family: str = "llm"  # "llm", "vl" or "embedding" (mnnbuild's spec field family)
     vision: VisionTower | None = None
     mrope_section: tuple[int, ...] = ()  # vl only: rotary pairs per (t, h, w) axis, sums to head_dim / 2
+    vocab_size: int | None = None  # model vocabulary; None = the tokenizer's (the extra rows are never produced)
 
 
 MODELS: tuple[ModelSpec, ...] = (
@@ -270,6 +271,27 @@ VISION_QKV_GAIN = 8.0
 # MNN vs HF (quant-dequant) encoder outputs, relative to the output's range. Measured: Qwen3-VL <= 0.1%;
 # Qwen2.5-VL ~1% even at 56x56 (one window, so not the windowing), cause not found (see README.md).
 VISUAL_TOLERANCE = {"qwen2.5-vl": 1.5e-2, "qwen3-vl": 2e-3}
+
+
+def qwen3_1_7b_spec(num_layers: int) -> ModelSpec:
+    """Qwen3-1.7B's real dimensions with ``num_layers`` of its 28 layers (benchmark model, never committed)."""
+    return ModelSpec(
+        name=f"qwen3-1.7b-L{num_layers}",
+        dest="",  # given with --out
+        arch="qwen3",
+        hidden_size=2048,
+        num_layers=num_layers,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        intermediate_size=6144,
+        tie_embeddings=True,
+        quant_bit=4,
+        quant_block=64,
+        symmetric=False,
+        purpose="real-size benchmark model: Qwen3-1.7B dims, tied embeddings, int4 block 64 asymmetric",
+        vocab_size=151936,
+    )
 
 
 def build_corpus(seed: int) -> list[str]:
@@ -808,15 +830,34 @@ def copy_outputs(out_dir: Path, dest: Path) -> None:
             LOG.info("  %-22s %9d bytes", name, (dest / name).stat().st_size)
 
 
-def make_model(spec: ModelSpec, seed: int, tokenizer: Tokenizer, keep_tmp: bool, verify: bool) -> None:
-    """Build, export and copy one model."""
-    dest = REPO_ROOT / spec.dest
+def publish_outputs(out_dir: Path, dest: Path) -> None:
+    """Copy the kept files into a fresh temp dir next to ``dest`` and rename it into place (replacing ``dest``)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    try:
+        copy_outputs(out_dir, staging)
+        staging.chmod(0o755)  # mkdtemp makes it private
+        if dest.exists():
+            shutil.rmtree(dest)
+        staging.rename(dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def make_model(
+    spec: ModelSpec, seed: int, tokenizer: Tokenizer, keep_tmp: bool, verify: bool, out: Path | None = None
+) -> None:
+    """Build, export and copy one model (to ``out`` as a whole new dir if given, else to its repo dir)."""
+    dest = out if out is not None else REPO_ROOT / spec.dest
     work = Path(tempfile.mkdtemp(prefix=f"mnnbuild-{spec.name}-"))
     try:
         hf_dir = work / (EMBEDDING_HF_DIR if spec.family == "embedding" else "hf")
         out_dir = work / "mnn"
         hf_dir.mkdir()
-        vocab_size = save_tokenizer(with_vision_tokens(tokenizer) if spec.vision else tokenizer, hf_dir)
+        vocab_size = max(
+            save_tokenizer(with_vision_tokens(tokenizer) if spec.vision else tokenizer, hf_dir), spec.vocab_size or 0
+        )
         build_hf_model(spec, seed, vocab_size, hf_dir)
         shim = write_mnnconvert_shim(work)
         run_llmexport(spec, hf_dir, out_dir, work, shim)
@@ -830,7 +871,10 @@ def make_model(spec: ModelSpec, seed: int, tokenizer: Tokenizer, keep_tmp: bool,
         elif verify:
             verify_export(spec, hf_dir, out_dir)
         LOG.info("%s -> %s", spec.name, dest)
-        copy_outputs(out_dir, dest)
+        if out is not None:
+            publish_outputs(out_dir, dest)
+        else:
+            copy_outputs(out_dir, dest)
     finally:
         if keep_tmp:
             LOG.info("kept temporary dir %s", work)
@@ -846,6 +890,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--family", action="append", choices=["llm", "vl", "embedding"], help="build only models of these families"
     )
+    parser.add_argument(
+        "--qwen3-1.7b-layers",
+        dest="qwen3_layers",
+        type=int,
+        metavar="N",
+        help="instead of the test models: a Qwen3-1.7B-shaped model (real dims) with N layers, into --out",
+    )
+    parser.add_argument("--out", type=Path, help="output dir for --qwen3-1.7b-layers (replaced as a whole)")
     parser.add_argument("--no-verify", action="store_true", help="skip the tokenizer/logits check against the HF model")
     parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
@@ -856,7 +908,19 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+    if args.qwen3_layers is not None:
+        if not 1 <= args.qwen3_layers <= 28:
+            parser.error("--qwen3-1.7b-layers: expected 1..28 (Qwen3-1.7B has 28 layers)")
+        if args.out is None or args.only:
+            parser.error("--qwen3-1.7b-layers needs --out DIR and excludes --only")
+    elif args.out is not None:
+        parser.error("--out is only for --qwen3-1.7b-layers")
+
     tokenizer = train_tokenizer(args.seed, args.vocab_size)
+    if args.qwen3_layers is not None:
+        spec = qwen3_1_7b_spec(args.qwen3_layers)
+        make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify, out=args.out.resolve())
+        return 0
     for spec in MODELS:
         if args.only and spec.name not in args.only:
             continue
