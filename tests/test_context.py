@@ -146,21 +146,18 @@ def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
         assert os.path.samefile(modellib / "graph0" / d[name], modellib / "graph1_0" / p[name])
 
 
-def test_modellib_writes_each_weight_once_in_fp16(built: Path) -> None:
-    """The graph dir (graph.json + raws) is the whole model-lib: no second copy of the weights, fp16 weights."""
-    from mnnbuild.lowering.graph import HALF_MIN_ELEMENTS
-
+def test_modellib_writes_each_weight_once(built: Path) -> None:
+    """The graph dir (graph.json + raws) is the whole model-lib: no second copy of the weights. Weights stay fp32:
+    stored as fp16 by us, the int8 fixture's greedy tokens flip on a near-tie (see stages/modellib.py)."""
     modellib = built / "tiny-qwen3" / "modellib"
     files = [p for p in modellib.rglob("*") if p.is_file()]
     assert not [p for p in files if p.suffix == ".bin"], "no tar of the raws beside them"
     raws = [p for p in files if p.suffix == ".raw"]
     desc = read_graph_description(modellib / "qnn" / "graph0")
     weights = [t for t in desc.static_tensors if t.name.endswith(".weight")]
-    assert weights and all(t.dtype == "float16" for t in weights)
-    small = [t for t in desc.static_tensors if t.dtype == "float32"]
-    assert small and all(not t.name.endswith(".weight") or np.prod(t.dims) < HALF_MIN_ELEMENTS for t in small)
+    assert weights and all(t.dtype == "float32" for t in weights)
     for t in weights:
-        assert (modellib / "qnn" / "graph0" / str(t.raw)).stat().st_size == 2 * int(np.prod(t.dims))
+        assert (modellib / "qnn" / "graph0" / str(t.raw)).stat().st_size == 4 * int(np.prod(t.dims))
     # bytes on disk: the weights of each plugin once, although both of its graphs list them
     on_disk = sum({(p.stat().st_dev, p.stat().st_ino): p.stat().st_size for p in raws}.values())
     decode_graphs = [d for d in (modellib / "qnn").iterdir() if not d.name.startswith("graph1_")]

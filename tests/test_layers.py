@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"partition"},
     {"verify"},
     {"stages"},
+    {"conform"},  # runs bundles through MNN's own engine (a command, not a stage)
     {"dag"},
     {"__main__"},
 ]

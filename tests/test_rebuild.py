@@ -172,8 +172,8 @@ def test_new_context_manifest_field_invalidates_its_writer_and_readers(clone: tu
     ran = build()
     contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
     assert contexts, ran
-    # written by context, read by bundle and verify; nothing else
-    assert ran == sorted([*contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"])
+    # written by context, read by bundle, verify and report (its cost table); nothing else
+    assert ran == sorted([*contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"])
 
 
 def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build]) -> None:
@@ -188,4 +188,6 @@ def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build])
     ran = build()
     contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
     assert contexts, ran
-    assert ran == sorted(["modellib:tiny-qwen3", *contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"])
+    # and the page of verify's new results
+    expected = ["modellib:tiny-qwen3", *contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"]
+    assert ran == sorted([*expected, "report:tiny-qwen3-v79"])
