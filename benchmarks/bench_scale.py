@@ -118,9 +118,16 @@ def context_dirs(target_dir: Path) -> list[Path]:
 
 def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
     """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone."""
-    from mnnbuild.lowering.graph import GRAPH_JSON, GraphDescription, TensorKind, read_graph_description
+    from mnnbuild.lowering.graph import (
+        GRAPH_JSON,
+        GraphDescription,
+        TensorKind,
+        compose_context,
+        read_graph_description,
+        read_graph_dirs,
+    )
+    from mnnbuild.manifests.partition import read_merge
     from mnnbuild.qnn import HtpTarget, QnnLibrary
-    from mnnbuild.stages.context import compose_context, read_merge
     from mnnbuild.targets import soc_for_arch
 
     soc = soc_for_arch(arch)
@@ -158,7 +165,7 @@ def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: P
                 for t in floor_desc.static_tensors:
                     os.link(src / str(t.raw), dest / str(t.raw))
             started = time.perf_counter()
-            data = compose_context(lib, target, Path(tmp), graphs, weight_sharing=True)
+            data = compose_context(lib, target, read_graph_dirs(Path(tmp), graphs), weight_sharing=True)
             results[binary] = {"seconds": round(time.perf_counter() - started, 2), "nodes": nodes, "bytes": len(data)}
             shutil.rmtree(Path(tmp) / "qnn")
             sys.stderr.write(f"floor {binary}: {results[binary]}\n")

@@ -22,9 +22,10 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from mnnbuild.errors import StageError
+from mnnbuild.layout import REPORT_PAGE as PAGE
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.stages.bundle import BundleManifest
-from mnnbuild.stages.report import PAGE, ReportInputs, ReportManifest, ReportParams, report
+from mnnbuild.stages.report import ReportInputs, ReportManifest, ReportParams, report
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import PROJECT_ROOT, executed_tasks

@@ -26,15 +26,16 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel
 
+from mnnbuild.compare import TensorCheck, Tolerance, compare
 from mnnbuild.conform.build import MnnBuild
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from mnnbuild.layout import PROMPT_FILE
+from mnnbuild.manifests.partition import read_merge
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.qnn.library import find_qnn_libraries
-from mnnbuild.stages.bundle import PROMPT_FILE
-from mnnbuild.stages.context import read_merge
 from mnnbuild.targets import Soc
-from mnnbuild.verify.compare import TensorCheck, Tolerance, compare, is_near_tie
+from mnnbuild.verify.compare import is_near_tie
 
 log = logging.getLogger(__name__)
 
