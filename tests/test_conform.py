@@ -7,6 +7,7 @@ conform`, recorded in benchmarks/results/conformance.json; it is not part of CI 
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -25,7 +26,15 @@ from mnnbuild.conform.build import (
     unpack_source,
 )
 from mnnbuild.conform.patches import PatchError, check_patches, load_patches, parse_patch
-from mnnbuild.conform.run import ConformError, EngineRun, PromptCheck, compare_runs, prompt_ids, stage_dir
+from mnnbuild.conform.run import (
+    ConformError,
+    EngineRun,
+    PromptCheck,
+    compare_runs,
+    driver_result,
+    prompt_ids,
+    stage_dir,
+)
 from mnnbuild.verify.compare import Tolerance
 
 PATCHES = load_patches()
@@ -279,3 +288,12 @@ def test_stage_dir_links_files_and_writes_replacements(tmp_path: Path) -> None:
     assert not (run / "qnn" / "graph0.bin").is_symlink() and (run / "qnn" / "graph0.bin").read_bytes() == b"twin"
     assert (src / "qnn" / "graph0.bin").read_bytes() == b"shipped"  # the bundle itself is untouched
     assert config == run / "config_qnn.json" and '"llm_model": "qnn/llm.mnn"' in config.read_text()
+
+
+def test_driver_result_survives_a_foreign_prefix_on_its_line() -> None:
+    """Seen on x86: the QNN backend prints "unable to load libcdsprpc.so" with no newline before our JSON."""
+    doc = '{"stepped": [1, 2], "generated": [1, 2], "text": "ab"}'
+    assert driver_result(f"log line\nunable to load libcdsprpc.so{doc}\n") == json.loads(doc)
+    assert driver_result(f"{doc}\n") == json.loads(doc)
+    assert driver_result("no result here\n") is None
+    assert driver_result('{"stepped": [1, \n') is None

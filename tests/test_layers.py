@@ -14,16 +14,18 @@ from tests.conftest import PROJECT_ROOT
 
 LAYERS: list[set[str]] = [
     # foundations: errors, hashing and atomic files, settings, the numeric comparison, manifests, specs
-    {"mnnbuild", "errors", "fsutil", "logs", "settings", "targets", "compare", "spec", "modeldir"},
+    {"mnnbuild", "errors", "fsutil", "logs", "settings", "targets", "compare", "spec"},
     {"layout", "manifest"},
-    {"stage"},  # what a stage declaration is
+    {"stage", "resources"},  # what a stage declaration is; what a stage run cost the machine
     {"cache", "fingerprint"},
     {"mnn", "qnn", "cpu"},  # format layers: MNN flatbuffers, QNN C API, MNN's CPU runtime
+    {"modeldir"},  # the model directory's files, checked with the MNN format layer
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
     {"lowering"},
     {"partition"},
     {"verify"},
+    {"report"},  # the page report's data, figures and HTML
     {"stages"},
     {"conform"},  # runs bundles through MNN's own engine (a command, not a stage)
     {"dag"},

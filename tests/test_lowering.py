@@ -26,12 +26,9 @@ from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import (
     GraphDescription,
     LoweringError,
-    QnnNodeDesc,
-    QnnTensorDesc,
     TensorKind,
     compose,
     compose_context,
-    half_precision_statics,
     raw_file_name,
     read_graph_description,
 )
@@ -482,52 +479,3 @@ def test_binary_and_unary_kind_names_exist_in_the_schema() -> None:
         assert enum_name(schema.BinaryOpOperation, getattr(schema.BinaryOpOperation, kind)) == kind
     for kind in UNARY_QNN:
         assert enum_name(schema.UnaryOpOperation, getattr(schema.UnaryOpOperation, kind)) == kind
-
-
-def test_half_precision_statics_match_fp32_in_simulator(lib: QnnLibrary, tiny: MnnModel) -> None:
-    """Weights stored in fp16 give the simulator the numbers fp32 weights give it on one layer: the HTP prepares
-    float graphs in fp16, so it rounds fp32 weights to fp16 itself. (modellib still writes fp32: on the int8
-    fixture the greedy tokens flip on a near-tie with fp16 raws.)"""
-    ops = _layer_ops(tiny)
-    inputs, outputs = op_boundary(tiny, ops)
-    info = _tiny_info(tiny, 8)
-    lowered = lower_subgraph(tiny, WEIGHT_FILE, ops, info, inputs, outputs)
-    desc, data = half_precision_statics(lowered.description, lowered.statics)
-    halved = {t.name for t in desc.static_tensors if t.dtype == "float16"}
-    assert {n for n in lowered.statics if n.endswith(".weight")} <= halved
-    for name in halved:
-        assert data[name].dtype == np.float16 and np.array_equal(data[name], lowered.statics[name].astype(np.float16))
-    kept = [t for t in desc.static_tensors if t.name not in halved]
-    assert all(data[t.name] is lowered.statics[t.name] for t in kept)
-    feed = {f"t{t}": info[t].value for t in inputs}
-    fp32, fp16 = (simulate(lib, g, feed) for g in (lowered, LoweredGraph(desc, data)))
-    for t in outputs:
-        a, b = fp32[f"t{t}"], fp16[f"t{t}"]
-        # the same fp16 arithmetic: at most fp32 rounding apart (1e-6 is 1/500 of an fp16 step at 1.0)
-        assert np.abs(a - b).max() <= 1e-6 * max(1.0, float(np.abs(a).max())), tiny.tensor_names[t]
-
-
-def test_half_precision_statics_keep_fp32_where_fp16_cannot_hold_the_values() -> None:
-    big = np.full((64, 32), 7e4, dtype=np.float32)  # beyond fp16's 65504
-    odd = np.ones((64, 32), dtype=np.float32)
-    odd[0, 0] = np.inf
-    small = np.ones((4, 4), dtype=np.float32)
-    good = np.linspace(-2, 2, 64 * 32, dtype=np.float32).reshape(64, 32)
-    bias = np.zeros(2048, dtype=np.float32)  # an fp16 bias beside fp32 activations breaks the HTP's Conv2d
-    table = good.copy()  # not the weight input of a linear op
-    arrays = {"big": big, "odd": odd, "small": small, "good": good, "bias": bias, "table": table}
-    tensors = [
-        QnnTensorDesc(name=n, kind=TensorKind.STATIC, dims=list(a.shape), raw=f"{n}.raw") for n, a in arrays.items()
-    ]
-    tensors += [QnnTensorDesc(name=n, kind=TensorKind.APP_WRITE, dims=[1, 64]) for n in ("x",)]
-    tensors += [QnnTensorDesc(name=f"y{i}", kind=TensorKind.APP_READ, dims=[1, 32]) for i in range(5)]
-    nodes = [
-        QnnNodeDesc(name=f"n{i}", type="FullyConnected", inputs=["x", w, "bias"], outputs=[f"y{i}"])
-        for i, w in enumerate(("big", "odd", "small", "good"))
-    ]
-    nodes.append(QnnNodeDesc(name="n4", type="ElementWiseAdd", inputs=["table", "x"], outputs=["y4"]))
-    desc = GraphDescription(inputs=["x"], outputs=[f"y{i}" for i in range(5)], tensors=tensors, nodes=nodes)
-    out, data = half_precision_statics(desc, arrays)
-    dtypes = {t.name: t.dtype for t in out.static_tensors}
-    assert dtypes == {n: "float16" if n == "good" else "float32" for n in arrays}
-    assert np.array_equal(data["good"], good.astype(np.float16)) and data["big"] is big

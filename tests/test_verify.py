@@ -192,12 +192,15 @@ def test_tampered_bundle_file_reruns_verify_and_fails_then_recovers(built: tuple
     original = target.read_bytes()
     data = bytearray(original)
     data[len(data) // 2] ^= 0x01
+    stat = target.stat()
     target.unlink()
     target.write_bytes(bytes(data))
+    # corruption that size and mtime do not show (a rewrite with a new mtime makes the bundle task rebuild the
+    # file first; tests/test_faults.py shows that): the DAG's cheap check passes it, verify hashes and must not
+    os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    (out / VerifyManifest.filename()).unlink()
     try:
-        # verify alone (-s): a whole build would first rebuild the bundle, whose output no longer matches its
-        # manifest, and so heal the tampered file before verify looks at it
-        proc = doit(cwd, "-s", f"verify:{TINY}-{ARCH}", env=env)
+        proc = doit(cwd, f"verify:{TINY}-{ARCH}", env=env)
         assert proc.returncode != 0, proc.stdout
         assert "qnn/graph2.bin" in proc.stdout + proc.stderr and "sha256" in proc.stdout + proc.stderr
         assert not (out / VerifyManifest.filename()).exists()

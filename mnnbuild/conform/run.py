@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -154,6 +155,23 @@ def _read_json(path: Path) -> dict[str, object]:
     return data
 
 
+DRIVER_JSON = '{"stepped"'
+"""How the driver's result line starts (its first key)."""
+
+
+def driver_result(stdout: str) -> dict[str, Any] | None:
+    """The driver's JSON result from its stdout, or None. The QNN backend may print to stdout without a newline
+    just before it ("unable to load libcdsprpc.so" on x86), so the JSON starts where its first key does."""
+    for line in reversed(stdout.splitlines()):
+        if DRIVER_JSON in line:
+            try:
+                doc = json.loads(line[line.index(DRIVER_JSON) :])
+            except ValueError:
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
 def run_driver(
     driver: Path, build: MnnBuild, config: Path, ids: list[int], max_new: int, chunk: int, logits_path: Path
 ) -> tuple[EngineRun | None, np.ndarray | None, str]:
@@ -165,10 +183,9 @@ def run_driver(
     out = proc.stdout.decode("utf-8", errors="replace")
     err = proc.stderr.decode("utf-8", errors="replace")
     combined = out + err
-    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith('{"stepped"')), None)
-    if proc.returncode != 0 or line is None:
+    doc = driver_result(out)
+    if proc.returncode != 0 or doc is None:
         return None, None, combined
-    doc = json.loads(line)
     rows = np.fromfile(logits_path, dtype=np.float32)
     n = len(doc["stepped"])
     run = EngineRun(

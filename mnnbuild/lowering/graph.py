@@ -165,41 +165,6 @@ def raw_file_name(tensor_name: str) -> str:
     return f"{safe[:100]}.{digest}.raw"
 
 
-# Weights of linear ops at least this large are stored in fp16 when the graph is prepared in fp16: they are
-# almost all of a model-lib's bytes. Other statics (norm scales, biases, tables) keep their precision: the HTP
-# computes wrong results from an fp16 bias beside fp32 activations.
-HALF_MIN_ELEMENTS = 1024
-HALF_WEIGHT_OPS = frozenset({"Conv2d", "FullyConnected", "MatMul"})
-_FP16_MAX = float(np.finfo(np.float16).max)
-
-
-def half_precision_statics(
-    desc: GraphDescription, statics: Mapping[str, np.ndarray]
-) -> tuple[GraphDescription, dict[str, np.ndarray]]:
-    """``desc`` and ``statics`` with the large float32 weights of linear ops declared and stored as float16.
-
-    A weight is a static tensor every use of which is input 1 of a ``HALF_WEIGHT_OPS`` node. Only for graphs
-    the HTP prepares with fp16 relaxed precision, which computes float tensors in fp16 anyway, so the cast
-    here is the one the backend would make. A tensor with a value fp16 cannot hold (beyond its range, or not
-    finite) stays float32.
-    """
-    uses: dict[str, set[bool]] = {}
-    for node in desc.nodes:
-        for pos, name in enumerate(node.inputs):
-            uses.setdefault(name, set()).add(node.type in HALF_WEIGHT_OPS and pos == 1)
-    data = dict(statics)
-    tensors = []
-    for t in desc.tensors:
-        arr = data.get(t.name) if t.kind == TensorKind.STATIC and uses.get(t.name) == {True} else None
-        if arr is not None and t.dtype == "float32" and arr.size >= HALF_MIN_ELEMENTS:
-            arr32 = np.asarray(arr, dtype=np.float32)
-            if np.isfinite(arr32).all() and float(np.abs(arr32).max(initial=0.0)) <= _FP16_MAX:
-                data[t.name] = arr32.astype(np.float16)
-                t = t.model_copy(update={"dtype": "float16"})
-        tensors.append(t)
-    return desc.model_copy(update={"tensors": tensors}), data
-
-
 def write_graph_dir(
     directory: Path, desc: GraphDescription, statics: Mapping[str, np.ndarray], link_from: Path | None = None
 ) -> list[Path]:

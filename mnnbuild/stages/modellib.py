@@ -4,8 +4,8 @@ For each ``qnn/<graph>/`` of the partition it writes ``qnn/<graph>/graph.json`` 
 nodes, see `mnnbuild.lowering.graph`) and one ``.raw`` per static tensor: the graph directory is
 the model-lib, complete on its own (upstream's ``graph.bin`` is ``tar -cf graph.bin *.raw`` of
 it). Every weight is written once: the prefill graph's raws that equal the decode graph's are hard
-links, and weights are stored in fp16 since the HTP prepares the graphs in fp16 (see
-`half_precision_statics`). The context stage composes QNN graphs from it.
+links. Weights stay fp32 (see the note in `build_modellib`). The context stage composes QNN graphs
+from it.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             except LoweringError as exc:
                 raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
             dest = tmp / QNN_DIR / graph
-            # weights stay fp32 although the HTP prepares in fp16: stored as fp16 by us (half_precision_statics),
-            # the int8 fixture's greedy tokens flip on a near-tie where QNN's own conversion keeps them
+            # weights stay fp32 although the HTP prepares in fp16: stored as fp16 by us, the int8 fixture's greedy
+            # tokens flipped on a near-tie where QNN's own conversion keeps them (measured in session 2)
             desc, data = lowered.description, lowered.statics
             first = first_graph.setdefault(plugin, dest)
             write_graph_dir(dest, desc, data, link_from=first if first != dest else None)
