@@ -27,14 +27,25 @@ PACKAGE = "mnnbuild"
 _MAYBE_OURS = re.compile(rf"^\s*(from|import)\s+({PACKAGE}\b|\.)", re.MULTILINE)
 
 
+@functools.cache
+def _package_dir() -> Path:
+    spec = importlib.util.find_spec(PACKAGE)
+    assert spec is not None and spec.origin is not None
+    return Path(spec.origin).parent
+
+
 def _module_file(name: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
+    """The source file of an mnnbuild module, found on disk: ``importlib.util.find_spec`` would import the
+    parent of a name such as ``mnnbuild.report.render.render_html`` (a function, not a module), and with it
+    matplotlib, at every doit start."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE:
         return None
-    if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
-        return None
-    return Path(spec.origin)
+    base = _package_dir().joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if len(parts) > 1 and path.is_file():
+            return path
+    return _package_dir() / "__init__.py" if len(parts) == 1 else None
 
 
 def _parse(path: Path) -> ast.Module:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.errors import MNNFormatError, ModelDirError
-from mnnbuild.mnn import check_weight_ranges, load_model
 
 MODEL_FILE = "llm.mnn"
 WEIGHT_FILE = "llm.mnn.weight"
@@ -71,6 +70,8 @@ def validate_model_dir(model_dir: Path, where: str | None = None) -> list[str]:
     # a truncated or foreign llm.mnn, or a weight file of another model, is named here and not met
     # later as an error inside MNN
     try:
+        from mnnbuild.mnn import check_weight_ranges, load_model  # the large schema module: only when checking
+
         check_weight_ranges(load_model(model_dir / MODEL_FILE), model_dir / WEIGHT_FILE)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
