@@ -401,3 +401,15 @@ def test_library_quantizer_matches_llmexport_layout(bits: int, block: int, symme
     np.testing.assert_allclose(np.frombuffer(ql.alpha, "<f4"), np.frombuffer(abytes, "<f4"), rtol=1e-6)
     np.testing.assert_allclose(ql.dequantized, deq, atol=1e-6)
     assert np.abs(ql.dequantized - w).max() <= np.abs(w).max() / (2 ** (bits - 1) - 1)
+
+
+@model_dirs
+def test_parameter_count_of_a_conv_is_what_it_decodes_to(model_dir: Path) -> None:
+    """The count the partition report shows per plugin, from shapes alone, equals the decoded weight and bias."""
+    from mnnbuild.mnn.summary import op_parameter_count
+
+    model = load_model(model_dir / "llm.mnn")
+    with WeightFile(model_dir / "llm.mnn.weight") as weights:
+        for op in conv_ops(model):
+            decoded = decode_conv(op, weights)
+            assert op_parameter_count(op) == decoded.weight.size + decoded.bias.size, op.name

@@ -135,6 +135,8 @@ def test_bare_doit_writes_a_self_contained_page(built: Path) -> None:
         assert op.name in text and op.reason in text
     for plugin in partition.plugins:
         assert plugin.name in text
+        # its size in parameters (the "params") as well as bytes
+        assert plugin.parameters > 0 and f"{plugin.parameters:,}" in text, plugin.name
     # numbers: generation tokens side by side with the decoded text
     gen = verify_report.generation
     assert gen is not None and gen.cpu_text is not None and gen.hybrid_text is not None

@@ -31,6 +31,26 @@ def _inline_bytes(op: Op) -> int:
     return total
 
 
+def op_parameter_count(op: Op) -> int:
+    """How many parameters an op carries (a conv's weights and bias; the elements of inline data), from the
+    graph alone: a conv's count follows from its shape, whatever its storage (int4 blocks, int8, float)."""
+    main = op.main
+    if main is None:
+        return 0
+    if op.param_type == "Convolution2D":
+        c = main.common
+        if c is None:
+            return 0
+        out_ch, in_ch, group = int(c.outputCount), int(c.inputCount), max(int(c.group), 1)
+        return out_ch * (in_ch // group) * int(c.kernelX) * int(c.kernelY) + out_ch
+    total = 0
+    for name in ("float32s", "int32s", "int64s", "uint8s", "int8s", "gamma", "beta", "weight", "bias"):
+        vec = getattr(main, name, None)
+        if vec is not None and hasattr(vec, "__len__"):
+            total += len(vec)
+    return total
+
+
 def op_weight_bytes(op: Op) -> int:
     """Bytes of parameters an op carries, in the weight file (``external``) or inline."""
     if op.main is None:

@@ -155,6 +155,7 @@ class PluginReport(BaseModel):
     inputs: list[BoundaryShapes]
     outputs: list[BoundaryShapes]
     weight_bytes: int
+    parameters: int
 
 
 class CpuOpReport(BaseModel):

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
-from mnnbuild.mnn.summary import op_weight_bytes
+from mnnbuild.mnn.summary import op_parameter_count, op_weight_bytes
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.records import (
     BoundaryShapes,
@@ -71,6 +71,7 @@ def build_report(
                 inputs=_boundary(ins),
                 outputs=_boundary(outs),
                 weight_bytes=module_weight_bytes(cut, m),
+                parameters=sum(op_parameter_count(cut.model.ops[i]) for i in weight_ops(cut, m)),
             )
         )
     total = sum(op_weight_bytes(op) for op in ops)
