@@ -11,9 +11,7 @@ import html
 import json
 import os
 import re
-import subprocess
-import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,7 @@ from mnnbuild.stages.bundle import BundleManifest
 from mnnbuild.stages.report import ReportInputs, ReportManifest, ReportParams, report
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.report import VerifyReport
-from tests.conftest import PROJECT_ROOT, executed_tasks
+from tests.conftest import doit, executed_tasks
 
 TINY = "tiny-qwen3"
 ARCH = "v79"
@@ -37,20 +35,6 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
 SCREENSHOT_ENV = "MNNBUILD_REPORT_SCREENSHOT"
 """Where the browser test also saves its screenshot (the README's docs/report.png is made this way)."""
-
-
-def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
-    full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
 
 
 @pytest.fixture(scope="module")

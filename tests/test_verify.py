@@ -9,8 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -30,27 +28,12 @@ from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, Verif
 from mnnbuild.targets import soc_for_arch
 from mnnbuild.verify.checks import build_twins
 from mnnbuild.verify.report import VerifyReport
-from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, executed_tasks, skipped_tasks
+from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks
 
 TINY = "tiny-qwen3"
 ARCH = "v79"
 HELD_OUT = ("qwen3-untied-int8-b32", "llama-int4-cw")
 HELD_OUT_ARCHS = ("v79", "v75")
-
-
-def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``doit`` on the project's dodo.py with artifacts under ``cwd/artifacts`` (conftest's run_doit, module-wide)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
-    full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
 
 
 @pytest.fixture(scope="module")
