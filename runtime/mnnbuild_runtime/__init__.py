@@ -15,12 +15,15 @@
 from mnnbuild_runtime.bundle import Bundle, OutputDesc, PluginSpec, parse_plugins
 from mnnbuild_runtime.errors import BinaryCheckError, BundleError, PluginShapeError, RuntimeBundleError
 from mnnbuild_runtime.generate import (
+    DraftOutcome,
     Embeddings,
     GenerationResult,
     causal_mask,
     cpu_forward_fn,
     cpu_greedy_generate,
+    follow_draft,
     greedy_generate,
+    kv_cache_draft,
     llm_inputs,
     recompute_generate,
 )
@@ -48,6 +51,7 @@ __all__ = [
     "BinaryOverride",
     "Bundle",
     "BundleError",
+    "DraftOutcome",
     "Embeddings",
     "ForwardResult",
     "GenerationResult",
@@ -66,7 +70,9 @@ __all__ = [
     "check_structure",
     "cpu_forward_fn",
     "cpu_greedy_generate",
+    "follow_draft",
     "greedy_generate",
+    "kv_cache_draft",
     "llm_inputs",
     "recompute_generate",
     "select_shape_index",

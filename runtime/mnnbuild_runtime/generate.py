@@ -5,6 +5,12 @@ zero-padded to the chunk size, the causal mask hides the padding from the real r
 ``0..chunk-1`` and ``logits_index`` 0 asks for the logits of every row; the next token is the argmax of
 the row of the last real token. The same scheme runs the bundle (:func:`greedy_generate`) and the
 original model whole in MNN on the CPU (:func:`cpu_greedy_generate`), so their tokens are comparable.
+
+That loop's tokens can be had with far fewer forwards given a good guess (:func:`follow_draft`): with the
+causal mask, row ``i`` of one forward over prompt + guess depends on tokens ``0..i`` only (the rows come
+out bit-identical to the loop's), so that forward confirms every guessed token up to the first wrong one,
+and gives the right one in its place; the loop goes on from there. The CPU reference guesses with MNN's
+own LLM engine and its KV cache (:func:`kv_cache_draft`), one cheap decode step per token.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import CpuRuntime, load_module, to_numpy, to_var
+from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, load_module, to_numpy, to_var
 from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, read_embeddings
 from mnnbuild_runtime.errors import BundleError
@@ -122,6 +128,24 @@ class GenerationResult:
 ForwardFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
+def _logit_rows(outputs: Mapping[str, np.ndarray], chunk: int) -> np.ndarray:
+    logits = np.asarray(outputs["logits"])
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.shape[0] != chunk:
+        raise BundleError(f"logits have {rows.shape[0]} rows for a sequence of {chunk}; expected one per row")
+    return rows
+
+
+def _pick(result: GenerationResult, row: np.ndarray, seconds: float) -> int:
+    """The greedy token of a logits row, appended to ``result`` with its top-2 margin."""
+    token = int(np.argmax(row))
+    top2 = np.partition(row, -2)[-2:]
+    result.top2_margins.append(float(top2[1] - top2[0]))
+    result.step_seconds.append(seconds)
+    result.tokens.append(token)
+    return token
+
+
 def recompute_generate(
     forward: ForwardFn,
     embed: Callable[[Sequence[int]], np.ndarray],
@@ -144,23 +168,79 @@ def recompute_generate(
             result.stop_reason = "chunk_full"
             break
         t0 = time.perf_counter()
-        outputs = forward(llm_inputs(embed(seq), chunk, logits_index=0))
-        logits = np.asarray(outputs["logits"])
-        rows = logits.reshape(-1, logits.shape[-1])
-        if rows.shape[0] != chunk:
-            raise BundleError(f"logits have {rows.shape[0]} rows for a sequence of {chunk}; expected one per row")
-        row = rows[len(seq) - 1]
-        token = int(np.argmax(row))
-        top2 = np.partition(row, -2)[-2:]
-        result.top2_margins.append(float(top2[1] - top2[0]))
-        result.step_seconds.append(time.perf_counter() - t0)
-        result.tokens.append(token)
+        rows = _logit_rows(forward(llm_inputs(embed(seq), chunk, logits_index=0)), chunk)
+        token = _pick(result, rows[len(seq) - 1], time.perf_counter() - t0)
         seq.append(token)
         if token in stops:
             result.stop_reason = "stop_token"
             break
     log.info("generated %d tokens (%s)", len(result.tokens), result.stop_reason)
     return result
+
+
+@dataclass
+class DraftOutcome:
+    result: GenerationResult
+    """The greedy loop's tokens (as :func:`recompute_generate` gives them)."""
+    rows: np.ndarray
+    """Logits rows ``[chunk, vocab]`` of the one forward over prompt + draft."""
+    rejected: int | None
+    """The first draft step whose token is not the greedy one (None: the draft holds, as far as it goes)."""
+    forwards: int
+
+
+def follow_draft(
+    forward: ForwardFn,
+    embed: Callable[[Sequence[int]], np.ndarray],
+    prompt_ids: Sequence[int],
+    draft: Sequence[int],
+    max_new_tokens: int,
+    chunk: int,
+    stop_ids: Sequence[int] = (),
+    *,
+    rows: np.ndarray | None = None,
+) -> DraftOutcome:
+    """:func:`recompute_generate`'s tokens, found from a guess (see the module docstring): one forward over
+    prompt + ``draft`` confirms the draft up to its first wrong token and gives the right one; from there (or
+    from the draft's end) the loop runs as usual. ``rows``: that forward's logits when already computed (of
+    ``llm_inputs(embed(prompt + draft), chunk, 0)``, the draft no longer than ``max_new_tokens`` and the chunk)."""
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("empty prompt")
+    room = chunk - len(prompt)
+    if room < 0:
+        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the prefill chunk of {chunk}")
+    guess = [int(t) for t in draft][: max(min(max_new_tokens, room), 0)]
+    t0 = time.perf_counter()
+    if rows is None:
+        rows = forward(llm_inputs(embed(prompt + guess), chunk, logits_index=0))["logits"]
+    rows = _logit_rows({"logits": rows}, chunk)
+    seconds = time.perf_counter() - t0
+    result = GenerationResult(prompt, [], "max_new_tokens", chunk)
+    stops = {int(t) for t in stop_ids}
+    rejected = None
+    for i in range(len(guess) + 1):
+        if len(result.tokens) >= max_new_tokens:
+            break
+        if len(prompt) + i >= chunk:
+            result.stop_reason = "chunk_full"
+            break
+        token = _pick(result, rows[len(prompt) - 1 + i], seconds if i == 0 else 0.0)
+        if token in stops:
+            result.stop_reason = "stop_token"
+            break
+        if i < len(guess) and token == guess[i]:
+            continue
+        rejected = i if i < len(guess) else None
+        rest = recompute_generate(
+            forward, embed, prompt + result.tokens, max_new_tokens - len(result.tokens), chunk, stop_ids
+        )
+        result.tokens += rest.tokens
+        result.top2_margins += rest.top2_margins
+        result.step_seconds += rest.step_seconds
+        result.stop_reason = rest.stop_reason
+        return DraftOutcome(result, rows, rejected, 1 + len(rest.tokens))
+    return DraftOutcome(result, rows, rejected, 1)
 
 
 def greedy_generate(
@@ -208,6 +288,31 @@ def cpu_forward_fn(model_dir: str | os.PathLike[str], runtime: CpuRuntime | None
     return forward
 
 
+def kv_cache_draft(
+    model_dir: str | os.PathLike[str], prompt_ids: Sequence[int], n: int, runtime: CpuRuntime | None = None
+) -> list[int]:
+    """``n`` greedy tokens of the ORIGINAL model dir from MNN's own LLM engine with its KV cache
+    (:func:`mnnbuild.cpu.llm_engine_greedy`), with ``runtime``'s backend, precision and threads. A guess for
+    :func:`follow_draft`: fast, but other arithmetic than the prefill-shape loop's, so a near-tie may go the
+    other way. ``[]`` when the engine cannot run the model."""
+    config = Path(model_dir) / "config.json"
+    if n <= 0 or not config.is_file():
+        return []
+    rt = runtime or CpuRuntime()
+    settings = {
+        "backend_type": rt.backend.lower(),
+        "thread_num": rt.num_thread,
+        "precision": rt.precision,
+        "memory": "normal",  # the config tunes the phone ("low" changes quantized-weight arithmetic)
+        "sampler_type": "greedy",
+    }
+    try:
+        return llm_engine_greedy(config, prompt_ids, n, settings)
+    except Exception as exc:  # only a guess: without it the reference is slower, not wrong
+        log.warning("%s: no KV-cache draft (%s); the reference recomputes the prefill per token", config, exc)
+        return []
+
+
 def cpu_greedy_generate(
     model_dir: str | os.PathLike[str],
     prompt_ids: Sequence[int],
@@ -217,6 +322,12 @@ def cpu_greedy_generate(
     stop_ids: Sequence[int] = (),
     runtime: CpuRuntime | None = None,
 ) -> GenerationResult:
-    """The reference: the same recompute loop on the original model dir, ``llm.mnn`` whole in MNN CPU."""
-    embed = Embeddings(model_dir)
-    return recompute_generate(cpu_forward_fn(model_dir, runtime), embed, prompt_ids, max_new_tokens, chunk, stop_ids)
+    """The reference: the recompute loop's tokens on the original model dir, ``llm.mnn`` whole in MNN CPU, found
+    by :func:`follow_draft` from :func:`kv_cache_draft`'s guess (about one forward instead of one per token)."""
+    prompt = [int(t) for t in prompt_ids]
+    draft = kv_cache_draft(model_dir, prompt, min(max_new_tokens, chunk - len(prompt)), runtime)
+    outcome = follow_draft(cpu_forward_fn(model_dir, runtime), Embeddings(model_dir), prompt, draft,
+                           max_new_tokens, chunk, stop_ids)  # fmt: skip
+    if outcome.rejected is not None:
+        log.info("MNN's KV-cache tokens part from the recompute loop's at step %d", outcome.rejected)
+    return outcome.result
