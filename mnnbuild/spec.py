@@ -148,6 +148,14 @@ def _aligned_image_size(text: str, info: ValidationInfo) -> str:
     return text
 
 
+class VerifySpec(BaseModel):
+    """The ``verify`` table: how much the generation check asks of a bundle (its tolerances are fixed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(default=16, ge=1, description="Greedy tokens generation compares, CPU vs bundle.")
+
+
 class ModelSpec(BaseModel):
     """One model to build bundles for, as written in ``models/<name>.toml``."""
 
@@ -174,6 +182,7 @@ class ModelSpec(BaseModel):
         validate_default=True,
         description="vl only: '<width>x<height>' sizes the visual encoder is compiled for, one graph each.",
     )
+    verify: VerifySpec = Field(default_factory=VerifySpec, description="What `doit verify` checks of each bundle.")
     spec_path: Path = Field(exclude=True, description="The TOML file this spec was read from.")
 
     @field_validator("targets")

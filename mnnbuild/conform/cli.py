@@ -63,7 +63,7 @@ def run_conform(args: argparse.Namespace) -> int:
         soc=spec.soc(arch),
         bundle_model_dir=bundle_dir / "model" / model,
         original_dir=model_root / "model",
-        modellib_dir=model_root / "modellib",
+        context_dir=target_root / "context",
         partition_dir=model_root / "partition",
         out_dir=out_dir,
         build=build,

@@ -9,8 +9,9 @@ than the chunk (the bundle's ``prompt.txt``, lengthened to 16 tokens), exactly o
 within verify's tolerance; ``llm_demo`` on the bundle is a smoke test.
 
 The x86 HTP library refuses weight-shared context binaries ("Shared weights buffer isn't supported on this
-platform"); when the shipped binaries fail to load for that reason, the bundle runs with unshared twins
-(verify's :func:`~mnnbuild.verify.checks.build_twins`) in their place, and the report says so per binary.
+platform"); when the shipped binaries fail to load for that reason, the bundle runs with the unshared twins
+the context stage built (:func:`~mnnbuild.verify.checks.read_twins`, as verify runs them) in their place, and
+the report says so per binary.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from mnnbuild.layout import PROMPT_FILE
 from mnnbuild.manifests.partition import read_merge
-from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.qnn.library import find_qnn_libraries
 from mnnbuild.targets import Soc
 from mnnbuild.verify.compare import is_near_tie
@@ -255,12 +255,18 @@ def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.
     check.passed = ok and check.tokens_equal and check.engine_loop_agrees
 
 
-def _twins(modellib_dir: Path, partition_dir: Path, soc: Soc) -> dict[str, bytes]:
-    from mnnbuild.verify.checks import build_twins
+def _twins(context_dir: Path, merge: dict[str, list[str]]) -> dict[str, bytes]:
+    """The unshared twins the context stage built (hash checked against its manifests)."""
+    from mnnbuild.verify.checks import read_contexts, read_twins
 
-    lib = QnnLibrary()
-    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
-    return {path: twin.data for path, twin in build_twins(lib, target, modellib_dir, read_merge(partition_dir)).items()}
+    contexts, problems = read_contexts(context_dir, merge)
+    twins, more = read_twins(context_dir, contexts, merge)
+    if problems or more:
+        raise ConformError(f"{context_dir}: {(problems + more)[0]}")
+    try:
+        return {path: twin.read() for path, twin in twins.items()}
+    except MnnbuildError as exc:
+        raise ConformError(str(exc)) from None
 
 
 def conform_model(
@@ -270,7 +276,7 @@ def conform_model(
     soc: Soc,
     bundle_model_dir: Path,
     original_dir: Path,
-    modellib_dir: Path,
+    context_dir: Path,
     partition_dir: Path,
     out_dir: Path,
     build: MnnBuild,
@@ -310,7 +316,7 @@ def conform_model(
         else:
             reason = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
         log.warning("conform: %s; running unshared twins in their place", reason)
-        twins = _twins(modellib_dir, partition_dir, soc)
+        twins = _twins(context_dir, merge)
         binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
         bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
 

@@ -251,7 +251,7 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 model_dir=project.stage_dir("fetch", spec),
                 context_dir=project.stage_dir("context", spec, arch),
             ),
-            VerifyParams(soc=soc),
+            VerifyParams(soc=soc, max_new_tokens=spec.verify.max_new_tokens),
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
             arch=arch,
             # a bundle file replaced after bundling must not pass as verified
