@@ -121,6 +121,27 @@ def test_memo_sees_an_edit(tmp_path: Path) -> None:
     assert DigestMemo(tmp_path / "memo.json").digest(path) != first
 
 
+def test_memo_serves_a_fresh_clone_without_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # keyed by content: the same source elsewhere (a new clone, new mtimes) is a hit, not a parse
+    from mnnbuild import fingerprint
+
+    original = tmp_path / "a" / "m.py"
+    original.parent.mkdir()
+    original.write_text("X = 1\n")
+    memo = DigestMemo(tmp_path / "memo.json")
+    first = memo.digest(original)
+    memo.save()
+    clone = tmp_path / "b" / "m.py"
+    clone.parent.mkdir()
+    clone.write_text("X = 1\n")
+
+    def no_parse(path: Path) -> str:
+        raise AssertionError(f"parsed {path}")
+
+    monkeypatch.setattr(fingerprint, "_source_digest", no_parse)
+    assert DigestMemo(tmp_path / "memo.json").digest(clone) == first
+
+
 def test_description_change_invalidates_nothing(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from mnnbuild.errors import MNNFormatError
-from mnnbuild.mnn import MnnModel, embedding_info, enum_name, load_model, plugin_attributes, schema
+from mnnbuild.mnn import DATA_TYPES, MnnModel, embedding_info, enum_name, load_model, plugin_attributes, schema
 from mnnbuild_runtime.errors import BundleError
 
 log = logging.getLogger(__name__)
@@ -26,13 +26,13 @@ PLUGIN_TYPE = "QNN"
 
 #: MNN DataType -> numpy dtype, for the types a plugin output may carry.
 MNN_NUMPY_DTYPES: dict[int, np.dtype] = {
-    schema.DataType.DT_FLOAT: np.dtype(np.float32),
-    schema.DataType.DT_INT32: np.dtype(np.int32),
-    schema.DataType.DT_INT64: np.dtype(np.int64),
-    schema.DataType.DT_HALF: np.dtype(np.float16),
-    schema.DataType.DT_UINT8: np.dtype(np.uint8),
-    schema.DataType.DT_INT8: np.dtype(np.int8),
-    schema.DataType.DT_INT16: np.dtype(np.int16),
+    DATA_TYPES["DT_FLOAT"]: np.dtype(np.float32),
+    DATA_TYPES["DT_INT32"]: np.dtype(np.int32),
+    DATA_TYPES["DT_INT64"]: np.dtype(np.int64),
+    DATA_TYPES["DT_HALF"]: np.dtype(np.float16),
+    DATA_TYPES["DT_UINT8"]: np.dtype(np.uint8),
+    DATA_TYPES["DT_INT8"]: np.dtype(np.int8),
+    DATA_TYPES["DT_INT16"]: np.dtype(np.int16),
 }
 
 
