@@ -39,8 +39,6 @@ STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle",
 PER_TARGET = ("config", "context", "bundle", "verify")
 EXPORT_SCRIPT = PROJECT_ROOT / "models" / "export" / "make_models.py"
 READY = "READY"
-# the node types whose preparation is Qualcomm's own work for a linear layer
-LINEAR_TYPES = ("Conv2d", "FullyConnected")
 
 # Runs a command and reports the peak RSS of its process tree and its block writes (getrusage of children).
 RUSAGE_WRAPPER = (
@@ -118,14 +116,9 @@ def context_dirs(target_dir: Path) -> list[Path]:
 
 def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
     """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone."""
-    from mnnbuild.lowering.graph import (
-        GRAPH_JSON,
-        GraphDescription,
-        TensorKind,
-        compose_context,
-        read_graph_description,
-        read_graph_dirs,
-    )
+    from _floor import linear_ops_alone
+
+    from mnnbuild.lowering.graph import GRAPH_JSON, compose_context, read_graph_description, read_graph_dirs
     from mnnbuild.manifests.partition import read_merge
     from mnnbuild.qnn import HtpTarget, QnnLibrary
     from mnnbuild.targets import soc_for_arch
@@ -139,28 +132,10 @@ def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: P
             nodes = 0
             for graph in graphs:
                 src = modellib_dir / graph
-                desc = read_graph_description(src)
-                by_name = {t.name: t for t in desc.tensors}
-
-                def linear(node: Any, by_name: dict[str, Any] = by_name) -> bool:
-                    if node.type in LINEAR_TYPES:
-                        return True
-                    return node.type == "MatMul" and any(by_name[n].kind == TensorKind.STATIC for n in node.inputs)
-
-                kept = [n for n in desc.nodes if linear(n)]
-                nodes += len(kept)
-                used_in = [n for node in kept for n in node.inputs if by_name[n].kind != TensorKind.STATIC]
-                used_out = [n for node in kept for n in node.outputs]
-                ins = list(dict.fromkeys(n for n in used_in if n not in used_out))
-                outs = list(dict.fromkeys(n for n in used_out if n not in used_in))
-                tensors = []
-                for name in dict.fromkeys([*ins, *outs, *(n for node in kept for n in (*node.inputs, *node.outputs))]):
-                    t = by_name[name]
-                    kind = TensorKind.APP_WRITE if name in ins else TensorKind.APP_READ if name in outs else t.kind
-                    tensors.append(t.model_copy(update={"kind": kind}))
+                floor_desc = linear_ops_alone(read_graph_description(src))
+                nodes += len(floor_desc.nodes)
                 dest = Path(tmp) / graph
                 dest.mkdir(parents=True)
-                floor_desc = GraphDescription(inputs=ins, outputs=outs, tensors=tensors, nodes=kept)
                 (dest / GRAPH_JSON).write_text(floor_desc.model_dump_json())
                 for t in floor_desc.static_tensors:
                     os.link(src / str(t.raw), dest / str(t.raw))
