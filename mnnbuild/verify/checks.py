@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from mnnbuild_runtime import (
     Tokenizer,
     cpu_forward_fn,
     cpu_greedy_generate,
+    fit_block,
     llm_inputs,
     recompute_generate,
 )
@@ -267,36 +268,36 @@ def check_generation(
     tol: Tolerance,
     runtime: CpuRuntime,
 ) -> GenerationCheck:
-    """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, prefill shape).
+    """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, each step at the
+    smallest of the bundle's ``chunk_limits`` that holds the sequence).
 
-    The CPU runs the loop step by step. The bundle is then run once on the CPU's whole sequence: with the
-    causal mask, row ``i`` depends only on tokens ``0..i``, so that one forward gives the bundle's greedy
-    pick for every CPU prefix and its logits to compare. Where the picks all agree, the bundle's greedy
-    tokens *are* the CPU's; from a first divergence on, the bundle's own loop continues for real.
+    The CPU runs the loop step by step. The bundle is then run once per length the loop used, on the CPU's
+    sequence: with the causal mask, row ``i`` depends only on tokens ``0..i``, so that forward gives the bundle's
+    greedy pick for every CPU prefix run at that length and its logits to compare. Where the picks all agree,
+    the bundle's greedy tokens *are* the CPU's; from a first divergence on, the bundle's own loop continues.
     """
     check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
     try:
         tokenizer = Tokenizer(model.bundle.model_dir / CONFIG_FILE)
         ids = tokenizer.encode(prompt)
-        chunk = model.bundle.chunk_size
+        limits, chunk = model.bundle.block_sizes, model.bundle.chunk_size
         steps = min(max_new_tokens, chunk - len(ids))
         check.prompt_ids = ids
         if steps <= 0:
             raise StageError(f"prompt {prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
         t0 = time.perf_counter()
-        cpu = cpu_greedy_generate(model_dir, ids, steps, chunk=chunk, runtime=runtime)
+        cpu = cpu_greedy_generate(model_dir, ids, steps, chunk=limits, runtime=runtime)
         seq = ids + cpu.tokens
-        cpu_rows = _rows(cpu_forward_fn(model_dir, runtime)(llm_inputs(Embeddings(model_dir)(seq), chunk, 0)))
+        cpu_rows, _ = _step_rows(cpu_forward_fn(model_dir, runtime), Embeddings(model_dir), seq, len(ids), limits)
         check.cpu_seconds = time.perf_counter() - t0
         check.cpu_tokens = list(cpu.tokens)
         t0 = time.perf_counter()
         hyb_embed = Embeddings(model.bundle.model_dir)  # the bundle's own embeddings, as the phone reads them
-        hyb_rows = _rows(model.forward(llm_inputs(hyb_embed(seq), chunk, 0)))
-        forwards = 1
+        hyb_rows, forwards = _step_rows(model.forward, hyb_embed, seq, len(ids), limits)
         first = None
         ok = True
         for i, token in enumerate(cpu.tokens):
-            r = len(ids) - 1 + i
+            r = i
             pick = int(hyb_rows[r].argmax())
             flip = pick != token
             tolerated = flip and is_near_tie(cpu_rows[r], token, pick, tol)
@@ -318,11 +319,11 @@ def check_generation(
             check.hybrid_tokens = list(cpu.tokens)
         else:
             head = [*cpu.tokens[:first], check.steps[first].hybrid_pick]
-            rest = recompute_generate(model.forward, hyb_embed, ids + head, steps - len(head), chunk)
+            rest = recompute_generate(model.forward, hyb_embed, ids + head, steps - len(head), limits)
             forwards += len(rest.tokens)
             check.hybrid_tokens = head + rest.tokens
             s = check.steps[first]
-            r = len(ids) - 1 + first
+            r = first
             check.divergence_note = (
                 f"cpu {s.cpu_token}, hybrid {s.hybrid_pick}; the CPU prefers {s.cpu_token} by "
                 f"{lead(cpu_rows[r], s.cpu_token, s.hybrid_pick):.4g} (top-2 margin {s.cpu_margin:.4g}, "
@@ -351,6 +352,21 @@ def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
         except UnicodeDecodeError:
             parts.append("\ufffd")
     return "".join(parts)
+
+
+def _step_rows(
+    forward: Callable[[Mapping[str, np.ndarray]], Mapping[str, Any]],
+    embed: Callable[[list[int]], np.ndarray],
+    seq: list[int],
+    prompt_len: int,
+    limits: list[int],
+) -> tuple[list[np.ndarray], int]:
+    """Per generated token of ``seq``, the logits row that picked it, at the length the greedy loop ran that step
+    (``fit_block``); one forward per length: its longest prefix gives every shorter one's rows (causal mask)."""
+    sizes = [fit_block(n, limits) for n in range(prompt_len, len(seq))]
+    longest = {size: prompt_len + i for i, size in enumerate(sizes)}
+    rows = {size: _rows(forward(llm_inputs(embed(seq[:n]), size, 0))) for size, n in longest.items()}
+    return [rows[size][prompt_len - 1 + i] for i, size in enumerate(sizes)], len(rows)
 
 
 def _rows(outputs: Mapping[str, Any]) -> np.ndarray:

@@ -13,6 +13,7 @@
 """
 
 from mnnbuild_runtime.bundle import Bundle, OutputDesc, PluginSpec, parse_plugins
+from mnnbuild_runtime.chunks import Block, block_sizes, fit_block, prefill_blocks
 from mnnbuild_runtime.errors import BinaryCheckError, BundleError, PluginShapeError, RuntimeBundleError
 from mnnbuild_runtime.generate import (
     Embeddings,
@@ -39,6 +40,10 @@ from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structur
 from mnnbuild_runtime.tokenizer import Tokenizer
 
 __all__ = [
+    "Block",
+    "block_sizes",
+    "fit_block",
+    "prefill_blocks",
     "shape_index",
     "plan_steps",
     "parse_plugins",

@@ -1,10 +1,11 @@
 """Token embeddings and greedy generation without a host KV cache.
 
-Every step re-runs the whole sequence through the prefill shape: the tokens so far are embedded and
-zero-padded to the chunk size, the causal mask hides the padding from the real rows, positions are
-``0..chunk-1`` and ``logits_index`` 0 asks for the logits of every row; the next token is the argmax of
-the row of the last real token. The same scheme runs the bundle (:func:`greedy_generate`) and the
-original model whole in MNN on the CPU (:func:`cpu_greedy_generate`), so their tokens are comparable.
+Every step re-runs the whole sequence as one prefill block: the tokens so far are embedded and zero-padded to
+the smallest prefill length that holds them (as MNN's engine pads a prompt's last block, ``chunks.fit_block``;
+with one length, the chunk size), the causal mask hides the padding from the real rows, positions are
+``0..size-1`` and ``logits_index`` 0 asks for the logits of every row; the next token is the argmax of the row
+of the last real token. The same scheme runs the bundle (:func:`greedy_generate`) and the original model whole
+in MNN on the CPU (:func:`cpu_greedy_generate`), so their tokens are comparable.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 from mnnbuild.cpu import CpuRuntime, load_module, to_numpy, to_var
 from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, read_embeddings
+from mnnbuild_runtime.chunks import block_sizes, fit_block
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hybrid import HybridModel
 
@@ -127,10 +129,13 @@ def recompute_generate(
     embed: Callable[[Sequence[int]], np.ndarray],
     prompt_ids: Sequence[int],
     max_new_tokens: int,
-    chunk: int,
+    chunk: int | Sequence[int],
     stop_ids: Sequence[int] = (),
 ) -> GenerationResult:
-    """The greedy loop shared by the bundle and the CPU reference (see the module docstring)."""
+    """The greedy loop shared by the bundle and the CPU reference (see the module docstring). ``chunk``: the
+    one prefill length, or the model's ``chunk_limits`` (each step at the smallest that holds the sequence)."""
+    limits = None if isinstance(chunk, int) else list(chunk)
+    chunk = chunk if limits is None else block_sizes(limits)[-1]
     prompt = [int(t) for t in prompt_ids]
     if not prompt:
         raise ValueError("empty prompt")
@@ -144,11 +149,12 @@ def recompute_generate(
             result.stop_reason = "chunk_full"
             break
         t0 = time.perf_counter()
-        outputs = forward(llm_inputs(embed(seq), chunk, logits_index=0))
+        size = chunk if limits is None else fit_block(len(seq), limits)
+        outputs = forward(llm_inputs(embed(seq), size, logits_index=0))
         logits = np.asarray(outputs["logits"])
         rows = logits.reshape(-1, logits.shape[-1])
-        if rows.shape[0] != chunk:
-            raise BundleError(f"logits have {rows.shape[0]} rows for a sequence of {chunk}; expected one per row")
+        if rows.shape[0] != size:
+            raise BundleError(f"logits have {rows.shape[0]} rows for a sequence of {size}; expected one per row")
         row = rows[len(seq) - 1]
         token = int(np.argmax(row))
         top2 = np.partition(row, -2)[-2:]
@@ -171,9 +177,9 @@ def greedy_generate(
     stop_ids: Sequence[int] = (),
     embeddings: Embeddings | None = None,
 ) -> GenerationResult:
-    """Greedy tokens from the bundle, using only its prefill shape (``max(chunk_limits)``)."""
+    """Greedy tokens from the bundle, each step at the smallest of its ``chunk_limits`` that holds the sequence."""
     embed = embeddings or Embeddings(model.bundle.model_dir)
-    return recompute_generate(model.forward, embed, prompt_ids, max_new_tokens, model.bundle.chunk_size, stop_ids)
+    return recompute_generate(model.forward, embed, prompt_ids, max_new_tokens, model.bundle.block_sizes, stop_ids)
 
 
 def _original_model_file(model_dir: Path) -> tuple[Path, Path | None]:
@@ -213,7 +219,7 @@ def cpu_greedy_generate(
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     *,
-    chunk: int,
+    chunk: int | Sequence[int],
     stop_ids: Sequence[int] = (),
     runtime: CpuRuntime | None = None,
 ) -> GenerationResult:
