@@ -425,8 +425,9 @@ def _op_from_t(op_t: Any, index: int, where: str) -> Op:
     )
 
 
-def parse_model(data: bytes, where: str = "<bytes>") -> MnnModel:
-    """Decode a ``.mnn`` flatbuffer held in memory (``where`` names it in errors)."""
+def parse_model(data: bytes, where: str = "<bytes>", check_outputs: bool = True) -> MnnModel:
+    """Decode a ``.mnn`` flatbuffer held in memory (``where`` names it in errors). ``check_outputs=False``
+    accepts output names that name no tensor (MNN's ``compilefornpu`` leaves such names behind)."""
     _check_root(data, where)
     buf = _StrictBytes(data)
     try:
@@ -467,19 +468,19 @@ def parse_model(data: bytes, where: str = "<bytes>") -> MnnModel:
         subgraphs=list(net.subgraphs or []),
     )
     unknown_outputs = [name for name in model.output_names if name not in set(tensor_names)]
-    if unknown_outputs:
+    if unknown_outputs and check_outputs:
         raise MNNFormatError(f"{where}: output names {unknown_outputs[:4]} are not tensor names")
     return model
 
 
-def load_model(path: str | os.PathLike[str]) -> MnnModel:
+def load_model(path: str | os.PathLike[str], check_outputs: bool = True) -> MnnModel:
     """Read a ``.mnn`` file (only that file: the external weight file is not opened)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise MNNFormatError(f"{path}: cannot read MNN model: {exc}") from exc
-    model = parse_model(data, str(path))
+    model = parse_model(data, str(path), check_outputs)
     model.path = path
     log.debug("loaded %s: %d ops, %d tensors", path, len(model.ops), len(model.tensor_names))
     return model
