@@ -193,6 +193,12 @@ def main() -> None:
     parser.add_argument("--jobs", action="store_true", help="also time context with -n 1 and -n 2 (cache off)")
     parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        help="a work dir kept by an earlier run of the same --layers/--label: run --stages there and add them to its "
+        "result (e.g. verify after a bundle-only run)",
+    )
     args = parser.parse_args()
     if args.floor_worker:
         modellib, partition, arch, out = args.floor_worker
@@ -203,11 +209,13 @@ def main() -> None:
     target = f"{name}-{args.arch}"
     stages = [s for s in args.stages.split(",") if s]
     model_dir = ensure_model(args.layers, args.models_cache, args.export_python)
-    work = Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
+    key = str(args.layers) + (f"-{args.label}" if args.label else "")
+    work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
-    artifacts.mkdir()
-    cache.mkdir()
-    write_spec(models, name, model_dir, args.arch)
+    if not args.resume:
+        artifacts.mkdir()
+        cache.mkdir()
+        write_spec(models, name, model_dir, args.arch)
     env = {
         **os.environ,
         "MNNBUILD_ARTIFACTS": str(artifacts),
@@ -216,8 +224,11 @@ def main() -> None:
         "MNNBUILD_LOG_LEVEL": "WARNING",
     }
     rows: dict[str, dict[str, Any]] = {}
-    key = str(args.layers) + (f"-{args.label}" if args.label else "")
     result: dict[str, Any] = {"model": name, "target": target, "stages": rows}
+    if args.resume:  # carry the earlier stages' records on
+        earlier = json.loads((RESULTS / "scale.json").read_text())["layers"][key]
+        rows.update(earlier.get("stages", {}))
+        result.update({k: v for k, v in earlier.items() if k not in ("stages", "measured", "partial")})
     try:
         for stage in stages:
             task = f"{stage}:{target}" if stage in PER_TARGET else f"{stage}:{name}"
@@ -265,7 +276,7 @@ def main() -> None:
             speed["speedup"] = round(speed["n1"]["wall_s"] / speed["n2"]["wall_s"], 2)
             result["context_jobs"] = speed
     finally:
-        if not args.keep:
+        if not (args.keep or args.resume):
             shutil.rmtree(work, ignore_errors=True)
         else:
             sys.stderr.write(f"kept {work}\n")
