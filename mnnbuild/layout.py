@@ -61,6 +61,8 @@ def manifest_file(stage: str) -> str:
 
 
 ORIGIN_SUFFIX = ".origin.json"
+CODE_DIGESTS = "code-digests.json"
+"""The code fingerprint's memo, beside a local cache (or in the artifact root when the cache is off or remote)."""
 
 
 def origin_file(stage: str) -> str:

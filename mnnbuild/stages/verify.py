@@ -112,7 +112,7 @@ def _run_bundle(
     gen = checks.GenerationRun(
         Path(inputs.model_dir),
         model.bundle.model_dir,
-        model.bundle.chunk_size,
+        model.bundle.block_sizes,
         _read_prompt(model.bundle.model_dir, params.prompt),
         params.max_new_tokens,
         params.runtime,
@@ -142,9 +142,9 @@ def _run_bundle(
         graph_seconds += time.perf_counter() - t
 
     feeds = [s.feed for s in samples if s.problem is None]
-    gen_feed = gen.feed()
+    gen_feeds = gen.feeds()
     t0 = time.perf_counter()
-    runs = model.run_many(feeds + ([gen_feed] if gen_feed is not None else []), while_loaded=graph_check)
+    runs = model.run_many([*feeds, *gen_feeds.values()], while_loaded=graph_check)
     timings["graphs"] = graph_seconds
     timings["bundle_pass"] = time.perf_counter() - t0 - graph_seconds
     loaded = iter(runs[: len(feeds)])
@@ -153,7 +153,8 @@ def _run_bundle(
         for s in samples
     ]
     t0 = time.perf_counter()
-    report.generation = gen.conclude(model.forward, runs[-1] if gen_feed is not None else None, params.model_tolerance)
+    gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
+    report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
     timings["generation"] = time.perf_counter() - t0
     return graphs
 

@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from mnnbuild_runtime import (
@@ -32,9 +31,9 @@ from mnnbuild_runtime import (
     HybridModel,
     Tokenizer,
     cpu_forward_fn,
+    draft_feeds,
     follow_draft,
     kv_cache_draft,
-    llm_inputs,
 )
 from mnnbuild_runtime.generate import ForwardFn
 
@@ -357,52 +356,57 @@ def _top1(got: np.ndarray | None, ref: np.ndarray | None, tol: Tolerance) -> Top
 
 
 class GenerationRun:
-    """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, prefill shape).
+    """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, each step at the
+    smallest of the bundle's ``chunk_limits`` that holds the sequence).
 
-    :meth:`reference` computes the CPU's tokens (MNN's KV-cache engine guesses them, one forward of the
-    recompute loop's shape confirms them: ``mnnbuild_runtime.follow_draft``). The bundle then runs once on the
-    CPU's whole sequence (:meth:`feed`, in the verify pass with the io samples): with the causal mask, row ``i``
-    depends only on tokens ``0..i``, so that one forward gives the bundle's greedy pick for every CPU prefix
-    and its logits to compare. Where the picks all agree, the bundle's greedy tokens *are* the CPU's; from a
-    first divergence on, the bundle's own loop continues for real (:meth:`conclude`).
+    :meth:`reference` computes the CPU's tokens (MNN's KV-cache engine guesses them, one forward per length the
+    loop uses confirms them: ``mnnbuild_runtime.follow_draft``). The bundle then runs once per such length on the
+    CPU's sequence (:meth:`feeds`, in the verify pass with the io samples): with the causal mask, row ``i``
+    depends only on tokens ``0..i``, so those forwards give the bundle's greedy pick for every CPU prefix and its
+    logits to compare. Where the picks all agree, the bundle's greedy tokens *are* the CPU's; from a first
+    divergence on, the bundle's own loop continues for real (:meth:`conclude`).
     """
 
     def __init__(
-        self, model_dir: Path, bundle_dir: Path, chunk: int, prompt: str, max_new_tokens: int, runtime: CpuRuntime
+        self,
+        model_dir: Path,
+        bundle_dir: Path,
+        limits: list[int],
+        prompt: str,
+        max_new_tokens: int,
+        runtime: CpuRuntime,
     ) -> None:
-        self.model_dir, self.bundle_dir, self.chunk, self.runtime = model_dir, bundle_dir, chunk, runtime
+        self.model_dir, self.bundle_dir, self.limits, self.runtime = model_dir, bundle_dir, limits, runtime
         self.check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
         self.tokenizer: Tokenizer | None = None
-        self.cpu_rows: np.ndarray | None = None
+        self.cpu_rows: list[np.ndarray] = []
         self.embed: Embeddings | None = None
 
     def reference(self) -> None:
-        """The CPU's greedy tokens and their logits rows (a failure is recorded in the check)."""
+        """The CPU's greedy tokens and, per step, the logits row that picked it (a failure is recorded)."""
         check = self.check
         try:
             self.tokenizer = Tokenizer(self.bundle_dir / CONFIG_FILE)
             ids = self.tokenizer.encode(check.prompt)
-            steps = min(check.max_new_tokens, self.chunk - len(ids))
+            chunk = max(self.limits)
+            steps = min(check.max_new_tokens, chunk - len(ids))
             check.prompt_ids = ids
             if steps <= 0:
-                raise StageError(
-                    f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {self.chunk}"
-                )
+                raise StageError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
             t0 = time.perf_counter()
             draft = kv_cache_draft(self.model_dir, ids, steps, self.runtime)
             forward = cpu_forward_fn(self.model_dir, self.runtime)
             cpu_embed = Embeddings(self.model_dir)
-            cpu = follow_draft(forward, cpu_embed, ids, draft, steps, self.chunk)
-            rows = cpu.rows  # of prompt + draft: the final sequence's only if the draft held to the end
-            if cpu.result.tokens != draft:
+            cpu = follow_draft(forward, cpu_embed, ids, draft, steps, self.limits)
+            if cpu.result.tokens != draft:  # the rows of the loop's own sequence, then
                 log.info(
                     "verify: MNN's KV-cache tokens %s, the recompute loop's %s (first differs at %s); the loop's count",
                     draft,
                     cpu.result.tokens,
                     cpu.rejected,
                 )
-                rows = _rows(forward(llm_inputs(cpu_embed(ids + cpu.result.tokens), self.chunk, 0)))
-            self.cpu_rows = rows
+                cpu = follow_draft(forward, cpu_embed, ids, cpu.result.tokens, steps, self.limits)
+            self.cpu_rows = cpu.step_rows
             check.cpu_seconds = time.perf_counter() - t0
             check.cpu_tokens = list(cpu.result.tokens)
             self.embed = Embeddings(self.bundle_dir)  # the bundle's own embeddings, as the phone reads them
@@ -410,58 +414,62 @@ class GenerationRun:
             log.debug("generation reference failed", exc_info=True)
             check.problem = describe_error(exc)
 
-    def feed(self) -> dict[str, np.ndarray] | None:
-        """The bundle's inputs for the prompt and the CPU's tokens (None when the reference failed)."""
+    def feeds(self) -> dict[int, dict[str, np.ndarray]]:
+        """The bundle's inputs for the prompt and the CPU's tokens, one per length the loop uses (none when the
+        reference failed)."""
         if self.check.problem is not None or self.embed is None:
-            return None
-        return llm_inputs(self.embed(self.check.prompt_ids + self.check.cpu_tokens), self.chunk, 0)
+            return {}
+        check = self.check
+        return draft_feeds(self.embed, check.prompt_ids, check.cpu_tokens, len(check.cpu_tokens), self.limits)
 
-    def conclude(self, forward: ForwardFn, run: ForwardResult | None, tol: Tolerance) -> GenerationCheck:
-        """Judge the bundle's pass over the CPU's sequence (``run``); ``forward`` continues after a divergence."""
+    def conclude(self, forward: ForwardFn, runs: Mapping[int, ForwardResult], tol: Tolerance) -> GenerationCheck:
+        """Judge the bundle's passes over the CPU's sequence (``runs``, by length, of :meth:`feeds`); ``forward``
+        continues the bundle's loop after a divergence."""
         check = self.check
         if check.problem is not None:
             return check
         try:
-            if run is None or run.error is not None:
-                raise run.error if run is not None and run.error else StageError("the bundle did not run")
-            assert self.tokenizer is not None and self.cpu_rows is not None and self.embed is not None
+            failed = [r.error for r in runs.values() if r.error is not None]
+            if failed:
+                raise failed[0]
+            if not runs:
+                raise StageError("the bundle did not run")
+            assert self.tokenizer is not None and self.embed is not None
             ids, cpu_tokens, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
             t0 = time.perf_counter()
-            hyb = follow_draft(
-                forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.chunk, rows=run.outputs["logits"]
-            )
-            hyb_rows = hyb.rows
+            logits = {size: run.outputs["logits"] for size, run in runs.items()}
+            hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits)
+            hyb_rows = hyb.step_rows
             ok = True
             for i, token in enumerate(cpu_tokens):
-                r = len(ids) - 1 + i
-                pick = int(hyb_rows[r].argmax())
+                pick = int(hyb_rows[i].argmax())
                 flip = pick != token
-                tolerated = flip and is_near_tie(cpu_rows[r], token, pick, tol)
-                logits = compare(f"step {i} logits", hyb_rows[r], cpu_rows[r], tol)
+                tolerated = flip and is_near_tie(cpu_rows[i], token, pick, tol)
+                step_logits = compare(f"step {i} logits", hyb_rows[i], cpu_rows[i], tol)
                 check.steps.append(
                     GenerationStep(
                         step=i,
                         cpu_token=token,
                         hybrid_pick=pick,
-                        cpu_margin=top2_margin(cpu_rows[r]),
-                        logits=logits,
+                        cpu_margin=top2_margin(cpu_rows[i]),
+                        logits=step_logits,
                         tolerated_flip=tolerated,
                     )
                 )
-                ok = ok and logits.passed and (not flip or tolerated)
+                ok = ok and step_logits.passed and (not flip or tolerated)
             first = hyb.rejected
             check.hybrid_tokens = list(hyb.result.tokens)
             if first is not None:
                 s = check.steps[first]
-                r = len(ids) - 1 + first
                 check.divergence_note = (
                     f"cpu {s.cpu_token}, hybrid {s.hybrid_pick}; the CPU prefers {s.cpu_token} by "
-                    f"{lead(cpu_rows[r], s.cpu_token, s.hybrid_pick):.4g} (top-2 margin {s.cpu_margin:.4g}, "
+                    f"{lead(cpu_rows[first], s.cpu_token, s.hybrid_pick):.4g} (top-2 margin {s.cpu_margin:.4g}, "
                     f"{'a near-tie, tolerated' if s.tolerated_flip else 'NOT a near-tie'})"
                 )
             check.first_divergence = first
-            check.hybrid_seconds = run.mnn_seconds + run.qnn_seconds + time.perf_counter() - t0
-            check.hybrid_forwards = hyb.forwards
+            passes = sum(run.mnn_seconds + run.qnn_seconds for run in runs.values())
+            check.hybrid_seconds = passes + time.perf_counter() - t0
+            check.hybrid_forwards = len(runs) + hyb.forwards
             check.cpu_text = _decode(self.tokenizer, check.cpu_tokens)
             check.hybrid_text = _decode(self.tokenizer, check.hybrid_tokens)
             check.passed = ok
@@ -482,8 +490,3 @@ def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
         except UnicodeDecodeError:
             parts.append("\ufffd")
     return "".join(parts)
-
-
-def _rows(outputs: Mapping[str, Any]) -> np.ndarray:
-    logits = np.asarray(outputs["logits"])
-    return logits.reshape(-1, logits.shape[-1])

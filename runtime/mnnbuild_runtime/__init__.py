@@ -13,6 +13,7 @@
 """
 
 from mnnbuild_runtime.bundle import Bundle, OutputDesc, PluginSpec, parse_plugins
+from mnnbuild_runtime.chunks import Block, block_sizes, fit_block, prefill_blocks
 from mnnbuild_runtime.errors import BinaryCheckError, BundleError, PluginShapeError, RuntimeBundleError
 from mnnbuild_runtime.generate import (
     DraftOutcome,
@@ -21,6 +22,7 @@ from mnnbuild_runtime.generate import (
     causal_mask,
     cpu_forward_fn,
     cpu_greedy_generate,
+    draft_feeds,
     follow_draft,
     greedy_generate,
     kv_cache_draft,
@@ -42,6 +44,10 @@ from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structur
 from mnnbuild_runtime.tokenizer import Tokenizer
 
 __all__ = [
+    "Block",
+    "block_sizes",
+    "fit_block",
+    "prefill_blocks",
     "shape_index",
     "plan_steps",
     "parse_plugins",
@@ -70,6 +76,7 @@ __all__ = [
     "check_structure",
     "cpu_forward_fn",
     "cpu_greedy_generate",
+    "draft_feeds",
     "follow_draft",
     "greedy_generate",
     "kv_cache_draft",
