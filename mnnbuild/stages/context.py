@@ -11,10 +11,10 @@ an output like any other (recorded with its sha256, cached, restored), so verify
 bundle never ships it. Both written binaries are read back through QnnSystem and checked against what
 was asked for.
 
-Each binary is composed in a fresh process (forked from a server that never loaded QNN): the HTP library numbers graph tensors from a counter
-that lives as long as the process (a new backend and device do not reset it, nor does reloading
-the library), and those ids are serialized, so a second context built in one process gets other
-bytes than the same context built first. A fresh process makes the binary depend on its inputs only
+Each binary is composed in a fresh process (forked from a server that never loaded QNN): the HTP library
+numbers graph tensors from a counter that lives as long as the process (a new backend and device do not reset
+it, nor does reloading the library), and those ids are serialized, so a second context built in one process
+gets other bytes than the same context built first. A fresh process makes the binary depend on its inputs only
 (the twin is composed second in that process, so it depends on its inputs and that order).
 """
 
