@@ -13,6 +13,7 @@ from mnnbuild import dag
 from mnnbuild.logs import configure_logging
 
 configure_logging()
+dag.handle_interrupts()  # SIGTERM cleans up like Ctrl-C; `doit -n` workers die with their parent
 PROJECT = dag.Project.load(Path(__file__).resolve().parent)
 DOIT_CONFIG = PROJECT.doit_config()
 

@@ -287,13 +287,19 @@ def test_non_utf8_spec_is_one_line(tmp_path: Path) -> None:
 # -- the bundle and reproducibility (two real builds) -------------------------------------------
 
 
-def build_bundle(root: Path, *doit_args: str) -> Path:
-    """`doit bundle:tiny-qwen3-v79` into the artifact root ``root``, cache off."""
+def run_in_root(root: Path, *doit_args: str) -> subprocess.CompletedProcess[str]:
+    """`doit <doit_args>` into the artifact root ``root``, cache off; it must succeed."""
     env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
     full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}, **env}
-    proc = subprocess.run(doit_argv(*doit_args, "bundle:tiny-qwen3-v79"), env=full_env, capture_output=True, text=True,
-                          timeout=600, cwd=root.parent)  # fmt: skip
+    proc = subprocess.run(doit_argv(*doit_args), env=full_env, capture_output=True, text=True, timeout=600,
+                          cwd=root.parent)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def build_bundle(root: Path, *doit_args: str) -> Path:
+    """`doit bundle:tiny-qwen3-v79` into the artifact root ``root``, cache off."""
+    run_in_root(root, *doit_args, "bundle:tiny-qwen3-v79")
     return root
 
 
@@ -370,6 +376,121 @@ def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_mod
         with open(shipped, "r+b") as f:  # in place, as an editor that keeps the inode would
             f.write(b"tampered")
     assert {rel: src.read_bytes() for rel, src in sources.items()} == before
+
+
+# -- interruptions: kill -9, SIGTERM, a killed parent of `doit -n 2` -------------------------------
+
+CONTEXT_TEMP = ".graph"  # a context stage's temp dir: <arch>/context/.graph<k>.tmp-...
+
+
+def start_doit(root: Path, *args: str) -> subprocess.Popen[str]:
+    """`doit <args>` into the artifact root ``root`` (cache off), in a session of its own (a process group)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")},
+           "MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    return subprocess.Popen(doit_argv(*args), env=env, cwd=root.parent, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+
+
+def temps_under(root: Path) -> list[str]:
+    """Every temp file or dir a writer left under ``root`` (staged dirs, atomic writes, replaced dirs)."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if ".tmp-" in p.name or ".old-" in p.name)
+
+
+def wait_until(what: str, ready: Callable[[], object], proc: subprocess.Popen[str], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            out, err = proc.communicate()
+            pytest.fail(f"never saw {what} (doit exited {proc.returncode}):\n{out}\n{err}")
+        time.sleep(0.005)
+
+
+def context_temps(root: Path) -> list[Path]:
+    context = root / "tiny-qwen3" / "v79" / "context"
+    try:
+        return [p for p in context.iterdir() if p.name.startswith(CONTEXT_TEMP) and ".tmp-" in p.name]
+    except FileNotFoundError:
+        return []
+
+
+def test_kill_9_mid_stage_then_a_clean_identical_rebuild(built: Path, tmp_path: Path) -> None:
+    """kill -9 (no handler runs) while a context binary is being built: its temp dir stays; the next run removes
+    it, finishes, and gives the same bytes as a build that was never interrupted."""
+    import signal
+
+    root = tmp_path / "artifacts"
+    proc = start_doit(root, "bundle:tiny-qwen3-v79")
+    wait_until("a context stage's temp dir", lambda: context_temps(root), proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    assert context_temps(root), "the kill left the stage's temp dir behind (the fault this test is about)"
+    build_bundle(root)
+    assert temps_under(root) == [], "a rerun left stale temps of the killed run"
+    assert tree_hashes(root) == tree_hashes(built)
+
+
+def finished_stages(root: Path) -> set[str]:
+    """Stage dirs holding a manifest, by path under ``root``."""
+    return {p.parent.relative_to(root).as_posix() for p in root.rglob("*.manifest.json")}
+
+
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
+    """A CI cancel (SIGTERM to doit) mid-stage: temp dir removed, no half artifact, a non-zero exit, and the stages
+    that had finished are not built again by the next run."""
+    import signal
+
+    from tests.conftest import executed_tasks
+
+    root = tmp_path / "artifacts"
+    proc = start_doit(root, "bundle:tiny-qwen3-v79")
+    wait_until("a context stage's temp dir", lambda: context_temps(root), proc)
+    interrupted = context_temps(root)[0].name.split(".")[1]  # graph<k>
+    os.kill(proc.pid, signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out + err
+    assert temps_under(root) == [], "SIGTERM left temps behind"
+    done = finished_stages(root)
+    assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/modellib" in done
+    assert not (root / "tiny-qwen3" / "v79" / "context" / interrupted).exists(), "a half artifact"
+    rebuilt = executed_tasks(run_in_root(root, "bundle:tiny-qwen3-v79").stdout)
+    assert f"context:tiny-qwen3-v79:{interrupted}" in rebuilt
+    for task in ("fetch:tiny-qwen3", "io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3"):
+        assert task not in rebuilt, f"{task} had finished before SIGTERM but was built again: {rebuilt}"
+
+
+def group_members(pgid: int) -> dict[int, str]:
+    """Processes (pid -> state letter) of process group ``pgid`` that are still alive (zombies are dead)."""
+    members = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            members[int(stat.parent.name)] = fields[0]
+    return members
+
+
+def test_workers_of_doit_n_die_with_their_parent(tmp_path: Path) -> None:
+    """kill -9 the parent of `doit -n 2` while its workers build context binaries in parallel: within seconds no
+    process of that run is left (a worker whose parent is gone used to wait for its next task forever)."""
+    import signal
+
+    root = tmp_path / "artifacts"
+    proc = start_doit(root, "-n", "2", "bundle:tiny-qwen3-v79")
+    wait_until("two context stages at once", lambda: len(context_temps(root)) >= 2, proc)
+    assert len(group_members(proc.pid)) >= 3, "doit and its two workers"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate()
+    deadline = time.monotonic() + 30
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = group_members(proc.pid)
+    for pid in left:  # never leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the killed doit still running 30 s later: {left}"
 
 
 # -- bad model files and file systems: one line naming the file, never a traceback ---------------
