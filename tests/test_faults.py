@@ -384,11 +384,18 @@ CONTEXT_TEMP = ".graph"  # a context stage's temp dir: <arch>/context/.graph<k>.
 
 
 def start_doit(root: Path, *args: str) -> subprocess.Popen[str]:
-    """`doit <args>` into the artifact root ``root`` (cache off), in a session of its own (a process group)."""
+    """`doit <args>` into the artifact root ``root`` (cache off), in a session of its own (a process group).
+
+    Its output goes to ``doit.log`` beside ``root`` (a pipe would stay open as long as any worker lives)."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")},
            "MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}  # fmt: skip
-    return subprocess.Popen(doit_argv(*args), env=env, cwd=root.parent, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    with open(root.parent / "doit.log", "w") as log:
+        return subprocess.Popen(doit_argv(*args), env=env, cwd=root.parent, stdout=log, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)  # fmt: skip
+
+
+def doit_log(root: Path) -> str:
+    return (root.parent / "doit.log").read_text()
 
 
 def temps_under(root: Path) -> list[str]:
@@ -396,14 +403,16 @@ def temps_under(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if ".tmp-" in p.name or ".old-" in p.name)
 
 
-def wait_until(what: str, ready: Callable[[], object], proc: subprocess.Popen[str], timeout: float = 300) -> None:
+def wait_until(
+    what: str, ready: Callable[[], object], proc: subprocess.Popen[str], root: Path, timeout: float = 300
+) -> None:
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
             if proc.poll() is None:
                 os.killpg(proc.pid, 9)
-            out, err = proc.communicate()
-            pytest.fail(f"never saw {what} (doit exited {proc.returncode}):\n{out}\n{err}")
+            proc.wait()
+            pytest.fail(f"never saw {what} (doit exited {proc.returncode}):\n{doit_log(root)}")
         time.sleep(0.005)
 
 
@@ -422,9 +431,9 @@ def test_kill_9_mid_stage_then_a_clean_identical_rebuild(built: Path, tmp_path: 
 
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
-    wait_until("a context stage's temp dir", lambda: context_temps(root), proc)
+    wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
     os.killpg(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    proc.wait()
     assert context_temps(root), "the kill left the stage's temp dir behind (the fault this test is about)"
     build_bundle(root)
     assert temps_under(root) == [], "a rerun left stale temps of the killed run"
@@ -445,11 +454,10 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
 
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
-    wait_until("a context stage's temp dir", lambda: context_temps(root), proc)
+    wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
     interrupted = context_temps(root)[0].name.split(".")[1]  # graph<k>
     os.kill(proc.pid, signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode != 0, out + err
+    assert proc.wait(timeout=120) != 0, doit_log(root)
     assert temps_under(root) == [], "SIGTERM left temps behind"
     done = finished_stages(root)
     assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/modellib" in done
@@ -480,10 +488,10 @@ def test_workers_of_doit_n_die_with_their_parent(tmp_path: Path) -> None:
 
     root = tmp_path / "artifacts"
     proc = start_doit(root, "-n", "2", "bundle:tiny-qwen3-v79")
-    wait_until("two context stages at once", lambda: len(context_temps(root)) >= 2, proc)
+    wait_until("two context stages at once", lambda: len(context_temps(root)) >= 2, proc, root)
     assert len(group_members(proc.pid)) >= 3, "doit and its two workers"
     os.kill(proc.pid, signal.SIGKILL)
-    proc.communicate()
+    proc.wait()
     deadline = time.monotonic() + 30
     while group_members(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
