@@ -20,7 +20,7 @@ import pytest
 
 from mnnbuild.cache import ArtifactCache
 from mnnbuild.fsutil import sha256_file
-from tests.conftest import PROJECT_ROOT, RunDoit
+from tests.conftest import PROJECT_ROOT, RunDoit, executed_tasks
 
 
 def in_namespace(
@@ -450,8 +450,6 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     that had finished are not built again by the next run."""
     import signal
 
-    from tests.conftest import executed_tasks
-
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
     wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
@@ -499,6 +497,37 @@ def test_workers_of_doit_n_die_with_their_parent(tmp_path: Path) -> None:
     for pid in left:  # never leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert not left, f"processes of the killed doit still running 30 s later: {left}"
+
+
+def damage_state(path: Path, damage: str) -> None:
+    import sqlite3
+
+    if damage == "garbage":
+        path.write_bytes(os.urandom(5000))
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] + bytes(100))
+    else:  # a sound sqlite file whose task state is not JSON
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE doit SET task_data = '{cut off' WHERE task_id = 'io:tiny-qwen3'")
+        conn.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "bad-row"])
+def test_corrupt_doit_state_is_set_aside_with_one_warning(tmp_path: Path, run_doit: RunDoit, damage: str) -> None:
+    state = tmp_path / "artifacts" / ".doit.db"
+    run_doit("io:tiny-qwen3")
+    damage_state(state, damage)
+    damaged = state.read_bytes()
+    proc = run_doit("io:tiny-qwen3")
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    warnings = [line for line in out.splitlines() if ".doit.db" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("W ") and "corrupt" in warnings[0], out
+    aside = [p for p in state.parent.iterdir() if p.name.startswith(".doit.db.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == damaged and str(aside[0]) in warnings[0]
+    # the new state is sound: the next run finds everything up to date, without a warning
+    again = run_doit("io:tiny-qwen3")
+    assert "corrupt" not in again.stderr and "io:tiny-qwen3" not in executed_tasks(again.stdout)
 
 
 # -- bad model files and file systems: one line naming the file, never a traceback ---------------
