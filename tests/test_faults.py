@@ -530,6 +530,48 @@ def test_corrupt_doit_state_is_set_aside_with_one_warning(tmp_path: Path, run_do
     assert "corrupt" not in again.stderr and "io:tiny-qwen3" not in executed_tasks(again.stdout)
 
 
+# -- doit clean, by every name doit list shows ------------------------------------------------------
+
+
+def built_tasks(root: Path) -> set[str]:
+    """The tasks whose outputs are under ``root``, by the stage manifests there (``<model>/<stage dir>/``,
+    ``<model>/<arch>/<stage>/``, ``<model>/<arch>/context/<graph>/``)."""
+    tasks = set()
+    for manifest in root.rglob("*.manifest.json"):
+        parts, stage = manifest.relative_to(root).parts, manifest.name.removesuffix(".manifest.json")
+        if len(parts) == 3:
+            tasks.add(f"{stage}:{parts[0]}")
+        elif len(parts) == 4:
+            tasks.add(f"{stage}:{parts[0]}-{parts[1]}")
+        else:
+            tasks.add(f"{stage}:{parts[0]}-{parts[1]}:{parts[3]}")
+    return tasks
+
+
+def test_doit_clean_works_for_every_listed_task(tmp_path: Path) -> None:
+    """`doit clean <name>` for every name `doit list --all` prints (context subtasks and the tasks created after
+    the partition included): it succeeds, removes exactly that task's outputs (a group's: its members'), and the
+    next run builds exactly those again."""
+    root = tmp_path / "artifacts"
+    run_in_root(root)  # a bare doit: the whole chain of the tiny model, verify and report included
+    everything = built_tasks(root)
+    names = run_in_root(root, "list", "--all", "--quiet").stdout.split()
+    assert {"context:tiny-qwen3-v79:graph0", "bundle:tiny-qwen3-v79", "report:tiny-qwen3-v79"} <= set(names)
+    assert everything <= set(names), "every task that built something is listed"
+    for name in names:
+        proc = run_in_root(root, "clean", name)
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+        removed = everything - built_tasks(root)
+        assert removed == {t for t in everything if t == name or t.startswith(f"{name}:")}, name
+        if not removed:
+            continue
+        rebuilt = set(executed_tasks(run_in_root(root).stdout))
+        # verify's report holds timings, so a verify run always gives its page a new input
+        follows = {t.replace("verify:", "report:") for t in removed if t.startswith("verify:")}
+        assert rebuilt == removed | follows, f"clean {name}: rebuilt {sorted(rebuilt)}"
+        assert built_tasks(root) == everything
+
+
 # -- bad model files and file systems: one line naming the file, never a traceback ---------------
 
 

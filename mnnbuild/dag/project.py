@@ -8,10 +8,14 @@ import os
 import sqlite3
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from doit.cmd_base import DodoTaskLoader
+from doit.cmdparse import CmdOption, CmdParse, CmdParseError
+from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
 from mnnbuild.dag.reporter import BuildSummaryReporter
@@ -90,6 +94,22 @@ class Project:
             "verbosity": 1,
             "reporter": BuildSummaryReporter,
         }
+
+
+def doit_runs_tasks(argv: Sequence[str]) -> bool:
+    """Whether the doit command line ``argv`` (its arguments) runs tasks, by doit's own account of its commands
+    (``run``, the default, does; ``list``, ``clean``, ``info``, ``forget`` ... only read the task list). Parsed
+    the way doit parses it: loader options (``-f FILE``) may come first, ``name=value`` arguments are variables.
+    A command doit does not define here (a plugin's) counts as running tasks.
+    """
+    try:
+        _, rest = CmdParse([CmdOption(opt) for opt in DodoTaskLoader.cmd_options]).parse_only(list(argv))
+    except CmdParseError:
+        rest = list(argv)
+    rest = [arg for arg in rest if arg.startswith("-") or "=" not in arg]
+    commands = {cmd.get_name(): cmd for cmd in DoitMain.DOIT_CMDS}
+    command = commands.get(rest[0]) if rest else None
+    return command is None or bool(command.execute_tasks)
 
 
 def set_aside_corrupt_state(path: Path) -> Path | None:
