@@ -204,18 +204,20 @@ def relative_symlink(target: Path, link: Path) -> None:
     os.symlink(rel, link)
 
 
-def confined(base: Path, rel: str, what: str) -> Path:
+def confined(base: Path, rel: str, what: str, *, follow_last: bool = True) -> Path:
     """``base / rel`` for a relative path read from a file, refused unless it stays inside ``base``.
 
     ``rel`` may not be absolute or contain ``..``, and once resolved (symlinks already in ``base``
     followed) it must still lie under ``base``: a path read from a cache entry, manifest or model
     directory can never name a file elsewhere. ``what`` says where ``rel`` came from, for the error.
+    ``follow_last=False`` resolves only the directories on the way: the entry itself may be a symlink
+    (a fetched model dir links its files to the source model).
     """
     pure = PurePosixPath(rel)
     if not rel or "\\" in rel or pure.is_absolute() or ".." in pure.parts or "\0" in rel:
         raise UnsafePathError(f"{what}: path {rel!r} must be relative, without '..', inside {base}")
     root = Path(base).resolve()
-    resolved = (root / pure).resolve()
+    resolved = (root / pure).resolve() if follow_last else (root / pure).parent.resolve() / pure.name
     if root not in resolved.parents:
         raise UnsafePathError(f"{what}: path {rel!r} leads outside {base} (to {resolved}) through a symlink")
     return Path(base) / pure

@@ -23,6 +23,7 @@ import numpy as np
 from mnnbuild.cpu import CpuRuntime, load_module, to_numpy, to_var
 from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, read_embeddings
+from mnnbuild_runtime.bundle import bundle_path
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hybrid import HybridModel
 
@@ -184,9 +185,12 @@ def _original_model_file(model_dir: Path) -> tuple[Path, Path | None]:
             config = json.loads(config_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise BundleError(f"{config_path}: not valid JSON: {exc}") from exc
+        if not isinstance(config, dict):
+            raise BundleError(f"{config_path}: expected a JSON object, got {type(config).__name__}")
         llm_model = config.get("llm_model", llm_model)
         llm_weight = config.get("llm_weight", llm_weight)
-    model_file, weight_file = model_dir / llm_model, model_dir / llm_weight
+    model_file = bundle_path(model_dir, llm_model, f"{config_path}: field 'llm_model'")
+    weight_file = bundle_path(model_dir, llm_weight, f"{config_path}: field 'llm_weight'")
     if not model_file.is_file():
         raise BundleError(f"{model_dir}: model file {model_file} does not exist")
     return model_file, weight_file if weight_file.is_file() else None

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.cpu import import_mnn
+from mnnbuild_runtime.bundle import bundle_path, check_config_files
 from mnnbuild_runtime.errors import BundleError
 
 
@@ -30,10 +31,14 @@ class Tokenizer:
             config_data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise BundleError(f"{path}: not valid JSON: {exc}") from exc
+        if not isinstance(config_data, dict):
+            raise BundleError(f"{path}: expected a JSON object, got {type(config_data).__name__}")
+        # MNN's engine reads every file the config names: none may lie outside the model dir
+        check_config_files(path, config_data)
         # MNN crashes (SIGSEGV in tokenizer_encode) instead of failing when the tokenizer file is missing
-        name = config_data.get("tokenizer_file", "tokenizer.txt") if isinstance(config_data, dict) else None
-        tok_file = path.parent / name if isinstance(name, str) else None
-        if tok_file is None or not tok_file.is_file():
+        name = config_data.get("tokenizer_file", "tokenizer.txt")
+        tok_file = bundle_path(path.parent, name, f"{path}: field 'tokenizer_file'")
+        if not tok_file.is_file():
             raise BundleError(
                 f"{path}: tokenizer file {tok_file} (field 'tokenizer_file', default 'tokenizer.txt') does not exist"
             )
