@@ -548,12 +548,20 @@ def built_tasks(root: Path) -> set[str]:
     return tasks
 
 
-def test_doit_clean_works_for_every_listed_task(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bare doit's artifact root: the whole chain of the tiny model, verify and report included. Tests using it
+    leave it as they found it."""
+    root = tmp_path_factory.mktemp("verified") / "artifacts"
+    run_in_root(root)
+    return root
+
+
+def test_doit_clean_works_for_every_listed_task(verified: Path) -> None:
     """`doit clean <name>` for every name `doit list --all` prints (context subtasks and the tasks created after
     the partition included): it succeeds, removes exactly that task's outputs (a group's: its members'), and the
     next run builds exactly those again."""
-    root = tmp_path / "artifacts"
-    run_in_root(root)  # a bare doit: the whole chain of the tiny model, verify and report included
+    root = verified
     everything = built_tasks(root)
     names = run_in_root(root, "list", "--all", "--quiet").stdout.split()
     assert {"context:tiny-qwen3-v79:graph0", "bundle:tiny-qwen3-v79", "report:tiny-qwen3-v79"} <= set(names)
@@ -570,6 +578,19 @@ def test_doit_clean_works_for_every_listed_task(tmp_path: Path) -> None:
         follows = {t.replace("verify:", "report:") for t in removed if t.startswith("verify:")}
         assert rebuilt == removed | follows, f"clean {name}: rebuilt {sorted(rebuilt)}"
         assert built_tasks(root) == everything
+
+
+def test_deleted_or_edited_outputs_are_rebuilt(verified: Path) -> None:
+    """A context binary deleted and push.sh edited after the build: the next run builds exactly those two tasks
+    again (and nothing after them: the rebuilt files are the same bytes)."""
+    root = verified / "tiny-qwen3" / "v79"
+    binary, script = root / "context" / "graph0" / "qnn" / "graph0.bin", root / "bundle" / "push.sh"
+    before = {p: p.read_bytes() for p in (binary, script)}
+    binary.unlink()
+    script.write_text(before[script].decode() + "echo edited\n")
+    rebuilt = executed_tasks(run_in_root(verified).stdout)
+    assert sorted(rebuilt) == ["bundle:tiny-qwen3-v79", "context:tiny-qwen3-v79:graph0"], rebuilt
+    assert {p: p.read_bytes() for p in before} == before
 
 
 # -- bad model files and file systems: one line naming the file, never a traceback ---------------
