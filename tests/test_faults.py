@@ -424,11 +424,49 @@ def context_temps(root: Path) -> list[Path]:
         return []
 
 
-def test_kill_9_mid_stage_then_a_clean_identical_rebuild(built: Path, tmp_path: Path) -> None:
+def test_only_temps_of_gone_processes_are_removed(tmp_path: Path) -> None:
+    """A temp is removed only when its writer is known to be gone: not one of this process, of a running one, or of
+    another machine/container; yes for a process that exited and for a reused pid (another start time)."""
+    from mnnbuild.fsutil import process_start, remove_stale_temps, temp_path
+
+    out = tmp_path / "stage"
+    mine = temp_path(out)
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    try:
+        started = process_start(runner.pid)
+        assert started is not None
+        pid, start, scope, rand = mine.name.split(".tmp-")[1].split("-")
+        name = f".stage.tmp-{{}}-{{}}-{scope}-{rand}"
+        kept = {
+            "mine": mine,
+            "running": tmp_path / name.format(runner.pid, started[0]),
+            "elsewhere": tmp_path / f".stage.tmp-{runner.pid + 1}-{start}-{'0' * 8}-{rand}",
+            "other output": tmp_path / f".stage2.tmp-{exited.pid}-{start}-{scope}-{rand}",
+        }
+        gone = {
+            "exited": tmp_path / name.format(exited.pid, start),
+            "reused pid": tmp_path / name.format(runner.pid, int(started[0]) + 1),
+            "replaced dir": tmp_path / name.format(exited.pid, start).replace(".tmp-", ".old-"),
+        }
+        for path in [*kept.values(), *gone.values()]:
+            path.mkdir()
+            (path / "half").write_text("x")
+        assert sorted(remove_stale_temps(out)) == sorted(gone.values())
+        assert all(p.exists() for p in kept.values()) and not any(p.exists() for p in gone.values())
+    finally:
+        runner.kill()
+        runner.wait()
+
+
+def test_kill_9_mid_stage_then_a_clean_identical_rebuild(tmp_path: Path) -> None:
     """kill -9 (no handler runs) while a context binary is being built: its temp dir stays; the next run removes
     it, finishes, and gives the same bytes as a build that was never interrupted."""
     import signal
 
+    (tmp_path / "clean").mkdir()
+    clean = build_bundle(tmp_path / "clean" / "artifacts")  # not `built`: other tests edit its bundle
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
     wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
@@ -437,7 +475,7 @@ def test_kill_9_mid_stage_then_a_clean_identical_rebuild(built: Path, tmp_path: 
     assert context_temps(root), "the kill left the stage's temp dir behind (the fault this test is about)"
     build_bundle(root)
     assert temps_under(root) == [], "a rerun left stale temps of the killed run"
-    assert tree_hashes(root) == tree_hashes(built)
+    assert tree_hashes(root) == tree_hashes(clean)
 
 
 def finished_stages(root: Path) -> set[str]:
