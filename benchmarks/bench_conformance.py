@@ -2,10 +2,14 @@
 
 Builds each model's bundle with doit (the fixtures through a temporary spec dir, as tests/test_verify.py
 does), then runs ``python -m mnnbuild conform <model>-<arch>`` for each (MNN built once from ``MNN_SOURCE``,
-QNN headers from ``QNN_SDK_ROOT`` or ``--qnn-headers``; see README "Conformance"), prints a table and writes
-``benchmarks/results/conformance.json``. Not part of CI: the first run builds MNN (~15 minutes on 2 cores).
+QNN headers from ``QNN_SDK_ROOT`` or ``--qnn-headers``; see README "Conformance"), prints tables and writes
+``benchmarks/results/conformance.json``: per model the conform report (verdict, plugin boundaries against MNN's
+``compilefornpu``, and with ``--patch-effect NAME`` what that patch changes at prompt lengths around the chunk),
+plus a ``boundaries`` and a ``patch_effect`` summary. Not part of CI: the first run builds MNN (~15 minutes on
+2 cores; a second build without one patch is mostly ccache hits).
 
     python benchmarks/bench_conformance.py [--arch v79] [--artifacts DIR] [--qnn-headers DIR] [--mnn-source SRC]
+        [--patch-effect 0004-cpu-attention-padded-nc4hw4]
 """
 
 from __future__ import annotations
@@ -35,12 +39,66 @@ def _specs(arch: str, specs_dir: Path) -> list[str]:
     return ["tiny-qwen3", *names]
 
 
+def summaries(reports: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Print the boundary and patch-effect tables; return their compact summaries per model."""
+    boundaries: dict[str, Any] = {}
+    effects: dict[str, Any] = {}
+    b_rows, e_rows = [], []
+    for model, report in reports.items():
+        b = report.get("boundaries")
+        if b:
+            if b.get("problem"):
+                boundaries[model] = {"problem": b["problem"]}
+                b_rows.append([model, "-", "-", "-", b["problem"][:60]])
+            else:
+                ours, up = b["ours"], b["upstream"]
+                boundaries[model] = {
+                    "plugins": {"ours": len(ours["plugins"]), "upstream": len(up["plugins"])},
+                    "cpu_ops": {"ours": ours["cpu_ops"], "upstream": up["cpu_ops"]},
+                    "differences": b["differences"],
+                }
+                b_rows.append(
+                    [
+                        model,
+                        f"{len(ours['plugins'])} / {len(up['plugins'])}",
+                        f"{len(ours['cpu_ops'])} / {len(up['cpu_ops'])}",
+                        sum(d["same_cut"] for d in b["plugins"]),
+                        len(b["differences"]),
+                    ]
+                )
+        e = report.get("patch_effect")
+        if e:
+            cosines = [x["first_token_logits"]["cosine"] for x in e["lengths"] if x["changed"]]
+            effects[model] = {k: e[k] for k in ("patch", "chunk_limits", "changed_lengths", "padded_lengths")} | {
+                "changed_exactly_where_padded": e["changed_exactly_where_padded"]
+            }
+            e_rows.append(
+                [
+                    model,
+                    ",".join(map(str, e["changed_lengths"])),
+                    ",".join(map(str, e["padded_lengths"])),
+                    e["changed_exactly_where_padded"],
+                    min((c for c in cosines if c is not None), default=float("nan")),
+                    sum(x["first_divergence"] is not None for x in e["lengths"]),
+                ]
+            )
+    if b_rows:
+        print_table(["model", "plugins ours / upstream", "CPU ops ours / upstream", "same cut", "differences"], b_rows)
+    if e_rows:
+        print_table(
+            ["model", "changed at (tokens)", "padded at", "= padded", "min cosine", "token flips"],
+            e_rows,
+        )
+    return boundaries, effects
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="v79")
     parser.add_argument("--artifacts", type=Path, default=PROJECT_ROOT / "artifacts")
     parser.add_argument("--mnn-source")
     parser.add_argument("--qnn-headers")
+    parser.add_argument("--patch-effect", metavar="NAME", help="passed to conform: what this patch changes")
     args = parser.parse_args()
     artifacts = args.artifacts.resolve()
     specs_dir = artifacts / "conformance-specs"
@@ -50,6 +108,7 @@ def main() -> int:
     subprocess.run([sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *tasks], env=env, check=True)
     extra = [f"--mnn-source={args.mnn_source}"] * bool(args.mnn_source)
     extra += [f"--qnn-headers={args.qnn_headers}"] * bool(args.qnn_headers)
+    extra += [f"--patch-effect={args.patch_effect}"] * bool(args.patch_effect)
     reports: dict[str, Any] = {}
     rows = []
     for model in models:
@@ -84,7 +143,10 @@ def main() -> int:
         ["model", "prompt", "tokens", "bundle = original", "min cosine", "max rel err", "bundle decode s", "verdict"],
         rows,
     )
-    path = write_results("conformance", {"arch": args.arch, "models": reports})
+    boundaries, effects = summaries(reports)
+    path = write_results(
+        "conformance", {"arch": args.arch, "boundaries": boundaries, "patch_effect": effects, "models": reports}
+    )
     sys.stdout.write(f"wrote {path}\n")
     return 0 if all(r.get("passed") for r in reports.values()) else 1
 

@@ -27,12 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, print_table, write_results  # noqa: E402
+from _floor import linear_ops_alone  # noqa: E402
 
 from mnnbuild.lowering.graph import (  # noqa: E402
     GraphDescription,
-    QnnNodeDesc,
-    QnnTensorDesc,
-    TensorKind,
     compose,
     read_graph_description,
     read_static,
@@ -41,30 +39,6 @@ from mnnbuild.lowering.layout import channel_last  # noqa: E402
 from mnnbuild.manifests.partition import read_merge  # noqa: E402
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary  # noqa: E402
 from mnnbuild.targets import soc_for_arch  # noqa: E402
-
-LINEAR_OPS = frozenset({"Conv2d", "FullyConnected"})
-
-
-def linear_ops_alone(desc: GraphDescription) -> GraphDescription:
-    """The graph's linear ops with their static weights, each fed by its own graph input of the same dims."""
-    by_name = {t.name: t for t in desc.tensors}
-    tensors: dict[str, QnnTensorDesc] = {}
-    nodes: list[QnnNodeDesc] = []
-    inputs: list[str] = []
-    outputs: list[str] = []
-    for node in desc.nodes:
-        if node.type not in LINEAR_OPS:
-            continue
-        x, y = f"{node.name}.in", f"{node.name}.out"
-        tensors[x] = by_name[node.inputs[0]].model_copy(update={"name": x, "kind": TensorKind.APP_WRITE})
-        tensors[y] = by_name[node.outputs[0]].model_copy(update={"name": y, "kind": TensorKind.APP_READ})
-        for name in node.inputs[1:]:
-            tensors[name] = by_name[name]
-        inputs.append(x)
-        outputs.append(y)
-        nodes.append(node.model_copy(update={"inputs": [x, *node.inputs[1:]], "outputs": [y]}))
-    return GraphDescription(inputs=inputs, outputs=outputs, tensors=list(tensors.values()), nodes=nodes)
-
 
 Graph = tuple[GraphDescription, dict[str, np.ndarray]]
 

@@ -1,7 +1,8 @@
 """Hybrid forward time of a bundle per shape (decode, prefill) and the share spent in the HTP simulator vs MNN.
 
-Builds the bundle with doit (into a temp artifact root unless ``--artifacts`` names one that has it), composes
-the unshared twins verify runs (the x86 library cannot load weight-shared binaries), loads everything once,
+Builds the bundle with doit (into a temp artifact root unless ``--artifacts`` names one that has it), takes the
+unshared twins verify runs from the context stage (the x86 library cannot load weight-shared binaries), loads
+everything once,
 then times ``--repeat`` forwards per io sample. "glue" is the rest of a forward: layout conversions and
 copies between MNN Vars and numpy. The original model run whole in MNN on the CPU is the baseline.
 
@@ -41,7 +42,7 @@ def build(model: str, arch: str, artifacts: Path) -> None:
 
 
 def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, Any]:
-    from mnnbuild_runtime import BinaryOverride, HybridModel, cpu_forward_fn
+    from mnnbuild_runtime import HybridModel, cpu_forward_fn
     from tqdm import tqdm
 
     from mnnbuild.cpu import load_vars
@@ -49,26 +50,24 @@ def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, An
     from mnnbuild.manifests.bundle import BundleManifest
     from mnnbuild.manifests.io import IoManifest
     from mnnbuild.manifests.partition import read_merge
-    from mnnbuild.qnn import HtpTarget, QnnLibrary
-    from mnnbuild.targets import soc_for_arch
-    from mnnbuild.verify.checks import build_twins
-
-    soc = soc_for_arch(arch)
-    lib = QnnLibrary()
+    from mnnbuild.verify.checks import read_contexts, read_twins
 
     def where(stage: str, target: str | None = None) -> Path:
         return stage_dir(artifacts, stage, model, target)
 
     merge = read_merge(where("partition"))
     t0 = time.perf_counter()
-    twins = build_twins(lib, HtpTarget(soc.soc_id, soc.arch_number), where("modellib"), merge)
+    contexts, problems = read_contexts(where("context", arch), merge)
+    twins, more = read_twins(where("context", arch), contexts, merge)
+    if problems or more:
+        raise SystemExit(f"no twins to run: {(problems + more)[0]}")
     twin_seconds = time.perf_counter() - t0
     bundle = where("bundle", arch)
     model_dir = bundle / BUNDLE_MODEL_DIR / BundleManifest.read(bundle).model_name
     io = IoManifest.read(where("io"))
     cpu = cpu_forward_fn(where("fetch"))
     shapes = []
-    with HybridModel(model_dir, binary_overrides={p: BinaryOverride(t.data) for p, t in twins.items()}) as model:
+    with HybridModel(model_dir, binary_overrides={p: t.override() for p, t in twins.items()}) as model:
         t0 = time.perf_counter()
         model.load()
         load_seconds = time.perf_counter() - t0
@@ -105,7 +104,7 @@ def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, An
             )
     return {
         "plugins": len(twins),
-        "twin_build_s": round(twin_seconds, 3),
+        "twin_read_s": round(twin_seconds, 3),
         "load_s": round(load_seconds, 3),
         "repeat": repeat,
         "shapes": shapes,
@@ -141,7 +140,7 @@ def main() -> None:
     headers = ["seq", "hybrid ms", "simulator ms", "MNN ms", "glue ms", "sim share", "MNN share", "CPU-only ms"]
     print_table(headers, rows)
     sys.stdout.write(
-        f"{data['plugins']} plugins; twins built in {data['twin_build_s']:.2f} s, contexts + modules loaded in "
+        f"{data['plugins']} plugins; twins found in {data['twin_read_s']:.2f} s, contexts + modules loaded in "
         f"{data['load_s']:.2f} s; median of {data['repeat']} forwards\n"
     )
     path = write_results("runtime", {"model": args.model, "arch": args.arch, **data})

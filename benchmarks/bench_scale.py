@@ -39,8 +39,6 @@ STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle",
 PER_TARGET = ("config", "context", "bundle", "verify")
 EXPORT_SCRIPT = PROJECT_ROOT / "models" / "export" / "make_models.py"
 READY = "READY"
-# the node types whose preparation is Qualcomm's own work for a linear layer
-LINEAR_TYPES = ("Conv2d", "FullyConnected")
 
 # Runs a command and reports the peak RSS of its process tree and its block writes (getrusage of children).
 RUSAGE_WRAPPER = (
@@ -118,14 +116,9 @@ def context_dirs(target_dir: Path) -> list[Path]:
 
 def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
     """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone."""
-    from mnnbuild.lowering.graph import (
-        GRAPH_JSON,
-        GraphDescription,
-        TensorKind,
-        compose_context,
-        read_graph_description,
-        read_graph_dirs,
-    )
+    from _floor import linear_ops_alone
+
+    from mnnbuild.lowering.graph import GRAPH_JSON, compose_context, read_graph_description, read_graph_dirs
     from mnnbuild.manifests.partition import read_merge
     from mnnbuild.qnn import HtpTarget, QnnLibrary
     from mnnbuild.targets import soc_for_arch
@@ -139,28 +132,10 @@ def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: P
             nodes = 0
             for graph in graphs:
                 src = modellib_dir / graph
-                desc = read_graph_description(src)
-                by_name = {t.name: t for t in desc.tensors}
-
-                def linear(node: Any, by_name: dict[str, Any] = by_name) -> bool:
-                    if node.type in LINEAR_TYPES:
-                        return True
-                    return node.type == "MatMul" and any(by_name[n].kind == TensorKind.STATIC for n in node.inputs)
-
-                kept = [n for n in desc.nodes if linear(n)]
-                nodes += len(kept)
-                used_in = [n for node in kept for n in node.inputs if by_name[n].kind != TensorKind.STATIC]
-                used_out = [n for node in kept for n in node.outputs]
-                ins = list(dict.fromkeys(n for n in used_in if n not in used_out))
-                outs = list(dict.fromkeys(n for n in used_out if n not in used_in))
-                tensors = []
-                for name in dict.fromkeys([*ins, *outs, *(n for node in kept for n in (*node.inputs, *node.outputs))]):
-                    t = by_name[name]
-                    kind = TensorKind.APP_WRITE if name in ins else TensorKind.APP_READ if name in outs else t.kind
-                    tensors.append(t.model_copy(update={"kind": kind}))
+                floor_desc = linear_ops_alone(read_graph_description(src))
+                nodes += len(floor_desc.nodes)
                 dest = Path(tmp) / graph
                 dest.mkdir(parents=True)
-                floor_desc = GraphDescription(inputs=ins, outputs=outs, tensors=tensors, nodes=kept)
                 (dest / GRAPH_JSON).write_text(floor_desc.model_dump_json())
                 for t in floor_desc.static_tensors:
                     os.link(src / str(t.raw), dest / str(t.raw))
@@ -218,6 +193,12 @@ def main() -> None:
     parser.add_argument("--jobs", action="store_true", help="also time context with -n 1 and -n 2 (cache off)")
     parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument(
+        "--resume",
+        type=Path,
+        help="a work dir kept by an earlier run of the same --layers/--label: run --stages there and add them to its "
+        "result (e.g. verify after a bundle-only run)",
+    )
     args = parser.parse_args()
     if args.floor_worker:
         modellib, partition, arch, out = args.floor_worker
@@ -228,11 +209,13 @@ def main() -> None:
     target = f"{name}-{args.arch}"
     stages = [s for s in args.stages.split(",") if s]
     model_dir = ensure_model(args.layers, args.models_cache, args.export_python)
-    work = Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
+    key = str(args.layers) + (f"-{args.label}" if args.label else "")
+    work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
-    artifacts.mkdir()
-    cache.mkdir()
-    write_spec(models, name, model_dir, args.arch)
+    if not args.resume:
+        artifacts.mkdir()
+        cache.mkdir()
+        write_spec(models, name, model_dir, args.arch)
     env = {
         **os.environ,
         "MNNBUILD_ARTIFACTS": str(artifacts),
@@ -241,8 +224,11 @@ def main() -> None:
         "MNNBUILD_LOG_LEVEL": "WARNING",
     }
     rows: dict[str, dict[str, Any]] = {}
-    key = str(args.layers) + (f"-{args.label}" if args.label else "")
     result: dict[str, Any] = {"model": name, "target": target, "stages": rows}
+    if args.resume:  # carry the earlier stages' records on
+        earlier = json.loads((RESULTS / "scale.json").read_text())["layers"][key]
+        rows.update(earlier.get("stages", {}))
+        result.update({k: v for k, v in earlier.items() if k not in ("stages", "measured", "partial")})
     try:
         for stage in stages:
             task = f"{stage}:{target}" if stage in PER_TARGET else f"{stage}:{name}"
@@ -290,7 +276,7 @@ def main() -> None:
             speed["speedup"] = round(speed["n1"]["wall_s"] / speed["n2"]["wall_s"], 2)
             result["context_jobs"] = speed
     finally:
-        if not args.keep:
+        if not (args.keep or args.resume):
             shutil.rmtree(work, ignore_errors=True)
         else:
             sys.stderr.write(f"kept {work}\n")

@@ -67,6 +67,17 @@ def default_cache_url(environ: Mapping[str, str]) -> str:
     return str(Path(base) / "mnnbuild")
 
 
+def local_cache_dir(environ: Mapping[str, str]) -> Path | None:
+    """The directory of the cache ``MNNBUILD_CACHE`` names when it is a local one, else None (off or remote)."""
+    url = environ.get(CACHE_ENV, "").strip()
+    if url.lower() in DISABLED:
+        return None
+    url = url or default_cache_url(environ)
+    if url.startswith("file://"):
+        url = url[len("file://") :]
+    return Path(url) if "://" not in url else None
+
+
 class ArtifactCache:
     """Stage outputs by key, in a local directory or any fsspec filesystem."""
 

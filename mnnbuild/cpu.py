@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,27 @@ def import_mnn() -> Any:
         import MNN.expr
         import MNN.nn
     return MNN
+
+
+def llm_engine_greedy(config: Path, prompt_ids: Sequence[int], n: int, settings: Mapping[str, Any]) -> list[int]:
+    """``n`` greedy tokens of the model ``config`` describes from PyPI MNN's LLM engine (``MNN.llm``, the engine
+    ``llm_demo`` runs: one prefill of the prompt, then one decode step per token against its KV cache), with
+    ``settings`` over the config's."""
+    with _quiet_stdout():
+        import MNN.llm  # never MNN.tools
+    engine = MNN.llm.create(str(config))
+    engine.set_config(dict(settings))
+    engine.load()
+    if engine.context.status.name in ("NOT_LOADED", "INTERNAL_ERROR"):  # forward() would crash (SIGSEGV)
+        raise MNNFormatError(f"{config}: MNN's LLM engine cannot load this model")
+    tokens: list[int] = []
+    logits = engine.forward([int(t) for t in prompt_ids])
+    while len(tokens) < n:
+        tokens.append(int(np.argmax(to_numpy(logits).reshape(-1))))
+        if len(tokens) < n:
+            logits = engine.forward(tokens[-1:])
+    del logits  # before the engine: freeing its output after the engine crashes (SIGSEGV)
+    return tokens
 
 
 def load_module(model: Path, rt: Any, inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> Any:

@@ -157,15 +157,31 @@ def _source_digest(path: Path) -> str:
     return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
 
 
-class DigestMemo:
-    """Per-file source digests remembered across runs by size and mtime, so a no-op build parses nothing.
+@functools.cache
+def _content_version(path: Path, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
-    A stale entry is impossible to hit silently: any edit changes the file's size or mtime.
+
+def _content_sha(path: Path) -> str:
+    """sha256 of a file's bytes, read once per file version in this process."""
+    st = path.stat()
+    return _content_version(path, st.st_size, st.st_mtime_ns)
+
+
+class DigestMemo:
+    """Per-file source digests and import lists remembered across runs by the file's content hash.
+
+    Keyed by content, not by path or mtime, the memo is valid wherever the same source is found: a fresh
+    clone or a new artifact root parses only files it has never seen. An entry can't be stale: another
+    content is another key.
     """
+
+    MAX_ENTRIES = 8192  # a few hundred files x many versions; beyond it, entries this run did not use go first
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self.entries: dict[str, list[Any]] = {}
+        self.entries: dict[str, Any] = {}
+        self.used: set[str] = set()
         self.dirty = False
         if path is not None:
             try:
@@ -174,28 +190,29 @@ class DigestMemo:
             except (OSError, ValueError):
                 self.entries = {}
 
-    def _remembered(self, key: str, path: Path, compute: Callable[[], Any]) -> Any:
-        st = path.stat()
-        entry = self.entries.get(key)
-        if isinstance(entry, list) and len(entry) == 3 and entry[:2] == [st.st_size, st.st_mtime_ns]:
-            return entry[2]
-        value = compute()
-        self.entries[key] = [st.st_size, st.st_mtime_ns, value]
+    def _remembered(self, key: str, compute: Callable[[], Any]) -> Any:
+        self.used.add(key)
+        if key in self.entries:
+            return self.entries[key]
+        value = self.entries[key] = compute()
         self.dirty = True
         return value
 
     def digest(self, path: Path) -> str:
-        return str(self._remembered(str(path), path, lambda: _source_digest(path)))
+        return str(self._remembered(f"digest {_content_sha(path)}", lambda: _source_digest(path)))
 
     def imports(self, path: Path, module: str) -> frozenset[str]:
         """`_imports`, remembered: a no-op build parses no source at all."""
-        names = self._remembered(f"imports {module} {path}", path, lambda: sorted(_imports(path, module)))
+        names = self._remembered(f"imports {module} {_content_sha(path)}", lambda: sorted(_imports(path, module)))
         return frozenset(str(n) for n in names) if isinstance(names, list) else _imports(path, module)
 
     def save(self) -> None:
         if self.path is None or not self.dirty:
             return
+        if len(self.entries) > self.MAX_ENTRIES:
+            self.entries = {k: v for k, v in self.entries.items() if k in self.used}
         try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.path, json.dumps(self.entries, sort_keys=True))
         except OSError:
             return  # only a speed-up

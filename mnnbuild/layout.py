@@ -6,7 +6,7 @@
 <artifact root>/<model>/partition/        partition qnn/llm.mnn, qnn/graph*/, npu_postreat.json, partition.{json,txt}
 <artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws + <graph>.bin
 <artifact root>/<model>/<arch>/config/    config    config_qnn.json
-<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graph<k>.bin
+<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graph<k>.bin, twin/graph<k>.bin (verify's)
 <artifact root>/<model>/<arch>/bundle/    bundle    model/<name>/ (what goes to the device) + scripts
 <artifact root>/<model>/<arch>/verify/    verify    verify.{json,txt}
 <artifact root>/<model>/<arch>/report/    report    index.html
@@ -48,7 +48,12 @@ def stage_dir(artifact_root: Path, stage: str, model: str, arch: str | None = No
 
 def context_dir(artifact_root: Path, model: str, arch: str, binary: str) -> Path:
     """One plugin's context stage dir: ``context/<plugin>`` (``qnn/graph0.bin`` -> ``graph0``)."""
-    return stage_dir(artifact_root, "context", model, arch) / Path(binary).stem
+    return plugin_context_dir(stage_dir(artifact_root, "context", model, arch), binary)
+
+
+def plugin_context_dir(context_stage_dir: Path, binary: str) -> Path:
+    """:func:`context_dir` under a given ``<arch>/context`` dir."""
+    return Path(context_stage_dir) / Path(binary).stem
 
 
 def manifest_file(stage: str) -> str:
@@ -56,6 +61,8 @@ def manifest_file(stage: str) -> str:
 
 
 ORIGIN_SUFFIX = ".origin.json"
+CODE_DIGESTS = "code-digests.json"
+"""The code fingerprint's memo, beside a local cache (or in the artifact root when the cache is off or remote)."""
 
 
 def origin_file(stage: str) -> str:
@@ -95,6 +102,15 @@ def graph_name(shape_index: int, plugin: int) -> str:
 def binary_path(plugin: int) -> str:
     """The context binary of one plugin, relative to the model dir: ``qnn/graph<k>.bin``."""
     return f"{QNN_DIR}/graph{plugin}.bin"
+
+
+TWIN_DIR = "twin"
+
+
+def twin_path(binary: str) -> str:
+    """A plugin's unshared twin in its context dir (``qnn/graph0.bin`` -> ``twin/graph0.bin``): the same graphs
+    without weight sharing, which the x86 HTP simulator can load; verify runs it, the bundle never ships it."""
+    return f"{TWIN_DIR}/{Path(binary).name}"
 
 
 # -- config / bundle / verify --------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Model specs: one TOML file per model, parsed into a pydantic model.
 
 A spec says where the MNN LLM comes from (a local directory or a Hugging Face repo),
-the prefill chunk size and which NPU targets to build. Specs are found in the
+the prefill length(s) and which NPU targets to build. Specs are found in the
 project's ``models/`` directory and in every directory of ``MNNBUILD_MODELS_PATH``.
 
 A spec also names the model family (docs/families.md): a text LLM (``llm.mnn``), a
@@ -38,6 +38,9 @@ else:  # pragma: no cover - exercised only on 3.10
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
 #: The model's directory name on the device (a local dir's or HF repo's name): it reaches shell scripts.
 DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+DEFAULT_CHUNK = 128
+MAX_CHUNK = 4096
 
 IMAGE_SIZE_PATTERN = r"^([0-9]+)x([0-9]+)$"
 
@@ -148,6 +151,14 @@ def _aligned_image_size(text: str, info: ValidationInfo) -> str:
     return text
 
 
+class VerifySpec(BaseModel):
+    """The ``verify`` table: how much the generation check asks of a bundle (its tolerances are fixed)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_new_tokens: int = Field(default=16, ge=1, description="Greedy tokens generation compares, CPU vs bundle.")
+
+
 class ModelSpec(BaseModel):
     """One model to build bundles for, as written in ``models/<name>.toml``."""
 
@@ -155,7 +166,12 @@ class ModelSpec(BaseModel):
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     source: LocalSource | HfSource
-    chunk_size: Annotated[int, Field(gt=1, le=4096, description="Prefill tokens per chunk; decode is 1.")] = 128
+    chunk_size: Annotated[int, Field(gt=1, le=MAX_CHUNK)] | None = Field(
+        default=None, description=f"The one prefill length (tokens per chunk; default {DEFAULT_CHUNK}); decode is 1."
+    )
+    chunk_sizes: Annotated[list[Annotated[int, Field(gt=1, le=MAX_CHUNK)]], Field(min_length=1)] | None = Field(
+        default=None, description="Several prefill lengths, one graph each per plugin; instead of chunk_size."
+    )
     targets: Annotated[list[str], Field(min_length=1)]
     socs: dict[str, str] = Field(default_factory=dict, description="Per-arch SoC override, e.g. {v79 = 'SM8735'}.")
     seed: int = Field(default=0, description="Seed of the random io samples.")
@@ -174,6 +190,7 @@ class ModelSpec(BaseModel):
         validate_default=True,
         description="vl only: '<width>x<height>' sizes the visual encoder is compiled for, one graph each.",
     )
+    verify: VerifySpec = Field(default_factory=VerifySpec, description="What `doit verify` checks of each bundle.")
     spec_path: Path = Field(exclude=True, description="The TOML file this spec was read from.")
 
     @field_validator("targets")
@@ -185,6 +202,14 @@ class ModelSpec(BaseModel):
         if len(set(targets)) != len(targets):
             raise ValueError("targets are listed twice")
         return targets
+
+    @field_validator("chunk_sizes")
+    @classmethod
+    def _distinct_chunks(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and len(set(sizes)) != len(sizes):
+            # two graphs of one shape: MNN's plugin picks a graph by input shape and would never reach the second
+            raise ValueError(f"lists a length twice ({sizes}); every prefill length gets its own graph")
+        return sizes
 
     @field_validator("visual_encoder")
     @classmethod
@@ -232,6 +257,14 @@ class ModelSpec(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _one_chunk_form(self) -> ModelSpec:
+        if self.chunk_size is not None and self.chunk_sizes is not None:
+            raise SpecFieldError(
+                "chunk_sizes", f"give either chunk_size = {self.chunk_size} (one length) or chunk_sizes, not both"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _device_name_is_plain(self) -> ModelSpec:
         field, name = (
             ("source.hf", self.source.hf.rpartition("/")[2])
@@ -245,6 +278,14 @@ class ModelSpec(BaseModel):
                 "only hold letters, digits, '.', '_' and '-' and start with a letter or digit",
             )
         return self
+
+    @property
+    def prefill_lengths(self) -> tuple[int, ...]:
+        """Every prefill length, longest first: graph ``graph1_<k>`` is the longest, ``graph2_<k>`` the next, ...
+        (the order written in the spec does not matter: MNN's engine sorts ``chunk_limits`` itself)."""
+        if self.chunk_sizes is not None:
+            return tuple(sorted(self.chunk_sizes, reverse=True))
+        return (self.chunk_size or DEFAULT_CHUNK,)
 
     @property
     def encoder(self) -> VisualEncoder | None:

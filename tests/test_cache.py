@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 
 from mnnbuild.cache import ArtifactCache, CacheEntry
+from mnnbuild.fsutil import sha256_file
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.verify.report import VerifyReport
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
 # fetch only links files (never cached: links belong to one checkout); every other stage of the
@@ -76,6 +79,39 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
     # and then it is simply up to date
     again = run_doit(env=env, project=clone)
     assert "built" not in summary(again.stdout) and "from cache" not in summary(again.stdout)
+
+
+FINALIZED = "context: finalized"
+"""What ``compose_context`` logs for every graph it composes (in the context stage's worker process too)."""
+
+
+def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDoit) -> None:
+    """The unshared twins verify runs are context outputs: a cold build composes every graph twice (shipped binary
+    and twin) in its context tasks and never in verify. When only verify must run again (its spec'd
+    max_new_tokens changed) in a fresh clone on a warm cache, the contexts and their twins are restored and
+    nothing is composed."""
+    cache = tmp_path / "cache"
+    first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
+    graphs = [d for d in (tmp_path / "artifacts" / "tiny-qwen3" / "modellib" / "qnn").iterdir() if d.is_dir()]
+    assert len(graphs) == 8 and (first.stdout + first.stderr).count(FINALIZED) == 2 * len(graphs)
+
+    clone = copy_project(tmp_path / "clone")
+    spec = clone / "models" / "tiny-qwen3.toml"
+    spec.write_text(spec.read_text() + "verify = { max_new_tokens = 8 }\n")
+    artifacts = tmp_path / "clone-artifacts"
+    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)}, project=clone)
+    rows = summary(proc.stdout)
+    assert sorted(rows["built"]) == sorted(NOT_CACHED | {"verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"}), proc.stdout
+    assert len([t for t in rows["from cache"] if t.startswith("context:tiny-qwen3-v79:")]) == 4
+    assert FINALIZED not in proc.stdout + proc.stderr
+    report = VerifyReport.model_validate_json((artifacts / "tiny-qwen3" / "v79" / "verify" / "verify.json").read_text())
+    assert report.passed and report.generation is not None and len(report.generation.cpu_tokens) == 8
+    for p in report.plugins:  # the restored twins ran, checked against the hashes the context stage recorded
+        ctx_dir = artifacts / "tiny-qwen3" / "v79" / "context" / Path(p.path).stem
+        assert json.loads((ctx_dir / "context.origin.json").read_text())["origin"] == "cache"
+        ctx = ContextManifest.read(ctx_dir)
+        assert ctx.twin is not None and p.executed == "override"
+        assert p.twin_sha256 == ctx.output(ctx.twin).sha256 == sha256_file(ctx_dir / ctx.twin)
 
 
 def test_corrupted_entry_is_discarded_and_rebuilt(

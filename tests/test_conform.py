@@ -15,15 +15,37 @@ import numpy as np
 import pytest
 
 from mnnbuild.__main__ import main
+from mnnbuild.compare import TensorCheck
+from mnnbuild.conform.boundaries import (
+    BoundaryError,
+    compare_sides,
+    qnn_json,
+    read_side,
+    upstream_io_config,
+)
 from mnnbuild.conform.build import (
+    BUILD_TARGETS,
     BuildRecord,
     ConformBuildError,
+    MnnBuild,
     build_key,
     ensure_build,
+    ensure_tools,
     prepare_source,
     resolve_qnn_headers,
     resolve_source,
     unpack_source,
+)
+from mnnbuild.conform.cli import parse_lengths, patch_name
+from mnnbuild.conform.effect import (
+    LengthEffect,
+    PatchEffect,
+    RunTokens,
+    default_lengths,
+    format_effect,
+    length_effect,
+    padding,
+    summarize,
 )
 from mnnbuild.conform.patches import PatchError, check_patches, load_patches, parse_patch
 from mnnbuild.conform.run import (
@@ -35,6 +57,7 @@ from mnnbuild.conform.run import (
     prompt_ids,
     stage_dir,
 )
+from mnnbuild.mnn.model import MnnModel, Op, make_blob, make_plugin_op
 from mnnbuild.verify.compare import Tolerance
 
 PATCHES = load_patches()
@@ -297,3 +320,202 @@ def test_driver_result_survives_a_foreign_prefix_on_its_line() -> None:
     assert driver_result(f"{doc}\n") == json.loads(doc)
     assert driver_result("no result here\n") is None
     assert driver_result('{"stepped": [1, \n') is None
+
+
+# ---- what a patch changes: padding arithmetic and the per-length verdict ---------------------------------
+
+
+def test_padding_follows_the_engines_chunking() -> None:
+    """MNN's Llm cuts a prompt into chunks of the largest limit and pads the remainder up to the smallest limit
+    holding it: with [128, 1] only remainders 2..127 are padded."""
+    limits = [128, 1]
+    assert [padding(n, limits) for n in (1, 2, 16, 127, 128, 129, 130, 255, 256, 257)] == [
+        0, 126, 112, 1, 0, 0, 126, 1, 0, 0,
+    ]  # fmt: skip
+    assert [padding(n, [128, 32, 1]) for n in (20, 32, 40, 160, 161)] == [12, 0, 88, 0, 95]
+    lengths = default_lengths(128)
+    assert {1, 2, 127, 128, 129, 130, 255, 256, 257} <= set(lengths) and lengths == sorted(set(lengths))
+
+
+def _effect_runs(with_rows: np.ndarray, without_rows: np.ndarray, ref_rows: np.ndarray) -> dict:
+    def run(rows: np.ndarray) -> tuple[RunTokens, np.ndarray]:
+        return RunTokens(tokens=[int(r.argmax()) for r in rows], text=""), rows
+
+    return {"with_patch": run(with_rows), "without_patch": run(without_rows), "reference": run(ref_rows)}
+
+
+def test_length_effect_flags_changed_logits_and_tolerates_a_near_tie_against_the_reference() -> None:
+    tol = Tolerance()
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(4, 50)).astype(np.float32)
+    same = length_effect(128, 0, _effect_runs(rows, rows.copy(), rows), tol)
+    assert not same.changed and same.first_divergence is None and same.with_patch_matches_reference
+
+    broken = rng.normal(size=(4, 50)).astype(np.float32)
+    changed = length_effect(16, 112, _effect_runs(rows, broken, rows), tol)
+    assert changed.changed and not changed.first_token_logits.passed
+    assert changed.first_divergence == next(i for i in range(4) if broken[i].argmax() != rows[i].argmax())
+
+    # the patched bundle flips a near-tie of the reference: tolerated; a clear flip is not
+    ref = rows.copy()
+    top, other = int(ref[0].argmax()), int(np.argsort(ref[0])[-2])
+    ref[0, other] = ref[0, top] - 1e-4
+    flipped = rows.copy()
+    flipped[0, other] = flipped[0, top] + 1e-3
+    assert length_effect(255, 1, _effect_runs(flipped, flipped, ref), tol).with_patch_matches_reference
+    ref[0, other] = ref[0, top] - 0.5 * np.abs(ref[0]).max()
+    assert not length_effect(255, 1, _effect_runs(flipped, flipped, ref), tol).with_patch_matches_reference
+
+
+def test_summary_says_whether_the_patch_changed_exactly_the_padded_prompts() -> None:
+    def one(n: int, pad: int, changed: bool) -> LengthEffect:
+        run = RunTokens(tokens=[1], text="")
+        check = TensorCheck(name="x", shape=[1], max_abs_err=0.0, ref_max_abs=1.0, rel_err=0.0, cosine=1.0, passed=True)
+        return LengthEffect(
+            prompt_tokens=n,
+            padding=pad,
+            with_patch=run,
+            without_patch=run,
+            reference=run,
+            first_token_logits=check,
+            first_divergence=None,
+            changed=changed,
+            with_patch_matches_reference=True,
+        )
+
+    def effect(items: list[LengthEffect]) -> PatchEffect:
+        return summarize(
+            PatchEffect(
+                patch="p", build_with="a", build_without="b", chunk_limits=[128, 1], max_new_tokens=1, lengths=items
+            )
+        )
+
+    good = effect([one(1, 0, False), one(16, 112, True), one(128, 0, False)])
+    assert good.changed_lengths == good.padded_lengths == [16] and good.changed_exactly_where_padded
+    assert not effect([one(16, 112, True), one(129, 0, True)]).changed_exactly_where_padded
+    assert "changed exactly where padded: True" in "\n".join(format_effect(good))
+
+
+def test_patch_names_take_the_suffix_or_not_and_lengths_are_checked() -> None:
+    assert patch_name("0004-cpu-attention-padded-nc4hw4", PATCHES, "--patch-effect") == (
+        "0004-cpu-attention-padded-nc4hw4.patch"
+    )
+    assert patch_name("0001-qnn-half-float-on-x86.patch", PATCHES, "--skip-patch") == "0001-qnn-half-float-on-x86.patch"
+    with pytest.raises(ConformError, match="--skip-patch 'nope': no such patch; have 0001-"):
+        patch_name("nope", PATCHES, "--skip-patch")
+    assert parse_lengths("16, 2,128,16") == [2, 16, 128]
+    for bad in ("", "0,5", "a,b"):
+        with pytest.raises(ConformError, match="--lengths"):
+            parse_lengths(bad)
+
+
+def test_missing_tools_of_a_finished_build_are_built_and_present_ones_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = BuildRecord(
+        key="k", source="s", source_sha256="s", patches=[], qnn_headers="h", compiler="c", cmake="m", options=[],
+        seconds=1.0,
+    )  # fmt: skip
+    build = MnnBuild(tmp_path, record)
+    (tmp_path / "build").mkdir()
+    (tmp_path / "build" / "compilefornpu").write_text("")
+    ran: list[list[str]] = []
+    monkeypatch.setattr("mnnbuild.conform.build._run", lambda cmd, *a, **k: ran.append(cmd))
+    ensure_tools(build, ("compilefornpu",))
+    assert ran == []
+    ensure_tools(build, ("compilefornpu", "generateIO"))
+    (cmd,) = ran
+    assert cmd[-2:] == ["--target", "generateIO"]
+    assert "compilefornpu" not in cmd and "generateIO" in BUILD_TARGETS
+
+
+# ---- plugin boundaries against compilefornpu ----------------------------------------------------------------
+
+
+def _source_model() -> MnnModel:
+    """x(t0), pos(t1) -> Cast(t2) -> Cos(t3); Mul(x, cos)(t4) -> Attention(t5) -> Add(t6 logits), Norm(t7)."""
+    names = ["x", "pos", "cast", "cos", "mul", "attn", "logits", "hidden"]
+    ops = [
+        Op(type="Input", name="x", outputs=[0]),
+        Op(type="Input", name="pos", outputs=[1]),
+        Op(type="Cast", name="cast", inputs=[1], outputs=[2]),
+        Op(type="UnaryOp", name="cos", inputs=[2], outputs=[3]),
+        Op(type="BinaryOp", name="mul", inputs=[0, 3], outputs=[4]),
+        Op(type="Attention", name="attn", inputs=[4], outputs=[5]),
+        Op(type="BinaryOp", name="add", inputs=[5, 5], outputs=[6]),
+        Op(type="LayerNorm", name="norm", inputs=[5], outputs=[7]),
+    ]
+    return MnnModel(ops=ops, tensor_names=names, output_names=["logits", "hidden"])
+
+
+def _plugin(path: str, graphs: list[str], ins: list[int], outs: list[int], seqs: int, local: list[int]) -> Op:
+    attrs: dict = {"path": path, "allGraphName": graphs, "inputs": [f"t{t}" for t in ins]}
+    attrs["outputs"] = [f"t{t}" for t in outs]
+    for s in range(seqs):
+        for j in range(len(outs)):
+            attrs[f"o_{s}_{j}"] = make_blob([1, 1 if s == 0 else 8, 4], "DT_FLOAT", "NC4HW4" if j else "NCHW")
+    return make_plugin_op(path, local[: len(ins)], local[len(ins) :], attrs)
+
+
+def test_boundaries_name_the_ops_and_tensors_where_two_cuts_differ() -> None:
+    source = _source_model()
+    # ours: Cast and Cos on the CPU, the plugin takes cos; the second plugin also gives hidden
+    ours = MnnModel(
+        ops=[
+            Op(type="Input", name="x", outputs=[0]),
+            Op(type="Input", name="pos", outputs=[1]),
+            Op(type="Cast", name="cast", inputs=[1], outputs=[2]),
+            Op(type="UnaryOp", name="cos", inputs=[2], outputs=[3]),
+            _plugin("qnn/graph0.bin", ["graph0", "graph1_0"], [0, 3], [4], 2, [0, 3, 4]),
+            Op(type="Attention", name="attn", inputs=[4], outputs=[5]),
+            _plugin("qnn/graph1.bin", ["graph1", "graph1_1"], [5], [6, 7], 2, [5, 6, 7]),
+        ],
+        tensor_names=["x", "pos", "cast", "cos", "mul", "attn", "logits", "hidden"],
+        output_names=["logits", "hidden"],
+    )
+    # upstream: Cast and Cos inside the first plugin; hidden cut away but still named as an output
+    upstream = MnnModel(
+        ops=[
+            Op(type="Input", name="x", outputs=[0]),
+            Op(type="Input", name="pos", outputs=[1]),
+            _plugin("qnn/graphllm0.bin", ["graphllm0", "graphllm1_0"], [0, 1], [4], 2, [0, 1, 2]),
+            Op(type="Attention", name="attn", inputs=[2], outputs=[3]),
+            _plugin("qnn/graphllm1.bin", ["graphllm1", "graphllm1_1"], [5], [6], 2, [3, 4]),
+            Op(type="Const", name="folded_shape", outputs=[5]),  # folded, then read by nothing
+        ],
+        tensor_names=["x", "pos", "mul", "attn", "logits", "folded_shape"],
+        output_names=["logits", "hidden"],
+    )
+    ours_side = read_side(ours, source, [1, 8])
+    up_side = read_side(upstream, source, [8, 1])
+    assert ours_side.plugins[0].ops == ["BinaryOp mul"]
+    assert up_side.plugins[0].ops == ["Cast cast", "UnaryOp cos", "BinaryOp mul"]
+    assert ours_side.plugins[1].outputs[1].shapes == {1: "1x1x4 NC4HW4 DT_FLOAT", 8: "1x8x4 NC4HW4 DT_FLOAT"}
+    assert up_side.dangling_outputs == ["hidden"] and ours_side.dangling_outputs == []
+
+    report = compare_sides(ours_side, up_side, {"Cast cast": "keeps the phase in fp32"})
+    p0, p1 = report.plugins
+    assert p0.inputs_only_ours == ["t3 cos"] and p0.inputs_only_upstream == ["t1 pos"]
+    assert p0.ops_only_upstream == ["Cast cast", "UnaryOp cos"] and not p0.same_cut
+    assert p1.outputs_only_ours == ["t7 hidden"] and p1.ops_only_ours == ["LayerNorm norm"]
+    assert report.cpu_only_ours == ["Cast cast", "UnaryOp cos"] and report.cpu_only_upstream == []
+    text = "\n".join(report.differences)
+    assert "plugin 0 shape order (seq per graph): ours [1, 8], upstream [8, 1]" in text
+    assert "CPU ops only ours: Cast cast (ours: keeps the phase in fp32)" in text
+    assert "upstream: model output names carried by no tensor: hidden" in text
+    assert "unused Const ops: ours 0, upstream 1" in text
+    # the same cut on both sides: only names and shape order differ
+    same = compare_sides(ours_side, ours_side.model_copy(), {})
+    assert all(d.same_cut for d in same.plugins) and same.differences == []
+
+
+def test_upstream_samples_follow_the_export_script(tmp_path: Path) -> None:
+    doc = upstream_io_config({"hidden_size": 64, "attention_mask": "float"}, 128)
+    prefill, decode = doc["configs"]
+    shapes = {i["name"]: i["shape"] for i in prefill["inputs"]}
+    assert shapes == {"input_ids": [128, 1, 64], "attention_mask": [1, 1, 128, 128], "position_ids": [1, 128],
+                      "logits_index": [1]}  # fmt: skip
+    assert [i.get("value") for i in decode["inputs"]][-1] == -1 and decode["inputs"][0]["shape"] == [1, 1, 64]
+    assert qnn_json(["a"], 0)["graph_name"] == "graphllm"
+    with pytest.raises(BoundaryError, match="field 'hidden_size'"):
+        upstream_io_config({}, 128)

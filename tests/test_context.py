@@ -14,6 +14,7 @@ import pytest
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import sha256_file
 from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_description, read_graph_dirs
+from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.mnn import load_model, plugin_attributes
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info
@@ -93,15 +94,42 @@ def test_binaries_hold_the_plugin_graphs(built: Path, lib: QnnLibrary) -> None:
         assert next(shapes, None) is None
 
 
-def test_graphs_match_their_references_in_the_simulator(built: Path, lib: QnnLibrary) -> None:
-    """Every graph, run in the x86 HTP simulator (unshared twin of its plugin's context), reproduces
-    the partition's reference outputs: cosine >= 0.999, max abs error <= 2% of the reference max."""
-    modellib = built / "tiny-qwen3" / "modellib"
-    partition = built / "tiny-qwen3" / "partition"
-    target = HtpTarget(69, 79)
+def context_dir(root: Path, binary: str) -> Path:
+    return root / "tiny-qwen3" / "v79" / "context" / Path(binary).stem
+
+
+def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(built: Path, lib: QnnLibrary) -> None:
+    """The context stage writes each binary's unshared twin (what the x86 simulator can load) beside it and
+    records its sha256: the same graphs, tensors and target, without weight sharing. The bundle ships none."""
     for attr in plugins(built):
-        dirs = [f"qnn/{g}" for g in attr["allGraphName"]]
-        twin = compose_context(lib, target, read_graph_dirs(modellib, dirs), weight_sharing=False)
+        ctx = context_dir(built, attr["path"])
+        manifest = ContextManifest.read(ctx)
+        assert manifest.binary == attr["path"] and manifest.twin == f"twin/{Path(attr['path']).name}"
+        twin_file = ctx / manifest.twin
+        assert manifest.output(manifest.twin).sha256 == sha256_file(twin_file)
+        twin = read_binary_info(lib, twin_file.read_bytes())
+        shipped = read_binary_info(lib, (ctx / manifest.binary).read_bytes())
+        assert shipped.weight_shared and not twin.weight_shared
+        twin.check_target(69, 79)
+        assert twin.graph_names == shipped.graph_names == attr["allGraphName"]
+        for a, b in zip(twin.graphs, shipped.graphs, strict=True):
+            assert [(t.name, list(t.dims)) for t in (*a.inputs, *a.outputs)] == [
+                (t.name, list(t.dims)) for t in (*b.inputs, *b.outputs)
+            ]
+    shipped_files = [p.name for p in (built / "tiny-qwen3" / "v79" / "bundle").rglob("*") if p.is_file()]
+    assert not [n for n in shipped_files if "twin" in n]
+    assert sorted(n for n in shipped_files if n.endswith(".bin")) == sorted(
+        Path(a["path"]).name for a in plugins(built)
+    )
+
+
+def test_graphs_match_their_references_in_the_simulator(built: Path, lib: QnnLibrary) -> None:
+    """Every graph, run in the x86 HTP simulator (the unshared twin of its plugin's context), reproduces
+    the partition's reference outputs: cosine >= 0.999, max abs error <= 2% of the reference max."""
+    partition = built / "tiny-qwen3" / "partition"
+    for attr in plugins(built):
+        ctx = context_dir(built, attr["path"])
+        twin = (ctx / str(ContextManifest.read(ctx).twin)).read_bytes()
         with load_context(lib, twin) as runner:
             for graph in attr["allGraphName"]:
                 record = SubgraphRecord.read(partition / "qnn" / graph)
@@ -172,6 +200,9 @@ def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     info = read_binary_info(lib, (tmp_path / "ctx" / "qnn" / "graph0.bin").read_bytes())
     info.check_target(57, 75)
     assert manifest.target == "v75" and manifest.tools["QNN"].startswith("v2.")
+    twin = read_binary_info(lib, (tmp_path / "ctx" / "twin" / "graph0.bin").read_bytes())
+    twin.check_target(57, 75)
+    assert not twin.weight_shared and twin.graph_names == info.graph_names
 
 
 def test_refused_graph_names_graph_op_and_qnn_message(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:

@@ -318,11 +318,12 @@ def tree_hashes(root: Path) -> dict[str, str]:
 
 
 def test_two_cold_cache_off_builds_are_byte_identical(built: Path, tmp_path: Path) -> None:
-    """Context binaries included: their bytes no longer depend on what the process built before (the second
-    build runs two workers, so each process builds other contexts in another order)."""
+    """Context binaries and their unshared twins included: their bytes no longer depend on what the process built
+    before (the second build runs two workers, so each process builds other contexts in another order)."""
     other = build_bundle(tmp_path / "artifacts", "-n", "2")
     first, second = tree_hashes(built), tree_hashes(other)
     assert any(p.endswith("/qnn/graph3.bin") for p in first)
+    assert any(p.endswith("/context/graph3/twin/graph3.bin") for p in first), "verify's twins are outputs too"
     differing = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
     assert not differing, f"files that differ between two builds of the same inputs: {differing}"
 
@@ -346,6 +347,11 @@ def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path)
     build("qnn/graph1.bin", tmp_path / "b")
     assert build("qnn/graph0.bin", tmp_path / "c") == first
     assert first == (model / "v79" / "context" / "graph0" / "qnn" / "graph0.bin").read_bytes()
+    twin = (model / "v79" / "context" / "graph0" / "twin" / "graph0.bin").read_bytes()
+    assert (tmp_path / "a" / "twin" / "graph0.bin").read_bytes() == (
+        tmp_path / "c" / "twin" / "graph0.bin"
+    ).read_bytes()
+    assert (tmp_path / "a" / "twin" / "graph0.bin").read_bytes() == twin
 
 
 def test_qnn_numbers_tensors_per_process(built: Path) -> None:

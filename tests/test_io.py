@@ -26,7 +26,7 @@ def fetched(src: Path, out: Path) -> Path:
 def tiny_io(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, IoManifest]:
     tmp = tmp_path_factory.mktemp("io")
     model_dir = fetched(TINY_MODEL_DIR, tmp / "model")
-    manifest = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_size=16, seed=3), tmp / "io")
+    manifest = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(16,), seed=3), tmp / "io")
     return model_dir, tmp / "io", manifest
 
 
@@ -69,7 +69,7 @@ def test_same_seed_same_files(tiny_io: tuple[Path, Path, IoManifest], tmp_path: 
     model_dir, io_dir, manifest = tiny_io
     again = generate_io(IoInputs(model="m", model_dir=model_dir), manifest.params, tmp_path / "io")
     assert again.outputs == manifest.outputs
-    other = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_size=16, seed=4), tmp_path / "io2")
+    other = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(16,), seed=4), tmp_path / "io2")
     assert other.output("testdir/16/input.mnn").sha256 != manifest.output("testdir/16/input.mnn").sha256
 
 
@@ -81,11 +81,15 @@ def test_non_float_mask_is_refused(tmp_path: Path) -> None:
     (src / "llm_config.json").write_text(json.dumps(config))
     model_dir = fetched(src, tmp_path / "model")
     with pytest.raises(ModelDirError, match=r"llm_config.json: field 'attention_mask' is 'int'; only \"float\""):
-        generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_size=4), tmp_path / "io")
+        generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(4,)), tmp_path / "io")
     assert not (tmp_path / "io").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_chunk_size_must_exceed_decode() -> None:
+def test_chunk_sizes_must_exceed_decode_and_differ() -> None:
     with pytest.raises(ValueError, match="greater than 1"):
-        IoParams(chunk_size=1)
+        IoParams(chunk_sizes=(16, 1))
+    with pytest.raises(ValueError, match=r"prefill lengths \[16, 16\] repeat a length"):
+        IoParams(chunk_sizes=(16, 16))
+    with pytest.raises(ValueError, match="at least 1 item"):
+        IoParams(chunk_sizes=())

@@ -114,6 +114,16 @@ def test_load_does_not_need_weight_file(tmp_path: Path) -> None:
     assert len(model.ops_of_type("Convolution")) == 15
 
 
+def test_output_names_naming_no_tensor_are_refused_unless_asked(tmp_path: Path) -> None:
+    """MNN's compilefornpu keeps output names it cut away; only a caller that expects that reads such a file."""
+    model = load_model(MODEL_DIRS["tiny-qwen3"] / "llm.mnn")
+    model.output_names = [*model.output_names, "gone"]
+    data = serialize_model(model)
+    with pytest.raises(MNNFormatError, match=r"output names \['gone'\] are not tensor names"):
+        parse_model(data, "x.mnn")
+    assert parse_model(data, "x.mnn", check_outputs=False).output_names[-1] == "gone"
+
+
 @model_dirs
 def test_parameters_are_reachable(model_dir: Path) -> None:
     model = load_model(model_dir / "llm.mnn")

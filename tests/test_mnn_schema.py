@@ -62,3 +62,30 @@ def test_schema_files_are_packaged() -> None:
     names = sorted(p.name for p in SCHEMA_DIR.glob("*.fbs"))
     assert "mnn.fbs" in names and "tensor.fbs" in names and "caffe_op.fbs" in names
     assert "root_type Net;" in (SCHEMA_DIR / "mnn.fbs").read_text()
+
+
+def test_import_time_enums_in_sync_with_generated_code() -> None:
+    from mnnbuild.mnn._generated import enums
+    from mnnbuild.mnn.regen_schema import IMPORT_TIME_ENUMS
+
+    for const, cls in IMPORT_TIME_ENUMS.items():
+        generated = getattr(mnn_fb, cls)
+        members = {k: v for k, v in vars(generated).items() if not k.startswith("_") and isinstance(v, int)}
+        assert getattr(enums, const) == members, const
+
+
+def test_doit_start_runs_neither_the_schema_module_nor_the_c_parser() -> None:
+    # both cost ~0.4 s at every doit start and in every context process, without a model being read
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, types, mnnbuild.dag, mnnbuild.qnn.library\n"
+        "fb = sys.modules['mnnbuild.mnn._generated.mnn_fb']\n"
+        "print(type(fb) is types.ModuleType, 'pycparser' in sys.modules)\n"  # a lazy module until first use"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    assert out == ["False", "False"]
+    from mnnbuild.mnn import load_model  # and the lazy module does load on use
+
+    assert load_model.__module__ == "mnnbuild.mnn.model" and mnn_fb.OpType.Plugin == OP_TYPES["Plugin"]

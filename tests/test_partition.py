@@ -52,7 +52,7 @@ class Built:
                 FetchParams(),
                 self.model_dir,
             )
-            generate_io(IoInputs(model="m", model_dir=self.model_dir), IoParams(chunk_size=CHUNK), self.io_dir)
+            generate_io(IoInputs(model="m", model_dir=self.model_dir), IoParams(chunk_sizes=(CHUNK,)), self.io_dir)
         self.manifest = run_partition(self.model_dir, self.io_dir, self.out, **params)
         self.qnn = self.out / "qnn"
         self.result = load_model(self.qnn / "llm.mnn")
@@ -75,7 +75,7 @@ def run_partition(model_dir: Path, io_dir: Path, out: Path, **params: object) ->
     support = params.pop("support", unsupported_reason)
     return partition(
         PartitionInputs(model="m", model_dir=model_dir, io_dir=io_dir),
-        PartitionParams(chunk_size=CHUNK, **params),  # type: ignore[arg-type]
+        PartitionParams(chunk_sizes=(CHUNK,), **params),  # type: ignore[arg-type]
         out,
         support=support,  # type: ignore[arg-type]
     )
@@ -540,10 +540,10 @@ def test_input_names_must_match_model(tiny: Built, tmp_path: Path) -> None:
 
 
 def test_chunk_size_must_match_io(tiny: Built, tmp_path: Path) -> None:
-    with pytest.raises(StageError, match=r"field 'params.chunk_size' is 16, the partition expects 32"):
+    with pytest.raises(StageError, match=r"field 'params.chunk_sizes' is \[16\], the partition expects \[16, 8\]"):
         partition(
             PartitionInputs(model="m", model_dir=tiny.model_dir, io_dir=tiny.io_dir),
-            PartitionParams(chunk_size=32),
+            PartitionParams(chunk_sizes=(16, 8)),
             tmp_path / "p",
         )
 

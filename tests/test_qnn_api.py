@@ -235,3 +235,10 @@ def test_int8_weight_fc_matches_dequantized(lib: QnnLibrary, weight: np.ndarray)
     with load_context(lib, binary) as runner:
         out = runner.execute("q", {"t0": x_in})["t1"]
     assert_close(out, x_in.astype(np.float64) @ (w_q * scale[:, None]).T.astype(np.float64))
+
+
+def test_precompiled_ffi_matches_the_declarations() -> None:
+    # the committed out-of-line module must be what the current _cdefs.py compiles to
+    from mnnbuild.qnn.regen_ffi import OUT_FILE, generate
+
+    assert generate() == OUT_FILE.read_text(), "run: python -m mnnbuild.qnn.regen_ffi"

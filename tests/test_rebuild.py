@@ -121,6 +121,27 @@ def test_memo_sees_an_edit(tmp_path: Path) -> None:
     assert DigestMemo(tmp_path / "memo.json").digest(path) != first
 
 
+def test_memo_serves_a_fresh_clone_without_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # keyed by content: the same source elsewhere (a new clone, new mtimes) is a hit, not a parse
+    from mnnbuild import fingerprint
+
+    original = tmp_path / "a" / "m.py"
+    original.parent.mkdir()
+    original.write_text("X = 1\n")
+    memo = DigestMemo(tmp_path / "memo.json")
+    first = memo.digest(original)
+    memo.save()
+    clone = tmp_path / "b" / "m.py"
+    clone.parent.mkdir()
+    clone.write_text("X = 1\n")
+
+    def no_parse(path: Path) -> str:
+        raise AssertionError(f"parsed {path}")
+
+    monkeypatch.setattr(fingerprint, "_source_digest", no_parse)
+    assert DigestMemo(tmp_path / "memo.json").digest(clone) == first
+
+
 def test_description_change_invalidates_nothing(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -191,3 +212,21 @@ def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build])
     # and the page of verify's new results
     expected = ["modellib:tiny-qwen3", *contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"]
     assert ran == sorted([*expected, "report:tiny-qwen3-v79"])
+
+
+def test_changing_only_chunk_sizes_reruns_io_onward(clone: tuple[Path, Build]) -> None:
+    """A prefill length more changes the io samples, so every stage from io on; the order the lengths are written
+    in changes nothing (graphs are named longest first, and MNN sorts ``chunk_limits`` itself)."""
+    project, build = clone
+    assert build() == []
+    spec = project / "models" / "tiny-qwen3.toml"
+    edit(spec, "chunk_size = 128", "chunk_sizes = [128, 32]")
+    ran = build()
+    contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
+    assert contexts, ran
+    after_io = ["io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3", "config:tiny-qwen3-v79"]
+    assert ran == sorted(
+        [*after_io, *contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"]
+    )
+    edit(spec, "chunk_sizes = [128, 32]", "chunk_sizes = [32, 128]")
+    assert build() == []

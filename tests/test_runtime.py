@@ -30,8 +30,11 @@ from mnnbuild_runtime import (
     Tokenizer,
     cpu_forward_fn,
     cpu_greedy_generate,
+    follow_draft,
     greedy_generate,
+    kv_cache_draft,
     llm_inputs,
+    recompute_generate,
 )
 
 from mnnbuild.cpu import CpuRuntime, import_mnn, load_module, to_numpy, to_var
@@ -453,6 +456,44 @@ def test_tiny_model_greedy_generation(tiny_bundle: tuple[Path, dict[str, bytes]]
     assert len(got.top2_margins) == len(got.tokens)
     short = cpu_greedy_generate(TINY, prompt, max_new_tokens=2, chunk=CHUNK, stop_ids=[])
     assert short.tokens == ref.tokens[:2] and short.stop_reason == "max_new_tokens"
+
+
+FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "models"
+
+
+@pytest.mark.parametrize(
+    "model_dir", [TINY, FIXTURES / "llama-int4-cw", FIXTURES / "qwen3-untied-int8-b32"], ids=lambda p: p.name
+)
+def test_cpu_reference_is_the_recompute_loop_in_one_forward(model_dir: Path) -> None:
+    """MNN's own engine (KV cache) guesses the greedy tokens and one forward in the prefill shape confirms them:
+    the reference tokens and margins are exactly the recompute loop's, for one forward instead of one per token."""
+    ids = Tokenizer(model_dir / "config.json").encode("hello")
+    forward, embed = cpu_forward_fn(model_dir), Embeddings(model_dir)
+    loop = recompute_generate(forward, embed, ids, 16, 128)
+    draft = kv_cache_draft(model_dir, ids, 16)
+    assert draft == loop.tokens, "MNN's KV-cache path agrees with the recompute loop on these models"
+    got = follow_draft(forward, embed, ids, draft, 16, 128)
+    assert got.result.tokens == loop.tokens and got.result.top2_margins == loop.top2_margins
+    assert got.forwards == 1 and got.rejected is None
+    assert cpu_greedy_generate(model_dir, ids, 16, chunk=128).tokens == loop.tokens
+
+
+def test_a_wrong_draft_costs_forwards_not_tokens() -> None:
+    ids = Tokenizer(TINY / "config.json").encode("hello")
+    forward, embed = cpu_forward_fn(TINY), Embeddings(TINY)
+    loop = recompute_generate(forward, embed, ids, 12, 128)
+    wrong = list(loop.tokens)
+    wrong[5] = (wrong[5] + 1) % embed.vocab
+    got = follow_draft(forward, embed, ids, wrong, 12, 128)
+    assert got.result.tokens == loop.tokens and got.rejected == 5 and got.forwards == 1 + 6
+    short = follow_draft(forward, embed, ids, loop.tokens[:3], 12, 128)  # the loop goes on after a short draft
+    assert short.result.tokens == loop.tokens and short.rejected is None and short.forwards == 1 + 8
+    stop = follow_draft(forward, embed, ids, loop.tokens, 12, 128, stop_ids=[loop.tokens[2]])
+    assert stop.result.tokens == loop.tokens[:3] and stop.result.stop_reason == "stop_token"
+    full = follow_draft(forward, embed, ids, [], 12, len(ids) + 4)
+    assert full.result.stop_reason == "chunk_full" and len(full.result.tokens) == 4
+    # a model MNN's engine cannot run gives no draft (and no crash): the reference then recomputes
+    assert kv_cache_draft(FIXTURES / "qwen3-embedding-tiny", ids, 4) == []
 
 
 def test_weight_file_of_another_model_is_refused(tiny_bundle: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:

@@ -55,6 +55,11 @@ def test_spec_overrides_soc(tmp_path: Path) -> None:
         ('targets = ["v79"]\nchunk_size = 0', "chunk_size", "greater than 1"),
         ('targets = ["v79"]\nchunk_size = 1', "chunk_size", "greater than 1"),
         ('targets = ["v79"]\nchunk_size = -4', "chunk_size", "greater than 1"),
+        ('targets = ["v79"]\nchunk_sizes = [128, 1]', "chunk_sizes.1", "greater than 1"),
+        ('targets = ["v79"]\nchunk_sizes = []', "chunk_sizes", "at least 1 item"),
+        ('targets = ["v79"]\nchunk_sizes = [32, 128, 32]', "chunk_sizes", "lists a length twice ([32, 128, 32])"),
+        ('targets = ["v79"]\nchunk_sizes = 128', "chunk_sizes", "valid list"),
+        ('targets = ["v79"]\nchunk_size = 64\nchunk_sizes = [128, 32]', "chunk_sizes", "either chunk_size = 64"),
         ("targets = []", "targets", "at least 1 item"),
         ('targets = ["v79"]\nchunk = 12', "chunk", "Extra inputs are not permitted"),
         ('targets = ["v79"]\nsocs = { v79 = "SM8650" }', "socs.v79", "SoC SM8650 is v75, not v79"),
@@ -68,6 +73,20 @@ def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, ex
     assert str(path) in message
     assert f"field {field!r}" in message
     assert expected in message
+
+
+def test_prefill_lengths_longest_first_whatever_the_form(tmp_path: Path) -> None:
+    """``chunk_size`` is the one-length form of ``chunk_sizes``; the order written does not change the build."""
+
+    def lengths(body: str) -> tuple[int, ...]:
+        return load_spec(
+            write_spec(tmp_path, f'name = "m"\nsource = {{ local = "x" }}\ntargets = ["v79"]\n{body}\n')
+        ).prefill_lengths
+
+    assert lengths("") == (128,)
+    assert lengths("chunk_size = 64") == lengths("chunk_sizes = [64]") == (64,)
+    assert lengths("chunk_sizes = [128, 32]") == lengths("chunk_sizes = [32, 128]") == (128, 32)
+    assert lengths("chunk_sizes = [16, 256, 64]") == (256, 64, 16)
 
 
 def test_spec_not_toml(tmp_path: Path) -> None:

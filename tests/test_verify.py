@@ -19,14 +19,14 @@ from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
 from mnnbuild.layout import REPORT_PAGE as PAGE
+from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.partition import read_merge
 from mnnbuild.manifests.report import ReportManifest
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
 from mnnbuild.partition.records import SubgraphRecord
-from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.targets import soc_for_arch
-from mnnbuild.verify.checks import build_twins
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks
 
@@ -59,6 +59,17 @@ def inputs_for(root: Path, arch: str = ARCH, bundle_dir: Path | None = None) -> 
         model_dir=root / "model",
         context_dir=root / arch / "context",
     )
+
+
+def twins(root: Path, arch: str = ARCH) -> dict[str, Path]:
+    """Each plugin's unshared twin, as the context stage wrote it (plugin path -> file)."""
+    found = {}
+    for binary in read_merge(root / "partition"):
+        ctx_dir = root / arch / "context" / Path(binary).stem
+        twin = ContextManifest.read(ctx_dir).twin
+        assert twin is not None
+        found[binary] = ctx_dir / twin
+    return found
 
 
 def read_report(out_dir: Path) -> VerifyReport:
@@ -130,6 +141,10 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
     for p in report.plugins:  # which binary ran, and that the shipped one is the context stage's
         assert p.executed == "override" and p.shipped_weight_shared
         assert p.shipped_sha256 == p.context_sha256 == p.bundle_sha256
+        assert p.executed_source and "unshared twin" in p.executed_source
+        # one load of its context served the per-graph check, both io samples and the generation sequence
+        assert p.loads == 1, p
+    assert {"graphs", "bundle_pass", "cpu_reference", "total"} <= set(report.timings)
     text = (out / REPORT_TEXT).read_text(encoding="utf-8")
     assert "PASSED" in text and "unshared twins" in text and "graph1_0" in text
 
@@ -150,15 +165,66 @@ def test_generation_shortcut_equals_the_runtime_greedy_loop(built: tuple[Path, o
     makes that the same greedy tokens. Checked against the runtime's own loop."""
     root = model_root(built)
     report = read_report(root / ARCH / "verify")
-    soc = soc_for_arch(ARCH)
     lib = QnnLibrary()
-    twins = build_twins(lib, HtpTarget(soc.soc_id, soc.arch_number), root / "modellib", read_merge(root / "partition"))
     bundle = root / ARCH / "bundle" / "model" / TINY
-    overrides = {p: BinaryOverride(t.data) for p, t in twins.items()}
-    with HybridModel(bundle, binary_overrides=overrides, qnn_lib=lib) as model:
+    overrides = {p: BinaryOverride(t) for p, t in twins(root).items()}
+    with HybridModel(bundle, binary_overrides=overrides, qnn_lib=lib, max_loaded=1) as model:
         ids = Tokenizer(bundle / "config_qnn.json").encode("hello")
         tokens = greedy_generate(model, ids, max_new_tokens=8).tokens
     assert report.generation is not None and tokens == report.generation.hybrid_tokens[:8]
+
+
+def test_bounded_plugin_loading_is_bit_identical(built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``max_loaded`` N, no more than N plugin contexts are alive at any time (counted where they are
+    created and freed), and the outputs are bit for bit those of the all-loaded runtime; one lockstep pass over
+    several inputs loads each plugin once."""
+    import mnnbuild_runtime.plugin as plugin_module
+
+    live: set[int] = set()
+    peak = [0]
+
+    class Counted(plugin_module.ContextRunner):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+            live.add(id(self))
+            peak[0] = max(peak[0], len(live))
+
+        def close(self) -> None:
+            live.discard(id(self))
+            super().close()
+
+    monkeypatch.setattr(plugin_module, "ContextRunner", Counted)
+    root = model_root(built)
+    bundle = root / ARCH / "bundle" / "model" / TINY
+    feeds = [load_vars(root / "io" / "testdir" / str(seq) / "input.mnn") for seq in (1, 128, 1)]
+    lib = QnnLibrary()
+
+    def run(max_loaded: int | None, lockstep: bool) -> tuple[list[dict[str, np.ndarray]], list[int]]:
+        peak[0] = 0
+        overrides = {p: BinaryOverride(t) for p, t in twins(root).items()}
+        with HybridModel(bundle, binary_overrides=overrides, qnn_lib=lib, max_loaded=max_loaded) as model:
+            if lockstep:
+                outs = [r.outputs for r in model.run_many(feeds)]
+            else:
+                outs = [model.forward(f) for f in feeds]
+            assert len(model.loaded_plugins) <= (max_loaded or len(model.plugins))
+            loads = [r.loads for r in model.plugins.values()]
+        assert not live, "close() frees every context"
+        return outs, loads
+
+    reference, loads = run(None, lockstep=False)
+    assert peak[0] == 4 and loads == [1, 1, 1, 1], "all loaded: each context once, all alive together"
+    for max_loaded in (1, 2):
+        for lockstep in (False, True):
+            outs, loads = run(max_loaded, lockstep)
+            assert peak[0] <= max_loaded, (max_loaded, lockstep, peak[0])
+            if lockstep:
+                assert loads == [1, 1, 1, 1], "one pass over every input loads each plugin once"
+            elif max_loaded == 1:
+                assert loads == [3, 3, 3, 3], "one load per plugin per forward"
+            for got, ref in zip(outs, reference, strict=True):
+                assert got.keys() == ref.keys()
+                assert all(np.array_equal(got[k], ref[k]) for k in ref), (max_loaded, lockstep)
 
 
 def test_tampered_bundle_file_reruns_verify_and_fails_then_recovers(built: tuple[Path, object], tmp_path: Path) -> None:

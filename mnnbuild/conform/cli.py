@@ -12,9 +12,18 @@ import argparse
 import sys
 from pathlib import Path
 
+from mnnbuild.conform.boundaries import compare_boundaries
 from mnnbuild.conform.build import ensure_build, ensure_driver, resolve_qnn_headers, resolve_source
-from mnnbuild.conform.patches import load_patches
-from mnnbuild.conform.run import ConformError, conform_model, format_report
+from mnnbuild.conform.effect import default_lengths
+from mnnbuild.conform.patches import Patch, load_patches
+from mnnbuild.conform.run import (
+    ConformError,
+    conform_model,
+    engine_env,
+    format_report,
+    measure_patch_effect,
+    write_report,
+)
 from mnnbuild.settings import Settings
 from mnnbuild.spec import discover_specs
 from mnnbuild.targets import known_archs
@@ -27,6 +36,24 @@ def split_target(target: str) -> tuple[str, str]:
     if not sep or not model or arch not in known_archs():
         raise ConformError(f"target {target!r}: expected <model>-<arch> with arch one of {', '.join(known_archs())}")
     return model, arch
+
+
+def patch_name(name: str, patches: list[Patch], option: str) -> str:
+    """A patch named with or without its ``.patch`` suffix."""
+    wanted = name if name.endswith(".patch") else f"{name}.patch"
+    if wanted not in {p.name for p in patches}:
+        raise ConformError(f"{option} {name!r}: no such patch; have {', '.join(p.name for p in patches)}")
+    return wanted
+
+
+def parse_lengths(text: str) -> list[int]:
+    try:
+        lengths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        lengths = []
+    if not lengths or lengths[0] < 1:
+        raise ConformError(f"--lengths {text!r}: expected prompt lengths in tokens, e.g. 2,9,16,127,128,129")
+    return lengths
 
 
 def run_conform(args: argparse.Namespace) -> int:
@@ -48,13 +75,13 @@ def run_conform(args: argparse.Namespace) -> int:
     out_dir = Path(args.out).resolve() if args.out else target_root / "conform"
     source = resolve_source(args.mnn_source)
     headers = resolve_qnn_headers(args.qnn_headers)
-    patches = load_patches()
-    unknown = set(args.skip_patch) - {p.name for p in patches}
-    if unknown:
-        raise ConformError(
-            f"--skip-patch {sorted(unknown)[0]!r}: no such patch; have {', '.join(p.name for p in patches)}"
-        )
-    patches = [p for p in patches if p.name not in args.skip_patch]
+    all_patches = load_patches()
+    skipped = {patch_name(name, all_patches, "--skip-patch") for name in args.skip_patch}
+    effect_patch = patch_name(args.patch_effect, all_patches, "--patch-effect") if args.patch_effect else None
+    if effect_patch in skipped:
+        raise ConformError(f"--patch-effect {effect_patch!r}: the patch is skipped too; nothing to compare")
+    lengths = parse_lengths(args.lengths) if args.lengths else None
+    patches = [p for p in all_patches if p.name not in skipped]
     build = ensure_build(source, headers, jobs=args.jobs, patches=patches)
     driver = ensure_driver(build)
     report = conform_model(
@@ -63,13 +90,28 @@ def run_conform(args: argparse.Namespace) -> int:
         soc=spec.soc(arch),
         bundle_model_dir=bundle_dir / "model" / model,
         original_dir=model_root / "model",
-        modellib_dir=model_root / "modellib",
+        context_dir=target_root / "context",
         partition_dir=model_root / "partition",
         out_dir=out_dir,
         build=build,
         driver=driver,
         max_new_tokens=args.max_new_tokens,
     )
+    if not args.no_boundaries:
+        report.boundaries = compare_boundaries(
+            build, model_root / "model", model_root / "partition", out_dir / "compilefornpu", engine_env(build)
+        )
+    if effect_patch:
+        without = ensure_build(source, headers, jobs=args.jobs, patches=[p for p in patches if p.name != effect_patch])
+        report.patch_effect = measure_patch_effect(
+            effect_patch,
+            (build, driver),
+            (without, ensure_driver(without)),
+            out_dir,
+            lengths or default_lengths(report.chunk),
+            args.max_new_tokens,
+        )
+    write_report(report, out_dir)
     sys.stdout.write(format_report(report))
     sys.stdout.write(f"report: {out_dir / 'conform.json'}\n")
     return 0 if report.passed else 1
@@ -93,6 +135,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=[],
         metavar="NAME",
         help="build without this patch (its own build dir), e.g. to see what a fix changes; repeatable",
+    )
+    p.add_argument(
+        "--patch-effect",
+        metavar="NAME",
+        help="also build MNN without this patch and record what it changes for the bundle at several prompt "
+        "lengths (e.g. 0004-cpu-attention-padded-nc4hw4: which prompts an unpatched MNN gets wrong)",
+    )
+    p.add_argument(
+        "--lengths", help="prompt lengths in tokens for --patch-effect (default: around the chunk, 1 to 2 chunks + 1)"
+    )
+    p.add_argument(
+        "--no-boundaries",
+        action="store_true",
+        help="skip the comparison of our plugin boundaries with MNN's compilefornpu on the original model",
     )
     p.add_argument("--out", help="report dir (default: artifacts/<model>/<arch>/conform)")
     p.set_defaults(handler=run_conform)

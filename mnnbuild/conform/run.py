@@ -9,8 +9,9 @@ than the chunk (the bundle's ``prompt.txt``, lengthened to 16 tokens), exactly o
 within verify's tolerance; ``llm_demo`` on the bundle is a smoke test.
 
 The x86 HTP library refuses weight-shared context binaries ("Shared weights buffer isn't supported on this
-platform"); when the shipped binaries fail to load for that reason, the bundle runs with unshared twins
-(verify's :func:`~mnnbuild.verify.checks.build_twins`) in their place, and the report says so per binary.
+platform"); when the shipped binaries fail to load for that reason, the bundle runs with the unshared twins
+the context stage built (:func:`~mnnbuild.verify.checks.read_twins`, as verify runs them) in their place, and
+the report says so per binary.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ import numpy as np
 from pydantic import BaseModel
 
 from mnnbuild.compare import TensorCheck, Tolerance, compare
+from mnnbuild.conform.boundaries import BoundaryReport, format_boundaries
 from mnnbuild.conform.build import MnnBuild
+from mnnbuild.conform.effect import PatchEffect, RunTokens, format_effect, length_effect, padding, summarize
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from mnnbuild.layout import PROMPT_FILE
 from mnnbuild.manifests.partition import read_merge
-from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.qnn.library import find_qnn_libraries
 from mnnbuild.targets import Soc
 from mnnbuild.verify.compare import is_near_tie
@@ -119,9 +121,12 @@ class ConformReport(BaseModel):
     """The original model gives the same tokens with and without chunk_limits padding (the CPU bug's check)."""
     seconds: float = 0.0
     passed: bool = False
+    """Prompts and llm_demo; the boundary comparison and the patch effect are findings, not part of the verdict."""
+    boundaries: BoundaryReport | None = None
+    patch_effect: PatchEffect | None = None
 
 
-def _env(build: MnnBuild) -> dict[str, str]:
+def engine_env(build: MnnBuild) -> dict[str, str]:
     env = dict(os.environ)
     dirs = [str(d) for d in build.lib_dirs()] + [str(find_qnn_libraries().lib_dir)]
     env["LD_LIBRARY_PATH"] = os.pathsep.join(dirs + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
@@ -178,7 +183,7 @@ def run_driver(
     """One driver run; returns (result, logits rows, combined output). A failed run returns (None, None, output)."""
     cmd = [str(driver), str(config), ",".join(map(str, ids)), str(max_new), str(chunk), str(logits_path)]
     proc = subprocess.run(
-        cmd, cwd=config.parent, capture_output=True, env=_env(build), timeout=DRIVER_TIMEOUT_S, check=False
+        cmd, cwd=config.parent, capture_output=True, env=engine_env(build), timeout=DRIVER_TIMEOUT_S, check=False
     )
     out = proc.stdout.decode("utf-8", errors="replace")
     err = proc.stderr.decode("utf-8", errors="replace")
@@ -221,11 +226,15 @@ def prompt_ids(base: list[int], filler: list[int], chunk: int) -> list[tuple[str
     short_len = max(len(base), min(SHORT_MIN_TOKENS, chunk - 1))
     if short_len >= chunk:
         raise ConformError(f"the bundle's prompt has {len(base)} tokens; the short prompt must be below the chunk")
+    return [
+        (name, lengthen(base, filler, n))
+        for name, n in (("short", short_len), ("chunk", chunk), ("two chunks", chunk + chunk // 2))
+    ]
 
-    def lengthen(n: int) -> list[int]:
-        return (base + filler * (n // len(filler) + 1))[:n]
 
-    return [("short", lengthen(short_len)), ("chunk", lengthen(chunk)), ("two chunks", lengthen(chunk + chunk // 2))]
+def lengthen(base: list[int], filler: list[int], n: int) -> list[int]:
+    """``n`` tokens: the bundle's prompt, then the filler repeated (cut to ``n``)."""
+    return (base + filler * (n // len(filler) + 1))[:n]
 
 
 def _loop_agrees(run: EngineRun) -> bool:
@@ -255,12 +264,18 @@ def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.
     check.passed = ok and check.tokens_equal and check.engine_loop_agrees
 
 
-def _twins(modellib_dir: Path, partition_dir: Path, soc: Soc) -> dict[str, bytes]:
-    from mnnbuild.verify.checks import build_twins
+def _twins(context_dir: Path, merge: dict[str, list[str]]) -> dict[str, bytes]:
+    """The unshared twins the context stage built (hash checked against its manifests)."""
+    from mnnbuild.verify.checks import read_contexts, read_twins
 
-    lib = QnnLibrary()
-    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
-    return {path: twin.data for path, twin in build_twins(lib, target, modellib_dir, read_merge(partition_dir)).items()}
+    contexts, problems = read_contexts(context_dir, merge)
+    twins, more = read_twins(context_dir, contexts, merge)
+    if problems or more:
+        raise ConformError(f"{context_dir}: {(problems + more)[0]}")
+    try:
+        return {path: twin.read() for path, twin in twins.items()}
+    except MnnbuildError as exc:
+        raise ConformError(str(exc)) from None
 
 
 def conform_model(
@@ -270,7 +285,7 @@ def conform_model(
     soc: Soc,
     bundle_model_dir: Path,
     original_dir: Path,
-    modellib_dir: Path,
+    context_dir: Path,
     partition_dir: Path,
     out_dir: Path,
     build: MnnBuild,
@@ -310,7 +325,7 @@ def conform_model(
         else:
             reason = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
         log.warning("conform: %s; running unshared twins in their place", reason)
-        twins = _twins(modellib_dir, partition_dir, soc)
+        twins = _twins(context_dir, merge)
         binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
         bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
 
@@ -351,9 +366,64 @@ def conform_model(
     report.llm_demo = smoke_llm_demo(build, bundle_cfg, max_new_tokens)
     report.seconds = time.perf_counter() - started
     report.passed = all(p.passed for p in report.prompts) and report.llm_demo.passed
+    return report
+
+
+def write_report(report: ConformReport, out_dir: Path) -> None:
     atomic_write_text(out_dir / "conform.json", report.model_dump_json(indent=2))
     atomic_write_text(out_dir / "conform.txt", format_report(report))
-    return report
+
+
+def staged_config(out_dir: Path, label: str) -> Path:
+    """The config a conform run staged for ``bundle``, ``original`` or ``unchunked`` in ``out_dir``."""
+    return out_dir / label / (BUNDLE_CONFIG if label == "bundle" else "config.json")
+
+
+def measure_patch_effect(
+    patch: str,
+    with_patch: tuple[MnnBuild, Path],
+    without_patch: tuple[MnnBuild, Path],
+    out_dir: Path,
+    lengths: list[int],
+    max_new_tokens: int,
+    tol: Tolerance | None = None,
+) -> PatchEffect:
+    """The bundle staged by :func:`conform_model` in ``out_dir`` through both builds (each with its driver), and
+    the unchunked original through the patched one, at each prompt length."""
+    from mnnbuild_runtime import Tokenizer
+
+    tol = tol or Tolerance()
+    bundle_cfg, unchunked_cfg = staged_config(out_dir, "bundle"), staged_config(out_dir, "unchunked")
+    limits = _read_json(bundle_cfg)["chunk_limits"]
+    assert isinstance(limits, list)
+    chunk = max(limits)
+    tokenizer = Tokenizer(staged_config(out_dir, "original"))
+    base = tokenizer.encode((bundle_cfg.parent / PROMPT_FILE).read_text(encoding="utf-8").strip())
+    filler = tokenizer.encode(FILLER)
+    work = out_dir / "patch-effect"
+    work.mkdir(parents=True, exist_ok=True)
+    effect = PatchEffect(
+        patch=patch,
+        build_with=with_patch[0].record.key,
+        build_without=without_patch[0].record.key,
+        chunk_limits=limits,
+        max_new_tokens=max_new_tokens,
+        lengths=[],
+    )
+    for n in lengths:
+        ids = lengthen(base, filler, n)
+        runs = {}
+        for label, (build, driver), cfg in (
+            ("with_patch", with_patch, bundle_cfg),
+            ("without_patch", without_patch, bundle_cfg),
+            ("reference", with_patch, unchunked_cfg),
+        ):
+            run, rows, output = run_driver(driver, build, cfg, ids, max_new_tokens, chunk, work / f"{label}-{n}.f32")
+            if run is None or rows is None:
+                raise ConformError(f"patch effect, {n} tokens, {label} run failed: {_last_lines(output)}")
+            runs[label] = (RunTokens(tokens=run.tokens, text=run.text), rows)
+        effect.lengths.append(length_effect(n, padding(n, limits), runs, tol))
+    return summarize(effect)
 
 
 def _last_lines(text: str, n: int = 3) -> str:
@@ -366,7 +436,7 @@ def smoke_llm_demo(build: MnnBuild, config: Path, max_new_tokens: int) -> SmokeC
     prompt = config.parent / PROMPT_FILE
     cmd = [str(build.llm_demo), str(config), str(prompt), str(max_new_tokens)]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=config.parent, capture_output=True, env=_env(build), timeout=DRIVER_TIMEOUT_S)
+    proc = subprocess.run(cmd, cwd=config.parent, capture_output=True, env=engine_env(build), timeout=DRIVER_TIMEOUT_S)
     seconds = time.perf_counter() - t0
     text = (proc.stdout + proc.stderr).decode("utf-8", errors="replace")
     lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -419,4 +489,8 @@ def format_report(report: ConformReport) -> str:
         out.append(
             f"llm_demo smoke: {'ok' if d.passed else 'FAILED'} (exit {d.exit_code}, {d.seconds:.1f}s): {d.command}"
         )
+    if report.boundaries is not None:
+        out += ["", *format_boundaries(report.boundaries)]
+    if report.patch_effect is not None:
+        out += ["", *format_effect(report.patch_effect)]
     return "\n".join(out) + "\n"

@@ -18,10 +18,11 @@ from doit.cmdparse import CmdOption, CmdParse, CmdParseError
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
+from mnnbuild.cache import local_cache_dir
 from mnnbuild.dag.reporter import BuildSummaryReporter
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import DigestMemo
-from mnnbuild.layout import stage_dir
+from mnnbuild.layout import CODE_DIGESTS, stage_dir
 from mnnbuild.settings import Settings
 from mnnbuild.spec import ModelSpec, discover_specs
 
@@ -58,7 +59,9 @@ class Project:
                     f"{spec.spec_path}: field 'family': {spec.family!r} models cannot be built yet (only 'llm'); "
                     "see docs/families.md"
                 )
-        memo = DigestMemo(settings.artifact_root / ".code-digests.json")
+        # beside a local cache, the memo serves every artifact root and clone that shares the cache
+        memo_dir = local_cache_dir(os.environ) or settings.artifact_root
+        memo = DigestMemo(memo_dir / CODE_DIGESTS)
         return cls(settings=settings, specs=specs, memo=memo)
 
     def stage_dir(self, stage: str, spec: ModelSpec, arch: str | None = None) -> Path:

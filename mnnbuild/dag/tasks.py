@@ -147,12 +147,16 @@ def fetch_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
     )
 
 
+def _lengths(spec: ModelSpec) -> str:
+    return "/".join(str(n) for n in spec.prefill_lengths)
+
+
 def io_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
     yield Run(
         spec,
         IoInputs(model=spec.name, model_dir=project.stage_dir("fetch", spec)),
-        IoParams(chunk_size=spec.chunk_size, seed=spec.seed),
-        doc=f"decode and prefill-{spec.chunk_size} reference io of {spec.name} (MNN CPU)",
+        IoParams(chunk_sizes=spec.prefill_lengths, seed=spec.seed),
+        doc=f"decode and prefill-{_lengths(spec)} reference io of {spec.name} (MNN CPU)",
     )
 
 
@@ -162,8 +166,8 @@ def partition_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
         PartitionInputs(
             model=spec.name, model_dir=project.stage_dir("fetch", spec), io_dir=project.stage_dir("io", spec)
         ),
-        PartitionParams(chunk_size=spec.chunk_size, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
-        doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{spec.chunk_size} graphs)",
+        PartitionParams(chunk_sizes=spec.prefill_lengths, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
+        doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{_lengths(spec)} graphs)",
     )
 
 
@@ -185,8 +189,8 @@ def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
         yield Run(
             spec,
             ConfigInputs(model=spec.name, target=arch, model_dir=project.stage_dir("fetch", spec)),
-            ConfigParams(chunk_size=spec.chunk_size),
-            doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {spec.chunk_size}, 1)",
+            ConfigParams(chunk_sizes=spec.prefill_lengths),
+            doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {[*spec.prefill_lengths, 1]})",
             arch=arch,
         )
 
@@ -252,7 +256,7 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 model_dir=project.stage_dir("fetch", spec),
                 context_dir=project.stage_dir("context", spec, arch),
             ),
-            VerifyParams(soc=soc),
+            VerifyParams(soc=soc, max_new_tokens=spec.verify.max_new_tokens),
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
             arch=arch,
             # a bundle file replaced after bundling must not pass as verified

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.layout import RESULT_MODEL
 from mnnbuild.manifest import Manifest
+from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.stage import StageInputs
 
 
@@ -40,7 +41,7 @@ class ConfigInputs(StageInputs):
 class ConfigParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    chunk_size: int = Field(gt=1)
+    chunk_sizes: PrefillLengths
 
 
 class ConfigManifest(Manifest):

@@ -1,10 +1,11 @@
-"""io: the decode and prefill reference inputs/outputs (``testdir/<seq_len>``)."""
+"""io: the decode and prefill reference inputs/outputs, one sample per length (``testdir/<seq_len>``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
@@ -16,6 +17,18 @@ INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index")
 DECODE_SEQ = 1
 
 
+def _distinct(lengths: tuple[int, ...]) -> tuple[int, ...]:
+    if len(set(lengths)) != len(lengths):
+        raise ValueError(f"prefill lengths {list(lengths)} repeat a length; each gets its own graph")
+    return lengths
+
+
+PrefillLengths = Annotated[
+    tuple[Annotated[int, Field(gt=DECODE_SEQ)], ...], Field(min_length=1), AfterValidator(_distinct)
+]
+"""The prefill lengths of a build in graph order (the spec's ``prefill_lengths``, longest first)."""
+
+
 class IoInputs(StageInputs):
     model: str
     model_dir: Path
@@ -25,7 +38,7 @@ class IoInputs(StageInputs):
 class IoParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    chunk_size: int = Field(gt=DECODE_SEQ)
+    chunk_sizes: PrefillLengths
     seed: int = 0
     runtime: CpuRuntime = CpuRuntime()
 
@@ -48,7 +61,7 @@ class IoManifest(Manifest):
     stage = "io"
     params: IoParams
     samples: list[IoSample]
-    """Decode first, then prefill: the order the partition names graphs in."""
+    """Decode first, then one per prefill length in ``chunk_sizes`` order: the order the partition names graphs in."""
 
     def sample_dirs(self, out_dir: Path) -> list[Path]:
         return [Path(out_dir) / s.dir for s in self.samples]

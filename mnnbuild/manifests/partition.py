@@ -11,6 +11,7 @@ from mnnbuild.cpu import CpuRuntime
 from mnnbuild.errors import StageError
 from mnnbuild.layout import POSTREAT_FILE
 from mnnbuild.manifest import Manifest
+from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.stage import StageInputs
 
 
@@ -25,8 +26,8 @@ class PartitionInputs(StageInputs):
 class PartitionParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    chunk_size: int = Field(gt=1)
-    """Prefill length; must be the io stage's."""
+    chunk_sizes: PrefillLengths
+    """Prefill lengths; must be the io stage's."""
     skips: tuple[str, ...] = ()
     """Op names forced to stay on the CPU."""
     max_kv_size: int = Field(default=0, ge=0)

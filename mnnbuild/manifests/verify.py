@@ -22,8 +22,9 @@ class VerifyInputs(StageInputs):
     io_dir: Path
     model_dir: Path
     """fetch output: the original model, run whole in MNN for the references."""
-    context_dir: Path | None = None
-    """context outputs (one subdir per plugin); when given, each shipped binary must have its recorded hash."""
+    context_dir: Path
+    """context outputs (one subdir per plugin): each shipped binary must have its recorded hash, and the unshared
+    twins there run in the simulator in their place."""
 
 
 class VerifyParams(BaseModel):
@@ -36,6 +37,8 @@ class VerifyParams(BaseModel):
     """Prompt of the generation check; None: the bundle's prompt.txt (what run.sh feeds the phone)."""
     max_new_tokens: int = Field(default=16, ge=1)
     runtime: CpuRuntime = CpuRuntime()
+    max_loaded_plugins: int = Field(default=1, ge=1)
+    """Plugin contexts loaded at once in the simulator: peak memory follows the largest plugins, not the model."""
 
 
 class VerifyManifest(Manifest):

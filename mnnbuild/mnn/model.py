@@ -24,6 +24,7 @@ import flatbuffers
 import numpy as np
 
 from mnnbuild.errors import MNNFormatError
+from mnnbuild.mnn._generated import enums
 from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn._generated.vector_types import VECTOR_DTYPES
 
@@ -34,14 +35,15 @@ def _enum_members(enum_cls: type) -> dict[str, int]:
     return {k: v for k, v in vars(enum_cls).items() if not k.startswith("_") and isinstance(v, int)}
 
 
-OP_TYPES: dict[str, int] = _enum_members(fb.OpType)
+# From the generated enums, not the generated classes: touching ``fb`` at import would run all of mnn_fb.
+OP_TYPES: dict[str, int] = enums.OP_TYPES
 """OpType name -> value, as in MNN's schema."""
 OP_TYPE_NAMES: dict[int, str] = {v: k for k, v in OP_TYPES.items()}
-PARAM_TYPES: dict[str, int] = _enum_members(fb.OpParameter)
+PARAM_TYPES: dict[str, int] = enums.PARAM_TYPES
 """OpParameter union member name -> tag (``NONE`` is 0)."""
 PARAM_TYPE_NAMES: dict[int, str] = {v: k for k, v in PARAM_TYPES.items()}
-DATA_TYPES: dict[str, int] = _enum_members(fb.DataType)
-DATA_FORMATS: dict[str, int] = _enum_members(fb.MNN_DATA_FORMAT)
+DATA_TYPES: dict[str, int] = enums.DATA_TYPES
+DATA_FORMATS: dict[str, int] = enums.DATA_FORMATS
 
 
 def enum_name(enum_cls: type, value: int) -> str:
@@ -93,7 +95,7 @@ class Op:
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
     main: Any = None
-    default_dimension_format: int = fb.MNN_DATA_FORMAT.NHWC
+    default_dimension_format: int = DATA_FORMATS["NHWC"]
     external_path: str | None = None
 
     @property
@@ -124,9 +126,9 @@ class MnnModel:
     extra_tensor_describe: list[Any] = field(default_factory=list)  # TensorDescribeT, by tensor index
     biz_code: str | None = None
     mnn_uuid: str | None = None
-    source_type: int = fb.NetSource.CAFFE
-    prefer_forward_type: int = fb.ForwardType.CPU
-    usage: int = fb.Usage.INFERENCE
+    source_type: int = enums.NET_SOURCES["CAFFE"]
+    prefer_forward_type: int = enums.FORWARD_TYPES["CPU"]
+    usage: int = enums.USAGES["INFERENCE"]
     tensor_number: int = 0
     subgraphs: list[Any] = field(default_factory=list)  # SubGraphProtoT, own tensor index spaces
     path: Path | None = field(default=None, compare=False)
@@ -423,8 +425,9 @@ def _op_from_t(op_t: Any, index: int, where: str) -> Op:
     )
 
 
-def parse_model(data: bytes, where: str = "<bytes>") -> MnnModel:
-    """Decode a ``.mnn`` flatbuffer held in memory (``where`` names it in errors)."""
+def parse_model(data: bytes, where: str = "<bytes>", check_outputs: bool = True) -> MnnModel:
+    """Decode a ``.mnn`` flatbuffer held in memory (``where`` names it in errors). ``check_outputs=False``
+    accepts output names that name no tensor (MNN's ``compilefornpu`` leaves such names behind)."""
     _check_root(data, where)
     buf = _StrictBytes(data)
     try:
@@ -465,19 +468,19 @@ def parse_model(data: bytes, where: str = "<bytes>") -> MnnModel:
         subgraphs=list(net.subgraphs or []),
     )
     unknown_outputs = [name for name in model.output_names if name not in set(tensor_names)]
-    if unknown_outputs:
+    if unknown_outputs and check_outputs:
         raise MNNFormatError(f"{where}: output names {unknown_outputs[:4]} are not tensor names")
     return model
 
 
-def load_model(path: str | os.PathLike[str]) -> MnnModel:
+def load_model(path: str | os.PathLike[str], check_outputs: bool = True) -> MnnModel:
     """Read a ``.mnn`` file (only that file: the external weight file is not opened)."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise MNNFormatError(f"{path}: cannot read MNN model: {exc}") from exc
-    model = parse_model(data, str(path))
+    model = parse_model(data, str(path), check_outputs)
     model.path = path
     log.debug("loaded %s: %d ops, %d tensors", path, len(model.ops), len(model.tensor_names))
     return model

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cffi
-
 from mnnbuild.errors import QnnError
-from mnnbuild.qnn._cdefs import CDEF
+from mnnbuild.qnn._generated.qnn_ffi import ffi as QNN_FFI
 
 log = logging.getLogger(__name__)
 #: QNN's own messages are logged under this name.
@@ -147,8 +145,8 @@ class QnnLibrary:
 
     def __init__(self, lib_dir: str | os.PathLike[str] | None = None, *, log_level: int | None = None) -> None:
         self.paths = find_qnn_libraries(lib_dir)
-        self.ffi = cffi.FFI()
-        self.ffi.cdef(CDEF)
+        # one precompiled FFI for every library (its type tables are read-only): nothing is parsed at run time
+        self.ffi = QNN_FFI
         try:
             self._backend_lib = self.ffi.dlopen(str(self.paths.backend))
             self._system_lib = self.ffi.dlopen(str(self.paths.system))

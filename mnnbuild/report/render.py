@@ -64,10 +64,11 @@ def _figures(data: ReportData) -> dict[str, str | None]:
     )
     prefill = [s for s in v.whole_model if s.seq_len > 1 and s.logits_rows is not None]
     if prefill:
-        rows = prefill[-1].logits_rows
+        longest = max(prefill, key=lambda s: s.seq_len)  # the full chunk, with several prefill lengths
+        rows = longest.logits_rows
         assert rows is not None
         out["position_errors"] = figures.position_errors(
-            prefill[-1].seq_len,
+            longest.seq_len,
             [e / m if m > 0 else 0.0 for e, m in zip(rows.max_abs_err, rows.ref_max_abs, strict=True)],
             rows.cosine,
             v.model_tolerance.max_rel_err,

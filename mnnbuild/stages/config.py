@@ -21,11 +21,11 @@ log = logging.getLogger(__name__)
 
 
 def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> ConfigManifest:
-    """Write ``config_qnn.json`` with prefill and decode chunk limits and the tokenizer file."""
+    """Write ``config_qnn.json`` with every prefill length and decode (1) as chunk limits, and the tokenizer file."""
     fetched = inputs.manifest(FetchManifest, inputs.model_dir)
     tokenizer = tokenizer_file(inputs.model_dir)
     config = ConfigQnn(
-        chunk_limits=[params.chunk_size, 1],
+        chunk_limits=[*params.chunk_sizes, 1],
         tokenizer_file=None if tokenizer == DEFAULT_TOKENIZER else tokenizer,
     )
     with staged_dir(out_dir) as tmp:

@@ -1,6 +1,6 @@
 """io: the reference input/output samples of the whole LLM graph (upstream ``generateLlmIO``).
 
-For the decode shape (1 token) and the prefill shape (``chunk_size`` tokens) it writes
+For the decode shape (1 token) and every prefill length (``chunk_sizes``, longest first) it writes
 ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
 diagonal), ``position_ids`` ``[1,seq]`` and ``logits_index`` ``[1]`` (0 for prefill, -1 for decode),
@@ -45,7 +45,7 @@ def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
 
 
 def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
-    """Run the whole LLM graph on the decode and prefill samples and save inputs and outputs."""
+    """Run the whole LLM graph on the decode and every prefill sample and save inputs and outputs."""
     model_dir = Path(inputs.model_dir)
     config = read_llm_config(model_dir)
     if config["attention_mask"] != "float":
@@ -54,19 +54,22 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             'only "float" attention masks are supported'
         )
     hidden = config["hidden_size"]
-    # verify generates from the bundle's prompt inside one prefill chunk: refuse a chunk it cannot fit now,
-    # not after the whole build (imported here: io otherwise does not need the runtime)
+    # verify generates from the bundle's prompt inside the longest prefill chunk: refuse a chunk it cannot fit
+    # now, not after the whole build (imported here: io otherwise does not need the runtime)
     from mnnbuild_runtime import BundleError, Tokenizer
 
     try:
         prompt_tokens = len(Tokenizer(model_dir / "config.json").encode(DEFAULT_PROMPT.strip()))
     except BundleError as exc:
         raise ModelDirError(str(exc)) from None
-    if params.chunk_size <= prompt_tokens:
+    longest = max(params.chunk_sizes)
+    if longest <= prompt_tokens:
+        one = len(params.chunk_sizes) == 1
+        field = f"'chunk_size' is {longest}" if one else f"'chunk_sizes' is {list(params.chunk_sizes)}"
         raise ModelDirError(
-            f"{inputs.model}: spec field 'chunk_size' is {params.chunk_size}, but verify's prompt "
-            f"{DEFAULT_PROMPT.strip()!r} is {prompt_tokens} tokens and generation needs room after it; "
-            f"expected chunk_size >= {prompt_tokens + 1}"
+            f"{inputs.model}: spec field {field}, but verify's prompt {DEFAULT_PROMPT.strip()!r} is {prompt_tokens} "
+            f"tokens and generation needs room after it; expected {'chunk_size' if one else 'the longest length'} "
+            f">= {prompt_tokens + 1}"
         )
     fetched = inputs.manifest(FetchManifest, model_dir)
     rt = params.runtime.create(model_dir / WEIGHT_FILE)
@@ -82,7 +85,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
 
     samples = []
     with staged_dir(out_dir) as tmp:
-        for seq_len in (DECODE_SEQ, params.chunk_size):
+        for seq_len in (DECODE_SEQ, *params.chunk_sizes):
             feed = make_inputs(seq_len, hidden, params.seed)
             feed = {n: feed[n] for n in names}
             outputs = module.forward([to_var(feed[n]) for n in names])

@@ -3,7 +3,7 @@
 For each ``qnn/<graph>/`` of the partition it writes ``qnn/<graph>/graph.json`` (tensors and
 nodes, see `mnnbuild.lowering.graph`) and one ``.raw`` per static tensor: the graph directory is
 the model-lib, complete on its own (upstream's ``graph.bin`` is ``tar -cf graph.bin *.raw`` of
-it). Every weight is written once: the prefill graph's raws that equal the decode graph's are hard
+it). Every weight is written once: the prefill graphs' raws that equal the decode graph's are hard
 links. Weights stay fp32 (see the note in `build_modellib`). The context stage composes QNN graphs
 from it.
 """

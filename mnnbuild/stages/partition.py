@@ -1,10 +1,10 @@
 """partition: cut ``llm.mnn`` into CPU ops and QNN Plugin ops (upstream ``compilefornpu``).
 
-Reads the model (fetch output) and the io samples (decode first, then prefill), and writes::
+Reads the model (fetch output) and the io samples (decode first, then each prefill length), and writes::
 
     qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph
     qnn/graph<k>/               decode graph of plugin k: graph.json, input.mnn, output.mnn, folded.mnn
-    qnn/graph1_<k>/             the same at the prefill shape
+    qnn/graph<s>_<k>/           the same at prefill length s (1: the longest, 2: the next, ...)
     npu_postreat.json           {"type": "QNN", "merge": {"qnn/graph<k>.bin": [...]}, "cache": "qnn"}
     partition.json, partition.txt, partition.manifest.json
 
@@ -287,10 +287,10 @@ def partition(
     model_dir, io_dir = Path(inputs.model_dir), Path(inputs.io_dir)
     fetched = inputs.manifest(FetchManifest, model_dir)
     io = inputs.manifest(IoManifest, io_dir)
-    if io.params.chunk_size != params.chunk_size:
+    if io.params.chunk_sizes != params.chunk_sizes:
         raise StageError(
-            f"{io_dir / IoManifest.filename()}: field 'params.chunk_size' is {io.params.chunk_size}, "
-            f"the partition expects {params.chunk_size}; re-run the io stage"
+            f"{io_dir / IoManifest.filename()}: field 'params.chunk_sizes' is {list(io.params.chunk_sizes)}, "
+            f"the partition expects {list(params.chunk_sizes)}; re-run the io stage"
         )
     model_path, weight_path = model_dir / MODEL_FILE, model_dir / WEIGHT_FILE
     try:

@@ -10,8 +10,10 @@ Checks (tolerances in :class:`VerifyParams`):
   outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
 - (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt.
 
-The x86 library cannot load weight-shared binaries, so the simulator runs unshared twins composed from the
-same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
+The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the context stage
+built from the same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
+The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
+with at most ``max_loaded_plugins`` contexts loaded, each plugin's per-graph check while it is loaded.
 
 Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
 the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:
@@ -24,7 +26,7 @@ import logging
 import time
 from pathlib import Path
 
-from mnnbuild_runtime import BinaryOverride, HybridModel
+from mnnbuild_runtime import HybridModel, PluginRunner
 
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
@@ -42,37 +44,37 @@ from mnnbuild.modeldir import DEFAULT_PROMPT
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.stage import Stage
 from mnnbuild.verify import checks, failures
-from mnnbuild.verify.report import VerifyReport, format_report
+from mnnbuild.verify.report import GraphCheck, VerifyReport, format_report
 
 log = logging.getLogger(__name__)
 
 
-def _expected_hashes(inputs: VerifyInputs, bundle: BundleManifest, model_prefix: str) -> dict[str, dict[str, str]]:
-    """Per plugin path: the shipped binary's hash in the bundle manifest and in its context manifest."""
+def _expected_hashes(
+    bundle: BundleManifest, model_prefix: str, contexts: dict[str, ContextManifest], twins: dict[str, checks.Twin]
+) -> dict[str, dict[str, str]]:
+    """Per plugin path: the shipped binary's hash in the bundle manifest and in its context manifest, and the
+    twin's."""
     hashes: dict[str, dict[str, str]] = {}
     for rec in bundle.outputs:
         if rec.path.startswith(model_prefix + "qnn/") and rec.path.endswith(".bin"):
             hashes.setdefault(rec.path[len(model_prefix) :], {})["bundle"] = rec.sha256
-    if inputs.context_dir is not None:
-        for manifest_path in sorted(Path(inputs.context_dir).glob(f"*/{ContextManifest.filename()}")):
-            ctx = ContextManifest.read(manifest_path.parent)
-            hashes.setdefault(ctx.binary, {})["context"] = ctx.output(ctx.binary).sha256
+    for binary, ctx in contexts.items():
+        hashes.setdefault(binary, {})["context"] = ctx.output(ctx.binary).sha256
+    for binary, twin in twins.items():
+        hashes.setdefault(binary, {})["twin"] = twin.sha256
     return hashes
 
 
-def _context_problems(inputs: VerifyInputs, params: VerifyParams, merge: dict[str, list[str]]) -> list[str]:
+def _context_problems(
+    inputs: VerifyInputs, params: VerifyParams, merge: dict[str, list[str]], contexts: dict[str, ContextManifest]
+) -> list[str]:
     """The twins stand in for the shipped binaries only if the context stage built those from the same modellib
     files (by hash) for the same SoC; manifests only, nothing is re-hashed."""
-    if inputs.context_dir is None:
-        return []
     modellib = ModellibManifest.read(Path(inputs.modellib_dir))
     problems = []
     for binary, graphs in merge.items():
-        ctx_dir = Path(inputs.context_dir) / Path(binary).stem
-        try:
-            ctx = ContextManifest.read(ctx_dir)
-        except StageError as exc:
-            problems.append(f"plugin {binary}: {exc}")
+        ctx = contexts.get(binary)
+        if ctx is None:
             continue
         expected = {r for r in modellib.outputs if Path(r.path).parent.as_posix() in graphs}
         if set(ctx.inputs) != expected:
@@ -95,59 +97,66 @@ def _read_prompt(model_dir: Path, prompt: str | None) -> str:
     return text or DEFAULT_PROMPT.strip()
 
 
-def _overrides(
-    inputs: VerifyInputs, bundle: BundleManifest, model_prefix: str, twins: dict[str, checks.Twin]
-) -> tuple[dict[str, dict[str, str]], dict[str, BinaryOverride]]:
-    """The recorded hashes of each shipped binary (bundle, context, twin) and the twins to run in its place."""
-    hashes = _expected_hashes(inputs, bundle, model_prefix)
-    for path, twin in twins.items():
-        hashes.setdefault(path, {})["twin"] = twin.sha256
-    overrides = {
-        path: BinaryOverride(
-            twin.data,
-            shipped_sha256=hashes[path].get("context") or hashes[path].get("bundle"),
-            label=f"unshared twin of {path} (sha256 {twin.sha256[:12]}…)",
-        )
-        for path, twin in twins.items()
-    }
-    return hashes, overrides
-
-
 def _run_bundle(
     model: HybridModel,
     inputs: VerifyInputs,
     params: VerifyParams,
-    hashes: dict[str, dict[str, str]],
+    twins: dict[str, checks.Twin],
     report: VerifyReport,
     timings: dict[str, float],
-) -> list[failures.Failure]:
-    """Plugin checks, then (if every binary passed) the whole model and generation checks, into ``report``."""
-    found = []
-    report.plugins = checks.plugin_checks(model, hashes)
-    found += failures.plugin_failures(report.plugins)
-    if all(p.passed for p in report.plugins):
-        t0 = time.perf_counter()
-        io = IoManifest.read(Path(inputs.io_dir))
-        samples = [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(inputs.io_dir), strict=True)]
-        report.whole_model = checks.check_whole_model(model, samples, params.model_tolerance)
-        timings["whole_model"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        report.generation = checks.check_generation(
-            model,
-            Path(inputs.model_dir),
-            _read_prompt(model.bundle.model_dir, params.prompt),
-            params.max_new_tokens,
-            params.model_tolerance,
-            params.runtime,
-        )
-        timings["generation"] = time.perf_counter() - t0
-    else:
-        found.append(failures.structure("whole model and generation not run: a plugin binary failed its checks", -1.0))
-    for p, runner in zip(report.plugins, model.plugins.values(), strict=True):
-        rep = runner.report()
-        p.load_seconds = rep["load_seconds"]
-        p.simulator_seconds = rep["simulator_seconds"]
-    return found
+) -> dict[str, list[GraphCheck]]:
+    """The whole model and generation checks in one pass of the bundle over every input (io samples and the
+    generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; while each is
+    loaded, its per-graph check. Returns the per-graph checks by plugin path."""
+    t0 = time.perf_counter()
+    gen = checks.GenerationRun(
+        Path(inputs.model_dir),
+        model.bundle.model_dir,
+        model.bundle.block_sizes,
+        _read_prompt(model.bundle.model_dir, params.prompt),
+        params.max_new_tokens,
+        params.runtime,
+    )
+    gen.reference()
+    io = IoManifest.read(Path(inputs.io_dir))
+    samples = checks.load_samples(
+        [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(inputs.io_dir), strict=True)]
+    )
+    timings["cpu_reference"] = time.perf_counter() - t0
+
+    graphs: dict[str, list[GraphCheck]] = {}
+    graph_seconds = 0.0
+
+    def graph_check(runner: PluginRunner) -> None:
+        nonlocal graph_seconds
+        twin = twins.get(runner.spec.path)
+        if twin is None:
+            return
+        t = time.perf_counter()
+        try:
+            graphs[twin.binary] = checks.check_plugin_graphs(
+                runner.load(), twin.binary, twin.graphs, Path(inputs.partition_dir), params.graph_tolerance
+            )
+        except Exception as exc:  # the context did not load: every graph says why
+            graphs[twin.binary] = checks.graphs_not_run(twin.binary, twin.graphs, checks.describe_error(exc))
+        graph_seconds += time.perf_counter() - t
+
+    feeds = [s.feed for s in samples if s.problem is None]
+    gen_feeds = gen.feeds()
+    t0 = time.perf_counter()
+    runs = model.run_many([*feeds, *gen_feeds.values()], while_loaded=graph_check)
+    timings["graphs"] = graph_seconds
+    timings["bundle_pass"] = time.perf_counter() - t0 - graph_seconds
+    loaded = iter(runs[: len(feeds)])
+    report.whole_model = [
+        checks.check_whole_model(s, next(loaded) if s.problem is None else None, params.model_tolerance)
+        for s in samples
+    ]
+    t0 = time.perf_counter()
+    gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
+    report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
+    timings["generation"] = time.perf_counter() - t0
+    return graphs
 
 
 def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
@@ -176,33 +185,59 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
     merge = read_merge(Path(inputs.partition_dir))
     t0 = time.perf_counter()
-    try:
-        twins = checks.build_twins(lib, target, Path(inputs.modellib_dir), merge)
-    except MnnbuildError as exc:  # nothing can run without them; still write the report
-        twins = {}
-        found.append(failures.structure(f"unshared twins: {exc}"))
+    contexts, problems = checks.read_contexts(Path(inputs.context_dir), merge)
+    twins, twin_problems = checks.read_twins(Path(inputs.context_dir), contexts, merge)
+    found += [failures.structure(p) for p in problems + twin_problems]
+    found += [failures.structure(p) for p in _context_problems(inputs, params, merge, contexts)]
     timings["twins"] = time.perf_counter() - t0
 
-    t0 = time.perf_counter()
-    report.graphs = checks.check_graphs(lib, twins, Path(inputs.partition_dir), params.graph_tolerance)
-    timings["graphs"] = time.perf_counter() - t0
-    found += failures.graph_failures(report.graphs, params.graph_tolerance)
-
-    found += [failures.structure(p) for p in _context_problems(inputs, params, merge)]
-    hashes, overrides = _overrides(inputs, bundle, model_prefix, twins)
+    hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
+    graphs: dict[str, list[GraphCheck]] = {}
     model = None
     try:
         model = HybridModel(
-            bundle_model_dir, binary_overrides=overrides, expected_target=target, qnn_lib=lib, runtime=params.runtime
+            bundle_model_dir,
+            binary_overrides={path: twin.override() for path, twin in twins.items()},
+            expected_target=target,
+            qnn_lib=lib,
+            runtime=params.runtime,
+            max_loaded=params.max_loaded_plugins,
         )
     except MnnbuildError as exc:
         found.append(failures.structure(f"bundle {bundle_model_dir}: {exc}"))
     try:
-        if model is not None and twins:
-            found += _run_bundle(model, inputs, params, hashes, report, timings)
+        if model is not None:
+            report.plugins = checks.plugin_checks(model, hashes)
+            found += failures.plugin_failures(report.plugins)
+            if twins and all(p.passed for p in report.plugins):
+                graphs = _run_bundle(model, inputs, params, twins, report, timings)
+            else:
+                found.append(
+                    failures.structure("whole model and generation not run: a plugin binary failed its checks", -1.0)
+                )
+            for p, runner in zip(report.plugins, model.plugins.values(), strict=True):
+                rep = runner.report()
+                p.load_seconds, p.loads, p.simulator_seconds = (
+                    rep["load_seconds"],
+                    rep["loads"],
+                    rep["simulator_seconds"],
+                )
     finally:
         if model is not None:
             model.close()
+    # the graphs of plugins the pass did not reach: each twin on its own (they do not depend on the bundle)
+    t0 = time.perf_counter()
+    rest = checks.check_graphs(
+        lib, [t for b, t in twins.items() if b not in graphs], Path(inputs.partition_dir), params.graph_tolerance
+    )
+    timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
+    for g in rest:
+        graphs.setdefault(g.binary, []).append(g)
+    for binary, graph_dirs in merge.items():
+        if binary not in twins:  # why is among the context problems
+            graphs[binary] = checks.graphs_not_run(binary, graph_dirs, "no unshared twin: see the plugin's context")
+    report.graphs = [g for binary in merge for g in graphs.get(binary, [])]
+    found += failures.graph_failures(report.graphs, params.graph_tolerance)
     found += failures.whole_model_failures(report.whole_model, params.model_tolerance)
     found += failures.generation_failures(report.generation, params.model_tolerance)
     report.executed_note = failures.executed_note(report.plugins)

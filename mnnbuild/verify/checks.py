@@ -2,42 +2,57 @@
 a check that cannot run records why, so the report is always complete.
 
 The x86 HTP library cannot load weight-shared context binaries (``mnnbuild/qnn/README.md``), so the
-numbers come from *unshared twins*: the same modellib graphs composed again with weight sharing off
-(:func:`build_twins`). The shipped binaries are tied to those materials by hash (context manifest =
-bundle manifest = file) and by structure (binary info checked against the plugin attributes by the
+numbers come from *unshared twins*: the same modellib graphs composed with weight sharing off, which the
+context stage writes next to each shipped binary (:func:`read_twins`; verify composes nothing). The
+shipped binaries are tied to them by hash (context manifest = bundle manifest = file; the twin's own hash
+in the context manifest) and by structure (binary info checked against the plugin attributes by the
 runtime's ``check_structure``, for the shipped binary and the twin alike).
+
+The simulator work is one pass (see ``mnnbuild.stages.verify``): the bundle runs every io sample and the
+generation sequence in lockstep, one plugin context loaded at a time, and each plugin's per-graph check
+runs while its context is loaded (:func:`check_plugin_graphs`). The per-graph check and the whole-model
+check cannot share executions: a graph's reference inputs are the original model's values on the CPU,
+while in the whole model it reads what the plugins before it computed on the HTP.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from mnnbuild_runtime import (
+    BinaryOverride,
     Embeddings,
+    ForwardResult,
     HybridModel,
     Tokenizer,
     cpu_forward_fn,
-    cpu_greedy_generate,
-    llm_inputs,
-    recompute_generate,
+    draft_feeds,
+    follow_draft,
+    kv_cache_draft,
 )
-from tqdm import tqdm
+from mnnbuild_runtime.generate import ForwardFn
 
 from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.errors import MnnbuildError, StageError, UnsafePathError
 from mnnbuild.fsutil import confined, sha256_bytes, sha256_file
-from mnnbuild.layout import CONFIG_FILE, REFERENCE_INPUT, REFERENCE_OUTPUT, manifest_file, origin_file
-from mnnbuild.lowering.graph import compose_context, read_graph_dirs
+from mnnbuild.layout import (
+    CONFIG_FILE,
+    REFERENCE_INPUT,
+    REFERENCE_OUTPUT,
+    manifest_file,
+    origin_file,
+    plugin_context_dir,
+)
 from mnnbuild.manifest import FileRecord
+from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.partition.records import SubgraphRecord
-from mnnbuild.qnn import ContextRunner, HtpTarget, QnnLibrary, read_binary_info
+from mnnbuild.qnn import ContextRunner, QnnLibrary, read_binary_info
 from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
 from mnnbuild.verify.report import (
     GenerationCheck,
@@ -56,7 +71,7 @@ log = logging.getLogger(__name__)
 _BOOKKEEPING = (manifest_file("bundle"), origin_file("bundle"))
 
 
-def _problem(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     # MNN raises bare RuntimeError/SystemError; keep the type so a bug is not mistaken for a bad bundle
     return str(exc) if isinstance(exc, MnnbuildError) else f"{type(exc).__name__}: {exc}"
 
@@ -91,72 +106,140 @@ def check_integrity(bundle_dir: Path, records: list[FileRecord]) -> IntegrityChe
     return IntegrityCheck(files=len(records), problems=problems, passed=not problems)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Twin:
+    """The binary the simulator runs for one plugin, as its context stage built and recorded it: the unshared
+    twin of the shipped binary (or the shipped binary itself when that is unshared)."""
+
     binary: str
     graphs: list[str]
-    data: bytes
+    path: Path
     sha256: str
-    seconds: float
+    """Its sha256 in the context manifest."""
+    shipped_sha256: str
+    """The shipped binary's sha256 in the context manifest."""
 
+    def read(self) -> bytes:
+        """Its bytes, which must still have the recorded hash."""
+        try:
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise StageError(f"plugin {self.binary}: cannot read its twin {self.path}: {exc}") from None
+        digest = sha256_bytes(data)
+        if digest != self.sha256:
+            raise StageError(
+                f"plugin {self.binary}: twin {self.path} has sha256 {digest[:12]}…, the context manifest records "
+                f"{self.sha256[:12]}…: changed after the context stage built it"
+            )
+        return data
 
-def build_twins(
-    lib: QnnLibrary, target: HtpTarget, modellib_dir: Path, merge: Mapping[str, list[str]]
-) -> dict[str, Twin]:
-    """An unshared context binary per plugin, from the same modellib graphs the shipped one was built from."""
-    twins = {}
-    for binary, graphs in tqdm(merge.items(), desc="unshared twins", unit="binary", leave=False, disable=None):
-        t0 = time.perf_counter()
-        data = compose_context(lib, target, read_graph_dirs(modellib_dir, graphs), weight_sharing=False)
-        twins[binary] = Twin(binary, list(graphs), data, sha256_bytes(data), time.perf_counter() - t0)
-        log.info(
-            "verify: twin %s (%s): %.1f MB in %.2fs", binary, ", ".join(graphs), len(data) / 1e6, twins[binary].seconds
+    def override(self) -> BinaryOverride:
+        """What the runtime runs in the shipped binary's place (read from the file when loaded, hash checked)."""
+        return BinaryOverride(
+            self.path,
+            shipped_sha256=self.shipped_sha256,
+            sha256=self.sha256,
+            label=f"unshared twin of {self.binary} (sha256 {self.sha256[:12]}…)",
         )
-    return twins
 
 
-def check_graphs(lib: QnnLibrary, twins: Mapping[str, Twin], partition_dir: Path, tol: Tolerance) -> list[GraphCheck]:
-    """(a) Every graph in the simulator (its twin) on the partition's reference inputs vs its reference outputs."""
+def read_contexts(context_dir: Path, merge: Mapping[str, list[str]]) -> tuple[dict[str, ContextManifest], list[str]]:
+    """Each plugin's context manifest, by plugin path; the ones that cannot be read are problems, not errors."""
+    contexts: dict[str, ContextManifest] = {}
+    problems = []
+    for binary in merge:
+        try:
+            contexts[binary] = ContextManifest.read(plugin_context_dir(context_dir, binary))
+        except StageError as exc:
+            problems.append(f"plugin {binary}: {exc}")
+    return contexts, problems
+
+
+def read_twins(
+    context_dir: Path, contexts: Mapping[str, ContextManifest], merge: Mapping[str, list[str]]
+) -> tuple[dict[str, Twin], list[str]]:
+    """Each plugin's twin as its context manifest names and hashes it (nothing is composed here); the problems
+    (a twin the manifest does not list, a path leaving its dir) are returned, not raised."""
+    twins: dict[str, Twin] = {}
+    problems = []
+    for binary, graphs in merge.items():
+        ctx = contexts.get(binary)
+        if ctx is None:
+            continue  # no context manifest: reported with the context problems
+        ctx_dir = plugin_context_dir(context_dir, binary)
+        name = ctx.twin or ctx.binary  # an unshared shipped binary runs as it is
+        try:
+            twins[binary] = Twin(
+                binary,
+                list(graphs),
+                confined(ctx_dir, name, f"{ctx_dir / ContextManifest.filename()} field 'twin'"),
+                ctx.output(name).sha256,
+                ctx.output(ctx.binary).sha256,
+            )
+        except KeyError as exc:
+            problems.append(f"plugin {binary}: the context manifest in {ctx_dir} lists no output {exc}")
+        except UnsafePathError as exc:
+            problems.append(f"plugin {binary}: {exc}")
+    return twins, problems
+
+
+def check_plugin_graphs(
+    runner: ContextRunner, binary: str, graphs: Sequence[str], partition_dir: Path, tol: Tolerance
+) -> list[GraphCheck]:
+    """(a) Every graph of one loaded plugin context on the partition's reference inputs vs its reference outputs."""
     results = []
-    todo = [(t, g) for t in twins.values() for g in t.graphs]
-    runners: dict[str, ContextRunner] = {}
-    try:
-        for twin, graph in tqdm(todo, desc="graphs", unit="graph", leave=False, disable=None):
-            name = Path(graph).name
-            try:
-                runner = runners.get(twin.binary)
-                if runner is None:
-                    runner = runners[twin.binary] = ContextRunner(lib, twin.data, info=read_binary_info(lib, twin.data))
-                graph_dir = partition_dir / graph
-                desc = SubgraphRecord.read(graph_dir)
-                ins, outs = desc.load_reference(graph_dir)
-                ginfo = runner.info.graph(name)
-                feed = {
-                    t.qnn_name: np.ascontiguousarray(a, dtype=ginfo.input(t.qnn_name).numpy_dtype)
-                    for t, a in zip(desc.inputs, ins, strict=True)
-                }
-                t0 = time.perf_counter()
-                got = runner.execute(name, feed)
-                seconds = time.perf_counter() - t0
-                checks = [
-                    compare(t.name, got[t.qnn_name], ref, tol, qnn_name=t.qnn_name)
-                    for t, ref in zip(desc.outputs, outs, strict=True)
-                ]
-                results.append(
-                    GraphCheck(
-                        graph=name,
-                        binary=twin.binary,
-                        simulator_seconds=seconds,
-                        outputs=checks,
-                        passed=all(c.passed for c in checks),
-                    )
+    for graph in graphs:
+        name = Path(graph).name
+        try:
+            graph_dir = confined(partition_dir, graph, "npu_postreat.json field 'merge'")
+            desc = SubgraphRecord.read(graph_dir)
+            ins, outs = desc.load_reference(graph_dir)
+            ginfo = runner.info.graph(name)
+            feed = {
+                t.qnn_name: np.ascontiguousarray(a, dtype=ginfo.input(t.qnn_name).numpy_dtype)
+                for t, a in zip(desc.inputs, ins, strict=True)
+            }
+            t0 = time.perf_counter()
+            got = runner.execute(name, feed)
+            seconds = time.perf_counter() - t0
+            checks = [
+                compare(t.name, got[t.qnn_name], ref, tol, qnn_name=t.qnn_name)
+                for t, ref in zip(desc.outputs, outs, strict=True)
+            ]
+            results.append(
+                GraphCheck(
+                    graph=name,
+                    binary=binary,
+                    simulator_seconds=seconds,
+                    outputs=checks,
+                    passed=all(c.passed for c in checks),
                 )
-            except Exception as exc:  # record and go on: the report must cover every graph
-                log.debug("graph %s failed", graph, exc_info=True)
-                results.append(GraphCheck(graph=name, binary=twin.binary, passed=False, problem=_problem(exc)))
-    finally:
-        for r in runners.values():
-            r.close()
+            )
+        except Exception as exc:  # record and go on: the report must cover every graph
+            log.debug("graph %s failed", graph, exc_info=True)
+            results.append(GraphCheck(graph=name, binary=binary, passed=False, problem=describe_error(exc)))
+    return results
+
+
+def graphs_not_run(binary: str, graphs: Sequence[str], problem: str) -> list[GraphCheck]:
+    return [GraphCheck(graph=Path(g).name, binary=binary, passed=False, problem=problem) for g in graphs]
+
+
+def check_graphs(lib: QnnLibrary, twins: Iterable[Twin], partition_dir: Path, tol: Tolerance) -> list[GraphCheck]:
+    """(a) for plugins no bundle pass reached: each twin loaded on its own, checked, and freed before the next."""
+    results = []
+    for twin in twins:
+        try:
+            data = twin.read()
+            runner = ContextRunner(lib, data, info=read_binary_info(lib, data))
+        except Exception as exc:
+            results += graphs_not_run(twin.binary, twin.graphs, describe_error(exc))
+            continue
+        del data
+        try:
+            results += check_plugin_graphs(runner, twin.binary, twin.graphs, partition_dir, tol)
+        finally:
+            runner.close()
     return results
 
 
@@ -169,7 +252,7 @@ def plugin_checks(model: HybridModel, expected: Mapping[str, dict[str, str | Non
         try:
             runner.check()
         except Exception as exc:
-            problem = _problem(exc)
+            problem = describe_error(exc)
         rep = runner.report()
         hashes = expected.get(spec.path, {})
         results.append(
@@ -192,46 +275,59 @@ def plugin_checks(model: HybridModel, expected: Mapping[str, dict[str, str | Non
     return results
 
 
-def check_whole_model(model: HybridModel, samples: list[tuple[int, Path]], tol: Tolerance) -> list[ShapeCheck]:
-    """(b) The bundle on each io sample vs the original model's CPU outputs (the io stage's output.mnn)."""
-    results = []
+@dataclass
+class Sample:
+    """One io sample: the whole model's inputs and the original model's outputs on the CPU."""
+
+    seq_len: int
+    feed: dict[str, np.ndarray] = field(default_factory=dict)
+    refs: dict[str, np.ndarray] = field(default_factory=dict)
+    problem: str | None = None
+
+
+def load_samples(samples: list[tuple[int, Path]]) -> list[Sample]:
+    """The io stage's samples (``input.mnn``/``output.mnn`` per shape); one that cannot be read says why."""
+    loaded = []
     for seq, sample_dir in samples:
         try:
-            feed = load_vars(sample_dir / REFERENCE_INPUT)
-            refs = load_vars(sample_dir / REFERENCE_OUTPUT)
-            t0 = time.perf_counter()
-            run = model.run(feed)
-            seconds = time.perf_counter() - t0
-            checks = []
-            for name, ref in refs.items():
-                if name not in run.outputs:
-                    checks.append(
-                        compare(name, np.zeros(0), ref, tol).model_copy(
-                            update={"problem": "the bundle does not produce this output"}
-                        )
-                    )
-                    continue
-                checks.append(compare(name, run.outputs[name], ref, tol))
-            top1 = _top1(run.outputs.get("logits"), refs.get("logits"), tol)
-            rows = None
-            if "logits" in run.outputs and "logits" in refs:
-                rows = row_errors(run.outputs["logits"], refs["logits"])
-            results.append(
-                ShapeCheck(
-                    seq_len=seq,
-                    outputs=checks,
-                    top1=top1,
-                    logits_rows=rows,
-                    seconds=seconds,
-                    mnn_seconds=run.mnn_seconds,
-                    qnn_seconds=run.qnn_seconds,
-                    passed=all(c.passed for c in checks) and (top1 is None or top1.passed),
-                )
+            loaded.append(
+                Sample(seq, load_vars(sample_dir / REFERENCE_INPUT), load_vars(sample_dir / REFERENCE_OUTPUT))
             )
         except Exception as exc:
-            log.debug("whole model seq %d failed", seq, exc_info=True)
-            results.append(ShapeCheck(seq_len=seq, passed=False, problem=_problem(exc)))
-    return results
+            log.debug("io sample %d unreadable", seq, exc_info=True)
+            loaded.append(Sample(seq, problem=describe_error(exc)))
+    return loaded
+
+
+def check_whole_model(sample: Sample, run: ForwardResult | None, tol: Tolerance) -> ShapeCheck:
+    """(b) The bundle's pass on one io sample vs the original model's CPU outputs."""
+    if sample.problem is not None or run is None or run.error is not None:
+        problem = sample.problem or (describe_error(run.error) if run is not None and run.error else "not run")
+        return ShapeCheck(seq_len=sample.seq_len, passed=False, problem=problem)
+    checks = []
+    for name, ref in sample.refs.items():
+        if name not in run.outputs:
+            checks.append(
+                compare(name, np.zeros(0), ref, tol).model_copy(
+                    update={"problem": "the bundle does not produce this output"}
+                )
+            )
+            continue
+        checks.append(compare(name, run.outputs[name], ref, tol))
+    top1 = _top1(run.outputs.get("logits"), sample.refs.get("logits"), tol)
+    rows = None
+    if "logits" in run.outputs and "logits" in sample.refs:
+        rows = row_errors(run.outputs["logits"], sample.refs["logits"])
+    return ShapeCheck(
+        seq_len=sample.seq_len,
+        outputs=checks,
+        top1=top1,
+        logits_rows=rows,
+        seconds=run.mnn_seconds + run.qnn_seconds,
+        mnn_seconds=run.mnn_seconds,
+        qnn_seconds=run.qnn_seconds,
+        passed=all(c.passed for c in checks) and (top1 is None or top1.passed),
+    )
 
 
 def _top1(got: np.ndarray | None, ref: np.ndarray | None, tol: Tolerance) -> Top1Check | None:
@@ -259,86 +355,129 @@ def _top1(got: np.ndarray | None, ref: np.ndarray | None, tol: Tolerance) -> Top
     )
 
 
-def check_generation(
-    model: HybridModel,
-    model_dir: Path,
-    prompt: str,
-    max_new_tokens: int,
-    tol: Tolerance,
-    runtime: CpuRuntime,
-) -> GenerationCheck:
-    """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, prefill shape).
+class GenerationRun:
+    """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, each step at the
+    smallest of the bundle's ``chunk_limits`` that holds the sequence).
 
-    The CPU runs the loop step by step. The bundle is then run once on the CPU's whole sequence: with the
-    causal mask, row ``i`` depends only on tokens ``0..i``, so that one forward gives the bundle's greedy
-    pick for every CPU prefix and its logits to compare. Where the picks all agree, the bundle's greedy
-    tokens *are* the CPU's; from a first divergence on, the bundle's own loop continues for real.
+    :meth:`reference` computes the CPU's tokens (MNN's KV-cache engine guesses them, one forward per length the
+    loop uses confirms them: ``mnnbuild_runtime.follow_draft``). The bundle then runs once per such length on the
+    CPU's sequence (:meth:`feeds`, in the verify pass with the io samples): with the causal mask, row ``i``
+    depends only on tokens ``0..i``, so those forwards give the bundle's greedy pick for every CPU prefix and its
+    logits to compare. Where the picks all agree, the bundle's greedy tokens *are* the CPU's; from a first
+    divergence on, the bundle's own loop continues for real (:meth:`conclude`).
     """
-    check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
-    try:
-        tokenizer = Tokenizer(model.bundle.model_dir / CONFIG_FILE)
-        ids = tokenizer.encode(prompt)
-        chunk = model.bundle.chunk_size
-        steps = min(max_new_tokens, chunk - len(ids))
-        check.prompt_ids = ids
-        if steps <= 0:
-            raise StageError(f"prompt {prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
-        t0 = time.perf_counter()
-        cpu = cpu_greedy_generate(model_dir, ids, steps, chunk=chunk, runtime=runtime)
-        seq = ids + cpu.tokens
-        cpu_rows = _rows(cpu_forward_fn(model_dir, runtime)(llm_inputs(Embeddings(model_dir)(seq), chunk, 0)))
-        check.cpu_seconds = time.perf_counter() - t0
-        check.cpu_tokens = list(cpu.tokens)
-        t0 = time.perf_counter()
-        hyb_embed = Embeddings(model.bundle.model_dir)  # the bundle's own embeddings, as the phone reads them
-        hyb_rows = _rows(model.forward(llm_inputs(hyb_embed(seq), chunk, 0)))
-        forwards = 1
-        first = None
-        ok = True
-        for i, token in enumerate(cpu.tokens):
-            r = len(ids) - 1 + i
-            pick = int(hyb_rows[r].argmax())
-            flip = pick != token
-            tolerated = flip and is_near_tie(cpu_rows[r], token, pick, tol)
-            logits = compare(f"step {i} logits", hyb_rows[r], cpu_rows[r], tol)
-            check.steps.append(
-                GenerationStep(
-                    step=i,
-                    cpu_token=token,
-                    hybrid_pick=pick,
-                    cpu_margin=top2_margin(cpu_rows[r]),
-                    logits=logits,
-                    tolerated_flip=tolerated,
+
+    def __init__(
+        self,
+        model_dir: Path,
+        bundle_dir: Path,
+        limits: list[int],
+        prompt: str,
+        max_new_tokens: int,
+        runtime: CpuRuntime,
+    ) -> None:
+        self.model_dir, self.bundle_dir, self.limits, self.runtime = model_dir, bundle_dir, limits, runtime
+        self.check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
+        self.tokenizer: Tokenizer | None = None
+        self.cpu_rows: list[np.ndarray] = []
+        self.embed: Embeddings | None = None
+
+    def reference(self) -> None:
+        """The CPU's greedy tokens and, per step, the logits row that picked it (a failure is recorded)."""
+        check = self.check
+        try:
+            self.tokenizer = Tokenizer(self.bundle_dir / CONFIG_FILE)
+            ids = self.tokenizer.encode(check.prompt)
+            chunk = max(self.limits)
+            steps = min(check.max_new_tokens, chunk - len(ids))
+            check.prompt_ids = ids
+            if steps <= 0:
+                raise StageError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
+            t0 = time.perf_counter()
+            draft = kv_cache_draft(self.model_dir, ids, steps, self.runtime)
+            forward = cpu_forward_fn(self.model_dir, self.runtime)
+            cpu_embed = Embeddings(self.model_dir)
+            cpu = follow_draft(forward, cpu_embed, ids, draft, steps, self.limits)
+            if cpu.result.tokens != draft:  # the rows of the loop's own sequence, then
+                log.info(
+                    "verify: MNN's KV-cache tokens %s, the recompute loop's %s (first differs at %s); the loop's count",
+                    draft,
+                    cpu.result.tokens,
+                    cpu.rejected,
                 )
-            )
-            ok = ok and logits.passed and (not flip or tolerated)
-            if flip and first is None:
-                first = i
-        if first is None:
-            check.hybrid_tokens = list(cpu.tokens)
-        else:
-            head = [*cpu.tokens[:first], check.steps[first].hybrid_pick]
-            rest = recompute_generate(model.forward, hyb_embed, ids + head, steps - len(head), chunk)
-            forwards += len(rest.tokens)
-            check.hybrid_tokens = head + rest.tokens
-            s = check.steps[first]
-            r = len(ids) - 1 + first
-            check.divergence_note = (
-                f"cpu {s.cpu_token}, hybrid {s.hybrid_pick}; the CPU prefers {s.cpu_token} by "
-                f"{lead(cpu_rows[r], s.cpu_token, s.hybrid_pick):.4g} (top-2 margin {s.cpu_margin:.4g}, "
-                f"{'a near-tie, tolerated' if s.tolerated_flip else 'NOT a near-tie'})"
-            )
-        check.first_divergence = first
-        check.hybrid_seconds = time.perf_counter() - t0
-        check.hybrid_forwards = forwards
-        check.cpu_text = _decode(tokenizer, check.cpu_tokens)
-        check.hybrid_text = _decode(tokenizer, check.hybrid_tokens)
-        check.passed = ok
-    except Exception as exc:
-        log.debug("generation failed", exc_info=True)
-        check.problem = _problem(exc)
-        check.passed = False
-    return check
+                cpu = follow_draft(forward, cpu_embed, ids, cpu.result.tokens, steps, self.limits)
+            self.cpu_rows = cpu.step_rows
+            check.cpu_seconds = time.perf_counter() - t0
+            check.cpu_tokens = list(cpu.result.tokens)
+            self.embed = Embeddings(self.bundle_dir)  # the bundle's own embeddings, as the phone reads them
+        except Exception as exc:
+            log.debug("generation reference failed", exc_info=True)
+            check.problem = describe_error(exc)
+
+    def feeds(self) -> dict[int, dict[str, np.ndarray]]:
+        """The bundle's inputs for the prompt and the CPU's tokens, one per length the loop uses (none when the
+        reference failed)."""
+        if self.check.problem is not None or self.embed is None:
+            return {}
+        check = self.check
+        return draft_feeds(self.embed, check.prompt_ids, check.cpu_tokens, len(check.cpu_tokens), self.limits)
+
+    def conclude(self, forward: ForwardFn, runs: Mapping[int, ForwardResult], tol: Tolerance) -> GenerationCheck:
+        """Judge the bundle's passes over the CPU's sequence (``runs``, by length, of :meth:`feeds`); ``forward``
+        continues the bundle's loop after a divergence."""
+        check = self.check
+        if check.problem is not None:
+            return check
+        try:
+            failed = [r.error for r in runs.values() if r.error is not None]
+            if failed:
+                raise failed[0]
+            if not runs:
+                raise StageError("the bundle did not run")
+            assert self.tokenizer is not None and self.embed is not None
+            ids, cpu_tokens, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
+            t0 = time.perf_counter()
+            logits = {size: run.outputs["logits"] for size, run in runs.items()}
+            hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits)
+            hyb_rows = hyb.step_rows
+            ok = True
+            for i, token in enumerate(cpu_tokens):
+                pick = int(hyb_rows[i].argmax())
+                flip = pick != token
+                tolerated = flip and is_near_tie(cpu_rows[i], token, pick, tol)
+                step_logits = compare(f"step {i} logits", hyb_rows[i], cpu_rows[i], tol)
+                check.steps.append(
+                    GenerationStep(
+                        step=i,
+                        cpu_token=token,
+                        hybrid_pick=pick,
+                        cpu_margin=top2_margin(cpu_rows[i]),
+                        logits=step_logits,
+                        tolerated_flip=tolerated,
+                    )
+                )
+                ok = ok and step_logits.passed and (not flip or tolerated)
+            first = hyb.rejected
+            check.hybrid_tokens = list(hyb.result.tokens)
+            if first is not None:
+                s = check.steps[first]
+                check.divergence_note = (
+                    f"cpu {s.cpu_token}, hybrid {s.hybrid_pick}; the CPU prefers {s.cpu_token} by "
+                    f"{lead(cpu_rows[first], s.cpu_token, s.hybrid_pick):.4g} (top-2 margin {s.cpu_margin:.4g}, "
+                    f"{'a near-tie, tolerated' if s.tolerated_flip else 'NOT a near-tie'})"
+                )
+            check.first_divergence = first
+            passes = sum(run.mnn_seconds + run.qnn_seconds for run in runs.values())
+            check.hybrid_seconds = passes + time.perf_counter() - t0
+            check.hybrid_forwards = len(runs) + hyb.forwards
+            check.cpu_text = _decode(self.tokenizer, check.cpu_tokens)
+            check.hybrid_text = _decode(self.tokenizer, check.hybrid_tokens)
+            check.passed = ok
+        except Exception as exc:
+            log.debug("generation failed", exc_info=True)
+            check.problem = describe_error(exc)
+            check.passed = False
+        return check
 
 
 def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
@@ -351,8 +490,3 @@ def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:
         except UnicodeDecodeError:
             parts.append("\ufffd")
     return "".join(parts)
-
-
-def _rows(outputs: Mapping[str, Any]) -> np.ndarray:
-    logits = np.asarray(outputs["logits"])
-    return logits.reshape(-1, logits.shape[-1])

@@ -37,6 +37,9 @@ class PluginCheck(BaseModel):
     """``override`` (the unshared twin ran) or ``shipped``."""
     executed_source: str | None = None
     load_seconds: float | None = None
+    """Creating its context, over every load."""
+    loads: int | None = None
+    """How often its context was loaded (verify keeps a bounded number loaded at once)."""
     simulator_seconds: dict[str, float] = Field(default_factory=dict)
     passed: bool
     problem: str | None = None

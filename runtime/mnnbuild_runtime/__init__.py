@@ -13,14 +13,19 @@
 """
 
 from mnnbuild_runtime.bundle import Bundle, OutputDesc, PluginSpec, parse_plugins
+from mnnbuild_runtime.chunks import Block, block_sizes, fit_block, prefill_blocks
 from mnnbuild_runtime.errors import BinaryCheckError, BundleError, PluginShapeError, RuntimeBundleError
 from mnnbuild_runtime.generate import (
+    DraftOutcome,
     Embeddings,
     GenerationResult,
     causal_mask,
     cpu_forward_fn,
     cpu_greedy_generate,
+    draft_feeds,
+    follow_draft,
     greedy_generate,
+    kv_cache_draft,
     llm_inputs,
     recompute_generate,
 )
@@ -39,6 +44,10 @@ from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structur
 from mnnbuild_runtime.tokenizer import Tokenizer
 
 __all__ = [
+    "Block",
+    "block_sizes",
+    "fit_block",
+    "prefill_blocks",
     "shape_index",
     "plan_steps",
     "parse_plugins",
@@ -48,6 +57,7 @@ __all__ = [
     "BinaryOverride",
     "Bundle",
     "BundleError",
+    "DraftOutcome",
     "Embeddings",
     "ForwardResult",
     "GenerationResult",
@@ -66,7 +76,10 @@ __all__ = [
     "check_structure",
     "cpu_forward_fn",
     "cpu_greedy_generate",
+    "draft_feeds",
+    "follow_draft",
     "greedy_generate",
+    "kv_cache_draft",
     "llm_inputs",
     "recompute_generate",
     "select_shape_index",

@@ -16,7 +16,8 @@ import numpy as np
 
 from mnnbuild.errors import MNNFormatError, UnsafePathError
 from mnnbuild.fsutil import confined
-from mnnbuild.mnn import MnnModel, embedding_info, enum_name, load_model, plugin_attributes, schema
+from mnnbuild.mnn import DATA_TYPES, MnnModel, embedding_info, enum_name, load_model, plugin_attributes, schema
+from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
 from mnnbuild_runtime.errors import BundleError
 
 log = logging.getLogger(__name__)
@@ -27,13 +28,13 @@ PLUGIN_TYPE = "QNN"
 
 #: MNN DataType -> numpy dtype, for the types a plugin output may carry.
 MNN_NUMPY_DTYPES: dict[int, np.dtype] = {
-    schema.DataType.DT_FLOAT: np.dtype(np.float32),
-    schema.DataType.DT_INT32: np.dtype(np.int32),
-    schema.DataType.DT_INT64: np.dtype(np.int64),
-    schema.DataType.DT_HALF: np.dtype(np.float16),
-    schema.DataType.DT_UINT8: np.dtype(np.uint8),
-    schema.DataType.DT_INT8: np.dtype(np.int8),
-    schema.DataType.DT_INT16: np.dtype(np.int16),
+    DATA_TYPES["DT_FLOAT"]: np.dtype(np.float32),
+    DATA_TYPES["DT_INT32"]: np.dtype(np.int32),
+    DATA_TYPES["DT_INT64"]: np.dtype(np.int64),
+    DATA_TYPES["DT_HALF"]: np.dtype(np.float16),
+    DATA_TYPES["DT_UINT8"]: np.dtype(np.uint8),
+    DATA_TYPES["DT_INT8"]: np.dtype(np.int8),
+    DATA_TYPES["DT_INT16"]: np.dtype(np.int16),
 }
 
 
@@ -340,9 +341,20 @@ class Bundle:
     @property
     def chunk_size(self) -> int:
         """The prefill length (the largest of ``chunk_limits``), as MNN's LLM engine picks it."""
-        if not self.chunk_limits:
-            raise BundleError(f"{self.model_dir / CONFIG_FILE}: no 'chunk_limits'; expected e.g. [128, 1]")
-        return max(self.chunk_limits)
+        return self.block_sizes[-1]
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """Every length a forward may run at, ascending (``chunk_limits`` as MNN's engine sorts it)."""
+        try:
+            return block_sizes(self.chunk_limits)
+        except ValueError as exc:
+            raise BundleError(f"{self.model_dir / CONFIG_FILE}: field 'chunk_limits': {exc}") from None
+
+    def prefill_blocks(self, tokens: int) -> list[Block]:
+        """How MNN's engine runs a prompt of ``tokens``: full blocks of ``chunk_size``, the rest padded up to
+        the smallest length that holds it (:func:`mnnbuild_runtime.chunks.prefill_blocks`)."""
+        return prefill_blocks(tokens, self.block_sizes)
 
     def plugin(self, name_or_path: str) -> PluginSpec:
         for p in self.plugins:

@@ -1,10 +1,17 @@
 """Token embeddings and greedy generation without a host KV cache.
 
-Every step re-runs the whole sequence through the prefill shape: the tokens so far are embedded and
-zero-padded to the chunk size, the causal mask hides the padding from the real rows, positions are
-``0..chunk-1`` and ``logits_index`` 0 asks for the logits of every row; the next token is the argmax of
-the row of the last real token. The same scheme runs the bundle (:func:`greedy_generate`) and the
-original model whole in MNN on the CPU (:func:`cpu_greedy_generate`), so their tokens are comparable.
+Every step re-runs the whole sequence as one prefill block: the tokens so far are embedded and zero-padded to
+the smallest prefill length that holds them (as MNN's engine pads a prompt's last block, ``chunks.fit_block``;
+with one length, the chunk size), the causal mask hides the padding from the real rows, positions are
+``0..size-1`` and ``logits_index`` 0 asks for the logits of every row; the next token is the argmax of the row
+of the last real token. The same scheme runs the bundle (:func:`greedy_generate`) and the original model whole
+in MNN on the CPU (:func:`cpu_greedy_generate`), so their tokens are comparable.
+
+That loop's tokens can be had with far fewer forwards given a good guess (:func:`follow_draft`): with the
+causal mask, row ``i`` of a forward over prompt + guess depends on tokens ``0..i`` only (the rows come out
+bit-identical to the loop's), so one forward per length the loop would use confirms every guessed token up to
+the first wrong one, and gives the right one in its place; the loop goes on from there. The CPU reference
+guesses with MNN's own LLM engine and its KV cache (:func:`kv_cache_draft`), one cheap decode step per token.
 """
 
 from __future__ import annotations
@@ -20,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import CpuRuntime, load_module, to_numpy, to_var
+from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, load_module, to_numpy, to_var
 from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, read_embeddings
 from mnnbuild_runtime.bundle import bundle_path
+from mnnbuild_runtime.chunks import block_sizes, fit_block
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hybrid import HybridModel
 
@@ -123,20 +131,35 @@ class GenerationResult:
 ForwardFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
 
 
+def _logit_rows(outputs: Mapping[str, np.ndarray], size: int) -> np.ndarray:
+    logits = np.asarray(outputs["logits"])
+    rows = logits.reshape(-1, logits.shape[-1])
+    if rows.shape[0] != size:
+        raise BundleError(f"logits have {rows.shape[0]} rows for a sequence of {size}; expected one per row")
+    return rows
+
+
+def _pick(result: GenerationResult, row: np.ndarray, seconds: float) -> int:
+    """The greedy token of a logits row, appended to ``result`` with its top-2 margin."""
+    token = int(np.argmax(row))
+    top2 = np.partition(row, -2)[-2:]
+    result.top2_margins.append(float(top2[1] - top2[0]))
+    result.step_seconds.append(seconds)
+    result.tokens.append(token)
+    return token
+
+
 def recompute_generate(
     forward: ForwardFn,
     embed: Callable[[Sequence[int]], np.ndarray],
     prompt_ids: Sequence[int],
     max_new_tokens: int,
-    chunk: int,
+    chunk: int | Sequence[int],
     stop_ids: Sequence[int] = (),
 ) -> GenerationResult:
-    """The greedy loop shared by the bundle and the CPU reference (see the module docstring)."""
-    prompt = [int(t) for t in prompt_ids]
-    if not prompt:
-        raise ValueError("empty prompt")
-    if len(prompt) > chunk:
-        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the prefill chunk of {chunk}")
+    """The greedy loop shared by the bundle and the CPU reference (see the module docstring). ``chunk``: the
+    one prefill length, or the model's ``chunk_limits`` (each step at the smallest that holds the sequence)."""
+    prompt, limits, chunk = _loop_setup(prompt_ids, chunk)
     seq = list(prompt)
     result = GenerationResult(prompt, [], "max_new_tokens", chunk)
     stops = {int(t) for t in stop_ids}
@@ -145,23 +168,149 @@ def recompute_generate(
             result.stop_reason = "chunk_full"
             break
         t0 = time.perf_counter()
-        outputs = forward(llm_inputs(embed(seq), chunk, logits_index=0))
-        logits = np.asarray(outputs["logits"])
-        rows = logits.reshape(-1, logits.shape[-1])
-        if rows.shape[0] != chunk:
-            raise BundleError(f"logits have {rows.shape[0]} rows for a sequence of {chunk}; expected one per row")
-        row = rows[len(seq) - 1]
-        token = int(np.argmax(row))
-        top2 = np.partition(row, -2)[-2:]
-        result.top2_margins.append(float(top2[1] - top2[0]))
-        result.step_seconds.append(time.perf_counter() - t0)
-        result.tokens.append(token)
+        size = chunk if limits is None else fit_block(len(seq), limits)
+        rows = _logit_rows(forward(llm_inputs(embed(seq), size, logits_index=0)), size)
+        token = _pick(result, rows[len(seq) - 1], time.perf_counter() - t0)
         seq.append(token)
         if token in stops:
             result.stop_reason = "stop_token"
             break
     log.info("generated %d tokens (%s)", len(result.tokens), result.stop_reason)
     return result
+
+
+def _loop_setup(prompt_ids: Sequence[int], chunk: int | Sequence[int]) -> tuple[list[int], list[int] | None, int]:
+    """The prompt as ints, the ``chunk_limits`` (None: one length) and the largest length; a prompt that is
+    empty or longer than the largest length is refused."""
+    limits = None if isinstance(chunk, int) else list(chunk)
+    largest = chunk if isinstance(chunk, int) else block_sizes(chunk)[-1]
+    prompt = [int(t) for t in prompt_ids]
+    if not prompt:
+        raise ValueError("empty prompt")
+    if len(prompt) > largest:
+        raise ValueError(f"prompt of {len(prompt)} tokens does not fit the prefill chunk of {largest}")
+    return prompt, limits, largest
+
+
+@dataclass(frozen=True)
+class _DraftPlan:
+    """The loop's steps over prompt + draft: each step's length, and per length the longest prefix run at it (its
+    rows hold every shorter prefix's at that length)."""
+
+    prompt: list[int]
+    guess: list[int]
+    limits: list[int] | None
+    chunk: int
+    sizes: list[int]
+    longest: dict[int, int]
+
+    @classmethod
+    def of(
+        cls, prompt_ids: Sequence[int], draft: Sequence[int], max_new_tokens: int, chunk: int | Sequence[int]
+    ) -> _DraftPlan:
+        prompt, limits, largest = _loop_setup(prompt_ids, chunk)
+        room = min(max_new_tokens, largest - len(prompt))
+        guess = [int(t) for t in draft][: max(room, 0)]
+        # the draft's steps and the one after it (the first the draft does not guess), while the loop would run
+        steps = max(min(len(guess) + 1, room), 0)
+        sizes = [largest if limits is None else fit_block(len(prompt) + i, limits) for i in range(steps)]
+        longest = {size: len(prompt) + i for i, size in enumerate(sizes)}
+        return cls(prompt, guess, limits, largest, sizes, longest)
+
+    def feed(self, embed: Callable[[Sequence[int]], np.ndarray], size: int) -> dict[str, np.ndarray]:
+        return llm_inputs(embed((self.prompt + self.guess)[: self.longest[size]]), size, logits_index=0)
+
+
+def draft_feeds(
+    embed: Callable[[Sequence[int]], np.ndarray],
+    prompt_ids: Sequence[int],
+    draft: Sequence[int],
+    max_new_tokens: int,
+    chunk: int | Sequence[int],
+) -> dict[int, dict[str, np.ndarray]]:
+    """The forwards :func:`follow_draft` makes, by prefill length (one per length the loop uses for the draft's
+    steps), for a caller that runs them itself (with other inputs, say) and passes their ``logits`` back."""
+    plan = _DraftPlan.of(prompt_ids, draft, max_new_tokens, chunk)
+    return {size: plan.feed(embed, size) for size in plan.longest}
+
+
+@dataclass
+class DraftOutcome:
+    result: GenerationResult
+    """The greedy loop's tokens (as :func:`recompute_generate` gives them)."""
+    step_rows: list[np.ndarray]
+    """Per draft step, the logits row that picks it in the loop (its prefix, at its length): for every step when
+    the draft holds or all lengths' ``logits`` were given, else up to the first wrong one."""
+    rejected: int | None
+    """The first draft step whose token is not the greedy one (None: the draft holds, as far as it goes)."""
+    forwards: int
+    """Forwards this call ran (given ``logits`` not counted)."""
+
+
+def follow_draft(
+    forward: ForwardFn,
+    embed: Callable[[Sequence[int]], np.ndarray],
+    prompt_ids: Sequence[int],
+    draft: Sequence[int],
+    max_new_tokens: int,
+    chunk: int | Sequence[int],
+    stop_ids: Sequence[int] = (),
+    *,
+    logits: Mapping[int, np.ndarray] | None = None,
+) -> DraftOutcome:
+    """:func:`recompute_generate`'s tokens, found from a guess (see the module docstring): one forward per length
+    the loop uses over prompt + ``draft`` confirms the draft up to its first wrong token and gives the right one;
+    from there (or from the draft's end) the loop runs as usual. ``logits``: those forwards' outputs by length
+    when already computed (of :func:`draft_feeds`)."""
+    plan = _DraftPlan.of(prompt_ids, draft, max_new_tokens, chunk)
+    prompt, guess = plan.prompt, plan.guess
+    rows = {size: _logit_rows({"logits": v}, size) for size, v in (logits or {}).items()}
+    forwards = 0
+
+    def row(i: int) -> np.ndarray:
+        nonlocal forwards
+        size = plan.sizes[i]
+        if size not in rows:
+            rows[size] = _logit_rows(forward(plan.feed(embed, size)), size)
+            forwards += 1
+        return rows[size][len(prompt) - 1 + i]
+
+    result = GenerationResult(prompt, [], "max_new_tokens", plan.chunk)
+    outcome = DraftOutcome(result, [], None, 0)
+    stops = {int(t) for t in stop_ids}
+    for i in range(len(plan.sizes) + 1):
+        if len(result.tokens) >= max_new_tokens:
+            break
+        if len(prompt) + i >= plan.chunk:
+            result.stop_reason = "chunk_full"
+            break
+        t0 = time.perf_counter()
+        step_row = row(i)
+        if i < len(guess):
+            outcome.step_rows.append(step_row)
+        token = _pick(result, step_row, time.perf_counter() - t0)
+        if token in stops:
+            result.stop_reason = "stop_token"
+            break
+        if i < len(guess) and token == guess[i]:
+            continue
+        outcome.rejected = i if i < len(guess) else None
+        # the rows already at hand of the draft's later steps (on the draft's sequence), for the caller to compare
+        outcome.step_rows += [
+            rows[plan.sizes[j]][len(prompt) - 1 + j] for j in range(i + 1, len(guess)) if plan.sizes[j] in rows
+        ]
+        rest = recompute_generate(
+            forward, embed, prompt + result.tokens, max_new_tokens - len(result.tokens), plan.limits or plan.chunk,
+            stop_ids,
+        )  # fmt: skip
+        result.tokens += rest.tokens
+        result.top2_margins += rest.top2_margins
+        result.step_seconds += rest.step_seconds
+        result.stop_reason = rest.stop_reason
+        forwards += len(rest.tokens)
+        break
+    outcome.forwards = forwards
+    return outcome
 
 
 def greedy_generate(
@@ -172,9 +321,9 @@ def greedy_generate(
     stop_ids: Sequence[int] = (),
     embeddings: Embeddings | None = None,
 ) -> GenerationResult:
-    """Greedy tokens from the bundle, using only its prefill shape (``max(chunk_limits)``)."""
+    """Greedy tokens from the bundle, each step at the smallest of its ``chunk_limits`` that holds the sequence."""
     embed = embeddings or Embeddings(model.bundle.model_dir)
-    return recompute_generate(model.forward, embed, prompt_ids, max_new_tokens, model.bundle.chunk_size, stop_ids)
+    return recompute_generate(model.forward, embed, prompt_ids, max_new_tokens, model.bundle.block_sizes, stop_ids)
 
 
 def _original_model_file(model_dir: Path) -> tuple[Path, Path | None]:
@@ -212,15 +361,47 @@ def cpu_forward_fn(model_dir: str | os.PathLike[str], runtime: CpuRuntime | None
     return forward
 
 
+def kv_cache_draft(
+    model_dir: str | os.PathLike[str], prompt_ids: Sequence[int], n: int, runtime: CpuRuntime | None = None
+) -> list[int]:
+    """``n`` greedy tokens of the ORIGINAL model dir from MNN's own LLM engine with its KV cache
+    (:func:`mnnbuild.cpu.llm_engine_greedy`), with ``runtime``'s backend, precision and threads. A guess for
+    :func:`follow_draft`: fast, but other arithmetic than the prefill-shape loop's, so a near-tie may go the
+    other way. ``[]`` when the engine cannot run the model."""
+    config = Path(model_dir) / "config.json"
+    if n <= 0 or not config.is_file():
+        return []
+    rt = runtime or CpuRuntime()
+    settings = {
+        "backend_type": rt.backend.lower(),
+        "thread_num": rt.num_thread,
+        "precision": rt.precision,
+        "memory": "normal",  # the config tunes the phone ("low" changes quantized-weight arithmetic)
+        "sampler_type": "greedy",
+    }
+    try:
+        return llm_engine_greedy(config, prompt_ids, n, settings)
+    except Exception as exc:  # only a guess: without it the reference is slower, not wrong
+        log.warning("%s: no KV-cache draft (%s); the reference recomputes the prefill per token", config, exc)
+        return []
+
+
 def cpu_greedy_generate(
     model_dir: str | os.PathLike[str],
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     *,
-    chunk: int,
+    chunk: int | Sequence[int],
     stop_ids: Sequence[int] = (),
     runtime: CpuRuntime | None = None,
 ) -> GenerationResult:
-    """The reference: the same recompute loop on the original model dir, ``llm.mnn`` whole in MNN CPU."""
-    embed = Embeddings(model_dir)
-    return recompute_generate(cpu_forward_fn(model_dir, runtime), embed, prompt_ids, max_new_tokens, chunk, stop_ids)
+    """The reference: the recompute loop's tokens on the original model dir, ``llm.mnn`` whole in MNN CPU, found
+    by :func:`follow_draft` from :func:`kv_cache_draft`'s guess (about one forward per prefill length instead of
+    one per token)."""
+    prompt, _, largest = _loop_setup(prompt_ids, chunk)
+    draft = kv_cache_draft(model_dir, prompt, min(max_new_tokens, largest - len(prompt)), runtime)
+    outcome = follow_draft(cpu_forward_fn(model_dir, runtime), Embeddings(model_dir), prompt, draft,
+                           max_new_tokens, chunk, stop_ids)  # fmt: skip
+    if outcome.rejected is not None:
+        log.info("MNN's KV-cache tokens part from the recompute loop's at step %d", outcome.rejected)
+    return outcome.result

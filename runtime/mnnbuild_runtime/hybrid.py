@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,8 @@ class ForwardResult:
     steps: list[StepTiming]
     plugin_io: dict[str, dict[str, Any]] = field(default_factory=dict)
     """With ``capture=True``: per plugin, ``graph`` and its ``inputs``/``outputs`` by QNN tensor name."""
+    error: Exception | None = None
+    """:meth:`HybridExecutor.run_many` only: why this input's pass stopped (then ``outputs`` is empty)."""
 
     @property
     def mnn_seconds(self) -> float:
@@ -274,26 +277,60 @@ class HybridExecutor:
 
     def run(self, inputs: Mapping[str, np.ndarray], *, capture: bool = False) -> ForwardResult:
         """One forward pass; returns outputs, per-step timings and (``capture``) every plugin's IO."""
-        env = self._feed(inputs)
-        timings: list[StepTiming] = []
-        plugin_io: dict[str, dict[str, Any]] = {}
+        (result,) = self.run_many([inputs], capture=capture)
+        if result.error is not None:
+            raise result.error
+        return result
+
+    def run_many(
+        self,
+        feeds: Sequence[Mapping[str, np.ndarray]],
+        *,
+        capture: bool = False,
+        after_plugin: Callable[[PluginSpec], None] | None = None,
+    ) -> list[ForwardResult]:
+        """Forward passes of several inputs in lockstep: each step runs for every input before the next step
+        starts, so each plugin is needed once per call, not once per input. ``after_plugin`` is called with
+        each plugin's spec once its step ran for every input. An input whose pass fails gets the exception in
+        its result's ``error`` and drops out; the others go on. The results are those of separate passes."""
+        passes: list[tuple[dict[str, BoundaryValue], ForwardResult]] = []
+        for inputs in feeds:
+            result = ForwardResult({}, [])
+            try:
+                env = self._feed(inputs)
+            except Exception as exc:
+                env, result.error = {}, exc
+            passes.append((env, result))
         for step in self.steps:
-            if isinstance(step, Segment):
-                timings.append(StepTiming("mnn", step.name, self._segment(step, env)))
-                continue
-            spec = self.plugins[step.name]
-            index, arrays, outs, seconds = self._plugin(spec, env)
-            graph = spec.graph_names[index]
-            timings.append(StepTiming("qnn", step.name, seconds, graph, index))
-            if capture:
-                plugin_io[step.name] = {
-                    "graph": graph,
-                    "shape_index": index,
-                    "inputs": dict(zip(spec.qnn_inputs, arrays, strict=True)),
-                    "outputs": dict(zip(spec.qnn_outputs, outs, strict=True)),
-                }
-        outputs = {n: env[n].as_array() for n in self.model.output_names}
-        return ForwardResult(outputs, timings, plugin_io)
+            for env, result in passes:
+                if result.error is not None:
+                    continue
+                try:
+                    self._step(step, env, result, capture)
+                except Exception as exc:  # this input's pass ends; the others do not depend on it
+                    result.error = exc
+            if after_plugin is not None and isinstance(step, PluginStep):
+                after_plugin(self.plugins[step.name])
+        for env, result in passes:
+            if result.error is None:
+                result.outputs = {n: env[n].as_array() for n in self.model.output_names}
+        return [result for _, result in passes]
+
+    def _step(self, step: Step, env: dict[str, BoundaryValue], result: ForwardResult, capture: bool) -> None:
+        if isinstance(step, Segment):
+            result.steps.append(StepTiming("mnn", step.name, self._segment(step, env)))
+            return
+        spec = self.plugins[step.name]
+        index, arrays, outs, seconds = self._plugin(spec, env)
+        graph = spec.graph_names[index]
+        result.steps.append(StepTiming("qnn", step.name, seconds, graph, index))
+        if capture:
+            result.plugin_io[step.name] = {
+                "graph": graph,
+                "shape_index": index,
+                "inputs": dict(zip(spec.qnn_inputs, arrays, strict=True)),
+                "outputs": dict(zip(spec.qnn_outputs, outs, strict=True)),
+            }
 
     def segment_report(self) -> list[dict[str, Any]]:
         """Per segment: its ops, boundary tensors, calls and MNN time so far."""
@@ -323,8 +360,10 @@ class HybridModel:
 
     ``binary_overrides`` maps a plugin path (``"qnn/graph0.bin"``) to the binary to execute instead
     (bytes, a file, or a :class:`~mnnbuild_runtime.plugin.BinaryOverride`); ``expected_target`` makes every
-    binary's SoC/arch tags checked. Contexts are created lazily, once per plugin, and freed by
-    :meth:`close` (or ``with``).
+    binary's SoC/arch tags checked. Contexts are created lazily and freed by :meth:`close` (or ``with``).
+    ``max_loaded`` bounds how many plugin contexts are loaded at once: before another is loaded, the least
+    recently run one is freed (and loaded again when next needed), so memory follows the largest plugins, not
+    the model. ``None`` (the default, as on the phone) keeps every context once loaded.
     """
 
     def __init__(
@@ -336,7 +375,12 @@ class HybridModel:
         runtime: CpuRuntime | None = None,
         qnn_lib: QnnLibrary | None = None,
         allow_weight_shared: bool = False,
+        max_loaded: int | None = None,
     ) -> None:
+        if max_loaded is not None and max_loaded < 1:
+            raise ValueError(f"max_loaded must be at least 1 (or None: no bound), got {max_loaded}")
+        self.max_loaded = max_loaded
+        self._recent: OrderedDict[str, None] = OrderedDict()  # plugin names, least recently run first
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(Path(bundle))
         self.runtime = runtime or CpuRuntime()
         self._lib = qnn_lib
@@ -363,7 +407,7 @@ class HybridModel:
             self.bundle.model,
             self.bundle.plugins,
             self.bundle.weight_file,
-            lambda spec, index, inputs: self.plugins[spec.name].run(index, inputs),
+            self._run_plugin,
             runtime=self.runtime,
         )
         self._closed = False
@@ -377,6 +421,28 @@ class HybridModel:
             self._lib = QnnLibrary()
         return self._lib
 
+    def _admit(self, name: str) -> PluginRunner:
+        """The runner of plugin ``name``, about to run: with ``max_loaded``, free the least recently run
+        contexts so that loading this one keeps the bound."""
+        runner = self.plugins[name]
+        if self.max_loaded is None:
+            return runner
+        self._recent.pop(name, None)
+        others = [n for n in self._recent if self.plugins[n].loaded]
+        self._recent[name] = None
+        excess = len(others) + 1 - self.max_loaded
+        for n in others[: max(excess, 0)]:
+            self.plugins[n].close()
+        return runner
+
+    def _run_plugin(self, spec: PluginSpec, index: int, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
+        return self._admit(spec.name).run(index, inputs)
+
+    @property
+    def loaded_plugins(self) -> list[str]:
+        """Plugins whose context is loaded now."""
+        return [name for name, runner in self.plugins.items() if runner.loaded]
+
     def check_binaries(self) -> list[dict[str, Any]]:
         """Check every plugin's shipped binary (and override) now, without running anything."""
         for runner in self.plugins.values():
@@ -384,17 +450,40 @@ class HybridModel:
         return [r.report() for r in self.plugins.values()]
 
     def load(self) -> None:
-        """Load every MNN segment and create every QNN context now instead of on first use."""
+        """Load every MNN segment and create every QNN context now instead of on first use (with ``max_loaded``,
+        the last ones only)."""
         self.executor.load_segments()
         for step in self.steps:
             if isinstance(step, PluginStep):
-                self.plugins[step.name].load()
+                self._admit(step.name).load()
 
     def run(self, inputs: Mapping[str, np.ndarray], *, capture: bool = False) -> ForwardResult:
         """One forward pass; returns outputs, per-step timings and (``capture``) every plugin's IO."""
         if self._closed:
             raise BundleError("HybridModel is closed")
         return self.executor.run(inputs, capture=capture)
+
+    def run_many(
+        self,
+        feeds: Sequence[Mapping[str, np.ndarray]],
+        *,
+        capture: bool = False,
+        while_loaded: Callable[[PluginRunner], None] | None = None,
+    ) -> list[ForwardResult]:
+        """Forward passes of several inputs in lockstep (:meth:`HybridExecutor.run_many`): with ``max_loaded``,
+        each plugin is loaded once for all of them. ``while_loaded`` is called with each plugin's runner right
+        after its step ran for every input, its context still loaded: more work on that plugin (verify's
+        per-graph check) then needs no load of its own."""
+        if self._closed:
+            raise BundleError("HybridModel is closed")
+        after = None
+        if while_loaded is not None:
+            hook = while_loaded
+
+            def after(spec: PluginSpec) -> None:
+                hook(self._admit(spec.name))
+
+        return self.executor.run_many(feeds, capture=capture, after_plugin=after)
 
     def forward(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model outputs (``logits``, ``hidden_states`` ...) for ``inputs`` by name."""

@@ -38,13 +38,15 @@ class BinaryOverride:
     """Run ``binary`` (bytes or a file) instead of a plugin's shipped context binary.
 
     ``shipped_sha256``: the hash the shipped binary had when the twin was built next to it; a bundle
-    whose binary differs (a flipped byte, a swapped file) is then refused. ``label`` names the twin
-    in reports (defaults to its path, or ``"<bytes>"``).
+    whose binary differs (a flipped byte, a swapped file) is then refused. ``sha256``: the twin's own
+    recorded hash; a twin that no longer has it is refused. ``label`` names the twin in reports
+    (defaults to its path, or ``"<bytes>"``). A file is read when needed, not held in memory.
     """
 
     binary: bytes | Path
     shipped_sha256: str | None = None
     label: str | None = None
+    sha256: str | None = None
 
     def read(self) -> bytes:
         if isinstance(self.binary, (bytes, bytearray)):
@@ -195,7 +197,8 @@ class PluginStats:
 
 
 class PluginRunner:
-    """Loads one plugin's context binary lazily (once) and executes its graphs."""
+    """Loads one plugin's context binary lazily and executes its graphs; :meth:`close` frees the context, and the
+    next run loads it again (from the checked bytes, read anew)."""
 
     def __init__(
         self,
@@ -217,9 +220,10 @@ class PluginRunner:
         self.executed_sha256: str | None = None
         self.executed: str | None = None  # "shipped" or "override"
         self.load_seconds = 0.0
+        """Time spent creating the context, over every load."""
+        self.loads = 0
         self.stats = PluginStats()
         self._runner: ContextRunner | None = None
-        self._executed_bytes = b""  # set by check(), handed to QNN by load()
         self._checked = False
 
     def _info(self, lib: QnnLibrary, data: bytes, what: str) -> BinaryInfo:
@@ -255,6 +259,12 @@ class PluginRunner:
                     "binary is not the one the twin stands in for (corrupted or swapped?)"
                 )
             twin = ov.read()
+            twin_sha256 = sha256_bytes(twin)
+            if ov.sha256 is not None and ov.sha256 != twin_sha256:
+                raise BinaryCheckError(
+                    f"{self.spec.where()}: override {ov.source} has sha256 {twin_sha256}, but {ov.sha256} was recorded "
+                    "for it: the twin changed after it was built"
+                )
             twin_info = self._info(lib, twin, f"override {ov.source}")
             check_structure(self.spec, twin_info, f"override {ov.source}")
             self._check_target(twin_info, f"override {ov.source}")
@@ -268,8 +278,7 @@ class PluginRunner:
                     f"{self.spec.where()}: override {ov.source} is weight-shared too; expected an unshared twin "
                     "(ContextBuilder(weight_sharing=False)) that this QNN library can load"
                 )
-            self._executed_bytes = twin
-            self.executed_info, self.executed_sha256, self.executed = twin_info, sha256_bytes(twin), "override"
+            self.executed_info, self.executed_sha256, self.executed = twin_info, twin_sha256, "override"
         else:
             if self.shipped_info.weight_shared and not self.allow_weight_shared:
                 raise BinaryCheckError(
@@ -278,26 +287,42 @@ class PluginRunner:
                     "weight-shared binaries on this host (see mnnbuild/qnn/README.md). Pass binary_overrides="
                     f"{{{self.spec.path!r}: <unshared twin built from the same graphs>}}"
                 )
-            self._executed_bytes = shipped
             self.executed_info, self.executed_sha256, self.executed = self.shipped_info, self.shipped_sha256, "shipped"
         self._checked = True
 
+    def _executed_bytes(self) -> bytes:
+        """The checked binary read again (nothing is held between check and load, so a model of many plugins
+        keeps none of them in memory); it must still be the bytes that were checked."""
+        if self.executed == "override" and self.override is not None:
+            data, what = self.override.read(), f"override {self.override.source}"
+        else:
+            data, what = self.spec.read_binary(), f"shipped binary {self.spec.file}"
+        if sha256_bytes(data) != self.executed_sha256:
+            raise BinaryCheckError(f"{self.spec.where()}: {what} changed after it was checked")
+        return data
+
+    @property
+    def loaded(self) -> bool:
+        return self._runner is not None
+
     def load(self) -> ContextRunner:
-        """Check, then create the context and retrieve every graph (once)."""
+        """Check, then create the context and retrieve every graph (once; again after :meth:`close`)."""
         if self._runner is not None:
             return self._runner
         self.check()
         lib: QnnLibrary = self._lib_factory()
+        data = self._executed_bytes()
         t0 = time.perf_counter()
         try:
             self._runner = ContextRunner(
-                lib, self._executed_bytes, info=self.executed_info, allow_weight_shared=self.allow_weight_shared
+                lib, data, info=self.executed_info, allow_weight_shared=self.allow_weight_shared
             )
         except QnnError as exc:
             raise BinaryCheckError(f"{self.spec.where()}: loading the {self.executed} binary failed: {exc}") from exc
-        self.load_seconds = time.perf_counter() - t0
-        self._executed_bytes = b""  # the runner keeps its own copy
-        log.info("%s: loaded %s binary (%s) in %.3fs", self.spec.where(), self.executed, self.source, self.load_seconds)
+        seconds = time.perf_counter() - t0
+        self.load_seconds += seconds
+        self.loads += 1
+        log.info("%s: loaded %s binary (%s) in %.3fs", self.spec.where(), self.executed, self.source, seconds)
         return self._runner
 
     @property
@@ -353,11 +378,13 @@ class PluginRunner:
             "executed_source": self.source if self.executed else None,
             "executed_sha256": self.executed_sha256,
             "load_seconds": self.load_seconds,
+            "loads": self.loads,
             "calls": dict(self.stats.calls),
             "simulator_seconds": dict(self.stats.seconds),
         }
 
     def close(self) -> None:
+        """Free the context (a later :meth:`run` loads it again)."""
         if self._runner is not None:
             self._runner.close()
             self._runner = None

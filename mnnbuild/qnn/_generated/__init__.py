@@ -1,0 +1,1 @@
+"""Generated code (see mnnbuild/qnn/regen_ffi.py)."""
