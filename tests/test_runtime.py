@@ -568,6 +568,20 @@ def test_plugin_paths_and_symlinked_dirs_stay_in_the_bundle(bundle_copy: Path, t
         Bundle.open(bundle_copy)
 
 
+def test_original_model_config_stays_in_its_dir(tmp_path: Path) -> None:
+    """The original model dir's config.json, which verify's reference hands MNN's engine, is checked the same way."""
+    from mnnbuild_runtime.generate import kv_cache_draft
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY, model)
+    data = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**data, "tokenizer_file": f"../../{TINY.name}/tokenizer.mtok"}))
+    with pytest.raises(BundleError, match=r"model/config.json: field 'tokenizer_file': path '\.\./\.\./"):
+        kv_cache_draft(model, [1, 2, 3], 2)
+    with pytest.raises(BundleError, match=r"model/config.json: field 'tokenizer_file'"):
+        cpu_forward_fn(model)
+
+
 def test_base_dir_is_refused(tiny_bundle: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
     """MNN's engine would read every file of the model from ``base_dir``."""
     bundle = tmp_path / "tiny"

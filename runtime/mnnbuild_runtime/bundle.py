@@ -169,6 +169,14 @@ def check_config_files(config_path: Path, config: dict[str, Any]) -> None:
                 bundle_path(model_dir, values[field], f"{source}: field {field!r}")
 
 
+def read_config(config_path: Path) -> dict[str, Any]:
+    """An LLM config (``config.json``, ``config_qnn.json``), read, and checked by `check_config_files`: what it
+    gives MNN's engine to read stays inside its model dir."""
+    config = _read_json(config_path)
+    check_config_files(config_path, config)
+    return config
+
+
 def _pair_to_size(value: Any, where: str, key: str) -> int:
     """``offset``/``size`` attributes are a 64-bit number stored as two int32 (low, high)."""
     if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int) for v in value):
@@ -304,8 +312,7 @@ class Bundle:
         """Read ``<model_dir>/config_qnn.json`` and the model it names; check every Plugin op."""
         model_dir = Path(model_dir).resolve()
         config_path = model_dir / config_name
-        config = _read_json(config_path)
-        check_config_files(config_path, config)
+        config = read_config(config_path)
         llm_model = config.get("llm_model", "llm.mnn")
         chunks = config.get("chunk_limits")
         if chunks is not None and (
