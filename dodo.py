@@ -5,6 +5,7 @@ This file only declares tasks; the stages live in `mnnbuild/`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from mnnbuild import dag
 from mnnbuild.logs import configure_logging
 
 configure_logging()
+dag.handle_interrupts()  # SIGTERM cleans up like Ctrl-C; `doit -n` workers die with their parent
 PROJECT = dag.Project.load(Path(__file__).resolve().parent)
 DOIT_CONFIG = PROJECT.doit_config()
 
@@ -72,5 +74,6 @@ def task_report() -> dict[str, Any]:
 
 # The context, bundle and verify tasks of a model exist once its partition has said how many plugins it has:
 # doit creates them after partition:<model> (one task_npu_<model> creator per model, since create_after waits
-# for one task and building one model must not partition the others).
-globals().update(dag.npu_task_creators(PROJECT))
+# for one task and building one model must not partition the others); `doit list` and `doit clean`, which run
+# nothing, get them right away from a partition on disk.
+globals().update(dag.npu_task_creators(PROJECT, delayed=dag.doit_runs_tasks(sys.argv[1:])))

@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.errors import MNNFormatError
-from mnnbuild.fsutil import check_free_space
+from mnnbuild.fsutil import check_free_space, remove_stale_temps, temp_path
 
 
 class CpuRuntime(BaseModel):
@@ -123,11 +123,16 @@ def to_numpy(var: Any) -> np.ndarray:
 def save_vars(path: Path, arrays: dict[str, np.ndarray], nhwc: Sequence[str] = ()) -> None:
     """Write named arrays as an MNN Var file (``input.mnn``/``output.mnn``), via a temp name."""
     F = import_mnn().expr
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
     # MNN crashes (SIGSEGV) when its write fails: make sure the file fits first (names + headers: 64 KB)
     check_free_space(path.parent, sum(a.nbytes for a in arrays.values()) + (64 << 10))
-    F.save([to_var(a, n, n in nhwc) for n, a in arrays.items()], str(tmp))
-    os.replace(tmp, path)
+    remove_stale_temps(path)
+    tmp = temp_path(path)
+    try:
+        F.save([to_var(a, n, n in nhwc) for n, a in arrays.items()], str(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_vars(path: Path) -> dict[str, np.ndarray]:

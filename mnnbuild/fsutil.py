@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
+import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -42,11 +45,14 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
 
     On any exception the temp directory is removed and an existing ``out_dir`` is left as it
     was, so a failed or interrupted stage never leaves a half artifact under the final name.
+    What a killed writer of ``out_dir`` left behind (``kill -9``: no exception ran) is removed
+    first (`remove_stale_temps`).
     """
     out_dir = Path(out_dir)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp = temp_path(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(out_dir)
         tmp.mkdir()
     except OSError as exc:
         raise _unwritable(out_dir, exc) from None
@@ -61,6 +67,86 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     replace_dir(tmp, out_dir)
+
+
+# -- temp names that say who made them ---------------------------------------------------------------
+# A temp is named ``.<name>.<kind>-<pid>-<start>-<scope>-<random>``: the writing process (its pid and start
+# time, so a reused pid is not mistaken for it) and the pid namespace it lives in (this boot of this machine,
+# this container). A later writer of the same name removes temps whose process is gone; temps of another
+# machine or container (an NFS artifact root) are left alone, since their process cannot be checked from here.
+
+_TEMP_KINDS = ("tmp", "old")
+_TEMP_OWNER = re.compile(r"^(?P<kind>tmp|old)-(?P<pid>\d+)-(?P<start>\d+)-(?P<scope>[0-9a-f]{8})-[0-9a-f]{8}$")
+_PROC = Path("/proc")
+
+
+def process_start(pid: int) -> tuple[str, str] | None:
+    """(start time in clock ticks since boot, state letter) of process ``pid`` from ``/proc``, or None where
+    there is no ``/proc`` or no such process."""
+    try:
+        fields = (_PROC / str(pid) / "stat").read_text().rpartition(")")[2].split()
+        return fields[19], fields[0]
+    except (OSError, IndexError):
+        return None
+
+
+@functools.cache
+def _pid_scope() -> str:
+    """Where pids mean something: this boot of this machine and this pid namespace (the host name without /proc)."""
+    try:
+        where = (_PROC / "sys/kernel/random/boot_id").read_text().strip() + os.readlink(_PROC / "self/ns/pid")
+    except OSError:
+        where = socket.gethostname()
+    return sha256_bytes(where.encode())[:8]
+
+
+def temp_path(path: Path, kind: str = "tmp") -> Path:
+    """A fresh temp name next to ``path`` that names this process as its writer (see `remove_stale_temps`)."""
+    assert kind in _TEMP_KINDS
+    pid = os.getpid()
+    started = process_start(pid)
+    owner = f"{pid}-{started[0] if started else 0}-{_pid_scope()}"
+    return path.parent / f".{path.name}.{kind}-{owner}-{uuid.uuid4().hex[:8]}"
+
+
+def _owner_gone(pid: int, start: str, scope: str) -> bool:
+    """Whether the process that made a temp is known to be gone (never True for one that may still run)."""
+    if scope != _pid_scope():
+        return False  # another machine, container or boot: nothing to check it against
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # it runs, as another user
+    now = process_start(pid)
+    if now is None:
+        return False  # it exists, and /proc says nothing more (no /proc, or hidden): assume it runs
+    started, state = now
+    return started != start or state in ("Z", "X")  # the pid was reused, or its process died (a zombie)
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Remove the temps of ``path`` (`staged_dir`, `replace_dir`, `atomic_write_bytes`) that a killed writer left
+    behind: those whose process no longer runs. Temps of running processes and of other machines stay."""
+    prefix = f".{Path(path).name}."
+    try:
+        names = [n for n in os.listdir(Path(path).parent) if n.startswith(prefix)]
+    except OSError:
+        return []
+    removed = []
+    for name in names:
+        owner = _TEMP_OWNER.match(name[len(prefix) :])
+        if owner is None or not _owner_gone(int(owner["pid"]), owner["start"], owner["scope"]):
+            continue
+        stale = Path(path).parent / name
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+        log.info("removed %s, left by process %s, which no longer runs", stale, owner["pid"])
+        removed.append(stale)
+    return removed
 
 
 # errors that mean "this location cannot take the output" (not a bug, not bad input): one line, no traceback
@@ -87,7 +173,7 @@ def replace_dir(src: Path, dst: Path) -> None:
     """Move directory ``src`` to ``dst``, replacing an existing ``dst`` with two renames."""
     old = None
     if dst.exists() or dst.is_symlink():
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        old = temp_path(dst, "old")
         os.replace(dst, old)
     os.replace(src, dst)
     if old is not None:
@@ -98,7 +184,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write a file through a temp name and rename, so readers never see it half written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    remove_stale_temps(path)
+    tmp = temp_path(path)
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)
@@ -117,18 +204,20 @@ def relative_symlink(target: Path, link: Path) -> None:
     os.symlink(rel, link)
 
 
-def confined(base: Path, rel: str, what: str) -> Path:
+def confined(base: Path, rel: str, what: str, *, follow_last: bool = True) -> Path:
     """``base / rel`` for a relative path read from a file, refused unless it stays inside ``base``.
 
     ``rel`` may not be absolute or contain ``..``, and once resolved (symlinks already in ``base``
     followed) it must still lie under ``base``: a path read from a cache entry, manifest or model
     directory can never name a file elsewhere. ``what`` says where ``rel`` came from, for the error.
+    ``follow_last=False`` resolves only the directories on the way: the entry itself may be a symlink
+    (a fetched model dir links its files to the source model).
     """
     pure = PurePosixPath(rel)
     if not rel or "\\" in rel or pure.is_absolute() or ".." in pure.parts or "\0" in rel:
         raise UnsafePathError(f"{what}: path {rel!r} must be relative, without '..', inside {base}")
     root = Path(base).resolve()
-    resolved = (root / pure).resolve()
+    resolved = (root / pure).resolve() if follow_last else (root / pure).parent.resolve() / pure.name
     if root not in resolved.parents:
         raise UnsafePathError(f"{what}: path {rel!r} leads outside {base} (to {resolved}) through a symlink")
     return Path(base) / pure

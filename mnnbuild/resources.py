@@ -7,6 +7,8 @@ import os
 import resource
 from pathlib import Path
 
+from mnnbuild.fsutil import process_start
+
 _PROC = Path("/proc")
 
 
@@ -34,8 +36,5 @@ def run_id() -> str:
     """Identifies one doit invocation: its process id and start time, the same in its worker processes (-n)."""
     parent = multiprocessing.parent_process()
     pid = parent.pid if parent is not None and parent.pid is not None else os.getpid()
-    try:
-        started = (_PROC / str(pid) / "stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        started = "?"
-    return f"{pid}:{started}"
+    started = process_start(pid)
+    return f"{pid}:{started[0] if started else '?'}"

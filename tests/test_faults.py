@@ -20,7 +20,7 @@ import pytest
 
 from mnnbuild.cache import ArtifactCache
 from mnnbuild.fsutil import sha256_file
-from tests.conftest import PROJECT_ROOT, RunDoit
+from tests.conftest import PROJECT_ROOT, RunDoit, executed_tasks
 
 
 def in_namespace(
@@ -287,13 +287,19 @@ def test_non_utf8_spec_is_one_line(tmp_path: Path) -> None:
 # -- the bundle and reproducibility (two real builds) -------------------------------------------
 
 
-def build_bundle(root: Path, *doit_args: str) -> Path:
-    """`doit bundle:tiny-qwen3-v79` into the artifact root ``root``, cache off."""
+def run_in_root(root: Path, *doit_args: str) -> subprocess.CompletedProcess[str]:
+    """`doit <doit_args>` into the artifact root ``root``, cache off; it must succeed."""
     env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
     full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}, **env}
-    proc = subprocess.run(doit_argv(*doit_args, "bundle:tiny-qwen3-v79"), env=full_env, capture_output=True, text=True,
-                          timeout=600, cwd=root.parent)  # fmt: skip
+    proc = subprocess.run(doit_argv(*doit_args), env=full_env, capture_output=True, text=True, timeout=600,
+                          cwd=root.parent)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def build_bundle(root: Path, *doit_args: str) -> Path:
+    """`doit bundle:tiny-qwen3-v79` into the artifact root ``root``, cache off."""
+    run_in_root(root, *doit_args, "bundle:tiny-qwen3-v79")
     return root
 
 
@@ -376,6 +382,259 @@ def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_mod
         with open(shipped, "r+b") as f:  # in place, as an editor that keeps the inode would
             f.write(b"tampered")
     assert {rel: src.read_bytes() for rel, src in sources.items()} == before
+
+
+# -- interruptions: kill -9, SIGTERM, a killed parent of `doit -n 2` -------------------------------
+
+CONTEXT_TEMP = ".graph"  # a context stage's temp dir: <arch>/context/.graph<k>.tmp-...
+
+
+def start_doit(root: Path, *args: str) -> subprocess.Popen[str]:
+    """`doit <args>` into the artifact root ``root`` (cache off), in a session of its own (a process group).
+
+    Its output goes to ``doit.log`` beside ``root`` (a pipe would stay open as long as any worker lives)."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")},
+           "MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    with open(root.parent / "doit.log", "w") as log:
+        return subprocess.Popen(doit_argv(*args), env=env, cwd=root.parent, stdout=log, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)  # fmt: skip
+
+
+def doit_log(root: Path) -> str:
+    return (root.parent / "doit.log").read_text()
+
+
+def temps_under(root: Path) -> list[str]:
+    """Every temp file or dir a writer left under ``root`` (staged dirs, atomic writes, replaced dirs)."""
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if ".tmp-" in p.name or ".old-" in p.name)
+
+
+def wait_until(
+    what: str, ready: Callable[[], object], proc: subprocess.Popen[str], root: Path, timeout: float = 300
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail(f"never saw {what} (doit exited {proc.returncode}):\n{doit_log(root)}")
+        time.sleep(0.005)
+
+
+def context_temps(root: Path) -> list[Path]:
+    context = root / "tiny-qwen3" / "v79" / "context"
+    try:
+        return [p for p in context.iterdir() if p.name.startswith(CONTEXT_TEMP) and ".tmp-" in p.name]
+    except FileNotFoundError:
+        return []
+
+
+def test_only_temps_of_gone_processes_are_removed(tmp_path: Path) -> None:
+    """A temp is removed only when its writer is known to be gone: not one of this process, of a running one, or of
+    another machine/container; yes for a process that exited and for a reused pid (another start time)."""
+    from mnnbuild.fsutil import process_start, remove_stale_temps, temp_path
+
+    out = tmp_path / "stage"
+    mine = temp_path(out)
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    try:
+        started = process_start(runner.pid)
+        assert started is not None
+        pid, start, scope, rand = mine.name.split(".tmp-")[1].split("-")
+        name = f".stage.tmp-{{}}-{{}}-{scope}-{rand}"
+        kept = {
+            "mine": mine,
+            "running": tmp_path / name.format(runner.pid, started[0]),
+            "elsewhere": tmp_path / f".stage.tmp-{runner.pid + 1}-{start}-{'0' * 8}-{rand}",
+            "other output": tmp_path / f".stage2.tmp-{exited.pid}-{start}-{scope}-{rand}",
+        }
+        gone = {
+            "exited": tmp_path / name.format(exited.pid, start),
+            "reused pid": tmp_path / name.format(runner.pid, int(started[0]) + 1),
+            "replaced dir": tmp_path / name.format(exited.pid, start).replace(".tmp-", ".old-"),
+        }
+        for path in [*kept.values(), *gone.values()]:
+            path.mkdir()
+            (path / "half").write_text("x")
+        assert sorted(remove_stale_temps(out)) == sorted(gone.values())
+        assert all(p.exists() for p in kept.values()) and not any(p.exists() for p in gone.values())
+    finally:
+        runner.kill()
+        runner.wait()
+
+
+def test_kill_9_mid_stage_then_a_clean_identical_rebuild(tmp_path: Path) -> None:
+    """kill -9 (no handler runs) while a context binary is being built: its temp dir stays; the next run removes
+    it, finishes, and gives the same bytes as a build that was never interrupted."""
+    import signal
+
+    (tmp_path / "clean").mkdir()
+    clean = build_bundle(tmp_path / "clean" / "artifacts")  # not `built`: other tests edit its bundle
+    root = tmp_path / "artifacts"
+    proc = start_doit(root, "bundle:tiny-qwen3-v79")
+    wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert context_temps(root), "the kill left the stage's temp dir behind (the fault this test is about)"
+    build_bundle(root)
+    assert temps_under(root) == [], "a rerun left stale temps of the killed run"
+    assert tree_hashes(root) == tree_hashes(clean)
+
+
+def finished_stages(root: Path) -> set[str]:
+    """Stage dirs holding a manifest, by path under ``root``."""
+    return {p.parent.relative_to(root).as_posix() for p in root.rglob("*.manifest.json")}
+
+
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
+    """A CI cancel (SIGTERM to doit) mid-stage: temp dir removed, no half artifact, a non-zero exit, and the stages
+    that had finished are not built again by the next run."""
+    import signal
+
+    root = tmp_path / "artifacts"
+    proc = start_doit(root, "bundle:tiny-qwen3-v79")
+    wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
+    interrupted = context_temps(root)[0].name.split(".")[1]  # graph<k>
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=120) != 0, doit_log(root)
+    assert temps_under(root) == [], "SIGTERM left temps behind"
+    done = finished_stages(root)
+    assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/modellib" in done
+    assert not (root / "tiny-qwen3" / "v79" / "context" / interrupted).exists(), "a half artifact"
+    rebuilt = executed_tasks(run_in_root(root, "bundle:tiny-qwen3-v79").stdout)
+    assert f"context:tiny-qwen3-v79:{interrupted}" in rebuilt
+    for task in ("fetch:tiny-qwen3", "io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3"):
+        assert task not in rebuilt, f"{task} had finished before SIGTERM but was built again: {rebuilt}"
+
+
+def group_members(pgid: int) -> dict[int, str]:
+    """Processes (pid -> state letter) of process group ``pgid`` that are still alive (zombies are dead)."""
+    members = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] not in "ZX":
+            members[int(stat.parent.name)] = fields[0]
+    return members
+
+
+def test_workers_of_doit_n_die_with_their_parent(tmp_path: Path) -> None:
+    """kill -9 the parent of `doit -n 2` while its workers build context binaries in parallel: within seconds no
+    process of that run is left (a worker whose parent is gone used to wait for its next task forever)."""
+    import signal
+
+    root = tmp_path / "artifacts"
+    proc = start_doit(root, "-n", "2", "bundle:tiny-qwen3-v79")
+    wait_until("two context stages at once", lambda: len(context_temps(root)) >= 2, proc, root)
+    assert len(group_members(proc.pid)) >= 3, "doit and its two workers"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = group_members(proc.pid)
+    for pid in left:  # never leave them to the next test
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes of the killed doit still running 30 s later: {left}"
+
+
+def damage_state(path: Path, damage: str) -> None:
+    import sqlite3
+
+    if damage == "garbage":
+        path.write_bytes(os.urandom(5000))
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2] + bytes(100))
+    else:  # a sound sqlite file whose task state is not JSON
+        with sqlite3.connect(path) as conn:
+            conn.execute("UPDATE doit SET task_data = '{cut off' WHERE task_id = 'io:tiny-qwen3'")
+        conn.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "bad-row"])
+def test_corrupt_doit_state_is_set_aside_with_one_warning(tmp_path: Path, run_doit: RunDoit, damage: str) -> None:
+    state = tmp_path / "artifacts" / ".doit.db"
+    run_doit("io:tiny-qwen3")
+    damage_state(state, damage)
+    damaged = state.read_bytes()
+    proc = run_doit("io:tiny-qwen3")
+    out = proc.stdout + proc.stderr
+    assert "Traceback" not in out, out
+    warnings = [line for line in out.splitlines() if ".doit.db" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("W ") and "corrupt" in warnings[0], out
+    aside = [p for p in state.parent.iterdir() if p.name.startswith(".doit.db.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_bytes() == damaged and str(aside[0]) in warnings[0]
+    # the new state is sound: the next run finds everything up to date, without a warning
+    again = run_doit("io:tiny-qwen3")
+    assert "corrupt" not in again.stderr and "io:tiny-qwen3" not in executed_tasks(again.stdout)
+
+
+# -- doit clean, by every name doit list shows ------------------------------------------------------
+
+
+def built_tasks(root: Path) -> set[str]:
+    """The tasks whose outputs are under ``root``, by the stage manifests there (``<model>/<stage dir>/``,
+    ``<model>/<arch>/<stage>/``, ``<model>/<arch>/context/<graph>/``)."""
+    tasks = set()
+    for manifest in root.rglob("*.manifest.json"):
+        parts, stage = manifest.relative_to(root).parts, manifest.name.removesuffix(".manifest.json")
+        if len(parts) == 3:
+            tasks.add(f"{stage}:{parts[0]}")
+        elif len(parts) == 4:
+            tasks.add(f"{stage}:{parts[0]}-{parts[1]}")
+        else:
+            tasks.add(f"{stage}:{parts[0]}-{parts[1]}:{parts[3]}")
+    return tasks
+
+
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bare doit's artifact root: the whole chain of the tiny model, verify and report included. Tests using it
+    leave it as they found it."""
+    root = tmp_path_factory.mktemp("verified") / "artifacts"
+    run_in_root(root)
+    return root
+
+
+def test_doit_clean_works_for_every_listed_task(verified: Path) -> None:
+    """`doit clean <name>` for every name `doit list --all` prints (context subtasks and the tasks created after
+    the partition included): it succeeds, removes exactly that task's outputs (a group's: its members'), and the
+    next run builds exactly those again."""
+    root = verified
+    everything = built_tasks(root)
+    names = run_in_root(root, "list", "--all", "--quiet").stdout.split()
+    assert {"context:tiny-qwen3-v79:graph0", "bundle:tiny-qwen3-v79", "report:tiny-qwen3-v79"} <= set(names)
+    assert everything <= set(names), "every task that built something is listed"
+    for name in names:
+        proc = run_in_root(root, "clean", name)
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+        removed = everything - built_tasks(root)
+        assert removed == {t for t in everything if t == name or t.startswith(f"{name}:")}, name
+        if not removed:
+            continue
+        rebuilt = set(executed_tasks(run_in_root(root).stdout))
+        # verify's report holds timings, so a verify run always gives its page a new input
+        follows = {t.replace("verify:", "report:") for t in removed if t.startswith("verify:")}
+        assert rebuilt == removed | follows, f"clean {name}: rebuilt {sorted(rebuilt)}"
+        assert built_tasks(root) == everything
+
+
+def test_deleted_or_edited_outputs_are_rebuilt(verified: Path) -> None:
+    """A context binary deleted and push.sh edited after the build: the next run builds exactly those two tasks
+    again (and nothing after them: the rebuilt files are the same bytes)."""
+    root = verified / "tiny-qwen3" / "v79"
+    binary, script = root / "context" / "graph0" / "qnn" / "graph0.bin", root / "bundle" / "push.sh"
+    before = {p: p.read_bytes() for p in (binary, script)}
+    binary.unlink()
+    script.write_text(before[script].decode() + "echo edited\n")
+    rebuilt = executed_tasks(run_in_root(verified).stdout)
+    assert sorted(rebuilt) == ["bundle:tiny-qwen3-v79", "context:tiny-qwen3-v79:graph0"], rebuilt
+    assert {p: p.read_bytes() for p in before} == before
 
 
 # -- bad model files and file systems: one line naming the file, never a traceback ---------------

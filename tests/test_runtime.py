@@ -8,6 +8,7 @@ and the shipped tiny Qwen3 gets its first q_proj Convolution replaced the same w
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -501,6 +502,94 @@ def test_weight_file_of_another_model_is_refused(tiny_bundle: tuple[Path, dict[s
     shutil.copy(PROJECT_ROOT / "tests" / "fixtures" / "models" / "llama-int4-cw" / "llm.mnn.weight", bundle)
     with pytest.raises(BundleError, match=r"llm.mnn.weight: .* reads bytes up to .*not the weight file of this model"):
         Bundle.open(bundle)
+
+
+# ---- file names read from a bundle stay inside it (issue 12) ------------------------------------------------
+
+DEFAULT_NAMES = {"tokenizer_file": "tokenizer.mtok", "llm_model": "qnn/llm.mnn", "llm_weight": "llm.mnn.weight"}
+
+
+@pytest.mark.parametrize("how", ["dotdot", "absolute"])
+@pytest.mark.parametrize(
+    ("config", "field", "reader"),
+    [
+        ("config_qnn.json", "tokenizer_file", "tokenizer"),
+        ("config_qnn.json", "llm_model", "bundle"),
+        ("config_qnn.json", "llm_weight", "bundle"),
+        ("llm_config.json", "llm_weight", "embeddings"),  # tied embeddings: read from the weight file it names
+        ("llm_config.json", "tokenizer_file", "tokenizer"),  # MNN's engine merges llm_config.json into the config
+    ],
+)
+def test_file_names_in_bundle_configs_stay_in_the_model_dir(
+    tiny_bundle: tuple[Path, dict[str, bytes]], tmp_path: Path, config: str, field: str, reader: str, how: str
+) -> None:
+    """A crafted config names the right file, but outside the bundle (``../../outside/...`` or an absolute path):
+    refused with one line naming the config and the field, before anything reads it."""
+    import os
+
+    bundle = tmp_path / "model" / "tiny-qwen3"
+    shutil.copytree(tiny_bundle[0], bundle)
+    outside = tmp_path / "outside" / Path(DEFAULT_NAMES[field]).name
+    outside.parent.mkdir()
+    shutil.copy(bundle / DEFAULT_NAMES[field], outside)
+    value = str(outside) if how == "absolute" else os.path.relpath(outside, bundle)
+    data = json.loads((bundle / config).read_text())
+    data[field] = value
+    (bundle / config).write_text(json.dumps(data))
+    read = {
+        "tokenizer": lambda: Tokenizer(bundle / "config_qnn.json"),
+        "bundle": lambda: Bundle.open(bundle),
+        "embeddings": lambda: Embeddings(bundle),
+    }[reader]
+    with pytest.raises(BundleError) as info:
+        read()
+    message = str(info.value)
+    assert f"{bundle / config}: field {field!r}: path {value!r} must be relative, without '..'" in message, message
+    assert "\n" not in message
+
+
+def test_plugin_paths_and_symlinked_dirs_stay_in_the_bundle(bundle_copy: Path, tmp_path: Path) -> None:
+    import os
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    shutil.copy(bundle_copy / "qnn" / "graph0.bin", outside / "graph0.bin")
+    rel = os.path.relpath(outside / "graph0.bin", bundle_copy)
+    _edit_plugin(bundle_copy, "qnn0", path=rel)
+    expected = rf"plugin 'qnn0' \(op #\d+\): attribute 'path': path '{re.escape(rel)}' must be relative"
+    with pytest.raises(BundleError, match=expected):
+        Bundle.open(bundle_copy)
+    _edit_plugin(bundle_copy, "qnn0", path="qnn/graph0.bin")
+    Bundle.open(bundle_copy)
+    # the names are plain, but the directory they go through is a link out of the bundle
+    shutil.move(bundle_copy / "qnn", outside / "qnn")
+    (bundle_copy / "qnn").symlink_to(outside / "qnn")
+    with pytest.raises(BundleError, match=r"config_qnn.json: field 'llm_model': path 'qnn/llm.mnn' leads outside"):
+        Bundle.open(bundle_copy)
+
+
+def test_original_model_config_stays_in_its_dir(tmp_path: Path) -> None:
+    """The original model dir's config.json, which verify's reference hands MNN's engine, is checked the same way."""
+    from mnnbuild_runtime.generate import kv_cache_draft
+
+    model = tmp_path / "model"
+    shutil.copytree(TINY, model)
+    data = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**data, "tokenizer_file": f"../../{TINY.name}/tokenizer.mtok"}))
+    with pytest.raises(BundleError, match=r"model/config.json: field 'tokenizer_file': path '\.\./\.\./"):
+        kv_cache_draft(model, [1, 2, 3], 2)
+    with pytest.raises(BundleError, match=r"model/config.json: field 'tokenizer_file'"):
+        cpu_forward_fn(model)
+
+
+def test_base_dir_is_refused(tiny_bundle: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
+    """MNN's engine would read every file of the model from ``base_dir``."""
+    bundle = tmp_path / "tiny"
+    shutil.copytree(tiny_bundle[0], bundle)
+    data = json.loads((bundle / "config_qnn.json").read_text())
+    (bundle / "config_qnn.json").write_text(json.dumps({**data, "base_dir": str(TINY) + "/"}))
+    with pytest.raises(BundleError, match=r"config_qnn.json: field 'base_dir' is not supported"):
+        Tokenizer(bundle / "config_qnn.json")
 
 
 def test_embeddings_and_llm_inputs() -> None:

@@ -6,6 +6,7 @@
 - ``actions``: run or restore a stage, store its outputs in the cache.
 - ``uptodate``: checks beyond file_dep and the key (a pinned HF commit, bundle files untouched).
 - ``reporter``: the closing build summary.
+- ``interrupts``: SIGTERM handled as Ctrl-C, workers that die with their parent.
 
 Every stage task: its action calls the stage's entry ``(inputs, params, out_dir) -> Manifest``; its
 target is the manifest the stage writes; it depends on the files it reads by content, and is up to
@@ -14,13 +15,16 @@ imports; stages never import each other) and its manifest schema are unchanged. 
 re-run leaves its manifest byte-identical leaves the stages after it up to date.
 """
 
-from mnnbuild.dag.project import DEFAULT_MODEL, Project
+from mnnbuild.dag.interrupts import handle_interrupts
+from mnnbuild.dag.project import DEFAULT_MODEL, Project, doit_runs_tasks
 from mnnbuild.dag.tasks import STAGES, late_stage_group, npu_task_creators, stage_tasks, update_tasks, verify_all_task
 
 __all__ = [
     "DEFAULT_MODEL",
     "STAGES",
     "Project",
+    "doit_runs_tasks",
+    "handle_interrupts",
     "late_stage_group",
     "npu_task_creators",
     "stage_tasks",

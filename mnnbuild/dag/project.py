@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import sqlite3
 import tempfile
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from doit.cmd_base import DodoTaskLoader
+from doit.cmdparse import CmdOption, CmdParse, CmdParseError
+from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
 from mnnbuild.cache import local_cache_dir
@@ -17,6 +25,11 @@ from mnnbuild.fingerprint import DigestMemo
 from mnnbuild.layout import CODE_DIGESTS, stage_dir
 from mnnbuild.settings import Settings
 from mnnbuild.spec import ModelSpec, discover_specs
+
+log = logging.getLogger(__name__)
+
+DOIT_STATE = ".doit.db"
+"""doit's state file, under the artifact root (sqlite3)."""
 
 # What a bare `doit` builds: the shipped tiny model, so a fresh clone proves the whole chain.
 DEFAULT_MODEL = "tiny-qwen3"
@@ -74,8 +87,9 @@ class Project:
                 f"{root}: the artifact root is not writable ({exc.strerror}); set MNNBUILD_ARTIFACTS to a writable "
                 "directory"
             ) from None
+        set_aside_corrupt_state(root / DOIT_STATE)
         return {
-            "dep_file": str(self.settings.artifact_root / ".doit.db"),
+            "dep_file": str(root / DOIT_STATE),
             "backend": "sqlite3",
             "check_file_uptodate": "md5",
             "subtasks": True,
@@ -83,3 +97,67 @@ class Project:
             "verbosity": 1,
             "reporter": BuildSummaryReporter,
         }
+
+
+def doit_runs_tasks(argv: Sequence[str]) -> bool:
+    """Whether the doit command line ``argv`` (its arguments) runs tasks, by doit's own account of its commands
+    (``run``, the default, does; ``list``, ``clean``, ``info``, ``forget`` ... only read the task list). Parsed
+    the way doit parses it: loader options (``-f FILE``) may come first, ``name=value`` arguments are variables.
+    A command doit does not define here (a plugin's) counts as running tasks.
+    """
+    try:
+        _, rest = CmdParse([CmdOption(opt) for opt in DodoTaskLoader.cmd_options]).parse_only(list(argv))
+    except CmdParseError:
+        rest = list(argv)
+    rest = [arg for arg in rest if arg.startswith("-") or "=" not in arg]
+    commands = {cmd.get_name(): cmd for cmd in DoitMain.DOIT_CMDS}
+    command = commands.get(rest[0]) if rest else None
+    return command is None or bool(command.execute_tasks)
+
+
+def set_aside_corrupt_state(path: Path) -> Path | None:
+    """Move doit's state file aside when it is corrupt, so doit starts without state instead of a traceback.
+
+    Losing the state is safe: a task without state runs again (or is restored from the cache), and every task's
+    outputs are checked against its manifest anyway. Returns where the file went (None: it was fine or absent).
+    """
+    problem = _state_problem(path)
+    if problem is None:
+        return None
+    aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+    for suffix in ("", "-journal", "-wal", "-shm"):  # sqlite's side files belong to the file they were written for
+        side = Path(f"{path}{suffix}")
+        if side.exists():
+            os.replace(side, f"{aside}{suffix}")
+    log.warning("%s: doit's state file is corrupt (%s); moved it to %s, starting without state", path, problem, aside)
+    return aside
+
+
+def _state_problem(path: Path) -> str | None:
+    """What is wrong with doit's sqlite state file ``path``, or None when it is sound, absent or busy."""
+    if not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(path, timeout=5)
+    except sqlite3.Error:
+        return None
+    try:
+        check = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        if check != ["ok"]:
+            return f"sqlite quick_check: {'; '.join(map(str, check[:3]))}"
+        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "doit" not in tables:
+            return None  # doit creates its table
+        for task, data in conn.execute("SELECT task_id, task_data FROM doit"):
+            try:
+                if not isinstance(json.loads(data), dict):
+                    return f"the state of task {task!r} is not a JSON object"
+            except (TypeError, ValueError):
+                return f"the state of task {task!r} is not JSON"
+    except sqlite3.DatabaseError as exc:
+        code = getattr(exc, "sqlite_errorname", "")
+        corrupt = code.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")) or "not a database" in str(exc)
+        return str(exc) if corrupt or "malformed" in str(exc) else None  # busy, locked, I/O: not ours to judge
+    finally:
+        conn.close()
+    return None

@@ -21,8 +21,9 @@ from pydantic import BaseModel
 
 from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify
 from mnnbuild.dag.keys import qnn_build_id, stage_key
-from mnnbuild.dag.project import Project
+from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, outputs_intact
+from mnnbuild.errors import MnnbuildError
 from mnnbuild.layout import BUNDLE_MODEL_DIR, REPORT_PAGE, RESULT_MODEL, VERIFY_REPORT_JSON, context_dir
 from mnnbuild.manifest import tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleParams
@@ -329,11 +330,13 @@ def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> I
             yield stage_task(project, stage, run)
 
 
-def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
-    """One delayed task creator per model (``task_npu_<model>``), run by doit after ``partition:<model>``.
+def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
+    """One task creator per model (``task_npu_<model>``) for its context, bundle, verify and report tasks.
 
-    The context, bundle and verify tasks of a model exist once its partition has said how many plugins
-    there are; one creator per model keeps building one model from running every model's partition.
+    These tasks exist once the partition has said how many plugins there are. When doit runs tasks (``delayed``),
+    each creator runs after ``partition:<model>`` (one per model keeps building one model from running every
+    model's partition). When it only reads the task list (``doit list``, ``doit clean``: see `doit_runs_tasks`),
+    a model whose partition is on disk gets its tasks right away, so they can be listed and cleaned by name.
     """
     late = [name for name in STAGES if plugin_dependent(name)]
     creators = {}
@@ -345,15 +348,31 @@ def npu_task_creators(project: Project) -> dict[str, Callable[[], Iterator[dict[
                 yield from stage_tasks(project, name, spec)
 
         creator.__doc__ = f"{spec.name}: {' / '.join(late)} tasks, created after its partition"
-        creators[f"task_npu_{spec.name}"] = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
+        if delayed or not partitioned(project, spec):
+            creator = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
+        creators[f"task_npu_{spec.name}"] = creator
     return creators
 
 
+def partitioned(project: Project, spec: ModelSpec) -> bool:
+    """Whether the model's partition is on disk (its plugins are known)."""
+    try:
+        read_merge(project.stage_dir("partition", spec))
+    except MnnbuildError:
+        return False
+    return True
+
+
 def late_stage_group(project: Project, name: str) -> dict[str, Any]:
-    """``doit context`` / ``doit bundle``: every model's tasks of a stage created after its partition."""
+    """``doit context`` / ``doit bundle``: every model's tasks of a stage created after its partition.
+
+    ``doit clean context`` removes what they built (as ``doit clean io`` does for its subtasks), also for a model
+    whose tasks are not created yet."""
+    dirs = [project.stage_dir(name, s, arch) for s in project.specs.values() for arch in s.targets]
     return {
         "actions": None,
         "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
+        "clean": [(shutil.rmtree, [str(d)], {"ignore_errors": True}) for d in dirs],
     }
 
 
@@ -372,10 +391,13 @@ def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
 def verify_all_task(project: Project) -> dict[str, Any]:
     """``doit verify``: the verify tasks of the default bundles (each builds its bundle first)."""
     verify_tasks = [t for t in project.default_tasks() if t.startswith("verify:")]
+    spec = project.specs.get(DEFAULT_MODEL)
+    dirs = [project.stage_dir("verify", spec, arch) for arch in spec.targets] if spec else []
     return {
         "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
         "actions": None,
         "task_dep": verify_tasks,
+        "clean": [(shutil.rmtree, [str(d)], {"ignore_errors": True}) for d in dirs],
     }
 
 

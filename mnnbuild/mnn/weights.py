@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.errors import MNNFormatError, UnsafePathError
+from mnnbuild.fsutil import confined
 from mnnbuild.mnn.model import MnnModel, Op
 
 log = logging.getLogger(__name__)
@@ -389,6 +390,18 @@ def _read_config(model_dir: Path) -> dict[str, Any]:
         raise MNNFormatError(f"{path}: cannot read llm_config.json: {exc}") from exc
 
 
+def _model_file(model_dir: Path, cfg: dict[str, Any], field: str, default: str) -> Path:
+    """The file ``llm_config.json`` field ``field`` names: one of the model dir's own (see `confined`)."""
+    name = cfg.get(field, default)
+    what = f"{model_dir / 'llm_config.json'}: field {field!r}"
+    if not isinstance(name, str):
+        raise MNNFormatError(f"{what} must be a file name, got {name!r}")
+    try:
+        return confined(model_dir, name, what, follow_last=False)
+    except UnsafePathError as exc:
+        raise MNNFormatError(str(exc)) from None
+
+
 def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
     """Locate the embeddings of an exported LLM dir the way MNN's llm engine does."""
     model_dir = Path(model_dir)
@@ -409,9 +422,9 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
             a_size, bits = int(tie.get("alpha_size", 0)), int(tie.get("quant_bit", 0))
             block, a_fp16 = int(tie.get("quant_block", 0)), tie.get("alpha_dtype", "fp32") == "fp16"
         if w_off == 0:  # a separate embedding_int4/8.bin
-            path = model_dir / cfg.get("embedding_file", "embeddings_bf16.bin")
+            path = _model_file(model_dir, cfg, "embedding_file", "embeddings_bf16.bin")
         else:
-            path = model_dir / cfg.get("llm_weight", "llm.mnn.weight")
+            path = _model_file(model_dir, cfg, "llm_weight", "llm.mnn.weight")
         if bits == 16:
             vocab = (a_off - w_off) // (2 * hidden) if a_off > w_off else 0
             return EmbeddingInfo(path, hidden, vocab, "fp16", w_off, a_off, a_size, 16, 0, a_fp16)
@@ -419,7 +432,7 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
             raise MNNFormatError(f"{cfg_path}: tie_embeddings quant_bit {bits}, expected 2, 3, 4, 8 or 16")
         vocab = (a_off - w_off) * 8 // bits // hidden
         return EmbeddingInfo(path, hidden, vocab, "quant", w_off, a_off, a_size, bits, block, a_fp16)
-    path = model_dir / cfg.get("embedding_file", "embeddings_bf16.bin")
+    path = _model_file(model_dir, cfg, "embedding_file", "embeddings_bf16.bin")
     try:
         size = path.stat().st_size
     except OSError as exc:

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.errors import MNNFormatError, UnsafePathError
+from mnnbuild.fsutil import confined
 from mnnbuild.mnn import DATA_TYPES, MnnModel, embedding_info, enum_name, load_model, plugin_attributes, schema
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
 from mnnbuild_runtime.errors import BundleError
@@ -130,6 +131,52 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
+FILE_FIELDS = ("llm_config", "llm_model", "llm_weight", "tokenizer_file", "embedding_file")
+"""Fields of an LLM config (and of the ``llm_config.json`` MNN's engine merges into it) naming a file of the
+model dir: the engine joins each to the config's directory, and so does this runtime."""
+
+
+def bundle_path(model_dir: Path, name: object, what: str) -> Path:
+    """``model_dir / name`` for a file name read from a bundle (``what``: the file and field it came from). It must
+    name a file of the model dir: relative, without ``..``, no symlinked directory on the way out of it (the file
+    itself may be a link: a fetched model dir links its files to the source)."""
+    if not isinstance(name, str) or not name:
+        raise BundleError(f"{what} must be a file name inside {model_dir}, got {name!r}")
+    try:
+        return confined(model_dir, name, what, follow_last=False)
+    except UnsafePathError as exc:
+        raise BundleError(str(exc)) from None
+
+
+def check_config_files(config_path: Path, config: dict[str, Any]) -> None:
+    """Every file an LLM config names (`FILE_FIELDS`, in it or in the ``llm_config.json`` it names) must be a file
+    of its directory, and ``base_dir`` (which would move them all elsewhere) is refused: what MNN's engine reads
+    when it is given this config stays inside the model dir."""
+    model_dir = config_path.parent
+    if "base_dir" in config:
+        raise BundleError(
+            f"{config_path}: field 'base_dir' is not supported; expected the model's files next to the config"
+        )
+    sources = [(config_path, config)]
+    llm_config = bundle_path(
+        model_dir, config.get("llm_config", "llm_config.json"), f"{config_path}: field 'llm_config'"
+    )
+    if llm_config.is_file():
+        sources.append((llm_config, _read_json(llm_config)))
+    for source, values in sources:
+        for field in FILE_FIELDS:
+            if field in values:
+                bundle_path(model_dir, values[field], f"{source}: field {field!r}")
+
+
+def read_config(config_path: Path) -> dict[str, Any]:
+    """An LLM config (``config.json``, ``config_qnn.json``), read, and checked by `check_config_files`: what it
+    gives MNN's engine to read stays inside its model dir."""
+    config = _read_json(config_path)
+    check_config_files(config_path, config)
+    return config
+
+
 def _pair_to_size(value: Any, where: str, key: str) -> int:
     """``offset``/``size`` attributes are a 64-bit number stored as two int32 (low, high)."""
     if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int) for v in value):
@@ -171,7 +218,7 @@ def parse_plugin(
     path = attrs.get("path")
     if not isinstance(path, str) or not path:
         raise BundleError(f"{where}: attribute 'path' missing or not a string; expected e.g. 'qnn/graph0.bin'")
-    file = model_dir / path
+    file = bundle_path(model_dir, path, f"{where}: attribute 'path'")
     if binaries and not file.is_file():
         raise BundleError(f"{where}: attribute 'path' = {path!r} but {file} does not exist")
     qnn_inputs = _str_list(attrs, "inputs", where, len(op.inputs))
@@ -265,16 +312,14 @@ class Bundle:
         """Read ``<model_dir>/config_qnn.json`` and the model it names; check every Plugin op."""
         model_dir = Path(model_dir).resolve()
         config_path = model_dir / config_name
-        config = _read_json(config_path)
+        config = read_config(config_path)
         llm_model = config.get("llm_model", "llm.mnn")
-        if not isinstance(llm_model, str) or not llm_model:
-            raise BundleError(f"{config_path}: field 'llm_model' must be a path string such as 'qnn/llm.mnn'")
         chunks = config.get("chunk_limits")
         if chunks is not None and (
             not isinstance(chunks, list) or not chunks or not all(isinstance(c, int) and c > 0 for c in chunks)
         ):
             raise BundleError(f"{config_path}: field 'chunk_limits' must be a list of positive ints, got {chunks!r}")
-        model_file = model_dir / llm_model
+        model_file = bundle_path(model_dir, llm_model, f"{config_path}: field 'llm_model'")
         if not model_file.is_file():
             raise BundleError(f"{config_path}: field 'llm_model' = {llm_model!r} but {model_file} does not exist")
         try:
@@ -282,7 +327,7 @@ class Bundle:
         except MNNFormatError as exc:
             raise BundleError(str(exc)) from exc
         weight_name = config.get("llm_weight", DEFAULT_WEIGHT)
-        weight_file = model_dir / weight_name if isinstance(weight_name, str) else None
+        weight_file = bundle_path(model_dir, weight_name, f"{config_path}: field 'llm_weight'")
         if weight_file is not None and not weight_file.is_file():
             if _needs_external_weights(model):
                 raise BundleError(

@@ -16,7 +16,6 @@ guesses with MNN's own LLM engine and its KV cache (:func:`kv_cache_draft`), one
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -30,6 +29,7 @@ import numpy as np
 from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, load_module, to_numpy, to_var
 from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, read_embeddings
+from mnnbuild_runtime.bundle import bundle_path, read_config
 from mnnbuild_runtime.chunks import block_sizes, fit_block
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hybrid import HybridModel
@@ -329,13 +329,11 @@ def _original_model_file(model_dir: Path) -> tuple[Path, Path | None]:
     config_path = model_dir / "config.json"
     llm_model, llm_weight = "llm.mnn", "llm.mnn.weight"
     if config_path.is_file():
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise BundleError(f"{config_path}: not valid JSON: {exc}") from exc
+        config = read_config(config_path)
         llm_model = config.get("llm_model", llm_model)
         llm_weight = config.get("llm_weight", llm_weight)
-    model_file, weight_file = model_dir / llm_model, model_dir / llm_weight
+    model_file = bundle_path(model_dir, llm_model, f"{config_path}: field 'llm_model'")
+    weight_file = bundle_path(model_dir, llm_weight, f"{config_path}: field 'llm_weight'")
     if not model_file.is_file():
         raise BundleError(f"{model_dir}: model file {model_file} does not exist")
     return model_file, weight_file if weight_file.is_file() else None
@@ -367,6 +365,7 @@ def kv_cache_draft(
     config = Path(model_dir) / "config.json"
     if n <= 0 or not config.is_file():
         return []
+    read_config(config)  # MNN's engine reads every file it names: a name leading out is an error, not a warning
     rt = runtime or CpuRuntime()
     settings = {
         "backend_type": rt.backend.lower(),

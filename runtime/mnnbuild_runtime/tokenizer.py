@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from mnnbuild.cpu import import_mnn
+from mnnbuild_runtime.bundle import bundle_path, read_config
 from mnnbuild_runtime.errors import BundleError
 
 
@@ -26,14 +26,11 @@ class Tokenizer:
         path = Path(config)
         if not path.is_file():
             raise BundleError(f"{path}: config file missing; expected config.json or config_qnn.json of a model dir")
-        try:
-            config_data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise BundleError(f"{path}: not valid JSON: {exc}") from exc
+        config_data = read_config(path)  # MNN's engine reads every file it names: none may lie outside the model dir
         # MNN crashes (SIGSEGV in tokenizer_encode) instead of failing when the tokenizer file is missing
-        name = config_data.get("tokenizer_file", "tokenizer.txt") if isinstance(config_data, dict) else None
-        tok_file = path.parent / name if isinstance(name, str) else None
-        if tok_file is None or not tok_file.is_file():
+        name = config_data.get("tokenizer_file", "tokenizer.txt")
+        tok_file = bundle_path(path.parent, name, f"{path}: field 'tokenizer_file'")
+        if not tok_file.is_file():
             raise BundleError(
                 f"{path}: tokenizer file {tok_file} (field 'tokenizer_file', default 'tokenizer.txt') does not exist"
             )
