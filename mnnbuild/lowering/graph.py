@@ -197,9 +197,15 @@ def write_graph_dir(
     return written
 
 
-def _same_bytes(path: Path, arr: np.ndarray) -> bool:
-    on_disk = np.fromfile(path, dtype=np.uint8)
-    return bool(np.array_equal(on_disk, arr.reshape(-1).view(np.uint8)))
+def _same_bytes(path: Path, arr: np.ndarray, chunk: int = 64 << 20) -> bool:
+    """Whether the file holds exactly ``arr``'s bytes, read a chunk at a time (an lm_head is over 1 GB)."""
+    flat = arr.reshape(-1).view(np.uint8)
+    with open(path, "rb") as f:
+        for start in range(0, flat.size, chunk):
+            block = f.read(chunk)
+            if block != flat[start : start + chunk].tobytes():
+                return False
+        return f.read(1) == b""
 
 
 def read_graph_description(directory: Path) -> GraphDescription:
