@@ -80,7 +80,7 @@ def measure_prefill(artifacts: Path, name: str, arch: str, tokens: int, repeat: 
     lib = QnnLibrary()
     merge = read_merge(stage_dir(artifacts, "partition", name))
     contexts, _ = read_contexts(stage_dir(artifacts, "context", name, arch), merge)
-    twins, _ = read_twins(stage_dir(artifacts, "context", name, arch), contexts, merge)  # the context stage's
+    twins, _ = read_twins(stage_dir(artifacts, "twin", name, arch), contexts, merge)  # the twin stage's
     bundle = stage_dir(artifacts, "bundle", name, arch)
     model_dir = bundle / BUNDLE_MODEL_DIR / BundleManifest.read(bundle).model_name
     overrides = {p: t.override() for p, t in twins.items()}

@@ -1,7 +1,7 @@
 """Hybrid forward time of a bundle per shape (decode, prefill) and the share spent in the HTP simulator vs MNN.
 
 Builds the bundle with doit (into a temp artifact root unless ``--artifacts`` names one that has it), takes the
-unshared twins verify runs from the context stage (the x86 library cannot load weight-shared binaries), loads
+unshared twins verify runs from the twin stage (the x86 library cannot load weight-shared binaries), loads
 everything once,
 then times ``--repeat`` forwards per io sample. "glue" is the rest of a forward: layout conversions and
 copies between MNN Vars and numpy. The original model run whole in MNN on the CPU is the baseline.
@@ -58,7 +58,7 @@ def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, An
     merge = read_merge(where("partition"))
     t0 = time.perf_counter()
     contexts, problems = read_contexts(where("context", arch), merge)
-    twins, more = read_twins(where("context", arch), contexts, merge)
+    twins, more = read_twins(where("twin", arch), contexts, merge)
     if problems or more:
         raise SystemExit(f"no twins to run: {(problems + more)[0]}")
     twin_seconds = time.perf_counter() - t0
