@@ -19,9 +19,9 @@ from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
 from mnnbuild.layout import REPORT_PAGE as PAGE
-from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.partition import read_merge
 from mnnbuild.manifests.report import ReportManifest
+from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import QnnLibrary
@@ -58,17 +58,18 @@ def inputs_for(root: Path, arch: str = ARCH, bundle_dir: Path | None = None) -> 
         io_dir=root / "io",
         model_dir=root / "model",
         context_dir=root / arch / "context",
+        twin_dir=root / arch / "twin",
     )
 
 
 def twins(root: Path, arch: str = ARCH) -> dict[str, Path]:
-    """Each plugin's unshared twin, as the context stage wrote it (plugin path -> file)."""
+    """Each plugin's unshared twin, as the twin stage wrote it (plugin path -> file)."""
     found = {}
     for binary in read_merge(root / "partition"):
-        ctx_dir = root / arch / "context" / Path(binary).stem
-        twin = ContextManifest.read(ctx_dir).twin
-        assert twin is not None
-        found[binary] = ctx_dir / twin
+        where = root / arch / "twin" / Path(binary).stem
+        manifest = TwinManifest.read(where)
+        assert manifest.binary == binary
+        found[binary] = where / manifest.twin
     return found
 
 

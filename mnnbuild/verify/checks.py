@@ -180,18 +180,21 @@ def read_twins(
             problems.append(f"plugin {binary}: the twin manifest in {where} is {manifest.binary}'s twin")
             continue
         try:
-            twins[binary] = Twin(
-                binary,
-                list(graphs),
-                confined(where, manifest.twin, f"{where / TwinManifest.filename()} field 'twin'"),
-                manifest.output(manifest.twin).sha256,
-                ctx.output(ctx.binary).sha256,
-                manifest,
-            )
-        except KeyError as exc:
-            problems.append(f"plugin {binary}: the manifest in {where} or its context lists no output {exc}")
+            path = confined(where, manifest.twin, f"{where / TwinManifest.filename()} field 'twin'")
         except UnsafePathError as exc:
             problems.append(f"plugin {binary}: {exc}")
+            continue
+        try:
+            recorded = manifest.output(manifest.twin).sha256
+        except KeyError:
+            problems.append(f"plugin {binary}: the twin manifest in {where} lists no output {manifest.twin!r}")
+            continue
+        try:
+            shipped = ctx.output(ctx.binary).sha256
+        except KeyError:
+            problems.append(f"plugin {binary}: its context manifest lists no output {ctx.binary!r}")
+            continue
+        twins[binary] = Twin(binary, list(graphs), path, recorded, shipped, manifest)
     return twins, problems
 
 
