@@ -54,7 +54,7 @@ def context_dir(artifact_root: Path, model: str, arch: str, binary: str) -> Path
 
 
 def plugin_context_dir(context_stage_dir: Path, binary: str) -> Path:
-    """:func:`context_dir` under a given ``<arch>/context`` dir (or ``<arch>/twin``: see :func:`twin_dir`)."""
+    """:func:`context_dir` under a given ``<arch>/context`` dir (or ``<arch>/twin``: see :func:`plugin_dir`)."""
     return Path(context_stage_dir) / Path(binary).stem
 
 
@@ -65,11 +65,6 @@ PLUGIN_STAGES = ("context", "twin")
 def plugin_dir(artifact_root: Path, stage: str, model: str, arch: str, binary: str) -> Path:
     """One plugin's dir of a per-plugin stage (:data:`PLUGIN_STAGES`)."""
     return plugin_context_dir(stage_dir(artifact_root, stage, model, arch), binary)
-
-
-def twin_dir(artifact_root: Path, model: str, arch: str, binary: str) -> Path:
-    """One plugin's twin stage dir: ``twin/<plugin>`` (``qnn/graph0.bin`` -> ``graph0``)."""
-    return plugin_dir(artifact_root, "twin", model, arch, binary)
 
 
 def manifest_file(stage: str) -> str:

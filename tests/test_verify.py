@@ -285,6 +285,25 @@ def test_flipped_byte_in_a_context_binary_fails(built: tuple[Path, object], bund
     assert all(g.passed for g in report.graphs), "the simulator checks do not depend on the bundle"
 
 
+def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: Path) -> None:
+    """The twins are the twin stage's: plugin 0's dir holding plugin 1's twin, and no twin for plugin 1, fail
+    verify naming both (nothing is composed in their place)."""
+    root = model_root(built)
+    twin_dir = tmp_path / "twin"
+    shutil.copytree(root / ARCH / "twin", twin_dir)
+    shutil.rmtree(twin_dir / "graph0")
+    (twin_dir / "graph1").rename(twin_dir / "graph0")
+    out = tmp_path / "verify"
+    inputs = inputs_for(root).model_copy(update={"twin_dir": twin_dir})
+    with pytest.raises(StageError):
+        verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
+    report = read_report(out)
+    assert not report.passed and not (out / VerifyManifest.filename()).exists()
+    assert any("plugin qnn/graph0.bin" in f and "is qnn/graph1.bin's twin" in f for f in report.failures)
+    assert any("plugin qnn/graph1.bin" in f and "run the twin stage first" in f for f in report.failures)
+    assert {g.binary for g in report.graphs if not g.passed} == {"qnn/graph0.bin", "qnn/graph1.bin"}
+
+
 def test_swapped_binaries_fail_on_structure(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
     a, b = qnn_file(bundle_copy, "graph0.bin"), qnn_file(bundle_copy, "graph1.bin")
     da, db = a.read_bytes(), b.read_bytes()

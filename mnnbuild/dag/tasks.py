@@ -48,6 +48,7 @@ from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
 from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
+from mnnbuild.targets import Soc
 from mnnbuild.verify import runtime_fingerprint
 
 STAGES: dict[str, Stage] = {
@@ -205,38 +206,26 @@ def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
         )
 
 
-def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[str, Soc, str, dict[str, Any]]]:
+    """Every (target, plugin) of a model: the arch, its SoC, the plugin's binary and the input fields the context
+    and twin stages share (model, modellib dir, binary, graphs)."""
     merge = read_merge(project.stage_dir("partition", spec))
+    shared = {"model": spec.name, "modellib_dir": project.stage_dir("modellib", spec)}
     for arch in spec.targets:
-        soc = spec.soc(arch)
         for binary, graphs in merge.items():
-            yield Run(
-                spec,
-                ContextInputs(
-                    model=spec.name, modellib_dir=project.stage_dir("modellib", spec), binary=binary, graphs=graphs
-                ),
-                ContextParams(soc=soc),
-                doc=f"HTP context binary {binary} ({', '.join(graphs)}) for {soc.name}",
-                arch=arch,
-                binary=binary,
-            )
+            yield arch, spec.soc(arch), binary, {**shared, "binary": binary, "graphs": graphs}
+
+
+def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    for arch, soc, binary, fields in _plugins(project, spec):
+        doc = f"HTP context binary {binary} ({', '.join(fields['graphs'])}) for {soc.name}"
+        yield Run(spec, ContextInputs(**fields), ContextParams(soc=soc), doc=doc, arch=arch, binary=binary)
 
 
 def twin_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    merge = read_merge(project.stage_dir("partition", spec))
-    for arch in spec.targets:
-        soc = spec.soc(arch)
-        for binary, graphs in merge.items():
-            yield Run(
-                spec,
-                TwinInputs(
-                    model=spec.name, modellib_dir=project.stage_dir("modellib", spec), binary=binary, graphs=graphs
-                ),
-                TwinParams(soc=soc),
-                doc=f"unshared twin of {binary} ({', '.join(graphs)}) for {soc.name}, which verify runs",
-                arch=arch,
-                binary=binary,
-            )
+    for arch, soc, binary, fields in _plugins(project, spec):
+        doc = f"unshared twin of {binary} ({', '.join(fields['graphs'])}) for {soc.name}, which verify runs"
+        yield Run(spec, TwinInputs(**fields), TwinParams(soc=soc), doc=doc, arch=arch, binary=binary)
 
 
 def model_name(spec: ModelSpec) -> str:

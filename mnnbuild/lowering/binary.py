@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -80,3 +81,20 @@ def checked_info(lib: QnnLibrary, what: str, data: bytes, names: list[str], soc:
     if info.weight_shared != shared:
         raise LoweringError(f"{what}: weight_shared is {info.weight_shared}, expected {shared}")
     return info
+
+
+def compose_checked(
+    lib: QnnLibrary, soc: Soc, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path, what: str
+) -> tuple[BinaryInfo, int, float]:
+    """:func:`compose_in_fresh_process` for ``soc``, then :func:`checked_info` of what it wrote: the binary's info,
+    its size and the seconds composing it took. A ``LoweringError`` names ``what``."""
+    started = time.perf_counter()
+    try:
+        compose_in_fresh_process(HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb), modellib_dir, graphs,
+                                 weight_sharing, dest)  # fmt: skip
+    except LoweringError as exc:
+        raise LoweringError(f"{what}: {exc}") from None
+    seconds = time.perf_counter() - started
+    data = dest.read_bytes()
+    names = [Path(g).name for g in graphs]
+    return checked_info(lib, what, data, names, soc, weight_sharing), len(data), seconds

@@ -12,6 +12,9 @@ from mnnbuild.targets import Soc
 
 
 class TwinInputs(StageInputs):
+    """ContextInputs' fields, declared again rather than inherited: the twin's key then does not follow the
+    context manifest's code (a new context manifest field rebuilds no twin)."""
+
     model: str
     modellib_dir: Path
     binary: str

@@ -13,18 +13,17 @@ the twin stage's: a bundle does not wait for it.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import confined, staged_dir
 from mnnbuild.layout import QNN_DIR
-from mnnbuild.lowering.binary import checked_info, compose_in_fresh_process
+from mnnbuild.lowering.binary import compose_checked
 from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
 from mnnbuild.manifests.modellib import ModellibManifest
-from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -35,18 +34,15 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
     modellib = inputs.manifest(ModellibManifest, inputs.modellib_dir)
     lib = QnnLibrary()
     soc = params.soc
-    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
-    names = [Path(g).name for g in inputs.graphs]
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, inputs.binary, "npu_postreat.json field 'merge'")
-        started = time.perf_counter()
+        modellib_dir, graphs = Path(inputs.modellib_dir), list(inputs.graphs)
         try:
-            compose_in_fresh_process(target, Path(inputs.modellib_dir), inputs.graphs, params.weight_sharing, dest)
-            seconds = time.perf_counter() - started
-            binary = dest.read_bytes()
-            info = checked_info(lib, inputs.binary, binary, names, soc, params.weight_sharing)
+            info, size, seconds = compose_checked(
+                lib, soc, modellib_dir, graphs, params.weight_sharing, dest, inputs.binary
+            )
         except LoweringError as exc:
-            raise StageError(f"{inputs.binary}: {exc}") from None
+            raise StageError(str(exc)) from None
         manifest = ContextManifest(
             model=inputs.model,
             target=soc.dsp_arch,
@@ -69,8 +65,8 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
         inputs.model,
         inputs.binary,
         soc.name,
-        len(binary) / 1e6,
-        ", ".join(names),
+        size / 1e6,
+        ", ".join(info.graph_names),
         seconds,
     )
     return manifest

@@ -11,18 +11,17 @@ inputs only, and read back through QnnSystem to check it holds the plugin's grap
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 from mnnbuild.errors import StageError
-from mnnbuild.fsutil import staged_dir
+from mnnbuild.fsutil import confined, staged_dir
 from mnnbuild.layout import twin_file
-from mnnbuild.lowering.binary import checked_info, compose_in_fresh_process
+from mnnbuild.lowering.binary import compose_checked
 from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
-from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -33,24 +32,15 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
     modellib = inputs.manifest(ModellibManifest, inputs.modellib_dir)
     lib = QnnLibrary()
     soc = params.soc
-    names = [Path(g).name for g in inputs.graphs]
     name = twin_file(inputs.binary)
     what = f"unshared twin of {inputs.binary}"
     with staged_dir(out_dir) as tmp:
-        started = time.perf_counter()
+        dest = confined(tmp, name, "npu_postreat.json field 'merge'")
+        modellib_dir, graphs = Path(inputs.modellib_dir), list(inputs.graphs)
         try:
-            compose_in_fresh_process(
-                HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb),
-                Path(inputs.modellib_dir),
-                list(inputs.graphs),
-                False,
-                tmp / name,
-            )
-            seconds = time.perf_counter() - started
-            data = (tmp / name).read_bytes()
-            info = checked_info(lib, what, data, names, soc, False)
+            info, size, seconds = compose_checked(lib, soc, modellib_dir, graphs, False, dest, what)
         except LoweringError as exc:
-            raise StageError(f"{what}: {exc}") from None
+            raise StageError(str(exc)) from None
         manifest = TwinManifest(
             model=inputs.model,
             target=soc.dsp_arch,
@@ -69,8 +59,8 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
         inputs.model,
         inputs.binary,
         soc.name,
-        len(data) / 1e6,
-        ", ".join(names),
+        size / 1e6,
+        ", ".join(info.graph_names),
         seconds,
     )
     return manifest
