@@ -31,9 +31,18 @@ log = logging.getLogger("bench_runtime")
 
 
 def build(model: str, arch: str, artifacts: Path) -> None:
+    """The bundle and the unshared twins it runs with (the twin stage's)."""
     env = {**os.environ, "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_LOG_LEVEL": "WARNING"}
     subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), f"bundle:{model}-{arch}"],
+        [
+            sys.executable,
+            "-m",
+            "doit",
+            "-f",
+            str(PROJECT_ROOT / "dodo.py"),
+            f"bundle:{model}-{arch}",
+            f"twin:{model}-{arch}",
+        ],
         env=env,
         check=True,
         capture_output=True,
@@ -52,8 +61,8 @@ def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, An
     from mnnbuild.manifests.partition import read_merge
     from mnnbuild.verify.checks import read_contexts, read_twins
 
-    def where(stage: str, target: str | None = None) -> Path:
-        return stage_dir(artifacts, stage, model, target)
+    def where(stage: str, target: str | None = None, name: str = model) -> Path:
+        return stage_dir(artifacts, stage, name, target)  # bound now: ``model`` is the HybridModel below
 
     merge = read_merge(where("partition"))
     t0 = time.perf_counter()
