@@ -54,6 +54,11 @@ def task_context() -> dict[str, Any]:
     return dag.late_stage_group(PROJECT, "context")
 
 
+def task_twin() -> dict[str, Any]:
+    """Unshared twins of the context binaries, which only verify runs: twin:<model>-<arch>, a subtask per plugin."""
+    return dag.late_stage_group(PROJECT, "twin")
+
+
 def task_bundle() -> dict[str, Any]:
     """Device bundles: bundle:<model>-<arch> (created after the model's partition)."""
     return dag.late_stage_group(PROJECT, "bundle")
@@ -72,7 +77,7 @@ def task_report() -> dict[str, Any]:
     return dag.late_stage_group(PROJECT, "report")
 
 
-# The context, bundle and verify tasks of a model exist once its partition has said how many plugins it has:
+# The context, twin, bundle and verify tasks of a model exist once its partition has said how many plugins it has:
 # doit creates them after partition:<model> (one task_npu_<model> creator per model, since create_after waits
 # for one task and building one model must not partition the others); `doit list` and `doit clean`, which run
 # nothing, get them right away from a partition on disk.

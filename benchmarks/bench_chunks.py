@@ -33,7 +33,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
 
-BUILD_STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle")
+BUILD_STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "twin")
+PER_PLUGIN = ("context", "twin")
 
 
 def write_spec(models_dir: Path, name: str, model_dir: Path, lengths: list[int], arch: str) -> None:
@@ -42,27 +43,36 @@ def write_spec(models_dir: Path, name: str, model_dir: Path, lengths: list[int],
 
 
 def build(name: str, arch: str, env: dict[str, str]) -> float:
-    """Wall seconds of ``doit bundle:<name>-<arch>`` (every stage up to the bundle)."""
+    """Wall seconds of ``doit bundle:<name>-<arch> twin:<name>-<arch>`` (every stage up to the bundle, and the
+    unshared twins the runtime runs in the simulator)."""
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), f"bundle:{name}-{arch}"],
+        [
+            sys.executable,
+            "-m",
+            "doit",
+            "-f",
+            str(PROJECT_ROOT / "dodo.py"),
+            f"bundle:{name}-{arch}",
+            f"twin:{name}-{arch}",
+        ],
         env=env,
         capture_output=True,
         text=True,
     )
     if proc.returncode != 0:
-        raise SystemExit(f"doit bundle:{name}-{arch} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise SystemExit(f"doit bundle/twin:{name}-{arch} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return time.perf_counter() - started
 
 
 def stage_seconds(artifacts: Path, name: str, arch: str) -> dict[str, float]:
-    """Each stage's own seconds (context: its subtasks summed), from the origin files the tasks wrote."""
+    """Each stage's own seconds (context, twin: their subtasks summed), from the origin files the tasks wrote."""
     from mnnbuild.layout import origin_file, stage_dir
 
     seconds: dict[str, float] = {}
     for stage in BUILD_STAGES:
         where = stage_dir(artifacts, stage, name, None if stage in ("fetch", "io", "partition", "modellib") else arch)
-        files = sorted(where.glob(f"*/{origin_file(stage)}")) if stage == "context" else [where / origin_file(stage)]
+        files = sorted(where.glob(f"*/{origin_file(stage)}")) if stage in PER_PLUGIN else [where / origin_file(stage)]
         seconds[stage] = round(sum(json.loads(f.read_text())["seconds"] for f in files), 3)
     return seconds
 
@@ -80,7 +90,7 @@ def measure_prefill(artifacts: Path, name: str, arch: str, tokens: int, repeat: 
     lib = QnnLibrary()
     merge = read_merge(stage_dir(artifacts, "partition", name))
     contexts, _ = read_contexts(stage_dir(artifacts, "context", name, arch), merge)
-    twins, _ = read_twins(stage_dir(artifacts, "context", name, arch), contexts, merge)  # the context stage's
+    twins, _ = read_twins(stage_dir(artifacts, "twin", name, arch), contexts, merge)  # the twin stage's
     bundle = stage_dir(artifacts, "bundle", name, arch)
     model_dir = bundle / BUNDLE_MODEL_DIR / BundleManifest.read(bundle).model_name
     overrides = {p: t.override() for p, t in twins.items()}

@@ -1,7 +1,7 @@
 """Hybrid forward time of a bundle per shape (decode, prefill) and the share spent in the HTP simulator vs MNN.
 
 Builds the bundle with doit (into a temp artifact root unless ``--artifacts`` names one that has it), takes the
-unshared twins verify runs from the context stage (the x86 library cannot load weight-shared binaries), loads
+unshared twins verify runs from the twin stage (the x86 library cannot load weight-shared binaries), loads
 everything once,
 then times ``--repeat`` forwards per io sample. "glue" is the rest of a forward: layout conversions and
 copies between MNN Vars and numpy. The original model run whole in MNN on the CPU is the baseline.
@@ -31,9 +31,18 @@ log = logging.getLogger("bench_runtime")
 
 
 def build(model: str, arch: str, artifacts: Path) -> None:
+    """The bundle and the unshared twins it runs with (the twin stage's)."""
     env = {**os.environ, "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_LOG_LEVEL": "WARNING"}
     subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), f"bundle:{model}-{arch}"],
+        [
+            sys.executable,
+            "-m",
+            "doit",
+            "-f",
+            str(PROJECT_ROOT / "dodo.py"),
+            f"bundle:{model}-{arch}",
+            f"twin:{model}-{arch}",
+        ],
         env=env,
         check=True,
         capture_output=True,
@@ -52,13 +61,13 @@ def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, An
     from mnnbuild.manifests.partition import read_merge
     from mnnbuild.verify.checks import read_contexts, read_twins
 
-    def where(stage: str, target: str | None = None) -> Path:
-        return stage_dir(artifacts, stage, model, target)
+    def where(stage: str, target: str | None = None, name: str = model) -> Path:
+        return stage_dir(artifacts, stage, name, target)  # bound now: ``model`` is the HybridModel below
 
     merge = read_merge(where("partition"))
     t0 = time.perf_counter()
     contexts, problems = read_contexts(where("context", arch), merge)
-    twins, more = read_twins(where("context", arch), contexts, merge)
+    twins, more = read_twins(where("twin", arch), contexts, merge)
     if problems or more:
         raise SystemExit(f"no twins to run: {(problems + more)[0]}")
     twin_seconds = time.perf_counter() - t0

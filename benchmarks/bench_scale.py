@@ -35,8 +35,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
 
-STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "verify")
-PER_TARGET = ("config", "context", "bundle", "verify")
+STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "twin", "verify")
+PER_TARGET = ("config", "context", "bundle", "twin", "verify")
+PER_PLUGIN = ("context", "twin")
 EXPORT_SCRIPT = PROJECT_ROOT / "models" / "export" / "make_models.py"
 READY = "READY"
 
@@ -110,8 +111,8 @@ def origin_seconds(stage_dir: Path, stage: str) -> float | None:
     return json.loads(path.read_text()).get("seconds") if path.is_file() else None
 
 
-def context_dirs(target_dir: Path) -> list[Path]:
-    return sorted((target_dir / "context").glob("graph*"), key=lambda p: int(p.name.removeprefix("graph")))
+def plugin_dirs(target_dir: Path, stage: str) -> list[Path]:
+    return sorted((target_dir / stage).glob("graph*"), key=lambda p: int(p.name.removeprefix("graph")))
 
 
 def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
@@ -243,8 +244,8 @@ def main() -> None:
             stage_dir = {"fetch": artifacts / name / "model", "io": artifacts / name / "io"}.get(
                 stage, artifacts / name / stage if stage not in PER_TARGET else artifacts / name / args.arch / stage
             )
-            if stage == "context":
-                per = {d.name: origin_seconds(d, "context") for d in context_dirs(artifacts / name / args.arch)}
+            if stage in PER_PLUGIN:
+                per = {d.name: origin_seconds(d, stage) for d in plugin_dirs(artifacts / name / args.arch, stage)}
                 rec["plugins_s"] = per
                 rec["stage_s"] = round(sum(v or 0.0 for v in per.values()), 2)
             else:

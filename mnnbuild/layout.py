@@ -6,7 +6,8 @@
 <artifact root>/<model>/partition/        partition qnn/llm.mnn, qnn/graph*/, npu_postreat.json, partition.{json,txt}
 <artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws + <graph>.bin
 <artifact root>/<model>/<arch>/config/    config    config_qnn.json
-<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graph<k>.bin, twin/graph<k>.bin (verify's)
+<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graph<k>.bin (what ships)
+<artifact root>/<model>/<arch>/twin/<plugin>/      twin      graph<k>.bin: its unshared twin (verify's, never shipped)
 <artifact root>/<model>/<arch>/bundle/    bundle    model/<name>/ (what goes to the device) + scripts
 <artifact root>/<model>/<arch>/verify/    verify    verify.{json,txt}
 <artifact root>/<model>/<arch>/report/    report    index.html
@@ -31,6 +32,7 @@ STAGE_DIRS = {
     "modellib": "modellib",
     "config": "config",
     "context": "context",
+    "twin": "twin",
     "bundle": "bundle",
     "verify": "verify",
     "report": "report",
@@ -52,8 +54,17 @@ def context_dir(artifact_root: Path, model: str, arch: str, binary: str) -> Path
 
 
 def plugin_context_dir(context_stage_dir: Path, binary: str) -> Path:
-    """:func:`context_dir` under a given ``<arch>/context`` dir."""
+    """:func:`context_dir` under a given ``<arch>/context`` dir (or ``<arch>/twin``: see :func:`plugin_dir`)."""
     return Path(context_stage_dir) / Path(binary).stem
+
+
+PLUGIN_STAGES = ("context", "twin")
+"""Stages with a dir (and a task) per plugin: ``<arch>/<stage>/<plugin>``."""
+
+
+def plugin_dir(artifact_root: Path, stage: str, model: str, arch: str, binary: str) -> Path:
+    """One plugin's dir of a per-plugin stage (:data:`PLUGIN_STAGES`)."""
+    return plugin_context_dir(stage_dir(artifact_root, stage, model, arch), binary)
 
 
 def manifest_file(stage: str) -> str:
@@ -104,13 +115,10 @@ def binary_path(plugin: int) -> str:
     return f"{QNN_DIR}/graph{plugin}.bin"
 
 
-TWIN_DIR = "twin"
-
-
-def twin_path(binary: str) -> str:
-    """A plugin's unshared twin in its context dir (``qnn/graph0.bin`` -> ``twin/graph0.bin``): the same graphs
-    without weight sharing, which the x86 HTP simulator can load; verify runs it, the bundle never ships it."""
-    return f"{TWIN_DIR}/{Path(binary).name}"
+def twin_file(binary: str) -> str:
+    """A plugin's unshared twin in its twin dir (``qnn/graph0.bin`` -> ``graph0.bin``): the same graphs without
+    weight sharing, which the x86 HTP simulator can load; verify runs it, the bundle never ships it."""
+    return Path(binary).name
 
 
 # -- config / bundle / verify --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from mnnbuild.cache import ArtifactCache, CacheEntry
 from mnnbuild.fsutil import sha256_file
-from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
@@ -86,10 +86,10 @@ FINALIZED = "context: finalized"
 
 
 def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDoit) -> None:
-    """The unshared twins verify runs are context outputs: a cold build composes every graph twice (shipped binary
-    and twin) in its context tasks and never in verify. When only verify must run again (its spec'd
-    max_new_tokens changed) in a fresh clone on a warm cache, the contexts and their twins are restored and
-    nothing is composed."""
+    """The unshared twins verify runs are the twin stage's outputs: a cold build composes every graph twice, once
+    in its context task (the shipped binary) and once in its twin task, and never in verify. When only verify must
+    run again (its spec'd max_new_tokens changed) in a fresh clone on a warm cache, the contexts and the twins
+    are restored and nothing is composed."""
     cache = tmp_path / "cache"
     first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
     graphs = [d for d in (tmp_path / "artifacts" / "tiny-qwen3" / "modellib" / "qnn").iterdir() if d.is_dir()]
@@ -103,15 +103,18 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     rows = summary(proc.stdout)
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"}), proc.stdout
     assert len([t for t in rows["from cache"] if t.startswith("context:tiny-qwen3-v79:")]) == 4
+    assert len([t for t in rows["from cache"] if t.startswith("twin:tiny-qwen3-v79:")]) == 4
     assert FINALIZED not in proc.stdout + proc.stderr
     report = VerifyReport.model_validate_json((artifacts / "tiny-qwen3" / "v79" / "verify" / "verify.json").read_text())
     assert report.passed and report.generation is not None and len(report.generation.cpu_tokens) == 8
-    for p in report.plugins:  # the restored twins ran, checked against the hashes the context stage recorded
+    for p in report.plugins:  # the restored twins ran, checked against the hashes the twin stage recorded
         ctx_dir = artifacts / "tiny-qwen3" / "v79" / "context" / Path(p.path).stem
         assert json.loads((ctx_dir / "context.origin.json").read_text())["origin"] == "cache"
-        ctx = ContextManifest.read(ctx_dir)
-        assert ctx.twin is not None and p.executed == "override"
-        assert p.twin_sha256 == ctx.output(ctx.twin).sha256 == sha256_file(ctx_dir / ctx.twin)
+        twin_dir = artifacts / "tiny-qwen3" / "v79" / "twin" / Path(p.path).stem
+        assert json.loads((twin_dir / "twin.origin.json").read_text())["origin"] == "cache"
+        twin = TwinManifest.read(twin_dir)
+        assert twin.binary == p.path and p.executed == "override"
+        assert p.twin_sha256 == twin.output(twin.twin).sha256 == sha256_file(twin_dir / twin.twin)
 
 
 def test_corrupted_entry_is_discarded_and_rebuilt(

@@ -176,7 +176,7 @@ def test_runtime_picks_the_smallest_graph_that_fits(built: Path) -> None:
     lib = QnnLibrary()
     merge = read_merge(root / "partition")
     contexts, _ = read_contexts(root / ARCH / "context", merge)
-    twins, _ = read_twins(root / ARCH / "context", contexts, merge)
+    twins, _ = read_twins(root / ARCH / "twin", contexts, merge)
     overrides = {p: t.override() for p, t in twins.items()}
     with HybridModel(bundle_dir(built, "tiny2"), binary_overrides=overrides, qnn_lib=lib) as model:
         assert model.bundle.block_sizes == [1, 32, 128]

@@ -1,4 +1,4 @@
-"""modellib, context and bundle (issue 5): real HTP context binaries for the tiny model, read back."""
+"""modellib, context, twin and bundle (issue 5): real HTP context binaries for the tiny model, read back."""
 
 from __future__ import annotations
 
@@ -14,30 +14,69 @@ import pytest
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import sha256_file
 from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_description, read_graph_dirs
-from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import load_model, plugin_attributes
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info
 from mnnbuild.stages.bundle import BundleManifest
 from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
 from mnnbuild.stages.modellib import ModellibManifest
+from mnnbuild.stages.twin import TwinInputs, TwinParams, build_twin
 from mnnbuild.targets import soc_by_name
-from tests.conftest import PROJECT_ROOT
+from mnnbuild.verify.report import VerifyReport
+from tests.conftest import PROJECT_ROOT, executed_tasks
 
 DTYPES = {1: "float32", 3: "int32"}  # MNN DataType -> numpy
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The artifact root after `doit bundle:tiny-qwen3-v79` (cache off)."""
-    root = tmp_path_factory.mktemp("ctx") / "artifacts"
+def run_task(root: Path, task: str) -> subprocess.CompletedProcess[str]:
+    """`doit <task>` with artifacts in ``root`` (cache off)."""
     env = {**os.environ, "MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off"}
     proc = subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "bundle:tiny-qwen3-v79"],
+        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), task],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return root
+    return proc
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], list[Path]]:
+    """`doit bundle:tiny-qwen3-v79` on a fresh root: the root, the tasks it ran and the twin dirs right after."""
+    root = tmp_path_factory.mktemp("ctx") / "artifacts"
+    proc = run_task(root, "bundle:tiny-qwen3-v79")
+    return root, executed_tasks(proc.stdout), list((root / "tiny-qwen3").rglob("twin"))
+
+
+@pytest.fixture(scope="module")
+def built(bundled: tuple[Path, list[str], list[Path]]) -> Path:
+    """The artifact root after `doit bundle:tiny-qwen3-v79`."""
+    return bundled[0]
+
+
+@pytest.fixture(scope="module")
+def verified(bundled: tuple[Path, list[str], list[Path]]) -> tuple[Path, list[str]]:
+    """Then `doit verify:tiny-qwen3-v79` on the same root: the root and the tasks it ran."""
+    root = bundled[0]
+    return root, executed_tasks(run_task(root, "verify:tiny-qwen3-v79").stdout)
+
+
+def test_a_bundle_builds_no_twin_and_verify_builds_them(
+    bundled: tuple[Path, list[str], list[Path]], verified: tuple[Path, list[str]]
+) -> None:
+    """The twins are verify's alone: a bundle on a fresh root runs no twin task and writes no twin dir; the
+    verify after it builds one twin per plugin (and nothing of the bundle's again) and passes."""
+    root, bundle_ran, twin_dirs = bundled
+    assert "bundle:tiny-qwen3-v79" in bundle_ran and any(t.startswith("context:") for t in bundle_ran)
+    assert not [t for t in bundle_ran if t.startswith("twin:")], bundle_ran
+    assert twin_dirs == [], "no twin dir after a bundle"
+    _, verify_ran = verified
+    twins = sorted(t for t in verify_ran if t.startswith("twin:tiny-qwen3-v79:"))
+    assert twins == sorted(f"twin:tiny-qwen3-v79:{Path(a['path']).stem}" for a in plugins(root))
+    assert "verify:tiny-qwen3-v79" in verify_ran
+    assert not [t for t in verify_ran if t.startswith(("context:", "bundle:"))], verify_ran
+    report = VerifyReport.model_validate_json((root / "tiny-qwen3" / "v79" / "verify" / "verify.json").read_text())
+    assert report.passed and {p.executed for p in report.plugins} == {"override"}
 
 
 @pytest.fixture(scope="module")
@@ -98,17 +137,28 @@ def context_dir(root: Path, binary: str) -> Path:
     return root / "tiny-qwen3" / "v79" / "context" / Path(binary).stem
 
 
-def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(built: Path, lib: QnnLibrary) -> None:
-    """The context stage writes each binary's unshared twin (what the x86 simulator can load) beside it and
-    records its sha256: the same graphs, tensors and target, without weight sharing. The bundle ships none."""
+def twin_dir(root: Path, binary: str) -> Path:
+    return root / "tiny-qwen3" / "v79" / "twin" / Path(binary).stem
+
+
+def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(
+    verified: tuple[Path, list[str]], lib: QnnLibrary
+) -> None:
+    """The twin stage writes each binary's unshared twin (what the x86 simulator can load) in a dir per plugin
+    and records its sha256: the same graphs, tensors and target, without weight sharing. The bundle ships none."""
+    built = verified[0]
+    modellib = ModellibManifest.read(built / "tiny-qwen3" / "modellib")
     for attr in plugins(built):
-        ctx = context_dir(built, attr["path"])
-        manifest = ContextManifest.read(ctx)
-        assert manifest.binary == attr["path"] and manifest.twin == f"twin/{Path(attr['path']).name}"
-        twin_file = ctx / manifest.twin
+        where = twin_dir(built, attr["path"])
+        manifest = TwinManifest.read(where)
+        assert manifest.binary == attr["path"] and manifest.twin == Path(attr["path"]).name
+        assert manifest.graphs == attr["allGraphName"] and manifest.target == "v79"
+        graphs = {f"qnn/{g}" for g in attr["allGraphName"]}
+        assert set(manifest.inputs) == {r for r in modellib.outputs if Path(r.path).parent.as_posix() in graphs}
+        twin_file = where / manifest.twin
         assert manifest.output(manifest.twin).sha256 == sha256_file(twin_file)
         twin = read_binary_info(lib, twin_file.read_bytes())
-        shipped = read_binary_info(lib, (ctx / manifest.binary).read_bytes())
+        shipped = read_binary_info(lib, (context_dir(built, attr["path"]) / attr["path"]).read_bytes())
         assert shipped.weight_shared and not twin.weight_shared
         twin.check_target(69, 79)
         assert twin.graph_names == shipped.graph_names == attr["allGraphName"]
@@ -123,13 +173,14 @@ def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(built: Path, 
     )
 
 
-def test_graphs_match_their_references_in_the_simulator(built: Path, lib: QnnLibrary) -> None:
+def test_graphs_match_their_references_in_the_simulator(verified: tuple[Path, list[str]], lib: QnnLibrary) -> None:
     """Every graph, run in the x86 HTP simulator (the unshared twin of its plugin's context), reproduces
     the partition's reference outputs: cosine >= 0.999, max abs error <= 2% of the reference max."""
+    built = verified[0]
     partition = built / "tiny-qwen3" / "partition"
     for attr in plugins(built):
-        ctx = context_dir(built, attr["path"])
-        twin = (ctx / str(ContextManifest.read(ctx).twin)).read_bytes()
+        where = twin_dir(built, attr["path"])
+        twin = (where / TwinManifest.read(where).twin).read_bytes()
         with load_context(lib, twin) as runner:
             for graph in attr["allGraphName"]:
                 record = SubgraphRecord.read(partition / "qnn" / graph)
@@ -197,12 +248,18 @@ def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     inputs = ContextInputs(model="tiny-qwen3", modellib_dir=built / "tiny-qwen3" / "modellib",
                            binary="qnn/graph0.bin", graphs=["qnn/graph0", "qnn/graph1_0"])  # fmt: skip
     manifest = build_context(inputs, ContextParams(soc=soc), tmp_path / "ctx")
+    assert sorted(p.relative_to(tmp_path / "ctx").as_posix() for p in (tmp_path / "ctx").rglob("*.bin")) == [
+        "qnn/graph0.bin"
+    ], "the context stage composes the shipped binary only"
     info = read_binary_info(lib, (tmp_path / "ctx" / "qnn" / "graph0.bin").read_bytes())
     info.check_target(57, 75)
-    assert manifest.target == "v75" and manifest.tools["QNN"].startswith("v2.")
-    twin = read_binary_info(lib, (tmp_path / "ctx" / "twin" / "graph0.bin").read_bytes())
+    assert manifest.target == "v75" and manifest.tools["QNN"].startswith("v2.") and info.weight_shared
+    twin_inputs = TwinInputs(**inputs.model_dump())
+    twin_manifest = build_twin(twin_inputs, TwinParams(soc=soc), tmp_path / "twin")
+    twin = read_binary_info(lib, (tmp_path / "twin" / "graph0.bin").read_bytes())
     twin.check_target(57, 75)
-    assert not twin.weight_shared and twin.graph_names == info.graph_names
+    assert not twin.weight_shared and twin.graph_names == info.graph_names == twin_manifest.graphs
+    assert twin_manifest.target == "v75" and twin_manifest.params.soc == soc
 
 
 def test_refused_graph_names_graph_op_and_qnn_message(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:

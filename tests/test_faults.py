@@ -298,8 +298,9 @@ def run_in_root(root: Path, *doit_args: str) -> subprocess.CompletedProcess[str]
 
 
 def build_bundle(root: Path, *doit_args: str) -> Path:
-    """`doit bundle:tiny-qwen3-v79` into the artifact root ``root``, cache off."""
-    run_in_root(root, *doit_args, "bundle:tiny-qwen3-v79")
+    """`doit bundle:tiny-qwen3-v79 twin:tiny-qwen3-v79` (the bundle and verify's twins) into the artifact root
+    ``root``, cache off."""
+    run_in_root(root, *doit_args, "bundle:tiny-qwen3-v79", "twin:tiny-qwen3-v79")
     return root
 
 
@@ -323,35 +324,36 @@ def test_two_cold_cache_off_builds_are_byte_identical(built: Path, tmp_path: Pat
     other = build_bundle(tmp_path / "artifacts", "-n", "2")
     first, second = tree_hashes(built), tree_hashes(other)
     assert any(p.endswith("/qnn/graph3.bin") for p in first)
-    assert any(p.endswith("/context/graph3/twin/graph3.bin") for p in first), "verify's twins are outputs too"
+    assert any(p.endswith("/twin/graph3/graph3.bin") for p in first), "verify's twins are outputs too"
     differing = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
     assert not differing, f"files that differ between two builds of the same inputs: {differing}"
 
 
 def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path) -> None:
-    """One process builds plugin 0, then plugin 1, then plugin 0 again: both plugin-0 binaries are equal."""
+    """One process builds plugin 0, then plugin 1, then plugin 0 again, shipped binaries and twins interleaved:
+    both plugin-0 binaries of each kind are equal, and equal to what doit built."""
     from mnnbuild.manifests.partition import read_merge
     from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
+    from mnnbuild.stages.twin import TwinInputs, TwinParams, build_twin
     from mnnbuild.targets import soc_by_name
 
     model = built / "tiny-qwen3"
     merge = read_merge(model / "partition")
+    soc = soc_by_name("SM8750")
 
-    def build(binary: str, out: Path) -> bytes:
-        inputs = ContextInputs(model="tiny-qwen3", modellib_dir=model / "modellib", binary=binary,
-                               graphs=merge[binary])  # fmt: skip
-        build_context(inputs, ContextParams(soc=soc_by_name("SM8750")), out)
-        return (out / binary).read_bytes()
+    def build(binary: str, out: Path) -> tuple[bytes, bytes]:
+        fields = {"model": "tiny-qwen3", "modellib_dir": model / "modellib", "binary": binary, "graphs": merge[binary]}
+        build_context(ContextInputs(**fields), ContextParams(soc=soc), out / "context")
+        build_twin(TwinInputs(**fields), TwinParams(soc=soc), out / "twin")
+        return (out / "context" / binary).read_bytes(), (out / "twin" / Path(binary).name).read_bytes()
 
     first = build("qnn/graph0.bin", tmp_path / "a")
     build("qnn/graph1.bin", tmp_path / "b")
     assert build("qnn/graph0.bin", tmp_path / "c") == first
-    assert first == (model / "v79" / "context" / "graph0" / "qnn" / "graph0.bin").read_bytes()
-    twin = (model / "v79" / "context" / "graph0" / "twin" / "graph0.bin").read_bytes()
-    assert (tmp_path / "a" / "twin" / "graph0.bin").read_bytes() == (
-        tmp_path / "c" / "twin" / "graph0.bin"
-    ).read_bytes()
-    assert (tmp_path / "a" / "twin" / "graph0.bin").read_bytes() == twin
+    assert first == (
+        (model / "v79" / "context" / "graph0" / "qnn" / "graph0.bin").read_bytes(),
+        (model / "v79" / "twin" / "graph0" / "graph0.bin").read_bytes(),
+    )
 
 
 def test_qnn_numbers_tensors_per_process(built: Path) -> None:
@@ -579,7 +581,7 @@ def test_corrupt_doit_state_is_set_aside_with_one_warning(tmp_path: Path, run_do
 
 def built_tasks(root: Path) -> set[str]:
     """The tasks whose outputs are under ``root``, by the stage manifests there (``<model>/<stage dir>/``,
-    ``<model>/<arch>/<stage>/``, ``<model>/<arch>/context/<graph>/``)."""
+    ``<model>/<arch>/<stage>/``, ``<model>/<arch>/{context,twin}/<graph>/``)."""
     tasks = set()
     for manifest in root.rglob("*.manifest.json"):
         parts, stage = manifest.relative_to(root).parts, manifest.name.removesuffix(".manifest.json")
@@ -608,7 +610,10 @@ def test_doit_clean_works_for_every_listed_task(verified: Path) -> None:
     root = verified
     everything = built_tasks(root)
     names = run_in_root(root, "list", "--all", "--quiet").stdout.split()
-    assert {"context:tiny-qwen3-v79:graph0", "bundle:tiny-qwen3-v79", "report:tiny-qwen3-v79"} <= set(names)
+    assert {"context:tiny-qwen3-v79:graph0", "twin:tiny-qwen3-v79:graph0", "twin", "bundle:tiny-qwen3-v79"} <= set(
+        names
+    )
+    assert "report:tiny-qwen3-v79" in names
     assert everything <= set(names), "every task that built something is listed"
     for name in names:
         proc = run_in_root(root, "clean", name)

@@ -60,7 +60,7 @@ def test_lowering_support_table_matches_the_rules() -> None:
 
 def test_a_stage_key_covers_its_own_code_only() -> None:
     """No stage imports another (they share `mnnbuild.manifests`), the CLI, or the lowering rules it does not run."""
-    stages = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "verify")
+    stages = ("fetch", "io", "partition", "modellib", "config", "context", "twin", "bundle", "verify")
     for stage in stages:
         closure = {name for name, _ in module_closure(f"mnnbuild.stages.{stage}")}
         others = {f"mnnbuild.stages.{s}" for s in stages if s != stage}
@@ -197,6 +197,21 @@ def test_new_context_manifest_field_invalidates_its_writer_and_readers(clone: tu
     assert ran == sorted([*contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"])
 
 
+def test_new_twin_manifest_field_rebuilds_twins_and_verify_not_the_bundle(clone: tuple[Path, Build]) -> None:
+    project, build = clone
+    assert build() == []
+    edit(
+        project / "mnnbuild" / "manifests" / "twin.py",
+        "    soc_type: str | None\n",
+        "    soc_type: str | None\n    note: str = ''\n",
+    )
+    ran = build()
+    twins = [t for t in ran if t.startswith("twin:tiny-qwen3-v79:")]
+    assert len(twins) == 4, ran
+    # written by twin, read by verify only (and the page of verify's new results): no context, no bundle
+    assert ran == sorted([*twins, "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"])
+
+
 def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -208,9 +223,10 @@ def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build])
     )
     ran = build()
     contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
-    assert contexts, ran
+    twins = [t for t in ran if t.startswith("twin:tiny-qwen3-v79:")]
+    assert contexts and len(twins) == len(contexts), ran
     # and the page of verify's new results
-    expected = ["modellib:tiny-qwen3", *contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"]
+    expected = ["modellib:tiny-qwen3", *contexts, *twins, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"]
     assert ran == sorted([*expected, "report:tiny-qwen3-v79"])
 
 
@@ -223,10 +239,11 @@ def test_changing_only_chunk_sizes_reruns_io_onward(clone: tuple[Path, Build]) -
     edit(spec, "chunk_size = 128", "chunk_sizes = [128, 32]")
     ran = build()
     contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
-    assert contexts, ran
+    twins = [t for t in ran if t.startswith("twin:tiny-qwen3-v79:")]
+    assert contexts and len(twins) == len(contexts), ran
     after_io = ["io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3", "config:tiny-qwen3-v79"]
     assert ran == sorted(
-        [*after_io, *contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"]
+        [*after_io, *contexts, *twins, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"]
     )
     edit(spec, "chunk_sizes = [128, 32]", "chunk_sizes = [32, 128]")
     assert build() == []

@@ -19,9 +19,9 @@ from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.errors import StageError
 from mnnbuild.layout import REPORT_PAGE as PAGE
-from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.partition import read_merge
 from mnnbuild.manifests.report import ReportManifest
+from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import QnnLibrary
@@ -58,17 +58,18 @@ def inputs_for(root: Path, arch: str = ARCH, bundle_dir: Path | None = None) -> 
         io_dir=root / "io",
         model_dir=root / "model",
         context_dir=root / arch / "context",
+        twin_dir=root / arch / "twin",
     )
 
 
 def twins(root: Path, arch: str = ARCH) -> dict[str, Path]:
-    """Each plugin's unshared twin, as the context stage wrote it (plugin path -> file)."""
+    """Each plugin's unshared twin, as the twin stage wrote it (plugin path -> file)."""
     found = {}
     for binary in read_merge(root / "partition"):
-        ctx_dir = root / arch / "context" / Path(binary).stem
-        twin = ContextManifest.read(ctx_dir).twin
-        assert twin is not None
-        found[binary] = ctx_dir / twin
+        where = root / arch / "twin" / Path(binary).stem
+        manifest = TwinManifest.read(where)
+        assert manifest.binary == binary
+        found[binary] = where / manifest.twin
     return found
 
 
@@ -282,6 +283,25 @@ def test_flipped_byte_in_a_context_binary_fails(built: tuple[Path, object], bund
     assert [p.path for p in bad] == ["qnn/graph2.bin"]
     assert "not the one the twin stands in for" in (bad[0].problem or "")
     assert all(g.passed for g in report.graphs), "the simulator checks do not depend on the bundle"
+
+
+def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: Path) -> None:
+    """The twins are the twin stage's: plugin 0's dir holding plugin 1's twin, and no twin for plugin 1, fail
+    verify naming both (nothing is composed in their place)."""
+    root = model_root(built)
+    twin_dir = tmp_path / "twin"
+    shutil.copytree(root / ARCH / "twin", twin_dir)
+    shutil.rmtree(twin_dir / "graph0")
+    (twin_dir / "graph1").rename(twin_dir / "graph0")
+    out = tmp_path / "verify"
+    inputs = inputs_for(root).model_copy(update={"twin_dir": twin_dir})
+    with pytest.raises(StageError):
+        verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
+    report = read_report(out)
+    assert not report.passed and not (out / VerifyManifest.filename()).exists()
+    assert any("plugin qnn/graph0.bin" in f and "is qnn/graph1.bin's twin" in f for f in report.failures)
+    assert any("plugin qnn/graph1.bin" in f and "run the twin stage first" in f for f in report.failures)
+    assert {g.binary for g in report.graphs if not g.passed} == {"qnn/graph0.bin", "qnn/graph1.bin"}
 
 
 def test_swapped_binaries_fail_on_structure(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:

@@ -91,6 +91,7 @@ def run_conform(args: argparse.Namespace) -> int:
         bundle_model_dir=bundle_dir / "model" / model,
         original_dir=model_root / "model",
         context_dir=target_root / "context",
+        twin_dir=target_root / "twin",
         partition_dir=model_root / "partition",
         out_dir=out_dir,
         build=build,

@@ -10,7 +10,7 @@ within verify's tolerance; ``llm_demo`` on the bundle is a smoke test.
 
 The x86 HTP library refuses weight-shared context binaries ("Shared weights buffer isn't supported on this
 platform"); when the shipped binaries fail to load for that reason, the bundle runs with the unshared twins
-the context stage built (:func:`~mnnbuild.verify.checks.read_twins`, as verify runs them) in their place, and
+the twin stage built (:func:`~mnnbuild.verify.checks.read_twins`, as verify runs them) in their place, and
 the report says so per binary.
 """
 
@@ -264,14 +264,14 @@ def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.
     check.passed = ok and check.tokens_equal and check.engine_loop_agrees
 
 
-def _twins(context_dir: Path, merge: dict[str, list[str]]) -> dict[str, bytes]:
-    """The unshared twins the context stage built (hash checked against its manifests)."""
+def _twins(context_dir: Path, twin_dir: Path, merge: dict[str, list[str]]) -> dict[str, bytes]:
+    """The unshared twins the twin stage built (hash checked against its manifests)."""
     from mnnbuild.verify.checks import read_contexts, read_twins
 
     contexts, problems = read_contexts(context_dir, merge)
-    twins, more = read_twins(context_dir, contexts, merge)
+    twins, more = read_twins(twin_dir, contexts, merge)
     if problems or more:
-        raise ConformError(f"{context_dir}: {(problems + more)[0]}")
+        raise ConformError((problems + more)[0])
     try:
         return {path: twin.read() for path, twin in twins.items()}
     except MnnbuildError as exc:
@@ -286,6 +286,7 @@ def conform_model(
     bundle_model_dir: Path,
     original_dir: Path,
     context_dir: Path,
+    twin_dir: Path,
     partition_dir: Path,
     out_dir: Path,
     build: MnnBuild,
@@ -325,7 +326,7 @@ def conform_model(
         else:
             reason = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
         log.warning("conform: %s; running unshared twins in their place", reason)
-        twins = _twins(context_dir, merge)
+        twins = _twins(context_dir, twin_dir, merge)
         binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
         bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
 

@@ -24,7 +24,15 @@ from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, outputs_intact
 from mnnbuild.errors import MnnbuildError
-from mnnbuild.layout import BUNDLE_MODEL_DIR, REPORT_PAGE, RESULT_MODEL, VERIFY_REPORT_JSON, context_dir
+from mnnbuild.layout import (
+    BUNDLE_MODEL_DIR,
+    PLUGIN_STAGES,
+    REPORT_PAGE,
+    RESULT_MODEL,
+    VERIFY_REPORT_JSON,
+    context_dir,
+    plugin_dir,
+)
 from mnnbuild.manifest import tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
@@ -34,15 +42,17 @@ from mnnbuild.manifests.io import IoInputs, IoParams
 from mnnbuild.manifests.modellib import ModellibInputs, ModellibParams
 from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_merge
 from mnnbuild.manifests.report import ReportInputs, ReportParams
+from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
-from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, verify
+from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
+from mnnbuild.targets import Soc
 from mnnbuild.verify import runtime_fingerprint
 
 STAGES: dict[str, Stage] = {
-    s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, bundle, verify, report)
+    s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, twin, bundle, verify, report)
 }
 """Every stage, in chain order."""
 
@@ -57,7 +67,7 @@ class Run:
     doc: str
     arch: str | None = None
     binary: str | None = None
-    """The context binary this run builds (context runs only: a subtask per plugin)."""
+    """The context binary this run builds or stands in for (context and twin runs only: a subtask per plugin)."""
     file_dep: tuple[Path, ...] = ()
     """Files read besides the upstream manifests (a local model's source files)."""
     uptodate: tuple[Any, ...] = ()
@@ -71,22 +81,23 @@ class Run:
 @functools.cache
 def plugin_dependent(name: str) -> bool:
     """Whether a stage's tasks exist only once the partition has said how many plugins there are."""
-    return name == "context" or any(plugin_dependent(u) for u in STAGES[name].upstream)
+    return name in PLUGIN_STAGES or any(plugin_dependent(u) for u in STAGES[name].upstream)
 
 
 def out_dir(project: Project, stage: Stage, run: Run) -> Path:
     root = project.settings.artifact_root
     if run.binary is not None:
-        return context_dir(root, run.spec.name, str(run.arch), run.binary)
+        return plugin_dir(root, stage.name, run.spec.name, str(run.arch), run.binary)
     return project.stage_dir(stage.name, run.spec, run.arch)
 
 
 def upstream_dirs(project: Project, name: str, spec: ModelSpec, arch: str | None) -> list[Path]:
-    """Where stage ``name`` wrote for this model (and target): one dir per plugin for context."""
-    if name == "context":
+    """Where stage ``name`` wrote for this model (and target): one dir per plugin for context and twin."""
+    if name in PLUGIN_STAGES:
         assert arch is not None
         root = project.settings.artifact_root
-        return [context_dir(root, spec.name, arch, b) for b in read_merge(project.stage_dir("partition", spec))]
+        merge = read_merge(project.stage_dir("partition", spec))
+        return [plugin_dir(root, name, spec.name, arch, b) for b in merge]
     return [project.stage_dir(name, spec, arch if STAGES[name].per_target else None)]
 
 
@@ -115,7 +126,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     if not plugin_dependent(stage.name):
         task["name"] = target  # a subtask of its stage: ``io:<model>``, ``config:<model>-<arch>``
     elif run.binary is not None:
-        task.update(basename=f"{stage.name}:{target}", name=Path(run.binary).stem)  # context:<model>-<arch>:graph0
+        task.update(basename=f"{stage.name}:{target}", name=Path(run.binary).stem)  # twin:<model>-<arch>:graph0
     else:
         task["basename"] = f"{stage.name}:{target}"  # bundle:<model>-<arch>
     return task
@@ -195,21 +206,26 @@ def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
         )
 
 
-def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[str, Soc, str, dict[str, Any]]]:
+    """Every (target, plugin) of a model: the arch, its SoC, the plugin's binary and the input fields the context
+    and twin stages share (model, modellib dir, binary, graphs)."""
     merge = read_merge(project.stage_dir("partition", spec))
+    shared = {"model": spec.name, "modellib_dir": project.stage_dir("modellib", spec)}
     for arch in spec.targets:
-        soc = spec.soc(arch)
         for binary, graphs in merge.items():
-            yield Run(
-                spec,
-                ContextInputs(
-                    model=spec.name, modellib_dir=project.stage_dir("modellib", spec), binary=binary, graphs=graphs
-                ),
-                ContextParams(soc=soc),
-                doc=f"HTP context binary {binary} ({', '.join(graphs)}) for {soc.name}",
-                arch=arch,
-                binary=binary,
-            )
+            yield arch, spec.soc(arch), binary, {**shared, "binary": binary, "graphs": graphs}
+
+
+def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    for arch, soc, binary, fields in _plugins(project, spec):
+        doc = f"HTP context binary {binary} ({', '.join(fields['graphs'])}) for {soc.name}"
+        yield Run(spec, ContextInputs(**fields), ContextParams(soc=soc), doc=doc, arch=arch, binary=binary)
+
+
+def twin_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    for arch, soc, binary, fields in _plugins(project, spec):
+        doc = f"unshared twin of {binary} ({', '.join(fields['graphs'])}) for {soc.name}, which verify runs"
+        yield Run(spec, TwinInputs(**fields), TwinParams(soc=soc), doc=doc, arch=arch, binary=binary)
 
 
 def model_name(spec: ModelSpec) -> str:
@@ -255,6 +271,7 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 io_dir=project.stage_dir("io", spec),
                 model_dir=project.stage_dir("fetch", spec),
                 context_dir=project.stage_dir("context", spec, arch),
+                twin_dir=project.stage_dir("twin", spec, arch),
             ),
             VerifyParams(soc=soc, max_new_tokens=spec.verify.max_new_tokens),
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
@@ -316,6 +333,7 @@ RUNS: dict[str, Callable[[Project, ModelSpec], Iterator[Run]]] = {
     "modellib": modellib_runs,
     "config": config_runs,
     "context": context_runs,
+    "twin": twin_runs,
     "bundle": bundle_runs,
     "verify": verify_runs,
     "report": report_runs,
@@ -331,7 +349,7 @@ def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> I
 
 
 def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
-    """One task creator per model (``task_npu_<model>``) for its context, bundle, verify and report tasks.
+    """One task creator per model (``task_npu_<model>``) for its context, twin, bundle, verify and report tasks.
 
     These tasks exist once the partition has said how many plugins there are. When doit runs tasks (``delayed``),
     each creator runs after ``partition:<model>`` (one per model keeps building one model from running every
@@ -364,7 +382,7 @@ def partitioned(project: Project, spec: ModelSpec) -> bool:
 
 
 def late_stage_group(project: Project, name: str) -> dict[str, Any]:
-    """``doit context`` / ``doit bundle``: every model's tasks of a stage created after its partition.
+    """``doit context`` / ``doit twin`` / ``doit bundle``: every model's tasks of a stage created after its partition.
 
     ``doit clean context`` removes what they built (as ``doit clean io`` does for its subtasks), also for a model
     whose tasks are not created yet."""

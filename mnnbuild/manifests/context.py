@@ -37,9 +37,6 @@ class ContextManifest(Manifest):
     stage = "context"
     params: ContextParams
     binary: str
-    twin: str | None
-    """The unshared twin of ``binary`` (same graphs, no weight sharing; in ``outputs`` with its sha256), which
-    verify runs in the x86 simulator in its place; None when ``binary`` itself is unshared."""
     graphs: list[GraphIo]
     weight_shared: bool
     soc_type: str | None

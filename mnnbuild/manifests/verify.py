@@ -23,8 +23,10 @@ class VerifyInputs(StageInputs):
     model_dir: Path
     """fetch output: the original model, run whole in MNN for the references."""
     context_dir: Path
-    """context outputs (one subdir per plugin): each shipped binary must have its recorded hash, and the unshared
-    twins there run in the simulator in their place."""
+    """context outputs (one subdir per plugin): each shipped binary must have its recorded hash."""
+    twin_dir: Path
+    """twin outputs (one subdir per plugin): the unshared twins, which run in the simulator in the shipped
+    binaries' place."""
 
 
 class VerifyParams(BaseModel):

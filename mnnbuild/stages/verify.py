@@ -10,7 +10,7 @@ Checks (tolerances in :class:`VerifyParams`):
   outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
 - (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt.
 
-The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the context stage
+The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
 The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
 with at most ``max_loaded_plugins`` contexts loaded, each plugin's per-graph check while it is loaded.
@@ -66,24 +66,29 @@ def _expected_hashes(
 
 
 def _context_problems(
-    inputs: VerifyInputs, params: VerifyParams, merge: dict[str, list[str]], contexts: dict[str, ContextManifest]
+    inputs: VerifyInputs,
+    params: VerifyParams,
+    merge: dict[str, list[str]],
+    contexts: dict[str, ContextManifest],
+    twins: dict[str, checks.Twin],
 ) -> list[str]:
-    """The twins stand in for the shipped binaries only if the context stage built those from the same modellib
-    files (by hash) for the same SoC; manifests only, nothing is re-hashed."""
+    """The twins stand in for the shipped binaries only if the context and twin stages built both from the same
+    modellib files (by hash) for the same SoC; manifests only, nothing is re-hashed."""
     modellib = ModellibManifest.read(Path(inputs.modellib_dir))
     problems = []
     for binary, graphs in merge.items():
-        ctx = contexts.get(binary)
-        if ctx is None:
-            continue
         expected = {r for r in modellib.outputs if Path(r.path).parent.as_posix() in graphs}
-        if set(ctx.inputs) != expected:
-            problems.append(
-                f"plugin {binary}: the context stage built it from other modellib files than the current "
-                f"{inputs.modellib_dir} ({len(set(ctx.inputs) ^ expected)} differ); the twin would not stand in for it"
-            )
-        if ctx.params.soc != params.soc:
-            problems.append(f"plugin {binary}: built for {ctx.params.soc.name}, verifying for {params.soc.name}")
+        ctx, twin = contexts.get(binary), twins.get(binary)
+        built = [("context stage", ctx.inputs, ctx.params.soc)] if ctx else []
+        built += [("twin stage", twin.manifest.inputs, twin.manifest.params.soc)] if twin else []
+        for stage, used, soc in built:
+            if set(used) != expected:
+                problems.append(
+                    f"plugin {binary}: the {stage} built it from other modellib files than the current "
+                    f"{inputs.modellib_dir} ({len(set(used) ^ expected)} differ); the twin would not stand in for it"
+                )
+            if soc != params.soc:
+                problems.append(f"plugin {binary}: the {stage} built it for {soc.name}, verifying {params.soc.name}")
     return problems
 
 
@@ -186,9 +191,9 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     merge = read_merge(Path(inputs.partition_dir))
     t0 = time.perf_counter()
     contexts, problems = checks.read_contexts(Path(inputs.context_dir), merge)
-    twins, twin_problems = checks.read_twins(Path(inputs.context_dir), contexts, merge)
+    twins, twin_problems = checks.read_twins(Path(inputs.twin_dir), contexts, merge)
     found += [failures.structure(p) for p in problems + twin_problems]
-    found += [failures.structure(p) for p in _context_problems(inputs, params, merge, contexts)]
+    found += [failures.structure(p) for p in _context_problems(inputs, params, merge, contexts, twins)]
     timings["twins"] = time.perf_counter() - t0
 
     hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
@@ -235,7 +240,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
         graphs.setdefault(g.binary, []).append(g)
     for binary, graph_dirs in merge.items():
         if binary not in twins:  # why is among the context problems
-            graphs[binary] = checks.graphs_not_run(binary, graph_dirs, "no unshared twin: see the plugin's context")
+            graphs[binary] = checks.graphs_not_run(binary, graph_dirs, "no unshared twin: see the plugin's problems")
     report.graphs = [g for binary in merge for g in graphs.get(binary, [])]
     found += failures.graph_failures(report.graphs, params.graph_tolerance)
     found += failures.whole_model_failures(report.whole_model, params.model_tolerance)
@@ -301,7 +306,7 @@ STAGE = Stage(
     inputs=VerifyInputs,
     params=VerifyParams,
     manifest=VerifyManifest,
-    upstream=("fetch", "io", "partition", "modellib", "context", "bundle"),
+    upstream=("fetch", "io", "partition", "modellib", "context", "twin", "bundle"),
     outputs=(REPORT_JSON, REPORT_TEXT),
     per_target=True,
     tools=frozenset({"MNN", "QNN"}),

@@ -3,9 +3,9 @@ a check that cannot run records why, so the report is always complete.
 
 The x86 HTP library cannot load weight-shared context binaries (``mnnbuild/qnn/README.md``), so the
 numbers come from *unshared twins*: the same modellib graphs composed with weight sharing off, which the
-context stage writes next to each shipped binary (:func:`read_twins`; verify composes nothing). The
-shipped binaries are tied to them by hash (context manifest = bundle manifest = file; the twin's own hash
-in the context manifest) and by structure (binary info checked against the plugin attributes by the
+twin stage writes, one per plugin (:func:`read_twins`; verify composes nothing). The shipped binaries are
+tied to them by hash (context manifest = bundle manifest = file; the twin's own hash in the twin manifest)
+and by structure (binary info checked against the plugin attributes by the
 runtime's ``check_structure``, for the shipped binary and the twin alike).
 
 The simulator work is one pass (see ``mnnbuild.stages.verify``): the bundle runs every io sample and the
@@ -51,6 +51,7 @@ from mnnbuild.layout import (
 )
 from mnnbuild.manifest import FileRecord
 from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import ContextRunner, QnnLibrary, read_binary_info
 from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
@@ -108,16 +109,18 @@ def check_integrity(bundle_dir: Path, records: list[FileRecord]) -> IntegrityChe
 
 @dataclass(frozen=True)
 class Twin:
-    """The binary the simulator runs for one plugin, as its context stage built and recorded it: the unshared
-    twin of the shipped binary (or the shipped binary itself when that is unshared)."""
+    """The binary the simulator runs for one plugin, as the twin stage built and recorded it: the unshared twin
+    of the shipped binary."""
 
     binary: str
     graphs: list[str]
     path: Path
     sha256: str
-    """Its sha256 in the context manifest."""
+    """Its sha256 in the twin manifest."""
     shipped_sha256: str
     """The shipped binary's sha256 in the context manifest."""
+    manifest: TwinManifest = field(compare=False, repr=False)
+    """The twin manifest (what it was built from, for which SoC)."""
 
     def read(self) -> bytes:
         """Its bytes, which must still have the recorded hash."""
@@ -128,8 +131,8 @@ class Twin:
         digest = sha256_bytes(data)
         if digest != self.sha256:
             raise StageError(
-                f"plugin {self.binary}: twin {self.path} has sha256 {digest[:12]}…, the context manifest records "
-                f"{self.sha256[:12]}…: changed after the context stage built it"
+                f"plugin {self.binary}: twin {self.path} has sha256 {digest[:12]}…, the twin manifest records "
+                f"{self.sha256[:12]}…: changed after the twin stage built it"
             )
         return data
 
@@ -156,30 +159,42 @@ def read_contexts(context_dir: Path, merge: Mapping[str, list[str]]) -> tuple[di
 
 
 def read_twins(
-    context_dir: Path, contexts: Mapping[str, ContextManifest], merge: Mapping[str, list[str]]
+    twin_dir: Path, contexts: Mapping[str, ContextManifest], merge: Mapping[str, list[str]]
 ) -> tuple[dict[str, Twin], list[str]]:
-    """Each plugin's twin as its context manifest names and hashes it (nothing is composed here); the problems
-    (a twin the manifest does not list, a path leaving its dir) are returned, not raised."""
+    """Each plugin's twin as its twin manifest (in ``twin_dir``, one subdir per plugin) names and hashes it, tied
+    to the shipped binary's hash in its context manifest (nothing is composed here); the problems (a missing or
+    foreign twin manifest, a twin it does not list, a path leaving its dir) are returned, not raised."""
     twins: dict[str, Twin] = {}
     problems = []
     for binary, graphs in merge.items():
         ctx = contexts.get(binary)
         if ctx is None:
             continue  # no context manifest: reported with the context problems
-        ctx_dir = plugin_context_dir(context_dir, binary)
-        name = ctx.twin or ctx.binary  # an unshared shipped binary runs as it is
+        where = plugin_context_dir(twin_dir, binary)
         try:
-            twins[binary] = Twin(
-                binary,
-                list(graphs),
-                confined(ctx_dir, name, f"{ctx_dir / ContextManifest.filename()} field 'twin'"),
-                ctx.output(name).sha256,
-                ctx.output(ctx.binary).sha256,
-            )
-        except KeyError as exc:
-            problems.append(f"plugin {binary}: the context manifest in {ctx_dir} lists no output {exc}")
+            manifest = TwinManifest.read(where)
+        except StageError as exc:
+            problems.append(f"plugin {binary}: {exc}")
+            continue
+        if manifest.binary != binary:
+            problems.append(f"plugin {binary}: the twin manifest in {where} is {manifest.binary}'s twin")
+            continue
+        try:
+            path = confined(where, manifest.twin, f"{where / TwinManifest.filename()} field 'twin'")
         except UnsafePathError as exc:
             problems.append(f"plugin {binary}: {exc}")
+            continue
+        try:
+            recorded = manifest.output(manifest.twin).sha256
+        except KeyError:
+            problems.append(f"plugin {binary}: the twin manifest in {where} lists no output {manifest.twin!r}")
+            continue
+        try:
+            shipped = ctx.output(ctx.binary).sha256
+        except KeyError:
+            problems.append(f"plugin {binary}: its context manifest lists no output {ctx.binary!r}")
+            continue
+        twins[binary] = Twin(binary, list(graphs), path, recorded, shipped, manifest)
     return twins, problems
 
 

@@ -1,0 +1,100 @@
+"""One HTP context binary composed from modellib graph dirs in a fresh process, and checked once written.
+
+The context stage (the shipped, weight-shared binary) and the twin stage (its unshared twin, which the x86
+simulator can load) both compose through :func:`compose_in_fresh_process`: the HTP library numbers graph tensors
+from a counter that lives as long as the process (a new backend and device do not reset it, nor does reloading
+the library), and those ids are serialized, so a second context built in one process gets other bytes than the
+same context built first. One binary per fresh process makes its bytes depend on its inputs only.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+
+from mnnbuild.errors import QnnError
+from mnnbuild.fsutil import atomic_write_bytes
+from mnnbuild.logs import configure_logging
+from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_dirs
+from mnnbuild.qnn import BinaryInfo, HtpTarget, QnnLibrary, read_binary_info
+from mnnbuild.targets import Soc
+
+log = logging.getLogger(__name__)
+
+
+def compose_to_file(
+    target: HtpTarget, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path, log_level: str
+) -> None:
+    """`compose_context` of ``graphs`` into ``dest``; meant to run in a fresh process (see the module doc)."""
+    configure_logging(log_level)  # as in the parent: each finalized graph is logged with its time
+    descriptions = read_graph_dirs(modellib_dir, graphs)
+    atomic_write_bytes(dest, compose_context(QnnLibrary(), target, descriptions, weight_sharing))
+
+
+def _fresh_processes() -> multiprocessing.context.BaseContext:
+    """Processes forked from a server that imported this module but never loaded QNN.
+
+    Not a plain fork: this process may have loaded QNN (its tensor id counter would be inherited). A forked
+    child of the server is as fresh as a spawned interpreter for QNN, without importing numpy, pydantic and
+    mnnbuild again for every binary (~0.5 s each).
+    """
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+def compose_in_fresh_process(
+    target: HtpTarget, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path
+) -> None:
+    """Compose ``graphs`` (modellib graph dirs, in order) into the binary ``dest`` in a fresh process; a
+    ``LoweringError`` when that process dies."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with ProcessPoolExecutor(max_workers=1, mp_context=_fresh_processes()) as pool:
+            pool.submit(
+                compose_to_file,
+                target,
+                Path(modellib_dir),
+                list(graphs),
+                weight_sharing,
+                dest,
+                logging.getLevelName(log.getEffectiveLevel()),
+            ).result()
+    except BrokenProcessPool as exc:
+        raise LoweringError(f"the process composing it died ({exc})") from None
+
+
+def checked_info(lib: QnnLibrary, what: str, data: bytes, names: list[str], soc: Soc, shared: bool) -> BinaryInfo:
+    """The binary info of a written binary, which must hold ``names`` for ``soc``, weight-shared or not; a
+    ``LoweringError`` naming ``what`` otherwise."""
+    info = read_binary_info(lib, data)
+    if info.graph_names != names:
+        raise LoweringError(f"{what}: binary holds graphs {info.graph_names}, expected {names}")
+    try:
+        info.check_target(soc.soc_id, soc.arch_number)
+    except QnnError as exc:
+        raise LoweringError(f"{what} for {soc.name}: {exc}") from None
+    if info.weight_shared != shared:
+        raise LoweringError(f"{what}: weight_shared is {info.weight_shared}, expected {shared}")
+    return info
+
+
+def compose_checked(
+    lib: QnnLibrary, soc: Soc, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path, what: str
+) -> tuple[BinaryInfo, int, float]:
+    """:func:`compose_in_fresh_process` for ``soc``, then :func:`checked_info` of what it wrote: the binary's info,
+    its size and the seconds composing it took. A ``LoweringError`` names ``what``."""
+    started = time.perf_counter()
+    try:
+        compose_in_fresh_process(HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb), modellib_dir, graphs,
+                                 weight_sharing, dest)  # fmt: skip
+    except LoweringError as exc:
+        raise LoweringError(f"{what}: {exc}") from None
+    seconds = time.perf_counter() - started
+    data = dest.read_bytes()
+    names = [Path(g).name for g in graphs]
+    return checked_info(lib, what, data, names, soc, weight_sharing), len(data), seconds

@@ -1,0 +1,41 @@
+"""twin: the unshared twin of each plugin's context binary, which verify runs in the x86 simulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from mnnbuild.manifest import Manifest
+from mnnbuild.stage import StageInputs
+from mnnbuild.targets import Soc
+
+
+class TwinInputs(StageInputs):
+    """ContextInputs' fields, declared again rather than inherited: the twin's key then does not follow the
+    context manifest's code (a new context manifest field rebuilds no twin)."""
+
+    model: str
+    modellib_dir: Path
+    binary: str
+    """The shipped binary it stands in for (the merge entry's key, e.g. ``qnn/graph0.bin``)."""
+    graphs: list[str]
+    """Its graph dirs in allGraphName order, e.g. ``["qnn/graph0", "qnn/graph1_0"]``."""
+
+
+class TwinParams(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    soc: Soc
+
+
+class TwinManifest(Manifest):
+    stage = "twin"
+    params: TwinParams
+    binary: str
+    """The shipped binary (in the context stage's dir) this twin stands in for."""
+    twin: str
+    """The twin, relative to this dir (in ``outputs`` with its sha256)."""
+    graphs: list[str]
+    """Its graph names, in order."""
+    soc_type: str | None

@@ -1,0 +1,80 @@
+"""twin: each plugin's *unshared twin*, the binary verify runs in the shipped one's place.
+
+The x86 HTP simulator cannot load weight-shared context binaries (``mnnbuild/qnn/README.md``), so verify runs,
+for each plugin, the same modellib graphs composed without weight sharing: ``twin/graph<k>/graph<k>.bin``. It is
+an output like any other (recorded with its sha256, cached, restored), so verify composes nothing; only verify
+depends on it, so a bundle never waits for it, and the bundle never ships it. It is composed in a fresh process,
+as the context stage composes the shipped binary (``mnnbuild.lowering.binary``), so its bytes depend on its
+inputs only, and read back through QnnSystem to check it holds the plugin's graphs for the target, unshared.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from mnnbuild.errors import StageError
+from mnnbuild.fsutil import confined, staged_dir
+from mnnbuild.layout import twin_file
+from mnnbuild.lowering.binary import compose_checked
+from mnnbuild.lowering.graph import LoweringError
+from mnnbuild.manifest import record_outputs, tool_versions
+from mnnbuild.manifests.modellib import ModellibManifest
+from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
+from mnnbuild.qnn import QnnLibrary
+from mnnbuild.stage import Stage
+
+log = logging.getLogger(__name__)
+
+
+def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinManifest:
+    """Compose the unshared twin of ``inputs.binary`` for ``params.soc`` and check it through its binary info."""
+    modellib = inputs.manifest(ModellibManifest, inputs.modellib_dir)
+    lib = QnnLibrary()
+    soc = params.soc
+    name = twin_file(inputs.binary)
+    what = f"unshared twin of {inputs.binary}"
+    with staged_dir(out_dir) as tmp:
+        dest = confined(tmp, name, "npu_postreat.json field 'merge'")
+        modellib_dir, graphs = Path(inputs.modellib_dir), list(inputs.graphs)
+        try:
+            info, size, seconds = compose_checked(lib, soc, modellib_dir, graphs, False, dest, what)
+        except LoweringError as exc:
+            raise StageError(str(exc)) from None
+        manifest = TwinManifest(
+            model=inputs.model,
+            target=soc.dsp_arch,
+            inputs=[r for r in modellib.outputs if Path(r.path).parent.as_posix() in inputs.graphs],
+            params=params,
+            tools=tool_versions(qnn=lib.version.build_id),
+            outputs=record_outputs(tmp),
+            binary=inputs.binary,
+            twin=name,
+            graphs=info.graph_names,
+            soc_type=info.soc_type,
+        )
+        manifest.write(tmp)
+    log.info(
+        "twin %s %s for %s: %.1f MB, graphs %s, %.1fs",
+        inputs.model,
+        inputs.binary,
+        soc.name,
+        size / 1e6,
+        ", ".join(info.graph_names),
+        seconds,
+    )
+    return manifest
+
+
+STAGE = Stage(
+    name="twin",
+    entry=build_twin,
+    inputs=TwinInputs,
+    params=TwinParams,
+    manifest=TwinManifest,
+    upstream=("modellib",),
+    outputs=("graph<k>.bin",),
+    per_target=True,
+    tools=frozenset({"QNN"}),
+    doc="Unshared twins of the context binaries, one per plugin, which verify runs (created once the partition ran).",
+)
