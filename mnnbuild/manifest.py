@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Collection
 from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -122,6 +123,11 @@ class Manifest(BaseModel):
             if rec.path == rel_path:
                 return rec
         raise KeyError(rel_path)
+
+    def outputs_in(self, dirs: Collection[str]) -> list[FileRecord]:
+        """The output records of the files directly in ``dirs`` (paths relative to the output dir, e.g. the
+        modellib files of one plugin's graphs): what a downstream stage read, recorded as its inputs."""
+        return [rec for rec in self.outputs if Path(rec.path).parent.as_posix() in dirs]
 
 
 def package_version(dist: str) -> str | None:

@@ -46,7 +46,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
         manifest = ContextManifest(
             model=inputs.model,
             target=soc.dsp_arch,
-            inputs=[r for r in modellib.outputs if Path(r.path).parent.as_posix() in inputs.graphs],
+            inputs=modellib.outputs_in(inputs.graphs),
             params=params,
             tools=tool_versions(qnn=lib.version.build_id),
             outputs=record_outputs(tmp),

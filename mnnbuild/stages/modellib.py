@@ -94,7 +94,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             model=inputs.model,
             # the graph files read, not the partition manifest: a partition re-run with identical graphs
             # (say, a reworded report) must leave this manifest, and so the contexts, unchanged
-            inputs=[r for r in partition.outputs if Path(r.path).parent.as_posix() in read_dirs],
+            inputs=partition.outputs_in(read_dirs),
             params=params,
             tools=tool_versions(),
             outputs=record_outputs(tmp),

@@ -44,7 +44,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
         manifest = TwinManifest(
             model=inputs.model,
             target=soc.dsp_arch,
-            inputs=[r for r in modellib.outputs if Path(r.path).parent.as_posix() in inputs.graphs],
+            inputs=modellib.outputs_in(inputs.graphs),
             params=params,
             tools=tool_versions(qnn=lib.version.build_id),
             outputs=record_outputs(tmp),

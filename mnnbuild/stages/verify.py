@@ -77,7 +77,7 @@ def _context_problems(
     modellib = ModellibManifest.read(Path(inputs.modellib_dir))
     problems = []
     for binary, graphs in merge.items():
-        expected = {r for r in modellib.outputs if Path(r.path).parent.as_posix() in graphs}
+        expected = set(modellib.outputs_in(graphs))
         ctx, twin = contexts.get(binary), twins.get(binary)
         built = [("context stage", ctx.inputs, ctx.params.soc)] if ctx else []
         built += [("twin stage", twin.manifest.inputs, twin.manifest.params.soc)] if twin else []
