@@ -9,7 +9,7 @@ same way. When the graphs were lowered before the channel-last layout pass exist
 pass is applied to them too and measured as a third variant, so one run shows before, after and the floor.
 Results are added to ``benchmarks/results/prepare.json`` under ``--label``.
 
-    python benchmarks/bench_prepare.py artifacts/qwen3-1.7b-l1 [--label L1] [--plugin qnn/graph1.bin]
+    python benchmarks/bench_prepare.py artifacts/qwen3-1.7b-l1 [--label L1] [--plugin qnn/graphllm1.bin]
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_artifacts", type=Path, help="artifacts/<model> after `doit modellib:<model>`")
     parser.add_argument("--arch", default="v79")
-    parser.add_argument("--plugin", action="append", help="merge key(s) to measure, e.g. qnn/graph1.bin (default all)")
+    parser.add_argument(
+        "--plugin", action="append", help="merge key(s) to measure, e.g. qnn/graphllm1.bin (default all)"
+    )
     parser.add_argument("--label", default="current", help="key of this run in prepare.json (before, after ...)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

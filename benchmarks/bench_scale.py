@@ -35,6 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
 
+from mnnbuild.layout import LLM_GRAPHS  # noqa: E402
+
 STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "twin", "verify")
 PER_TARGET = ("config", "context", "bundle", "twin", "verify")
 PER_PLUGIN = ("context", "twin")
@@ -112,7 +114,7 @@ def origin_seconds(stage_dir: Path, stage: str) -> float | None:
 
 
 def plugin_dirs(target_dir: Path, stage: str) -> list[Path]:
-    return sorted((target_dir / stage).glob("graph*"), key=lambda p: int(p.name.removeprefix("graph")))
+    return sorted((target_dir / stage).glob("graph*"), key=lambda p: int(p.name.removeprefix(LLM_GRAPHS)))
 
 
 def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:

@@ -6,8 +6,8 @@
 <artifact root>/<model>/partition/        partition qnn/llm.mnn, qnn/graph*/, npu_postreat.json, partition.{json,txt}
 <artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws + <graph>.bin
 <artifact root>/<model>/<arch>/config/    config    config_qnn.json
-<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graph<k>.bin (what ships)
-<artifact root>/<model>/<arch>/twin/<plugin>/      twin      graph<k>.bin: its unshared twin (verify's, never shipped)
+<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graphllm<k>.bin (what ships)
+<artifact root>/<model>/<arch>/twin/<plugin>/      twin      graphllm<k>.bin: unshared twin (verify's, never shipped)
 <artifact root>/<model>/<arch>/bundle/    bundle    model/<name>/ (what goes to the device) + scripts
 <artifact root>/<model>/<arch>/verify/    verify    verify.{json,txt}
 <artifact root>/<model>/<arch>/report/    report    index.html
@@ -49,7 +49,7 @@ def stage_dir(artifact_root: Path, stage: str, model: str, arch: str | None = No
 
 
 def context_dir(artifact_root: Path, model: str, arch: str, binary: str) -> Path:
-    """One plugin's context stage dir: ``context/<plugin>`` (``qnn/graph0.bin`` -> ``graph0``)."""
+    """One plugin's context stage dir: ``context/<plugin>`` (``qnn/graphllm0.bin`` -> ``graphllm0``)."""
     return plugin_context_dir(stage_dir(artifact_root, "context", model, arch), binary)
 
 
@@ -105,18 +105,24 @@ GRAPH_FILE = "graph.json"
 """One graph dir's description (partition: the MNN subgraph; modellib: the QNN graph)."""
 
 
-def graph_name(shape_index: int, plugin: int) -> str:
-    """``graph<k>`` (decode, shape index 0) and ``graph<s>_<k>`` (later shapes), as upstream names them."""
-    return f"graph{plugin}" if shape_index == 0 else f"graph{shape_index}_{plugin}"
+LLM_GRAPHS = "graphllm"
+"""Graph/binary name prefix of a language (or embedding) model's plugins, as upstream's export script names them."""
+VISUAL_GRAPHS = "graphvisual"
+"""The prefix of a visual encoder's plugins, so both parts of a VL model share one ``qnn/`` dir without clashing."""
 
 
-def binary_path(plugin: int) -> str:
-    """The context binary of one plugin, relative to the model dir: ``qnn/graph<k>.bin``."""
-    return f"{QNN_DIR}/graph{plugin}.bin"
+def graph_name(shape_index: int, plugin: int, prefix: str = LLM_GRAPHS) -> str:
+    """``graphllm<k>`` (decode, shape index 0) and ``graphllm<s>_<k>`` (later shapes), as upstream names them."""
+    return f"{prefix}{plugin}" if shape_index == 0 else f"{prefix}{shape_index}_{plugin}"
+
+
+def binary_path(plugin: int, prefix: str = LLM_GRAPHS) -> str:
+    """The context binary of one plugin, relative to the model dir: ``qnn/graphllm<k>.bin``."""
+    return f"{QNN_DIR}/{prefix}{plugin}.bin"
 
 
 def twin_file(binary: str) -> str:
-    """A plugin's unshared twin in its twin dir (``qnn/graph0.bin`` -> ``graph0.bin``): the same graphs without
+    """A plugin's unshared twin in its twin dir (``qnn/graphllm0.bin`` -> ``graphllm0.bin``): the same graphs without
     weight sharing, which the x86 HTP simulator can load; verify runs it, the bundle never ships it."""
     return Path(binary).name
 

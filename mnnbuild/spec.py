@@ -281,7 +281,7 @@ class ModelSpec(BaseModel):
 
     @property
     def prefill_lengths(self) -> tuple[int, ...]:
-        """Every prefill length, longest first: graph ``graph1_<k>`` is the longest, ``graph2_<k>`` the next, ...
+        """Every prefill length, longest first: graph ``graphllm1_<k>`` is the longest, ``graphllm2_<k>`` the next, ...
         (the order written in the spec does not matter: MNN's engine sorts ``chunk_limits`` itself)."""
         if self.chunk_sizes is not None:
             return tuple(sorted(self.chunk_sizes, reverse=True))

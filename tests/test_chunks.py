@@ -24,7 +24,7 @@ from mnnbuild_runtime import (
     prefill_blocks,
 )
 
-from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, QNN_DIR, graph_name
+from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, QNN_DIR, graph_name
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.modellib import ModellibManifest
@@ -152,7 +152,7 @@ def test_every_binary_holds_its_plugin_graphs_in_order(built: Path, name: str) -
     assert bundle.plugins
     for spec in bundle.plugins:
         info = read_binary_info(lib, spec.read_binary())
-        plugin = int(Path(spec.path).stem.removeprefix("graph"))
+        plugin = int(Path(spec.path).stem.removeprefix(LLM_GRAPHS))
         assert info.graph_names == list(spec.graph_names) == [graph_name(s, plugin) for s in range(3)]
         ranks = [len(info.graph(spec.graph_names[0]).input(t).dims) for t in spec.qnn_inputs]
         blocks = spec.input_shapes(ranks)

@@ -111,7 +111,7 @@ def test_bundle_layout_and_manifest(built: Path) -> None:
 
 
 def test_binaries_hold_the_plugin_graphs(built: Path, lib: QnnLibrary) -> None:
-    """Each graph<k>.bin holds allGraphName in order, with the plugin's IO names, shapes and dtypes."""
+    """Each graphllm<k>.bin holds allGraphName in order, with the plugin's IO names, shapes and dtypes."""
     attrs = plugins(built)
     assert len(attrs) >= 2
     for attr in attrs:
@@ -203,7 +203,7 @@ def test_weight_sharing_keeps_one_copy(built: Path, lib: QnnLibrary) -> None:
     modellib = built / "tiny-qwen3" / "modellib"
     manifest = ModellibManifest.read(modellib)
     biggest = max(manifest.graphs, key=lambda g: g.static_bytes)
-    decode, prefill = f"qnn/graph{biggest.plugin}", f"qnn/graph1_{biggest.plugin}"
+    decode, prefill = f"qnn/graphllm{biggest.plugin}", f"qnn/graphllm1_{biggest.plugin}"
     target = HtpTarget(69, 79)
     shared = compose_context(lib, target, read_graph_dirs(modellib, [decode, prefill]), weight_sharing=True)
     alone = compose_context(lib, target, read_graph_dirs(modellib, [prefill]), weight_sharing=True)
@@ -214,15 +214,15 @@ def test_weight_sharing_keeps_one_copy(built: Path, lib: QnnLibrary) -> None:
 
 def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
     modellib = built / "tiny-qwen3" / "modellib" / "qnn"
-    decode, prefill = read_graph_description(modellib / "graph0"), read_graph_description(modellib / "graph1_0")
+    decode, prefill = read_graph_description(modellib / "graphllm0"), read_graph_description(modellib / "graphllm1_0")
     d = {t.name: t.raw for t in decode.static_tensors}
     p = {t.name: t.raw for t in prefill.static_tensors}
     shared = set(d) & set(p)
     assert any(n.endswith(".weight") for n in shared)
     for name in shared:
-        assert (modellib / "graph0" / d[name]).read_bytes() == (modellib / "graph1_0" / p[name]).read_bytes()
+        assert (modellib / "graphllm0" / d[name]).read_bytes() == (modellib / "graphllm1_0" / p[name]).read_bytes()
         # stored once on disk: the prefill graph's raw is a hard link to the decode graph's
-        assert os.path.samefile(modellib / "graph0" / d[name], modellib / "graph1_0" / p[name])
+        assert os.path.samefile(modellib / "graphllm0" / d[name], modellib / "graphllm1_0" / p[name])
 
 
 def test_modellib_writes_each_weight_once(built: Path) -> None:
@@ -232,31 +232,31 @@ def test_modellib_writes_each_weight_once(built: Path) -> None:
     files = [p for p in modellib.rglob("*") if p.is_file()]
     assert not [p for p in files if p.suffix == ".bin"], "no tar of the raws beside them"
     raws = [p for p in files if p.suffix == ".raw"]
-    desc = read_graph_description(modellib / "qnn" / "graph0")
+    desc = read_graph_description(modellib / "qnn" / "graphllm0")
     weights = [t for t in desc.static_tensors if t.name.endswith(".weight")]
     assert weights and all(t.dtype == "float32" for t in weights)
     for t in weights:
-        assert (modellib / "qnn" / "graph0" / str(t.raw)).stat().st_size == 4 * int(np.prod(t.dims))
+        assert (modellib / "qnn" / "graphllm0" / str(t.raw)).stat().st_size == 4 * int(np.prod(t.dims))
     # bytes on disk: the weights of each plugin once, although both of its graphs list them
     on_disk = sum({(p.stat().st_dev, p.stat().st_ino): p.stat().st_size for p in raws}.values())
-    decode_graphs = [d for d in (modellib / "qnn").iterdir() if not d.name.startswith("graph1_")]
+    decode_graphs = [d for d in (modellib / "qnn").iterdir() if not d.name.startswith("graphllm1_")]
     assert on_disk < 1.05 * sum(p.stat().st_size for d in decode_graphs for p in d.glob("*.raw"))
 
 
 def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     soc = soc_by_name("SM8650")
     inputs = ContextInputs(model="tiny-qwen3", modellib_dir=built / "tiny-qwen3" / "modellib",
-                           binary="qnn/graph0.bin", graphs=["qnn/graph0", "qnn/graph1_0"])  # fmt: skip
+                           binary="qnn/graphllm0.bin", graphs=["qnn/graphllm0", "qnn/graphllm1_0"])  # fmt: skip
     manifest = build_context(inputs, ContextParams(soc=soc), tmp_path / "ctx")
     assert sorted(p.relative_to(tmp_path / "ctx").as_posix() for p in (tmp_path / "ctx").rglob("*.bin")) == [
-        "qnn/graph0.bin"
+        "qnn/graphllm0.bin"
     ], "the context stage composes the shipped binary only"
-    info = read_binary_info(lib, (tmp_path / "ctx" / "qnn" / "graph0.bin").read_bytes())
+    info = read_binary_info(lib, (tmp_path / "ctx" / "qnn" / "graphllm0.bin").read_bytes())
     info.check_target(57, 75)
     assert manifest.target == "v75" and manifest.tools["QNN"].startswith("v2.") and info.weight_shared
     twin_inputs = TwinInputs(**inputs.model_dump())
     twin_manifest = build_twin(twin_inputs, TwinParams(soc=soc), tmp_path / "twin")
-    twin = read_binary_info(lib, (tmp_path / "twin" / "graph0.bin").read_bytes())
+    twin = read_binary_info(lib, (tmp_path / "twin" / "graphllm0.bin").read_bytes())
     twin.check_target(57, 75)
     assert not twin.weight_shared and twin.graph_names == info.graph_names == twin_manifest.graphs
     assert twin_manifest.target == "v75" and twin_manifest.params.soc == soc
@@ -267,17 +267,17 @@ def test_refused_graph_names_graph_op_and_qnn_message(built: Path, tmp_path: Pat
 
     modellib = tmp_path / "modellib"
     shutil.copytree(built / "tiny-qwen3" / "modellib", modellib)
-    graph_json = modellib / "qnn" / "graph1_0" / "graph.json"
+    graph_json = modellib / "qnn" / "graphllm1_0" / "graph.json"
     desc = json.loads(graph_json.read_text())
     node = next(n for n in desc["nodes"] if n["type"] == "Conv2d")
     node["type"] = "NoSuchQnnOp"
     graph_json.write_text(json.dumps(desc))
     with pytest.raises(LoweringError) as info:
         compose_context(
-            lib, HtpTarget(69, 79), read_graph_dirs(modellib, ["qnn/graph0", "qnn/graph1_0"]), weight_sharing=True
+            lib, HtpTarget(69, 79), read_graph_dirs(modellib, ["qnn/graphllm0", "qnn/graphllm1_0"]), weight_sharing=True
         )
     message = str(info.value)
-    assert "graph1_0" in message and node["mnn_op"] in message and "NoSuchQnnOp" in message
+    assert "graphllm1_0" in message and node["mnn_op"] in message and "NoSuchQnnOp" in message
 
 
 def test_missing_qnn_library_is_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

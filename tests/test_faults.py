@@ -204,7 +204,7 @@ def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
     name = "m$(touch pwned)`touch pwned2`;touch pwned3 'q"
     bundle = tmp_path / "bundle"
     (bundle / "model" / name / "qnn").mkdir(parents=True)
-    for rel in ("config_qnn.json", "llm.mnn.weight", "prompt.txt", "qnn/graph0.bin"):
+    for rel in ("config_qnn.json", "llm.mnn.weight", "prompt.txt", "qnn/graphllm0.bin"):
         (bundle / "model" / name / rel).write_text(rel)
     for script, text in device_scripts(name, soc_by_name("SM8750"), "tokenizer.txt").items():
         (bundle / script).write_text(text)
@@ -239,7 +239,7 @@ def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
     calls = [json.loads(line) for line in (tmp_path / "adb.log").read_text().splitlines()]
     assert all(call[0] in ("shell", "push") for call in calls) and len(calls) > 8
     # everything arrived under the exact (hostile) names, and llm_demo got exactly two arguments
-    assert (phone / "model" / name / "qnn" / "graph0.bin").read_text() == "qnn/graph0.bin"
+    assert (phone / "model" / name / "qnn" / "graphllm0.bin").read_text() == "qnn/graphllm0.bin"
     assert (phone / "llm_demo").exists() and (phone / "prompt.txt").read_text() == "prompt.txt"
     args = (tmp_path / "demo.args").read_text().splitlines()
     assert args == [f"{phone}/model/{name}/config_qnn.json", f"{phone}/prompt.txt"]
@@ -323,8 +323,8 @@ def test_two_cold_cache_off_builds_are_byte_identical(built: Path, tmp_path: Pat
     before (the second build runs two workers, so each process builds other contexts in another order)."""
     other = build_bundle(tmp_path / "artifacts", "-n", "2")
     first, second = tree_hashes(built), tree_hashes(other)
-    assert any(p.endswith("/qnn/graph3.bin") for p in first)
-    assert any(p.endswith("/twin/graph3/graph3.bin") for p in first), "verify's twins are outputs too"
+    assert any(p.endswith("/qnn/graphllm3.bin") for p in first)
+    assert any(p.endswith("/twin/graphllm3/graphllm3.bin") for p in first), "verify's twins are outputs too"
     differing = sorted(p for p in first.keys() | second.keys() if first.get(p) != second.get(p))
     assert not differing, f"files that differ between two builds of the same inputs: {differing}"
 
@@ -347,12 +347,12 @@ def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path)
         build_twin(TwinInputs(**fields), TwinParams(soc=soc), out / "twin")
         return (out / "context" / binary).read_bytes(), (out / "twin" / Path(binary).name).read_bytes()
 
-    first = build("qnn/graph0.bin", tmp_path / "a")
-    build("qnn/graph1.bin", tmp_path / "b")
-    assert build("qnn/graph0.bin", tmp_path / "c") == first
+    first = build("qnn/graphllm0.bin", tmp_path / "a")
+    build("qnn/graphllm1.bin", tmp_path / "b")
+    assert build("qnn/graphllm0.bin", tmp_path / "c") == first
     assert first == (
-        (model / "v79" / "context" / "graph0" / "qnn" / "graph0.bin").read_bytes(),
-        (model / "v79" / "twin" / "graph0" / "graph0.bin").read_bytes(),
+        (model / "v79" / "context" / "graphllm0" / "qnn" / "graphllm0.bin").read_bytes(),
+        (model / "v79" / "twin" / "graphllm0" / "graphllm0.bin").read_bytes(),
     )
 
 
@@ -363,7 +363,7 @@ def test_qnn_numbers_tensors_per_process(built: Path) -> None:
     from mnnbuild.qnn import HtpTarget, QnnLibrary
 
     lib = QnnLibrary()
-    graphs = read_graph_dirs(built / "tiny-qwen3" / "modellib", ["qnn/graph0", "qnn/graph1_0"])
+    graphs = read_graph_dirs(built / "tiny-qwen3" / "modellib", ["qnn/graphllm0", "qnn/graphllm1_0"])
     one = compose_context(lib, HtpTarget(69, 79), graphs, weight_sharing=True)
     two = compose_context(lib, HtpTarget(69, 79), graphs, weight_sharing=True)
     assert len(one) == len(two) and one != two
@@ -374,7 +374,7 @@ def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_mod
     sources = {
         "llm_config.json": tiny_model_dir / "llm_config.json",
         "llm.mnn.weight": tiny_model_dir / "llm.mnn.weight",
-        "qnn/graph0.bin": built / "tiny-qwen3" / "v79" / "context" / "graph0" / "qnn" / "graph0.bin",
+        "qnn/graphllm0.bin": built / "tiny-qwen3" / "v79" / "context" / "graphllm0" / "qnn" / "graphllm0.bin",
         "qnn/llm.mnn": built / "tiny-qwen3" / "partition" / "qnn" / "llm.mnn",
     }
     before = {rel: src.read_bytes() for rel, src in sources.items()}
@@ -388,7 +388,7 @@ def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_mod
 
 # -- interruptions: kill -9, SIGTERM, a killed parent of `doit -n 2` -------------------------------
 
-CONTEXT_TEMP = ".graph"  # a context stage's temp dir: <arch>/context/.graph<k>.tmp-...
+CONTEXT_TEMP = ".graph"  # a context stage's temp dir: <arch>/context/.graphllm<k>.tmp-...
 
 
 def start_doit(root: Path, *args: str) -> subprocess.Popen[str]:
@@ -499,7 +499,7 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
     wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
-    interrupted = context_temps(root)[0].name.split(".")[1]  # graph<k>
+    interrupted = context_temps(root)[0].name.split(".")[1]  # graphllm<k>
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=120) != 0, doit_log(root)
     assert temps_under(root) == [], "SIGTERM left temps behind"
@@ -610,9 +610,12 @@ def test_doit_clean_works_for_every_listed_task(verified: Path) -> None:
     root = verified
     everything = built_tasks(root)
     names = run_in_root(root, "list", "--all", "--quiet").stdout.split()
-    assert {"context:tiny-qwen3-v79:graph0", "twin:tiny-qwen3-v79:graph0", "twin", "bundle:tiny-qwen3-v79"} <= set(
-        names
-    )
+    assert {
+        "context:tiny-qwen3-v79:graphllm0",
+        "twin:tiny-qwen3-v79:graphllm0",
+        "twin",
+        "bundle:tiny-qwen3-v79",
+    } <= set(names)
     assert "report:tiny-qwen3-v79" in names
     assert everything <= set(names), "every task that built something is listed"
     for name in names:
@@ -633,12 +636,12 @@ def test_deleted_or_edited_outputs_are_rebuilt(verified: Path) -> None:
     """A context binary deleted and push.sh edited after the build: the next run builds exactly those two tasks
     again (and nothing after them: the rebuilt files are the same bytes)."""
     root = verified / "tiny-qwen3" / "v79"
-    binary, script = root / "context" / "graph0" / "qnn" / "graph0.bin", root / "bundle" / "push.sh"
+    binary, script = root / "context" / "graphllm0" / "qnn" / "graphllm0.bin", root / "bundle" / "push.sh"
     before = {p: p.read_bytes() for p in (binary, script)}
     binary.unlink()
     script.write_text(before[script].decode() + "echo edited\n")
     rebuilt = executed_tasks(run_in_root(verified).stdout)
-    assert sorted(rebuilt) == ["bundle:tiny-qwen3-v79", "context:tiny-qwen3-v79:graph0"], rebuilt
+    assert sorted(rebuilt) == ["bundle:tiny-qwen3-v79", "context:tiny-qwen3-v79:graphllm0"], rebuilt
     assert {p: p.read_bytes() for p in before} == before
 
 

@@ -203,8 +203,8 @@ def test_plugin_attributes(tiny: Built) -> None:
     for k, op in enumerate(tiny.plugins()):
         attrs = plugin_attributes(op)
         assert op.main.type == "QNN"
-        assert op.name == attrs["path"] == f"qnn/graph{k}.bin"
-        assert attrs["allGraphName"] == [f"graph{k}", f"graph1_{k}"]
+        assert op.name == attrs["path"] == f"qnn/graphllm{k}.bin"
+        assert attrs["allGraphName"] == [f"graphllm{k}", f"graphllm1_{k}"]
         assert set(attrs) == {"path", "inputs", "outputs", "allGraphName", "allInputShape"} | {
             f"o_{s}_{j}" for s in (0, 1) for j in range(len(op.outputs))
         }
@@ -227,7 +227,9 @@ def test_plugin_attributes(tiny: Built) -> None:
     postreat = json.loads((tiny.out / "npu_postreat.json").read_text())
     assert postreat == {
         "type": "QNN",
-        "merge": {f"qnn/graph{k}.bin": [f"qnn/graph{k}", f"qnn/graph1_{k}"] for k in range(len(tiny.plugins()))},
+        "merge": {
+            f"qnn/graphllm{k}.bin": [f"qnn/graphllm{k}", f"qnn/graphllm1_{k}"] for k in range(len(tiny.plugins()))
+        },
         "cache": "qnn",
     }
 
@@ -306,7 +308,7 @@ def test_promoted_internal_tensor(tiny: Built) -> None:
     # the rotary tables are made and used in the plugin of layer 0 (mask 3) and read again by a later
     # plugin (layer 1): promoted to an output of the first
     rope = "/blocks.0/self_attn/Gather_2_output_0"
-    graphs = [SubgraphRecord.read(tiny.qnn / f"graph{k}") for k in range(len(tiny.plugins()))]
+    graphs = [SubgraphRecord.read(tiny.qnn / f"graphllm{k}") for k in range(len(tiny.plugins()))]
     made = [{tiny.source.tensor_names[t] for o in d.ops for t in o.outputs} for d in graphs]
     maker = next(k for k, names in enumerate(made) if rope in names)
     assert rope in [t.name for t in graphs[maker].outputs]
@@ -343,7 +345,9 @@ def test_graph_descriptions(tiny: Built) -> None:
                     if f.values is not None:
                         assert folded[f.index].reshape(-1).tolist() == f.values
     # the q reshape target folds to the sample's sequence length
-    reshape = next(f for f in SubgraphRecord.read(tiny.qnn / "graph1_0").folded if f.name.endswith("Concat_output_0"))
+    reshape = next(
+        f for f in SubgraphRecord.read(tiny.qnn / "graphllm1_0").folded if f.name.endswith("Concat_output_0")
+    )
     assert reshape.values is not None and reshape.values[1] == CHUNK
 
 
@@ -373,7 +377,9 @@ def test_cpu_equivalence_both_shapes(built: Callable[[str], Built], name: str) -
             np.testing.assert_allclose(outputs[n], want, rtol=0, atol=1e-5, err_msg=f"{name} seq {seq} {n}")
         assert [c.name for c in calls] == [op.name for op in b.plugins()]
         assert {c.shape_index for c in calls} == {s}
-        assert {c.graph_name for c in calls} == {f"graph{k}" if s == 0 else f"graph1_{k}" for k in range(len(calls))}
+        assert {c.graph_name for c in calls} == {
+            f"graphllm{k}" if s == 0 else f"graphllm1_{k}" for k in range(len(calls))
+        }
     assert max(b.report["max_abs_diff"]) <= 1e-5
 
 
@@ -390,7 +396,7 @@ def test_mnnconvert_dump_shows_plugins(tiny: Built, tmp_path: Path) -> None:
     plugins = [op for op in dumped["oplists"] if op["type"] == "Plugin"]
     assert len(plugins) == len(tiny.plugins())
     for k, (op, ours) in enumerate(zip(plugins, tiny.plugins(), strict=True)):
-        assert op["name"] == f"qnn/graph{k}.bin" and op["main"]["type"] == "QNN"
+        assert op["name"] == f"qnn/graphllm{k}.bin" and op["main"]["type"] == "QNN"
         attrs = {a["key"]: a for a in op["main"]["attr"]}
         mine = plugin_attributes(ours)
         assert set(attrs) == set(mine)
@@ -422,7 +428,7 @@ def test_mnn_runtime_loads_result_up_to_the_first_plugin(tiny: Built) -> None:
     proc = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120)
     text = proc.stdout + proc.stderr
     assert "loaded True" in text, text
-    assert "Plugin is not supported" in text and "qnn/graph0.bin" in text, text
+    assert "Plugin is not supported" in text and "qnn/graphllm0.bin" in text, text
 
 
 # ---- parameters: skips, unsupported ops, report ------------------------------------------------------
@@ -486,7 +492,7 @@ def test_report_and_manifest(tiny: Built) -> None:
     text = (tiny.out / "partition.txt").read_text()
     cpu_ops = cpu_compute_ops(tiny.result)
     assert len(report["cpu_ops"]) == len(cpu_ops) == tiny.manifest.cpu_ops
-    assert "qnn/graph0.bin" in text and f"ops left on the CPU ({len(cpu_ops)})" in text
+    assert "qnn/graphllm0.bin" in text and f"ops left on the CPU ({len(cpu_ops)})" in text
     assert report["moved_ops"] > 0 and f"({report['moved_ops']} ops moved ahead of the source order)" in text
     for c in report["cpu_ops"]:
         assert f"{c['name']}: {c['reason']}" in text
@@ -498,8 +504,8 @@ def test_report_and_manifest(tiny: Built) -> None:
     manifest = PartitionManifest.read(tiny.out)
     assert manifest == tiny.manifest
     paths = {r.path for r in manifest.outputs}
-    assert {"qnn/llm.mnn", "npu_postreat.json", "partition.json", "qnn/graph0/graph.json"} <= paths
-    assert "qnn/graph1_0/input.mnn" in paths and "qnn/graph1_0/output.mnn" in paths
+    assert {"qnn/llm.mnn", "npu_postreat.json", "partition.json", "qnn/graphllm0/graph.json"} <= paths
+    assert "qnn/graphllm1_0/input.mnn" in paths and "qnn/graphllm1_0/output.mnn" in paths
     assert {r.path for r in manifest.inputs} >= {"model/llm.mnn", "model/llm.mnn.weight", "io/testdir/1/input.mnn"}
     assert manifest.tools["MNN"]
 

@@ -229,7 +229,7 @@ def test_failed_verify_page_opens_with_the_failure(built: Path, browser: webdriv
     """A bundle file replaced after bundling: doit fails at verify, and verify's teardown writes the page."""
     cwd = built.parent
     root = target_root(built)
-    target = root / "bundle" / "model" / TINY / "qnn" / "graph2.bin"
+    target = root / "bundle" / "model" / TINY / "qnn" / "graphllm2.bin"
     original = target.read_bytes()
     data = bytearray(original)
     data[len(data) // 2] ^= 0x01
@@ -252,7 +252,7 @@ def test_failed_verify_page_opens_with_the_failure(built: Path, browser: webdriv
         assert [e for e in log if e.get("level") == "SEVERE"] == [], log
         first = browser.find_element(By.CSS_SELECTOR, "main > section")
         assert first.get_attribute("id") == "verdict"
-        assert first.text.startswith("FAIL") and "qnn/graph2.bin" in first.text and "sha256" in first.text
+        assert first.text.startswith("FAIL") and "qnn/graphllm2.bin" in first.text and "sha256" in first.text
         assert failures[0] in first.text
         assert first.rect["y"] < 200  # on a phone, above the fold
         assert browser.find_element(By.ID, "checks").rect["y"] > first.rect["y"]

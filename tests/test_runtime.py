@@ -136,10 +136,10 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -> 
         removed = model.ops[start : end + 1]
         consts = {t for op in removed for t in op.inputs if t != a}
         attrs = {
-            "path": f"qnn/graph{k}.bin",
+            "path": f"qnn/graphllm{k}.bin",
             "inputs": [f"t{a}"],
             "outputs": [f"t{b}"],
-            "allGraphName": [f"graph{k}", f"graph1_{k}"],
+            "allGraphName": [f"graphllm{k}", f"graphllm1_{k}"],
             "allInputShape": [DECODE, dims[src], PREFILL, dims[src]],
             "o_0_0": make_blob([DECODE, dims[dst]]),
             "o_1_0": make_blob([PREFILL, dims[dst]]),
@@ -147,7 +147,7 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -> 
         model.ops[start : end + 1] = [make_plugin_op(f"qnn{k}", [a], [b], attrs)]
         model.delete_ops(lambda op, consts=consts: op.type == "Const" and bool(set(op.outputs) & consts))
         w, bias = (w1, b1) if k == 0 else (w2, None)
-        graphs = [(f"graph{k}", DECODE), (f"graph1_{k}", PREFILL)]
+        graphs = [(f"graphllm{k}", DECODE), (f"graphllm1_{k}", PREFILL)]
         path = attrs["path"]
         shared[path] = _linear_binary(qnn_lib, True, graphs, (f"t{a}", f"t{b}"), w, bias)
         twins[path] = _linear_binary(qnn_lib, False, graphs, (f"t{a}", f"t{b}"), w, bias)
@@ -178,9 +178,9 @@ def test_bundle_open_decodes_plugins(synthetic: Synthetic) -> None:
     bundle = Bundle.open(synthetic.bundle)
     assert [p.name for p in bundle.plugins] == ["qnn0", "qnn1"]
     p0 = bundle.plugins[0]
-    assert p0.path == "qnn/graph0.bin" and p0.file == synthetic.bundle / "qnn" / "graph0.bin"
+    assert p0.path == "qnn/graphllm0.bin" and p0.file == synthetic.bundle / "qnn" / "graphllm0.bin"
     assert p0.input_tensors == ("h",) and p0.output_tensors == ("y1",)
-    assert p0.graph_names == ("graph0", "graph1_0")
+    assert p0.graph_names == ("graphllm0", "graphllm1_0")
     assert p0.input_shapes([2]) == [[(1, 8)], [(4, 8)]]
     assert [d.dims for d in p0.outputs[1]] == [(4, 16)]
     assert bundle.chunk_size == PREFILL and bundle.output_names == ["out", "hid"]
@@ -214,7 +214,7 @@ def test_hybrid_forward_matches_mnn(synthetic: Synthetic, qnn_lib: QnnLibrary, s
             assert_close(result.outputs[name], ref[name], f"{name} seq {seq}")
         graphs = [(s.name, s.graph) for s in result.steps if s.kind == "qnn"]
         k = 0 if seq == DECODE else 1
-        assert graphs == [("qnn0", ["graph0", "graph1_0"][k]), ("qnn1", ["graph1", "graph1_1"][k])]
+        assert graphs == [("qnn0", ["graphllm0", "graphllm1_0"][k]), ("qnn1", ["graphllm1", "graphllm1_1"][k])]
         assert result.qnn_seconds > 0 and result.mnn_seconds > 0
         assert result.plugin_io["qnn0"]["inputs"]["t" + str(model.bundle.model.tensor_index("h"))].shape == (seq, 8)
         report = model.report()
@@ -222,7 +222,7 @@ def test_hybrid_forward_matches_mnn(synthetic: Synthetic, qnn_lib: QnnLibrary, s
     assert plugin["executed"] == "override" and plugin["executed_source"] == "<bytes>"
     assert plugin["shipped_weight_shared"] is True
     assert plugin["target"] == {"soc_model": 69, "soc_type": "SM8750", "dsp_arch": 79}
-    assert plugin["calls"] == {["graph0", "graph1_0"][k]: 1}
+    assert plugin["calls"] == {["graphllm0", "graphllm1_0"][k]: 1}
     assert [s["segment"] for s in report["segments"]] == ["cpu0", "cpu1", "cpu2"]
 
 
@@ -242,12 +242,12 @@ def test_override_from_file_is_reported(synthetic: Synthetic, tmp_path: Path, qn
         f.write_bytes(twin)
         files[path] = f
     overrides = {
-        "qnn/graph0.bin": BinaryOverride(files["qnn/graph0.bin"], shipped_sha256=None),
-        "qnn/graph1.bin": files["qnn/graph1.bin"],
+        "qnn/graphllm0.bin": BinaryOverride(files["qnn/graphllm0.bin"], shipped_sha256=None),
+        "qnn/graphllm1.bin": files["qnn/graphllm1.bin"],
     }
     with HybridModel(synthetic.bundle, binary_overrides=overrides, qnn_lib=qnn_lib) as model:
         reports = model.check_binaries()
-    assert [r["executed_source"] for r in reports] == [str(files["qnn/graph0.bin"]), str(files["qnn/graph1.bin"])]
+    assert [r["executed_source"] for r in reports] == [str(files["qnn/graphllm0.bin"]), str(files["qnn/graphllm1.bin"])]
     assert all(r["executed"] == "override" and r["shipped_sha256"] for r in reports)
 
 
@@ -264,12 +264,12 @@ def test_shape_not_in_all_input_shape(synthetic: Synthetic, qnn_lib: QnnLibrary)
 
 
 def test_corrupt_binary_header_is_a_clear_error(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
-    path = bundle_copy / "qnn" / "graph1.bin"
+    path = bundle_copy / "qnn" / "graphllm1.bin"
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF  # inside the header QnnSystem parses
     path.write_bytes(bytes(data))
     with HybridModel(bundle_copy, binary_overrides=synthetic.twins, qnn_lib=qnn_lib) as model:
-        with pytest.raises(BinaryCheckError, match=r"plugin 'qnn1' \(qnn/graph1.bin\).*not a readable QNN context"):
+        with pytest.raises(BinaryCheckError, match=r"plugin 'qnn1' \(qnn/graphllm1.bin\).*not a readable QNN context"):
             model.check_binaries()
 
 
@@ -277,12 +277,12 @@ def test_flipped_byte_is_caught_by_the_pinned_hash(
     synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary
 ) -> None:
     # QNN does not checksum its blobs: a flip in the payload reads fine; the recorded hash catches it
-    path = bundle_copy / "qnn" / "graph0.bin"
+    path = bundle_copy / "qnn" / "graphllm0.bin"
     original_sha = __import__("hashlib").sha256(path.read_bytes()).hexdigest()
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
-    overrides = {p: BinaryOverride(t, shipped_sha256=original_sha if p == "qnn/graph0.bin" else None)
+    overrides = {p: BinaryOverride(t, shipped_sha256=original_sha if p == "qnn/graphllm0.bin" else None)
                  for p, t in synthetic.twins.items()}  # fmt: skip
     with HybridModel(bundle_copy, binary_overrides=overrides, qnn_lib=qnn_lib) as model:
         with pytest.raises(BinaryCheckError, match=r"qnn0.*sha256.*not the one the twin stands in for"):
@@ -290,12 +290,12 @@ def test_flipped_byte_is_caught_by_the_pinned_hash(
 
 
 def test_swapped_binaries_are_detected(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
-    a, b = bundle_copy / "qnn" / "graph0.bin", bundle_copy / "qnn" / "graph1.bin"
+    a, b = bundle_copy / "qnn" / "graphllm0.bin", bundle_copy / "qnn" / "graphllm1.bin"
     da, db = a.read_bytes(), b.read_bytes()
     a.write_bytes(db)
     b.write_bytes(da)
     with HybridModel(bundle_copy, binary_overrides=synthetic.twins, qnn_lib=qnn_lib) as model:
-        with pytest.raises(BinaryCheckError, match=r"qnn0.*names graph 'graph0'.*\['graph1', 'graph1_1'\]"):
+        with pytest.raises(BinaryCheckError, match=r"qnn0.*names graph 'graphllm0'.*\['graphllm1', 'graphllm1_1'\]"):
             model.check_binaries()
 
 
@@ -314,16 +314,16 @@ def _edit_plugin(bundle_dir: Path, name: str, **attrs: object) -> None:
 
 
 def test_all_graph_name_naming_a_missing_graph(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
-    _edit_plugin(bundle_copy, "qnn1", allGraphName=["graph1", "graph9"])
+    _edit_plugin(bundle_copy, "qnn1", allGraphName=["graphllm1", "graphllm9"])
     with HybridModel(bundle_copy, binary_overrides=synthetic.twins, qnn_lib=qnn_lib) as model:
-        with pytest.raises(BinaryCheckError, match=r"qnn1.*names graph 'graph9'.*does not contain"):
+        with pytest.raises(BinaryCheckError, match=r"qnn1.*names graph 'graphllm9'.*does not contain"):
             model.check_binaries()
 
 
 def test_override_with_another_plugins_twin_is_refused(synthetic: Synthetic, qnn_lib: QnnLibrary) -> None:
-    overrides = {"qnn/graph0.bin": synthetic.twins["qnn/graph1.bin"]}
+    overrides = {"qnn/graphllm0.bin": synthetic.twins["qnn/graphllm1.bin"]}
     with HybridModel(synthetic.bundle, binary_overrides=overrides, qnn_lib=qnn_lib) as model:
-        with pytest.raises(BinaryCheckError, match=r"qnn0.*override <bytes>.*names graph 'graph0'"):
+        with pytest.raises(BinaryCheckError, match=r"qnn0.*override <bytes>.*names graph 'graphllm0'"):
             model.check_binaries()
 
 
@@ -360,8 +360,8 @@ def test_bad_config(bundle_copy: Path) -> None:
 
 
 def test_unknown_override_path(synthetic: Synthetic) -> None:
-    with pytest.raises(BundleError, match=r"binary_overrides name \['qnn/graph7.bin'\]"):
-        HybridModel(synthetic.bundle, binary_overrides={"qnn/graph7.bin": b"x"})
+    with pytest.raises(BundleError, match=r"binary_overrides name \['qnn/graphllm7.bin'\]"):
+        HybridModel(synthetic.bundle, binary_overrides={"qnn/graphllm7.bin": b"x"})
 
 
 # ---- the tiny Qwen3 with one Convolution on the NPU -----------------------------------------------------
@@ -398,10 +398,10 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -
         [a],
         [b],
         {
-            "path": "qnn/graph0.bin",
+            "path": "qnn/graphllm0.bin",
             "inputs": [f"t{a}"],
             "outputs": [f"t{b}"],
-            "allGraphName": ["graph0", "graph1_0"],
+            "allGraphName": ["graphllm0", "graphllm1_0"],
             "allInputShape": [1, in_ch, 1, 1, CHUNK, in_ch, 1, 1],
             "o_0_0": make_blob([1, out_ch, 1, 1], data_format="NC4HW4"),
             "o_1_0": make_blob([CHUNK, out_ch, 1, 1], data_format="NC4HW4"),
@@ -412,7 +412,7 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -
     def build(shared: bool) -> bytes:
         # MatMul + Add: Reshape(4D)->FullyConnected->Reshape(4D) is miscomputed by the x86 HTP library
         with ContextBuilder(qnn_lib, TARGET, weight_sharing=shared) as ctx:
-            for gname, rows in (("graph0", 1), ("graph1_0", CHUNK)):
+            for gname, rows in (("graphllm0", 1), ("graphllm1_0", CHUNK)):
                 g = ctx.add_graph(gname)
                 x = g.add_input(f"t{a}", (rows, in_ch, 1, 1))
                 x2 = g.add_native("x2", (rows, in_ch))
@@ -427,8 +427,8 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -
                 g.add_node("unflatten", "Reshape", [y3], [y])
             return ctx.serialize()
 
-    (bundle / "qnn" / "graph0.bin").write_bytes(build(True))
-    return bundle, {"qnn/graph0.bin": build(False)}
+    (bundle / "qnn" / "graphllm0.bin").write_bytes(build(True))
+    return bundle, {"qnn/graphllm0.bin": build(False)}
 
 
 def test_tiny_model_hybrid_matches_cpu(tiny_bundle: tuple[Path, dict[str, bytes]], qnn_lib: QnnLibrary) -> None:
@@ -553,13 +553,13 @@ def test_plugin_paths_and_symlinked_dirs_stay_in_the_bundle(bundle_copy: Path, t
 
     outside = tmp_path / "outside"
     outside.mkdir()
-    shutil.copy(bundle_copy / "qnn" / "graph0.bin", outside / "graph0.bin")
-    rel = os.path.relpath(outside / "graph0.bin", bundle_copy)
+    shutil.copy(bundle_copy / "qnn" / "graphllm0.bin", outside / "graphllm0.bin")
+    rel = os.path.relpath(outside / "graphllm0.bin", bundle_copy)
     _edit_plugin(bundle_copy, "qnn0", path=rel)
     expected = rf"plugin 'qnn0' \(op #\d+\): attribute 'path': path '{re.escape(rel)}' must be relative"
     with pytest.raises(BundleError, match=expected):
         Bundle.open(bundle_copy)
-    _edit_plugin(bundle_copy, "qnn0", path="qnn/graph0.bin")
+    _edit_plugin(bundle_copy, "qnn0", path="qnn/graphllm0.bin")
     Bundle.open(bundle_copy)
     # the names are plain, but the directory they go through is a link out of the bundle
     shutil.move(bundle_copy / "qnn", outside / "qnn")

@@ -147,7 +147,7 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
         assert p.loads == 1, p
     assert {"graphs", "bundle_pass", "cpu_reference", "total"} <= set(report.timings)
     text = (out / REPORT_TEXT).read_text(encoding="utf-8")
-    assert "PASSED" in text and "unshared twins" in text and "graph1_0" in text
+    assert "PASSED" in text and "unshared twins" in text and "graphllm1_0" in text
 
     again = doit(cwd, "verify")
     assert again.returncode == 0, again.stderr
@@ -238,7 +238,7 @@ def test_tampered_bundle_file_reruns_verify_and_fails_then_recovers(built: tuple
     shutil.rmtree(out)
     first = doit(cwd, f"verify:{TINY}-{ARCH}", env=env)  # re-run with the cache on: stores the passing verify
     assert first.returncode == 0 and executed_tasks(first.stdout) == [f"verify:{TINY}-{ARCH}"], first.stderr
-    target = model_root(built) / ARCH / "bundle" / "model" / TINY / "qnn" / "graph2.bin"
+    target = model_root(built) / ARCH / "bundle" / "model" / TINY / "qnn" / "graphllm2.bin"
     original = target.read_bytes()
     data = bytearray(original)
     data[len(data) // 2] ^= 0x01
@@ -252,7 +252,7 @@ def test_tampered_bundle_file_reruns_verify_and_fails_then_recovers(built: tuple
     try:
         proc = doit(cwd, f"verify:{TINY}-{ARCH}", env=env)
         assert proc.returncode != 0, proc.stdout
-        assert "qnn/graph2.bin" in proc.stdout + proc.stderr and "sha256" in proc.stdout + proc.stderr
+        assert "qnn/graphllm2.bin" in proc.stdout + proc.stderr and "sha256" in proc.stdout + proc.stderr
         assert not (out / VerifyManifest.filename()).exists()
         assert not read_report(out).passed
     finally:
@@ -272,15 +272,15 @@ def qnn_file(bundle: Path, name: str) -> Path:
 
 
 def test_flipped_byte_in_a_context_binary_fails(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
-    path = qnn_file(bundle_copy, "graph2.bin")
+    path = qnn_file(bundle_copy, "graphllm2.bin")
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x40
     path.write_bytes(bytes(data))
     message, report = run_failing(built, bundle_copy, tmp_path / "verify")
     # QNN does not checksum its blobs (a flipped payload byte still loads): the hashes catch it
-    assert "model/tiny-qwen3/qnn/graph2.bin" in message and "sha256" in message
+    assert "model/tiny-qwen3/qnn/graphllm2.bin" in message and "sha256" in message
     bad = [p for p in report.plugins if not p.passed]
-    assert [p.path for p in bad] == ["qnn/graph2.bin"]
+    assert [p.path for p in bad] == ["qnn/graphllm2.bin"]
     assert "not the one the twin stands in for" in (bad[0].problem or "")
     assert all(g.passed for g in report.graphs), "the simulator checks do not depend on the bundle"
 
@@ -291,29 +291,29 @@ def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: P
     root = model_root(built)
     twin_dir = tmp_path / "twin"
     shutil.copytree(root / ARCH / "twin", twin_dir)
-    shutil.rmtree(twin_dir / "graph0")
-    (twin_dir / "graph1").rename(twin_dir / "graph0")
+    shutil.rmtree(twin_dir / "graphllm0")
+    (twin_dir / "graphllm1").rename(twin_dir / "graphllm0")
     out = tmp_path / "verify"
     inputs = inputs_for(root).model_copy(update={"twin_dir": twin_dir})
     with pytest.raises(StageError):
         verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
     report = read_report(out)
     assert not report.passed and not (out / VerifyManifest.filename()).exists()
-    assert any("plugin qnn/graph0.bin" in f and "is qnn/graph1.bin's twin" in f for f in report.failures)
-    assert any("plugin qnn/graph1.bin" in f and "run the twin stage first" in f for f in report.failures)
-    assert {g.binary for g in report.graphs if not g.passed} == {"qnn/graph0.bin", "qnn/graph1.bin"}
+    assert any("plugin qnn/graphllm0.bin" in f and "is qnn/graphllm1.bin's twin" in f for f in report.failures)
+    assert any("plugin qnn/graphllm1.bin" in f and "run the twin stage first" in f for f in report.failures)
+    assert {g.binary for g in report.graphs if not g.passed} == {"qnn/graphllm0.bin", "qnn/graphllm1.bin"}
 
 
 def test_swapped_binaries_fail_on_structure(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
-    a, b = qnn_file(bundle_copy, "graph0.bin"), qnn_file(bundle_copy, "graph1.bin")
+    a, b = qnn_file(bundle_copy, "graphllm0.bin"), qnn_file(bundle_copy, "graphllm1.bin")
     da, db = a.read_bytes(), b.read_bytes()
     a.write_bytes(db)
     b.write_bytes(da)
     message, report = run_failing(built, bundle_copy, tmp_path / "verify")
-    assert "qnn/graph0.bin" in message
+    assert "qnn/graphllm0.bin" in message
     # caught by binary info too, not only by hash
     structure = [f for f in report.failures if "which the context binary does not contain" in f]
-    assert any("'graph0'" in f for f in structure) and any("'graph1'" in f for f in structure), report.failures
+    assert any("'graphllm0'" in f for f in structure) and any("'graphllm1'" in f for f in structure), report.failures
 
 
 def test_all_graph_name_naming_a_missing_graph_fails(
@@ -321,15 +321,16 @@ def test_all_graph_name_naming_a_missing_graph_fails(
 ) -> None:
     path = qnn_file(bundle_copy, "llm.mnn")
     model = load_model(path)
-    op = next(o for o in model.ops if o.type == "Plugin" and plugin_attributes(o)["path"] == "qnn/graph3.bin")
+    op = next(o for o in model.ops if o.type == "Plugin" and plugin_attributes(o)["path"] == "qnn/graphllm3.bin")
     op.main.attr = [
-        make_attribute("allGraphName", ["graph3", "graph1_9"]) if a.key == "allGraphName" else a for a in op.main.attr
+        make_attribute("allGraphName", ["graphllm3", "graphllm1_9"]) if a.key == "allGraphName" else a
+        for a in op.main.attr
     ]
     save_model(model, path)
     message, report = run_failing(built, bundle_copy, tmp_path / "verify")
     assert "model/tiny-qwen3/qnn/llm.mnn" in message
-    structure = [f for f in report.failures if "'allGraphName' names graph 'graph1_9'" in f]
-    assert structure and "qnn/graph3.bin" in structure[0], report.failures
+    structure = [f for f in report.failures if "'allGraphName' names graph 'graphllm1_9'" in f]
+    assert structure and "qnn/graphllm3.bin" in structure[0], report.failures
 
 
 def test_weight_file_of_another_model_fails(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
@@ -368,7 +369,7 @@ def test_graph_off_its_reference_fails_naming_graph_and_tensor(built: tuple[Path
     root = model_root(built)
     partition = tmp_path / "partition"
     shutil.copytree(root / "partition", partition)
-    graph_dir = partition / "qnn" / "graph1_2"
+    graph_dir = partition / "qnn" / "graphllm1_2"
     desc = SubgraphRecord.read(graph_dir)
     outputs = load_vars(graph_dir / desc.reference_output)
     victim = desc.outputs[0]
@@ -379,9 +380,9 @@ def test_graph_off_its_reference_fails_naming_graph_and_tensor(built: tuple[Path
     out = tmp_path / "verify"
     with pytest.raises(StageError) as err:
         verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
-    assert f"graph graph1_2 (qnn/graph2.bin) output {victim.name} ({victim.qnn_name}): cosine" in str(err.value)
+    assert f"graph graphllm1_2 (qnn/graphllm2.bin) output {victim.name} ({victim.qnn_name}): cosine" in str(err.value)
     report = read_report(out)
-    assert [g.graph for g in report.graphs if not g.passed] == ["graph1_2"]
+    assert [g.graph for g in report.graphs if not g.passed] == ["graphllm1_2"]
     assert report.whole_model and all(s.passed for s in report.whole_model), "the bundle itself is fine"
 
 

@@ -126,7 +126,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     if not plugin_dependent(stage.name):
         task["name"] = target  # a subtask of its stage: ``io:<model>``, ``config:<model>-<arch>``
     elif run.binary is not None:
-        task.update(basename=f"{stage.name}:{target}", name=Path(run.binary).stem)  # twin:<model>-<arch>:graph0
+        task.update(basename=f"{stage.name}:{target}", name=Path(run.binary).stem)  # twin:<model>-<arch>:graphllm0
     else:
         task["basename"] = f"{stage.name}:{target}"  # bundle:<model>-<arch>
     return task

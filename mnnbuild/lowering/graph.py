@@ -296,7 +296,7 @@ def compose_context(
 
 
 def read_graph_dirs(root: Path, graphs: Sequence[str]) -> dict[str, tuple[GraphDescription, Path]]:
-    """The graph descriptions of ``root/<graph>`` for each relative graph dir (``qnn/graph0``), by graph
+    """The graph descriptions of ``root/<graph>`` for each relative graph dir (``qnn/graphllm0``), by graph
     name (the dir's basename), ready for :func:`compose_context`."""
     dirs = [confined(Path(root), g, "npu_postreat.json field 'merge'") for g in graphs]
     return {d.name: (read_graph_description(d), d) for d in dirs}

@@ -23,7 +23,7 @@ class BundleInputs(StageInputs):
     qnn_model: Path
     """partition output ``qnn/llm.mnn``."""
     context_binaries: list[Path]
-    """context outputs ``qnn/graph<k>.bin``, one per plugin."""
+    """context outputs ``qnn/graphllm<k>.bin``, one per plugin."""
 
 
 class BundleParams(BaseModel):

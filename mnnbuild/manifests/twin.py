@@ -18,9 +18,9 @@ class TwinInputs(StageInputs):
     model: str
     modellib_dir: Path
     binary: str
-    """The shipped binary it stands in for (the merge entry's key, e.g. ``qnn/graph0.bin``)."""
+    """The shipped binary it stands in for (the merge entry's key, e.g. ``qnn/graphllm0.bin``)."""
     graphs: list[str]
-    """Its graph dirs in allGraphName order, e.g. ``["qnn/graph0", "qnn/graph1_0"]``."""
+    """Its graph dirs in allGraphName order, e.g. ``["qnn/graphllm0", "qnn/graphllm1_0"]``."""
 
 
 class TwinParams(BaseModel):

@@ -6,7 +6,7 @@
 - ``reference``: run every module in order on one sample (the per-graph reference IO), and
   ``SourceSubgraphRunner``, a plugin's CPU reference (its source ops) for ``mnnbuild_runtime``'s hybrid executor.
 - ``rewrite``: the Plugin ops, their attributes (per shape, then fused), and ``qnn/llm.mnn``.
-- ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graph<k>``).
+- ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graphllm<k>``).
 - ``report``: the partition report (JSON and text).
 
 MNN op semantics (what an op reads, what decides its shape) are ``mnnbuild.mnn.semantics``.

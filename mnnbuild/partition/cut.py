@@ -67,7 +67,7 @@ class Module:
     produced: set[int] = field(default_factory=set)
     consumed: set[int] = field(default_factory=set)
     graph: int | None = None
-    """Plugin number ``k`` (``qnn/graph<k>``) of an NPU module."""
+    """Plugin number ``k`` (``qnn/graphllm<k>``) of an NPU module."""
 
     @property
     def kind(self) -> ModuleKind:

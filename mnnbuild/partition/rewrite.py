@@ -2,9 +2,9 @@
 
 Attributes of a plugin, per sample shape ``s`` (decode first):
 
-- ``path``: ``qnn/graph<k>.bin`` (also the op name, which is how shapes are matched when fusing);
+- ``path``: ``qnn/graphllm<k>.bin`` (also the op name, which is how shapes are matched when fusing);
 - ``inputs`` / ``outputs``: QNN tensor names ``t<source index>`` in the op's input/output order;
-- ``allGraphName``: ``[graph<k>, graph1_<k>, ...]``, one graph per shape, in shape order;
+- ``allGraphName``: ``[graphllm<k>, graphllm1_<k>, ...]``, one graph per shape, in shape order;
 - ``allInputShape``: the dims of every input, concatenated, one block per shape (the runtime picks
   the shape whose block equals the actual input dims);
 - ``o_<s>_<j>``: a Blob for output ``j`` at shape ``s``: ``dims`` and ``dataType`` are those of the QNN

@@ -22,7 +22,7 @@ class OpCell(BaseModel):
     name: str
     type: str
     where: str
-    """``CPU`` or the plugin's binary path (``qnn/graph<k>.bin``)."""
+    """``CPU`` or the plugin's binary path (``qnn/graphllm<k>.bin``)."""
     reason: str | None = None
 
 
@@ -31,7 +31,7 @@ class StageCost(BaseModel):
 
     stage: str
     label: str
-    """The stage with its part, e.g. ``context graph0``."""
+    """The stage with its part, e.g. ``context graphllm0``."""
     status: str
     """``built`` or ``from cache`` in the run that last ran verify, ``up to date`` (made by an earlier run),
     ``failed`` or ``missing``."""
@@ -49,7 +49,7 @@ class ReportData(BaseModel):
     partition: PartitionReport
     ops: list[OpCell]
     plugin_binaries: dict[str, int] = Field(default_factory=dict)
-    """Shipped context binary size by plugin path (``qnn/graph<k>.bin``)."""
+    """Shipped context binary size by plugin path (``qnn/graphllm<k>.bin``)."""
     bundle_files: list[FileRecord] = Field(default_factory=list)
     bundle_qnn_build: str | None = None
     costs: list[StageCost] = Field(default_factory=list)

@@ -53,7 +53,7 @@ def _figures(data: ReportData) -> dict[str, str | None]:
     out["graph_errors"] = (
         figures.graph_errors(
             [f"{g.graph} {t.qnn_name or t.name}" for g, t in outputs],
-            ["_" in g.graph for g, _ in outputs],  # graph<s>_<k> with s > 0: a prefill shape
+            ["_" in g.graph for g, _ in outputs],  # graphllm<s>_<k> with s > 0: a prefill shape
             [t.rel_err for _, t in outputs],
             [t.cosine for _, t in outputs],
             v.graph_tolerance.max_rel_err,

@@ -1,10 +1,10 @@
 """context: one HTP context binary per plugin, holding its decode and prefill graphs.
 
 Each ``merge`` entry of the partition's ``npu_postreat.json`` names the graphs of one plugin
-(``qnn/graph<k>``, ``qnn/graph1_<k>``). They are composed from the modellib descriptions on
+(``qnn/graphllm<k>``, ``qnn/graphllm1_<k>``). They are composed from the modellib descriptions on
 Qualcomm's HTP backend with the upstream settings (VTCM 8 MB, optimization level 3, fp16
 relaxed precision, 4 HVX threads, the target's SoC id and DSP arch, weight sharing on),
-finalized in ``allGraphName`` order, serialized to ``qnn/graph<k>.bin`` and read back through QnnSystem
+finalized in ``allGraphName`` order, serialized to ``qnn/graphllm<k>.bin`` and read back through QnnSystem
 to check it holds what was asked for. The binary is composed in a fresh process, so its bytes depend on its
 inputs only (``mnnbuild.lowering.binary``). Its unshared twin, which verify runs in the x86 simulator, is
 the twin stage's: a bundle does not wait for it.
@@ -79,7 +79,7 @@ STAGE = Stage(
     params=ContextParams,
     manifest=ContextManifest,
     upstream=("modellib",),
-    outputs=(f"{QNN_DIR}/graph<k>.bin",),
+    outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),
     doc="HTP context binaries, one per plugin (created once the model's partition ran).",

@@ -3,9 +3,9 @@
 Reads the model (fetch output) and the io samples (decode first, then each prefill length), and writes::
 
     qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph
-    qnn/graph<k>/               decode graph of plugin k: graph.json, input.mnn, output.mnn, folded.mnn
-    qnn/graph<s>_<k>/           the same at prefill length s (1: the longest, 2: the next, ...)
-    npu_postreat.json           {"type": "QNN", "merge": {"qnn/graph<k>.bin": [...]}, "cache": "qnn"}
+    qnn/graphllm<k>/               decode graph of plugin k: graph.json, input.mnn, output.mnn, folded.mnn
+    qnn/graphllm<s>_<k>/           the same at prefill length s (1: the longest, 2: the next, ...)
+    npu_postreat.json           {"type": "QNN", "merge": {"qnn/graphllm<k>.bin": [...]}, "cache": "qnn"}
     partition.json, partition.txt, partition.manifest.json
 
 The cut is in ``mnnbuild.partition.cut``; see ``mnnbuild.partition.records`` for tensor naming.

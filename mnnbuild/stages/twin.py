@@ -1,7 +1,7 @@
 """twin: each plugin's *unshared twin*, the binary verify runs in the shipped one's place.
 
 The x86 HTP simulator cannot load weight-shared context binaries (``mnnbuild/qnn/README.md``), so verify runs,
-for each plugin, the same modellib graphs composed without weight sharing: ``twin/graph<k>/graph<k>.bin``. It is
+for each plugin, the same modellib graphs composed without weight sharing: ``twin/graphllm<k>/graphllm<k>.bin``. It is
 an output like any other (recorded with its sha256, cached, restored), so verify composes nothing; only verify
 depends on it, so a bundle never waits for it, and the bundle never ships it. It is composed in a fresh process,
 as the context stage composes the shipped binary (``mnnbuild.lowering.binary``), so its bytes depend on its
@@ -73,7 +73,7 @@ STAGE = Stage(
     params=TwinParams,
     manifest=TwinManifest,
     upstream=("modellib",),
-    outputs=("graph<k>.bin",),
+    outputs=("graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),
     doc="Unshared twins of the context binaries, one per plugin, which verify runs (created once the partition ran).",

@@ -3,7 +3,7 @@
 Checks (tolerances in :class:`VerifyParams`):
 
 - bundle integrity: every bundle file against the bundle manifest (size, sha256);
-- plugins: each shipped ``qnn/graph<k>.bin`` has the hash the context stage recorded and, through QnnSystem
+- plugins: each shipped ``qnn/graphllm<k>.bin`` has the hash the context stage recorded and, through QnnSystem
   binary info, exactly the graphs, tensor names, shapes and SoC/arch its Plugin op expects;
 - (a) per graph: the graph in the x86 HTP simulator vs the partition's reference inputs/outputs;
 - (b) whole model: the bundle (CPU segments in MNN, plugins in the simulator) vs the original model's CPU

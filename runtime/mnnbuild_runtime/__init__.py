@@ -5,7 +5,7 @@
     from mnnbuild_runtime import HybridModel, greedy_generate, llm_inputs, Embeddings
 
     with HybridModel("artifacts/tiny-qwen3/v79/bundle/model/tiny-qwen3",
-                     binary_overrides={"qnn/graph0.bin": twin_path}) as model:
+                     binary_overrides={"qnn/graphllm0.bin": twin_path}) as model:
         emb = Embeddings(model.bundle.model_dir)
         logits = model.forward(llm_inputs(emb([1, 2, 3]), seq=model.bundle.chunk_size))["logits"]
         tokens = greedy_generate(model, [1, 2, 3], max_new_tokens=8).tokens

@@ -217,7 +217,7 @@ def parse_plugin(
         )
     path = attrs.get("path")
     if not isinstance(path, str) or not path:
-        raise BundleError(f"{where}: attribute 'path' missing or not a string; expected e.g. 'qnn/graph0.bin'")
+        raise BundleError(f"{where}: attribute 'path' missing or not a string; expected e.g. 'qnn/graphllm0.bin'")
     file = bundle_path(model_dir, path, f"{where}: attribute 'path'")
     if binaries and not file.is_file():
         raise BundleError(f"{where}: attribute 'path' = {path!r} but {file} does not exist")

@@ -358,7 +358,7 @@ class HybridModel:
     """A bundle ready to run: ``forward(inputs)`` gives the model outputs, CPU parts in PyPI MNN and
     plugins in the x86 HTP simulator.
 
-    ``binary_overrides`` maps a plugin path (``"qnn/graph0.bin"``) to the binary to execute instead
+    ``binary_overrides`` maps a plugin path (``"qnn/graphllm0.bin"``) to the binary to execute instead
     (bytes, a file, or a :class:`~mnnbuild_runtime.plugin.BinaryOverride`); ``expected_target`` makes every
     binary's SoC/arch tags checked. Contexts are created lazily and freed by :meth:`close` (or ``with``).
     ``max_loaded`` bounds how many plugin contexts are loaded at once: before another is loaded, the least
