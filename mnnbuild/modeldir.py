@@ -15,6 +15,13 @@ REQUIRED_FILES = ("config.json", LLM_CONFIG, MODEL_FILE, WEIGHT_FILE)
 TOKENIZER_FILES = ("tokenizer.txt", "tokenizer.mtok")
 OPTIONAL_FILES = ("embeddings_bf16.bin",)
 ALL_FILES = REQUIRED_FILES + TOKENIZER_FILES + OPTIONAL_FILES
+VISUAL_FILE = "visual.mnn"
+VISUAL_WEIGHT_FILE = "visual.mnn.weight"
+VISUAL_FILES = (VISUAL_FILE, VISUAL_WEIGHT_FILE)
+"""A vision-language model's encoder (docs/families.md section 3), besides its language model."""
+VL_FILES = ALL_FILES + VISUAL_FILES
+#: The 4th input of ``visual.mnn`` tells the encoder kinds apart, as MNN's runtime does.
+ENCODER_MARKERS = {"window_index": "qwen2.5-vl", "idx_tensor": "qwen3-vl"}
 #: What run.sh feeds the phone and verify generates from (the bundle's prompt.txt).
 DEFAULT_PROMPT = "hello\n"
 
@@ -47,15 +54,46 @@ def tokenizer_file(model_dir: Path) -> str:
     raise ModelDirError(f"{model_dir}: no tokenizer file; expected one of {', '.join(TOKENIZER_FILES)}")
 
 
-def present_files(model_dir: Path) -> list[str]:
+def present_files(model_dir: Path, files: tuple[str, ...] = ALL_FILES) -> list[str]:
     """The chain's files that exist in ``model_dir``, in canonical order."""
-    return [name for name in ALL_FILES if (Path(model_dir) / name).is_file()]
+    return [name for name in files if (Path(model_dir) / name).is_file()]
 
 
-def validate_model_dir(model_dir: Path, where: str | None = None) -> list[str]:
+def encoder_kind(model_dir: Path) -> str | None:
+    """The encoder kind ``visual.mnn`` declares by its 4th input (None: neither known kind)."""
+    from mnnbuild.mnn import load_model  # the large schema module: only when checking
+
+    names = load_model(Path(model_dir) / VISUAL_FILE).input_names
+    return ENCODER_MARKERS.get(names[3]) if len(names) > 3 else None
+
+
+def validate_visual(model_dir: Path, encoder: str, label: str) -> None:
+    """Check a VL model's encoder files exist, match each other and are of the spec's ``visual_encoder`` kind."""
+    model_dir = Path(model_dir)
+    missing = [name for name in VISUAL_FILES if not (model_dir / name).is_file()]
+    if missing:
+        raise ModelDirError(
+            f"{label}: required file {missing[0]} is missing (a family = 'vl' model needs {', '.join(VISUAL_FILES)})"
+        )
+    try:
+        from mnnbuild.mnn import check_weight_ranges, load_model
+
+        check_weight_ranges(load_model(model_dir / VISUAL_FILE), model_dir / VISUAL_WEIGHT_FILE)
+        kind = encoder_kind(model_dir)
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
+    if kind != encoder:
+        found = f"a {kind} encoder" if kind else f"an encoder of neither kind ({', '.join(ENCODER_MARKERS)} 4th input)"
+        raise ModelDirError(
+            f"{model_dir / VISUAL_FILE}: spec field 'visual_encoder' is {encoder!r}, but the model holds {found}"
+        )
+
+
+def validate_model_dir(model_dir: Path, where: str | None = None, visual_encoder: str | None = None) -> list[str]:
     """Check a model directory is complete; returns the chain's file names found in it.
 
-    ``where`` describes the directory in errors (e.g. an HF repo and revision).
+    ``where`` describes the directory in errors (e.g. an HF repo and revision); ``visual_encoder`` (a VL model's
+    spec) also requires the encoder files and checks their kind.
     """
     model_dir = Path(model_dir)
     label = where or str(model_dir)
@@ -79,4 +117,7 @@ def validate_model_dir(model_dir: Path, where: str | None = None) -> list[str]:
         tokenizer_file(model_dir)
     except ModelDirError:
         raise ModelDirError(f"{label}: no tokenizer file; expected one of {', '.join(TOKENIZER_FILES)}") from None
-    return present_files(model_dir)
+    if visual_encoder is None:
+        return present_files(model_dir)
+    validate_visual(model_dir, visual_encoder, label)
+    return present_files(model_dir, VL_FILES)

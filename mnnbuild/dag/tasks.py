@@ -26,6 +26,7 @@ from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, outputs_intact
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.layout import (
     BUNDLE_MODEL_DIR,
+    CPU_VISUAL_MODEL,
     PLUGIN_STAGES,
     REPORT_PAGE,
     RESULT_MODEL,
@@ -44,6 +45,7 @@ from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_
 from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
+from mnnbuild.modeldir import VL_FILES
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
@@ -136,7 +138,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
 
 
 def fetch_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    params = FetchParams()
+    params = FetchParams(files=VL_FILES, visual_encoder=spec.visual_encoder) if spec.family == "vl" else FetchParams()
     if isinstance(spec.source, HfSource):
         where = f"HF {spec.source.hf}@{spec.source.revision}"
         dest = project.stage_dir("fetch", spec)
@@ -200,7 +202,9 @@ def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
         yield Run(
             spec,
             ConfigInputs(model=spec.name, target=arch, model_dir=project.stage_dir("fetch", spec)),
-            ConfigParams(chunk_sizes=spec.prefill_lengths),
+            ConfigParams(
+                chunk_sizes=spec.prefill_lengths, visual_model=CPU_VISUAL_MODEL if spec.family == "vl" else None
+            ),
             doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {[*spec.prefill_lengths, 1]})",
             arch=arch,
         )
@@ -250,7 +254,7 @@ def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 qnn_model=project.stage_dir("partition", spec) / RESULT_MODEL,
                 context_binaries=[context_dir(root, spec.name, arch, b) / b for b in merge],
             ),
-            BundleParams(soc=soc),
+            BundleParams(soc=soc, image_sizes=tuple(spec.image_sizes)),
             doc=f"device bundle of {spec.name} for {soc.name} (HTP {arch})",
             arch=arch,
         )

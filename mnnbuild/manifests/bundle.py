@@ -31,6 +31,8 @@ class BundleParams(BaseModel):
 
     soc: Soc
     prompt: str = DEFAULT_PROMPT
+    image_sizes: tuple[str, ...] = ()
+    """A VL model's image sizes (the spec's): its encoder ships too, and the bundle's README says where it runs."""
 
 
 class BundleManifest(Manifest):

@@ -26,6 +26,9 @@ class ConfigQnn(BaseModel):
     sampler_type: str = "penalty"
     penalty: float = 1.1
     tokenizer_file: str | None = Field(default=None, description="Only when the tokenizer is not tokenizer.txt.")
+    visual_model: str | None = Field(
+        default=None, description="VL models: the encoder MNN loads (its weights: the same path + '.weight')."
+    )
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=4, exclude_none=True) + "\n"
@@ -42,6 +45,8 @@ class ConfigParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     chunk_sizes: PrefillLengths
+    visual_model: str | None = None
+    """A VL model's encoder, relative to the model dir (``config_qnn.json``'s ``visual_model``)."""
 
 
 class ConfigManifest(Manifest):

@@ -36,6 +36,8 @@ class FetchParams(BaseModel):
 
     files: tuple[str, ...] = ALL_FILES
     """File names the chain needs; nothing else is downloaded."""
+    visual_encoder: str | None = None
+    """A VL model's encoder kind (the spec's): its files are required and must be of this kind."""
 
 
 class SourceRecord(BaseModel):

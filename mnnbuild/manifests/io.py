@@ -11,7 +11,9 @@ from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
 from mnnbuild.stage import StageInputs
 
-INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index")
+DEEPSTACK = "deepstack_embeds"
+"""Qwen3-VL's language model input: visual features added to the first layers' hidden states."""
+INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index", DEEPSTACK)
 
 
 DECODE_SEQ = 1

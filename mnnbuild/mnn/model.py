@@ -160,6 +160,15 @@ class MnnModel:
         return [self.tensor_names[t] for t in self.input_indexes]
 
     @property
+    def input_dims(self) -> dict[str, list[int]]:
+        """Each graph input's declared dims (``-1``: any size), by name, in op order."""
+        dims = {}
+        for op in self.ops_of_type("Input"):
+            declared = op.main.dims if op.main is not None and op.main.dims is not None else []
+            dims.update((self.tensor_names[t], [int(d) for d in declared]) for t in op.outputs)
+        return dims
+
+    @property
     def output_indexes(self) -> list[int]:
         return [self.tensor_index(n) for n in self.output_names]
 

@@ -21,11 +21,20 @@ from pathlib import Path
 
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, PUSH_SCRIPT, QNN_DIR, RESULT_MODEL, RUN_SCRIPT
+from mnnbuild.layout import (
+    BUNDLE_MODEL_DIR,
+    BUNDLE_README,
+    CONFIG_FILE,
+    PROMPT_FILE,
+    PUSH_SCRIPT,
+    QNN_DIR,
+    RESULT_MODEL,
+    RUN_SCRIPT,
+)
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, WEIGHT_FILE, tokenizer_file
+from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, VISUAL_FILES, WEIGHT_FILE, tokenizer_file
 from mnnbuild.spec import DEVICE_NAME_PATTERN
 from mnnbuild.stage import Stage
 from mnnbuild.targets import Soc
@@ -89,6 +98,16 @@ def device_scripts(model_name: str, soc: Soc, tokenizer: str) -> dict[str, str]:
     return {PUSH_SCRIPT: _script(push), RUN_SCRIPT: _script(run)}
 
 
+def visual_readme(model_name: str, image_sizes: tuple[str, ...]) -> str:
+    """What a VL bundle's README says about its encoder: where it runs and which image sizes it was built for."""
+    return (
+        f"{model_name}: a vision-language model. The language model runs on the NPU (qnn/graphllm*.bin).\n"
+        "The visual encoder (visual.mnn + visual.mnn.weight) runs on MNN's CPU backend: this bundle holds no NPU\n"
+        f"graphs for it yet. The spec's image sizes ({', '.join(image_sizes)}) are where an NPU encoder would\n"
+        "apply; MNN resizes every image itself (image_min_pixels / image_max_pixels in the config).\n"
+    )
+
+
 def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -> BundleManifest:
     """Lay out the device directory and the scripts that push and run it."""
     model_dir = Path(inputs.model_dir)
@@ -113,6 +132,12 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
         for name in (LLM_CONFIG, tokenizer, WEIGHT_FILE, *OPTIONAL_FILES):
             if (model_dir / name).exists():
                 place(model_dir / name, dest / name)
+        if params.image_sizes:
+            for name in VISUAL_FILES:
+                if not (model_dir / name).is_file():
+                    raise StageError(f"{inputs.model}: a VL bundle needs the model's {name}; the fetch has none")
+                place(model_dir / name, dest / name)
+            atomic_write_text(tmp / BUNDLE_README, visual_readme(inputs.model_name, params.image_sizes))
         place(inputs.qnn_model, dest / RESULT_MODEL)
         for binary in inputs.context_binaries:
             place(binary, dest / QNN_DIR / binary.name)

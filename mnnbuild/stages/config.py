@@ -27,6 +27,7 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
     config = ConfigQnn(
         chunk_limits=[*params.chunk_sizes, 1],
         tokenizer_file=None if tokenizer == DEFAULT_TOKENIZER else tokenizer,
+        visual_model=params.visual_model,
     )
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / CONFIG_FILE, config.to_json())

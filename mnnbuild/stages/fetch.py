@@ -88,7 +88,7 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
         where = f"model directory {src_dir} (source of {inputs.model})"
         record = SourceRecord(kind="local", location=inputs.source.local)
 
-    names = [n for n in validate_model_dir(src_dir, where) if n in params.files]
+    names = [n for n in validate_model_dir(src_dir, where, params.visual_encoder) if n in params.files]
     with staged_dir(out_dir) as tmp:
         records = []
         for name in names:

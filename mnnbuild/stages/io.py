@@ -4,7 +4,9 @@ For the decode shape (1 token) and every prefill length (``chunk_sizes``, longes
 ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
 diagonal), ``position_ids`` ``[1,seq]`` and ``logits_index`` ``[1]`` (0 for prefill, -1 for decode),
-and the model's outputs for them, computed by PyPI MNN on the CPU.
+and the model's outputs for them, computed by PyPI MNN on the CPU. A VL language model (M-RoPE) takes
+``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples, and Qwen3-VL's also
+``deepstack_embeds`` ``[3,seq,hidden]`` (docs/families.md section 3.1); the inputs fed are the model's own.
 """
 
 from __future__ import annotations
@@ -20,24 +22,74 @@ from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.manifests.io import DECODE_SEQ, INPUT_NAMES, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
+from mnnbuild.manifests.io import (
+    DECODE_SEQ,
+    DEEPSTACK,
+    INPUT_NAMES,
+    IoInputs,
+    IoManifest,
+    IoParams,
+    IoSample,
+    TensorInfo,
+)
+from mnnbuild.mnn import load_model
 from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
 
-def make_inputs(seq_len: int, hidden_size: int, seed: int) -> dict[str, np.ndarray]:
-    """The inputs of one sample; the generator is seeded by (seed, seq_len), so each shape is reproducible."""
+IMAGE_GRID = (2, 3)
+"""The merged-token grid (rows, columns) of the stand-in image in a VL prefill sample."""
+
+
+def mrope_positions(seq_len: int, rows: int) -> tuple[np.ndarray, slice]:
+    """``position_ids [rows, seq]`` of a prompt with a stand-in image, and the image tokens' span.
+
+    One row (a text LLM): ``0..seq-1``. Several (M-RoPE: time, height, width): text tokens carry their position
+    in every row; when the sample has room, tokens ``1 ..`` are an image of :data:`IMAGE_GRID` merged tokens,
+    which all share the time position and take their grid row and column in the other rows, and the text after it
+    goes on from the largest position used (the scheme Qwen2-VL's rope index follows)."""
+    grid_h, grid_w = IMAGE_GRID
+    start, count = 1, grid_h * grid_w
+    if rows == 1 or seq_len <= start + count:
+        return np.tile(np.arange(seq_len, dtype=np.int32), (rows, 1)), slice(0, 0)
+    pos = np.zeros((rows, seq_len), dtype=np.int32)
+    pos[:, :start] = np.arange(start)
+    cell = np.arange(count)
+    pos[0, start : start + count] = start
+    pos[1:, start : start + count] = start + cell // grid_w
+    pos[2:, start : start + count] = start + cell % grid_w
+    after = start + max(grid_h, grid_w)
+    pos[:, start + count :] = np.arange(after, after + seq_len - start - count)
+    return pos, slice(start, start + count)
+
+
+def make_inputs(
+    seq_len: int, hidden_size: int, seed: int, declared: dict[str, list[int]] | None = None
+) -> dict[str, np.ndarray]:
+    """The inputs of one sample; the generator is seeded by (seed, seq_len), so each shape is reproducible.
+
+    ``declared`` (the model's input dims) sizes what varies by model: M-RoPE's ``position_ids`` rows (``[3, -1]``)
+    and Qwen3-VL's ``deepstack_embeds`` (``[3, seq, hidden]``: what MNN's runtime feeds, the stand-in image's
+    rows random, the text's zero)."""
+    declared = declared or {}
     rng = np.random.default_rng([seed, seq_len])
     lowest = np.finfo(np.float32).min
     mask = np.triu(np.full((seq_len, seq_len), lowest, dtype=np.float32), k=1)
-    return {
+    rows = declared.get("position_ids", [1])[0]
+    positions, image = mrope_positions(seq_len, rows if rows > 0 else 1)
+    feed = {
         "input_ids": rng.random((seq_len, 1, hidden_size), dtype=np.float32),
         "attention_mask": mask.reshape(1, 1, seq_len, seq_len),
-        "position_ids": np.arange(seq_len, dtype=np.int32).reshape(1, seq_len),
+        "position_ids": positions,
         "logits_index": np.array([-1 if seq_len == DECODE_SEQ else 0], dtype=np.int32),
     }
+    if DEEPSTACK in declared:
+        deepstack = np.zeros((declared[DEEPSTACK][0], seq_len, hidden_size), dtype=np.float32)
+        deepstack[:, image] = rng.standard_normal(deepstack[:, image].shape, dtype=np.float32)
+        feed[DEEPSTACK] = deepstack
+    return feed
 
 
 def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
@@ -75,6 +127,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
     rt = params.runtime.create(model_dir / WEIGHT_FILE)
     module = load_module(model_dir / MODEL_FILE, rt)
     info = module.get_info()
+    declared = load_model(model_dir / MODEL_FILE).input_dims
     names, out_names = list(info["inputNames"]), list(info["outputNames"])
     unknown = sorted(set(names) - set(INPUT_NAMES))
     if unknown:
@@ -86,7 +139,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
     samples = []
     with staged_dir(out_dir) as tmp:
         for seq_len in (DECODE_SEQ, *params.chunk_sizes):
-            feed = make_inputs(seq_len, hidden, params.seed)
+            feed = make_inputs(seq_len, hidden, params.seed, declared)
             feed = {n: feed[n] for n in names}
             outputs = module.forward([to_var(feed[n]) for n in names])
             if len(outputs) != len(out_names):  # MNN failed inside forward (it prints why, returns fewer outputs)

@@ -39,6 +39,7 @@ from mnnbuild_runtime.hybrid import (
     StepTiming,
     build_plan,
     plan_steps,
+    text_feeds,
 )
 from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structure, select_shape_index, shape_index
 from mnnbuild_runtime.tokenizer import Tokenizer
@@ -83,4 +84,5 @@ __all__ = [
     "llm_inputs",
     "recompute_generate",
     "select_shape_index",
+    "text_feeds",
 ]

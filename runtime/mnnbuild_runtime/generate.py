@@ -28,11 +28,11 @@ import numpy as np
 
 from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, load_module, to_numpy, to_var
 from mnnbuild.errors import MNNFormatError
-from mnnbuild.mnn import embedding_info, read_embeddings
+from mnnbuild.mnn import embedding_info, load_model, read_embeddings
 from mnnbuild_runtime.bundle import bundle_path, read_config
 from mnnbuild_runtime.chunks import block_sizes, fit_block
 from mnnbuild_runtime.errors import BundleError
-from mnnbuild_runtime.hybrid import HybridModel
+from mnnbuild_runtime.hybrid import HybridModel, text_feeds
 
 log = logging.getLogger(__name__)
 
@@ -340,15 +340,18 @@ def _original_model_file(model_dir: Path) -> tuple[Path, Path | None]:
 
 
 def cpu_forward_fn(model_dir: str | os.PathLike[str], runtime: CpuRuntime | None = None) -> ForwardFn:
-    """A forward function running the ORIGINAL model dir's ``llm.mnn`` whole in MNN on the CPU."""
+    """A forward function running the ORIGINAL model dir's ``llm.mnn`` whole in MNN on the CPU (a text prompt's
+    feeds completed for a VL model's inputs: :func:`~mnnbuild_runtime.hybrid.text_feeds`)."""
     model_dir = Path(model_dir)
     model_file, weight_file = _original_model_file(model_dir)
     rt = (runtime or CpuRuntime()).create(weight_file)
     module = load_module(model_file, rt)
     info = module.get_info()
     in_names, out_names = list(info["inputNames"]), list(info["outputNames"])
+    declared = load_model(model_file).input_dims
 
     def forward(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        inputs = text_feeds(inputs, declared)
         outs = module.forward([to_var(np.ascontiguousarray(inputs[n])) for n in in_names])
         return {n: to_numpy(v) for n, v in zip(out_names, outs, strict=True)}
 

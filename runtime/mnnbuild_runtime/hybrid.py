@@ -88,6 +88,28 @@ PluginFn = Callable[[PluginSpec, int, Sequence[np.ndarray]], tuple[Sequence[np.n
 arrays in ``inputs`` attribute order) -> (the outputs in ``outputs`` attribute order, seconds spent)."""
 
 
+MROPE_INPUT = "position_ids"
+DEEPSTACK_INPUT = "deepstack_embeds"
+
+
+def text_feeds(inputs: Mapping[str, np.ndarray], declared: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """A text prompt's feeds completed for a vision-language model's declared inputs (``MnnModel.input_dims``).
+
+    M-RoPE (``position_ids`` declared ``[3, -1]``): a text token has its position in every row, so one given row
+    is repeated. Qwen3-VL's ``deepstack_embeds`` (declared ``[3, 1, hidden]``): text tokens add nothing, so a
+    missing input is zeros ``[3, seq, hidden]``, as MNN's engine feeds for text. Other feeds pass unchanged."""
+    feeds = dict(inputs)
+    rows = list(declared.get(MROPE_INPUT, ()))
+    pos = feeds.get(MROPE_INPUT)
+    if pos is not None and len(rows) == 2 and rows[0] > 1 and np.ndim(pos) == 2 and np.shape(pos)[0] == 1:
+        feeds[MROPE_INPUT] = np.repeat(np.asarray(pos), rows[0], axis=0)
+    deep = list(declared.get(DEEPSTACK_INPUT, ()))
+    if deep and DEEPSTACK_INPUT not in feeds and "input_ids" in feeds:
+        seq = int(np.shape(feeds["input_ids"])[0])
+        feeds[DEEPSTACK_INPUT] = np.zeros((deep[0], seq, deep[-1]), dtype=np.float32)
+    return feeds
+
+
 def build_plan(bundle: Bundle) -> list[Step]:
     """:func:`plan_steps` of a bundle's ``qnn/llm.mnn``."""
     return plan_steps(bundle.model, bundle.model_file, bundle.plugins)
@@ -224,6 +246,7 @@ class HybridExecutor:
                 self._module(step)
 
     def _feed(self, inputs: Mapping[str, np.ndarray]) -> dict[str, BoundaryValue]:
+        inputs = text_feeds(inputs, self.model.input_dims)
         expected = self.model.input_names
         missing = [n for n in expected if n not in inputs]
         unknown = sorted(set(inputs) - set(expected))
