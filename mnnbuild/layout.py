@@ -5,6 +5,7 @@
 <artifact root>/<model>/io/               io        testdir/<seq_len>/{input,output}.mnn
 <artifact root>/<model>/partition/        partition qnn/llm.mnn, qnn/graph*/, npu_postreat.json, partition.{json,txt}
 <artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws + <graph>.bin
+<artifact root>/<model>/visual/{io,partition,modellib}/  the same for a VL model's encoder (qnn/graphvisual*)
 <artifact root>/<model>/<arch>/config/    config    config_qnn.json
 <artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graphllm<k>.bin (what ships)
 <artifact root>/<model>/<arch>/twin/<plugin>/      twin      graphllm<k>.bin: unshared twin (verify's, never shipped)
@@ -39,8 +40,18 @@ STAGE_DIRS = {
 }
 
 
-def stage_dir(artifact_root: Path, stage: str, model: str, arch: str | None = None) -> Path:
-    """Where ``stage`` writes for ``model`` (and ``arch``, for the per-target stages)."""
+PART_STAGES = ("io", "partition", "modellib")
+"""Stages built once per model file of a model: a VL model's encoder (its ``visual`` part) has its own dirs."""
+
+
+def stage_dir(artifact_root: Path, stage: str, model: str, arch: str | None = None, part: str | None = None) -> Path:
+    """Where ``stage`` writes for ``model`` (and ``arch``, for the per-target stages); ``part`` (a VL model's
+    ``visual``) puts a part stage under ``<model>/<part>/``; the language model's (``llm``) stay where a text LLM's
+    are."""
+    if part not in (None, "llm"):
+        if stage not in PART_STAGES:
+            raise ValueError(f"stage {stage} is built once for all parts of a model, not per part")
+        return Path(artifact_root) / model / part / STAGE_DIRS[stage]
     if stage in MODEL_STAGES:
         return Path(artifact_root) / model / STAGE_DIRS[stage]
     if arch is None:
@@ -137,8 +148,6 @@ PUSH_SCRIPT = "push.sh"
 RUN_SCRIPT = "run.sh"
 BUNDLE_README = "README.txt"
 """A VL bundle's note on where its visual encoder runs and which image sizes it was compiled for."""
-CPU_VISUAL_MODEL = "visual.mnn"
-"""A VL model's encoder as exported, relative to the model dir: MNN runs it on the CPU."""
 VERIFY_REPORT_JSON = "verify.json"
 VERIFY_REPORT_TEXT = "verify.txt"
 REPORT_PAGE = "index.html"

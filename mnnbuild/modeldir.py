@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from mnnbuild.errors import MNNFormatError, ModelDirError
+from mnnbuild.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 
 MODEL_FILE = "llm.mnn"
 WEIGHT_FILE = "llm.mnn.weight"
@@ -20,6 +22,30 @@ VISUAL_WEIGHT_FILE = "visual.mnn.weight"
 VISUAL_FILES = (VISUAL_FILE, VISUAL_WEIGHT_FILE)
 """A vision-language model's encoder (docs/families.md section 3), besides its language model."""
 VL_FILES = ALL_FILES + VISUAL_FILES
+PartName = Literal["llm", "visual"]
+
+
+@dataclass(frozen=True)
+class ModelPart:
+    """One model file of a model dir that the chain partitions on its own: a VL model has two (docs/families.md)."""
+
+    name: PartName
+    model_file: str
+    weight_file: str
+    graph_prefix: str
+    """Its plugins' graph and binary name prefix (``graphllm`` / ``graphvisual``)."""
+
+    @property
+    def result_model(self) -> str:
+        """The partitioned model with Plugin ops, relative to the partition dir and the device model dir."""
+        return f"{QNN_DIR}/{self.model_file}"
+
+
+PARTS: dict[str, ModelPart] = {
+    "llm": ModelPart("llm", MODEL_FILE, WEIGHT_FILE, LLM_GRAPHS),
+    "visual": ModelPart("visual", VISUAL_FILE, VISUAL_WEIGHT_FILE, VISUAL_GRAPHS),
+}
+
 #: The 4th input of ``visual.mnn`` tells the encoder kinds apart, as MNN's runtime does.
 ENCODER_MARKERS = {"window_index": "qwen2.5-vl", "idx_tensor": "qwen3-vl"}
 #: What run.sh feeds the phone and verify generates from (the bundle's prompt.txt).

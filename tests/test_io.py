@@ -91,5 +91,8 @@ def test_chunk_sizes_must_exceed_decode_and_differ() -> None:
         IoParams(chunk_sizes=(16, 1))
     with pytest.raises(ValueError, match=r"prefill lengths \[16, 16\] repeat a length"):
         IoParams(chunk_sizes=(16, 16))
-    with pytest.raises(ValueError, match="at least 1 item"):
+    with pytest.raises(ValueError, match="the llm part takes chunk_sizes"):
         IoParams(chunk_sizes=())
+    # a VL encoder's io (the visual part) takes image sizes instead, never prefill lengths
+    with pytest.raises(ValueError, match="the visual part takes a visual_encoder and image_sizes, no chunk_sizes"):
+        IoParams(part="visual", visual_encoder="qwen3-vl", image_sizes=("64x64",), chunk_sizes=(16,))

@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"stage", "resources"},  # what a stage declaration is; what a stage run cost the machine
     {"cache", "fingerprint"},
     {"mnn", "qnn", "cpu"},  # format layers: MNN flatbuffers, QNN C API, MNN's CPU runtime
-    {"modeldir"},  # the model directory's files, checked with the MNN format layer
+    {"modeldir", "visual"},  # the model directory's files (MNN format layer); a visual encoder's inputs
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
     {"lowering"},

@@ -64,9 +64,10 @@ class Project:
         memo = DigestMemo(memo_dir / CODE_DIGESTS)
         return cls(settings=settings, specs=specs, memo=memo)
 
-    def stage_dir(self, stage: str, spec: ModelSpec, arch: str | None = None) -> Path:
-        """Where ``stage`` writes for ``spec`` (and ``arch``, for the per-target stages)."""
-        return stage_dir(self.settings.artifact_root, stage, spec.name, arch)
+    def stage_dir(self, stage: str, spec: ModelSpec, arch: str | None = None, part: str | None = None) -> Path:
+        """Where ``stage`` writes for ``spec`` (and ``arch``, for the per-target stages; ``part``: a VL model's
+        ``visual`` part)."""
+        return stage_dir(self.settings.artifact_root, stage, spec.name, arch, part)
 
     def default_tasks(self) -> list[str]:
         # verifying a bundle builds it first, so a bare `doit` builds, proves and reports the default model

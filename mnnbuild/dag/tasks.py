@@ -26,7 +26,7 @@ from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, outputs_intact
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.layout import (
     BUNDLE_MODEL_DIR,
-    CPU_VISUAL_MODEL,
+    PART_STAGES,
     PLUGIN_STAGES,
     REPORT_PAGE,
     RESULT_MODEL,
@@ -45,7 +45,7 @@ from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_
 from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
-from mnnbuild.modeldir import VL_FILES
+from mnnbuild.modeldir import PARTS, VL_FILES
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
@@ -70,6 +70,9 @@ class Run:
     arch: str | None = None
     binary: str | None = None
     """The context binary this run builds or stands in for (context and twin runs only: a subtask per plugin)."""
+    part: str | None = None
+    """The model file a part stage (io, partition, modellib) or a plugin's run builds for: ``llm`` or a VL model's
+    ``visual``; None: every part of the model (config, bundle, verify, report)."""
     file_dep: tuple[Path, ...] = ()
     """Files read besides the upstream manifests (a local model's source files)."""
     uptodate: tuple[Any, ...] = ()
@@ -86,26 +89,44 @@ def plugin_dependent(name: str) -> bool:
     return name in PLUGIN_STAGES or any(plugin_dependent(u) for u in STAGES[name].upstream)
 
 
+VISUAL = "visual"
+
+
+def model_parts(spec: ModelSpec) -> tuple[str, ...]:
+    """The model files a model is built from, each with its own io, partition and modellib: the language model
+    (``llm``) and, for a VL model, its encoder (``visual``)."""
+    return ("llm", VISUAL) if spec.family == "vl" else ("llm",)
+
+
 def out_dir(project: Project, stage: Stage, run: Run) -> Path:
     root = project.settings.artifact_root
     if run.binary is not None:
         return plugin_dir(root, stage.name, run.spec.name, str(run.arch), run.binary)
-    return project.stage_dir(stage.name, run.spec, run.arch)
+    return project.stage_dir(stage.name, run.spec, run.arch, run.part if stage.name in PART_STAGES else None)
 
 
-def upstream_dirs(project: Project, name: str, spec: ModelSpec, arch: str | None) -> list[Path]:
-    """Where stage ``name`` wrote for this model (and target): one dir per plugin for context and twin."""
+def upstream_dirs(project: Project, name: str, spec: ModelSpec, arch: str | None, part: str | None) -> list[Path]:
+    """Where stage ``name`` wrote for this model (and target, and ``part``; None: every part): one dir per plugin
+    for context and twin."""
+    parts = model_parts(spec) if part is None else (part,)
     if name in PLUGIN_STAGES:
         assert arch is not None
         root = project.settings.artifact_root
-        merge = read_merge(project.stage_dir("partition", spec))
-        return [plugin_dir(root, name, spec.name, arch, b) for b in merge]
+        return [
+            plugin_dir(root, name, spec.name, arch, b)
+            for p in parts
+            for b in read_merge(project.stage_dir("partition", spec, part=p))
+        ]
+    if name in PART_STAGES:
+        return [project.stage_dir(name, spec, part=p) for p in parts]
     return [project.stage_dir(name, spec, arch if STAGES[name].per_target else None)]
 
 
 def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
-    upstream = [(STAGES[u].manifest, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch)]
+    upstream = [
+        (STAGES[u].manifest, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)
+    ]
     file_dep = [*run.file_dep, *(d / cls.filename() for cls, d in upstream)]
     tools = {
         **tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None),
@@ -126,7 +147,8 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         task["teardown"] = list(run.teardown)
     target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
     if not plugin_dependent(stage.name):
-        task["name"] = target  # a subtask of its stage: ``io:<model>``, ``config:<model>-<arch>``
+        # a subtask of its stage: ``io:<model>``, ``config:<model>-<arch>``; a VL encoder's ``io:<model>:visual``
+        task["name"] = target if run.part in (None, "llm") else f"{target}:{run.part}"
     elif run.binary is not None:
         task.update(basename=f"{stage.name}:{target}", name=Path(run.binary).stem)  # twin:<model>-<arch>:graphllm0
     else:
@@ -164,37 +186,64 @@ def _lengths(spec: ModelSpec) -> str:
     return "/".join(str(n) for n in spec.prefill_lengths)
 
 
+def _sizes(spec: ModelSpec) -> str:
+    return "/".join(spec.image_sizes)
+
+
 def io_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    inputs = IoInputs(model=spec.name, model_dir=project.stage_dir("fetch", spec))
     yield Run(
         spec,
-        IoInputs(model=spec.name, model_dir=project.stage_dir("fetch", spec)),
+        inputs,
         IoParams(chunk_sizes=spec.prefill_lengths, seed=spec.seed),
         doc=f"decode and prefill-{_lengths(spec)} reference io of {spec.name} (MNN CPU)",
+        part="llm",
     )
+    if VISUAL in model_parts(spec):
+        yield Run(
+            spec,
+            inputs,
+            IoParams(
+                part=VISUAL, visual_encoder=spec.visual_encoder, image_sizes=tuple(spec.image_sizes), seed=spec.seed
+            ),
+            doc=f"reference io of the {spec.name} visual encoder at image sizes {_sizes(spec)} (MNN CPU)",
+            part=VISUAL,
+        )
 
 
 def partition_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+    model_dir = project.stage_dir("fetch", spec)
     yield Run(
         spec,
-        PartitionInputs(
-            model=spec.name, model_dir=project.stage_dir("fetch", spec), io_dir=project.stage_dir("io", spec)
-        ),
+        PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=project.stage_dir("io", spec)),
         PartitionParams(chunk_sizes=spec.prefill_lengths, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
         doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{_lengths(spec)} graphs)",
+        part="llm",
     )
+    if VISUAL in model_parts(spec):
+        yield Run(
+            spec,
+            PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=project.stage_dir("io", spec, part=VISUAL)),
+            PartitionParams(part=VISUAL, image_sizes=tuple(spec.image_sizes)),
+            doc=f"cut the {spec.name} visual encoder into CPU ops and QNN plugins (graphs for {_sizes(spec)})",
+            part=VISUAL,
+        )
 
 
 def modellib_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    yield Run(
-        spec,
-        ModellibInputs(
-            model=spec.name,
-            model_dir=project.stage_dir("fetch", spec),
-            partition_dir=project.stage_dir("partition", spec),
-        ),
-        ModellibParams(),
-        doc=f"lower every {spec.name} graph to a QNN graph description + static tensor raws",
-    )
+    for part in model_parts(spec):
+        what = f"{spec.name} graph" if part == "llm" else f"{spec.name} visual encoder graph"
+        yield Run(
+            spec,
+            ModellibInputs(
+                model=spec.name,
+                model_dir=project.stage_dir("fetch", spec),
+                partition_dir=project.stage_dir("partition", spec, part=part),
+            ),
+            ModellibParams(),
+            doc=f"lower every {what} to a QNN graph description + static tensor raws",
+            part=part,
+        )
 
 
 def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
@@ -203,33 +252,35 @@ def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             spec,
             ConfigInputs(model=spec.name, target=arch, model_dir=project.stage_dir("fetch", spec)),
             ConfigParams(
-                chunk_sizes=spec.prefill_lengths, visual_model=CPU_VISUAL_MODEL if spec.family == "vl" else None
+                chunk_sizes=spec.prefill_lengths,
+                visual_model=PARTS[VISUAL].result_model if spec.family == "vl" else None,
             ),
             doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {[*spec.prefill_lengths, 1]})",
             arch=arch,
         )
 
 
-def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[str, Soc, str, dict[str, Any]]]:
-    """Every (target, plugin) of a model: the arch, its SoC, the plugin's binary and the input fields the context
-    and twin stages share (model, modellib dir, binary, graphs)."""
-    merge = read_merge(project.stage_dir("partition", spec))
-    shared = {"model": spec.name, "modellib_dir": project.stage_dir("modellib", spec)}
-    for arch in spec.targets:
-        for binary, graphs in merge.items():
-            yield arch, spec.soc(arch), binary, {**shared, "binary": binary, "graphs": graphs}
+def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[str, Soc, str, str, dict[str, Any]]]:
+    """Every (target, plugin) of a model, every part's: the arch, its SoC, the part, the plugin's binary and the
+    input fields the context and twin stages share (model, modellib dir, binary, graphs)."""
+    for part in model_parts(spec):
+        merge = read_merge(project.stage_dir("partition", spec, part=part))
+        shared = {"model": spec.name, "modellib_dir": project.stage_dir("modellib", spec, part=part)}
+        for arch in spec.targets:
+            for binary, graphs in merge.items():
+                yield arch, spec.soc(arch), part, binary, {**shared, "binary": binary, "graphs": graphs}
 
 
 def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch, soc, binary, fields in _plugins(project, spec):
+    for arch, soc, part, binary, fields in _plugins(project, spec):
         doc = f"HTP context binary {binary} ({', '.join(fields['graphs'])}) for {soc.name}"
-        yield Run(spec, ContextInputs(**fields), ContextParams(soc=soc), doc=doc, arch=arch, binary=binary)
+        yield Run(spec, ContextInputs(**fields), ContextParams(soc=soc), doc=doc, arch=arch, binary=binary, part=part)
 
 
 def twin_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch, soc, binary, fields in _plugins(project, spec):
+    for arch, soc, part, binary, fields in _plugins(project, spec):
         doc = f"unshared twin of {binary} ({', '.join(fields['graphs'])}) for {soc.name}, which verify runs"
-        yield Run(spec, TwinInputs(**fields), TwinParams(soc=soc), doc=doc, arch=arch, binary=binary)
+        yield Run(spec, TwinInputs(**fields), TwinParams(soc=soc), doc=doc, arch=arch, binary=binary, part=part)
 
 
 def model_name(spec: ModelSpec) -> str:
@@ -240,7 +291,8 @@ def model_name(spec: ModelSpec) -> str:
 
 
 def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    merge = read_merge(project.stage_dir("partition", spec))
+    parts = model_parts(spec)
+    binaries = {p: list(read_merge(project.stage_dir("partition", spec, part=p))) for p in parts}
     root = project.settings.artifact_root
     for arch in spec.targets:
         soc = spec.soc(arch)
@@ -252,7 +304,12 @@ def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 model_dir=project.stage_dir("fetch", spec),
                 config_dir=project.stage_dir("config", spec, arch),
                 qnn_model=project.stage_dir("partition", spec) / RESULT_MODEL,
-                context_binaries=[context_dir(root, spec.name, arch, b) / b for b in merge],
+                visual_qnn_model=(
+                    project.stage_dir("partition", spec, part=VISUAL) / PARTS[VISUAL].result_model
+                    if VISUAL in parts
+                    else None
+                ),
+                context_binaries=[context_dir(root, spec.name, arch, b) / b for p in parts for b in binaries[p]],
             ),
             BundleParams(soc=soc, image_sizes=tuple(spec.image_sizes)),
             doc=f"device bundle of {spec.name} for {soc.name} (HTP {arch})",
@@ -276,6 +333,15 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 model_dir=project.stage_dir("fetch", spec),
                 context_dir=project.stage_dir("context", spec, arch),
                 twin_dir=project.stage_dir("twin", spec, arch),
+                **(
+                    {
+                        "visual_io_dir": project.stage_dir("io", spec, part=VISUAL),
+                        "visual_partition_dir": project.stage_dir("partition", spec, part=VISUAL),
+                        "visual_modellib_dir": project.stage_dir("modellib", spec, part=VISUAL),
+                    }
+                    if VISUAL in model_parts(spec)
+                    else {}
+                ),
             ),
             VerifyParams(soc=soc, max_new_tokens=spec.verify.max_new_tokens),
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
@@ -350,6 +416,8 @@ def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> I
     for s in [spec] if spec else project.specs.values():
         for run in RUNS[name](project, s):
             yield stage_task(project, stage, run)
+    if name == "partition" and spec is None:
+        yield from parts_group_tasks(project)
 
 
 def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
@@ -371,15 +439,34 @@ def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Calla
 
         creator.__doc__ = f"{spec.name}: {' / '.join(late)} tasks, created after its partition"
         if delayed or not partitioned(project, spec):
-            creator = create_after(executed=f"partition:{spec.name}", creates=creates)(creator)
+            creator = create_after(executed=partitions_task(spec), creates=creates)(creator)
         creators[f"task_npu_{spec.name}"] = creator
     return creators
+
+
+def partitions_task(spec: ModelSpec) -> str:
+    """The task after which a model's plugins are known: its partition, or for a VL model the group of both
+    parts' partitions (:func:`parts_group_tasks`)."""
+    return f"partition:{spec.name}" if model_parts(spec) == ("llm",) else f"partition:{spec.name}:parts"
+
+
+def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
+    """``partition:<model>:parts`` per VL model: both parts' partitions (the plugin tasks are created after it)."""
+    for spec in project.specs.values():
+        if model_parts(spec) != ("llm",):
+            yield {
+                "name": f"{spec.name}:parts",
+                "doc": f"the {spec.name} language model's and visual encoder's partitions",
+                "actions": None,
+                "task_dep": [f"partition:{spec.name}", f"partition:{spec.name}:{VISUAL}"],
+            }
 
 
 def partitioned(project: Project, spec: ModelSpec) -> bool:
     """Whether the model's partition is on disk (its plugins are known)."""
     try:
-        read_merge(project.stage_dir("partition", spec))
+        for part in model_parts(spec):
+            read_merge(project.stage_dir("partition", spec, part=part))
     except MnnbuildError:
         return False
     return True

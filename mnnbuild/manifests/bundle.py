@@ -22,8 +22,10 @@ class BundleInputs(StageInputs):
     """config output (``config_qnn.json``)."""
     qnn_model: Path
     """partition output ``qnn/llm.mnn``."""
+    visual_qnn_model: Path | None = None
+    """A VL model's encoder partition output ``qnn/visual.mnn`` (None: no encoder)."""
     context_binaries: list[Path]
-    """context outputs ``qnn/graphllm<k>.bin``, one per plugin."""
+    """context outputs ``qnn/graphllm<k>.bin`` (and a VL encoder's ``qnn/graphvisual<k>.bin``), one per plugin."""
 
 
 class BundleParams(BaseModel):

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
+from mnnbuild.modeldir import PartName
+from mnnbuild.spec import VisualEncoderKind
 from mnnbuild.stage import StageInputs
 
 DEEPSTACK = "deepstack_embeds"
@@ -40,9 +42,23 @@ class IoInputs(StageInputs):
 class IoParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    chunk_sizes: PrefillLengths
+    chunk_sizes: PrefillLengths | tuple[()] = ()
+    """The language model's prefill lengths (its part only)."""
     seed: int = 0
     runtime: CpuRuntime = CpuRuntime()
+    part: PartName = "llm"
+    """Which model file: the language model (``llm.mnn``) or a VL model's encoder (``visual.mnn``)."""
+    visual_encoder: VisualEncoderKind | None = None
+    image_sizes: tuple[str, ...] = ()
+    """The encoder's samples, one per size in this order (the visual part only)."""
+
+    @model_validator(mode="after")
+    def _shapes_of_the_part(self) -> IoParams:
+        if self.part == "llm" and (not self.chunk_sizes or self.image_sizes or self.visual_encoder):
+            raise ValueError("the llm part takes chunk_sizes and no image sizes or visual encoder")
+        if self.part == "visual" and (self.chunk_sizes or not self.image_sizes or self.visual_encoder is None):
+            raise ValueError("the visual part takes a visual_encoder and image_sizes, no chunk_sizes")
+        return self
 
 
 class TensorInfo(BaseModel):
@@ -53,6 +69,9 @@ class TensorInfo(BaseModel):
 
 class IoSample(BaseModel):
     seq_len: int
+    """Tokens (llm part) or patches (visual part: one sample per image size)."""
+    image_size: str | None = None
+    """The visual part's image size, ``<width>x<height>``."""
     dir: str
     """Relative to the output dir: ``testdir/<seq_len>``."""
     inputs: list[TensorInfo]

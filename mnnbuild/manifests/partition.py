@@ -12,6 +12,7 @@ from mnnbuild.errors import StageError
 from mnnbuild.layout import POSTREAT_FILE
 from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.io import PrefillLengths
+from mnnbuild.modeldir import PartName
 from mnnbuild.stage import StageInputs
 
 
@@ -26,8 +27,12 @@ class PartitionInputs(StageInputs):
 class PartitionParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    chunk_sizes: PrefillLengths
-    """Prefill lengths; must be the io stage's."""
+    chunk_sizes: PrefillLengths | tuple[()] = ()
+    """Prefill lengths (the llm part); must be the io stage's."""
+    part: PartName = "llm"
+    """Which model file the partition cuts (``llm.mnn`` or a VL model's ``visual.mnn``)."""
+    image_sizes: tuple[str, ...] = ()
+    """The visual part's image sizes, one graph per size; must be the io stage's."""
     skips: tuple[str, ...] = ()
     """Op names forced to stay on the CPU."""
     max_kv_size: int = Field(default=0, ge=0)

@@ -27,6 +27,10 @@ class VerifyInputs(StageInputs):
     twin_dir: Path
     """twin outputs (one subdir per plugin): the unshared twins, which run in the simulator in the shipped
     binaries' place."""
+    visual_io_dir: Path | None = None
+    """A VL model's encoder (its visual part): io, partition and modellib outputs; None: no encoder."""
+    visual_partition_dir: Path | None = None
+    visual_modellib_dir: Path | None = None
 
 
 class VerifyParams(BaseModel):

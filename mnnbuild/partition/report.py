@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from mnnbuild.layout import LLM_GRAPHS, RESULT_MODEL
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.summary import op_parameter_count, op_weight_bytes
 from mnnbuild.partition.cut import Cut, Module
@@ -52,8 +53,10 @@ def build_report(
     boundary: dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]],
     result_ops: int,
     max_abs_diff: Sequence[float],
+    prefix: str = LLM_GRAPHS,
+    result_model: str = RESULT_MODEL,
 ) -> PartitionReport:
-    """``boundary`` maps plugin number -> (inputs per shape, outputs per shape)."""
+    """``boundary`` maps plugin number -> (inputs per shape, outputs per shape); ``prefix`` names the graphs."""
     ops = cut.model.ops
     plugins = []
     for m in cut.plugins:
@@ -62,8 +65,8 @@ def build_report(
         plugins.append(
             PluginReport(
                 plugin=m.graph,
-                name=binary_path(m.graph),
-                graphs=[graph_name(s, m.graph) for s in range(len(seq_lens))],
+                name=binary_path(m.graph, prefix),
+                graphs=[graph_name(s, m.graph, prefix) for s in range(len(seq_lens))],
                 op_count=len(m.ops),
                 op_types=dict(Counter(ops[i].type for i in m.ops).most_common()),
                 first_op=ops[m.ops[0]].name,
@@ -88,6 +91,7 @@ def build_report(
         npu_weight_bytes=sum(op_weight_bytes(ops[i]) for i in on_npu),
         total_weight_bytes=total,
         result_ops=result_ops,
+        result_model=result_model,
         max_abs_diff=list(max_abs_diff),
         moved_ops=cut.moved_ops,
     )
@@ -103,7 +107,7 @@ def format_report(report: PartitionReport) -> str:
     lines = [
         f"partition of {report.model}: sample shapes (seq) {seqs}",
         f"source ops {report.source_ops}, needed {report.needed_ops}, folded per shape {report.folded_ops}, "
-        f"qnn/llm.mnn ops {report.result_ops}",
+        f"{report.result_model} ops {report.result_ops}",
         f"NPU: {len(report.plugins)} plugins, {report.npu_op_count} ops, "
         f"{report.npu_weight_bytes} of {report.total_weight_bytes} weight bytes",
         "chained subgraph outputs vs sample output.mnn, max abs diff: "

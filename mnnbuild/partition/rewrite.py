@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from mnnbuild.cpu import BLOB_FORMATS, NCHW
-from mnnbuild.layout import binary_path, graph_name
+from mnnbuild.layout import LLM_GRAPHS, binary_path, graph_name
 from mnnbuild.mnn import MnnModel, Op, attribute_value, make_blob, make_plugin_op, schema
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.records import TensorSpec, qnn_name
@@ -44,15 +44,19 @@ _DTYPE_NAMES = {"float32": "DT_FLOAT", "int32": "DT_INT32", "int64": "DT_INT64",
 
 
 def shape_attributes(
-    m: Module, shape_index: int, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]
+    m: Module,
+    shape_index: int,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+    prefix: str = LLM_GRAPHS,
 ) -> dict[str, Any]:
-    """The attributes of plugin ``m`` for one sample shape, before fusing."""
+    """The attributes of plugin ``m`` for one sample shape, before fusing (``prefix``: the graph names')."""
     assert m.graph is not None
     attrs: dict[str, Any] = {
-        "path": binary_path(m.graph),
+        "path": binary_path(m.graph, prefix),
         "inputs": [qnn_name(t) for t in m.inputs],
         "outputs": [qnn_name(t) for t in m.outputs],
-        "allGraphName": [graph_name(shape_index, m.graph)],
+        "allGraphName": [graph_name(shape_index, m.graph, prefix)],
         "allInputShape": [d for spec in inputs for d in spec.shape],
     }
     for j, spec in enumerate(outputs):
@@ -77,12 +81,12 @@ def fuse_attributes(first: dict[str, Any], later: Mapping[str, Any]) -> dict[str
     return fused
 
 
-def plugin_op(m: Module, attrs: Mapping[str, Any]) -> Op:
+def plugin_op(m: Module, attrs: Mapping[str, Any], prefix: str = LLM_GRAPHS) -> Op:
     assert m.graph is not None
-    return make_plugin_op(binary_path(m.graph), m.inputs, m.outputs, attrs, plugin_type=PLUGIN_TYPE)
+    return make_plugin_op(binary_path(m.graph, prefix), m.inputs, m.outputs, attrs, plugin_type=PLUGIN_TYPE)
 
 
-def rewrite_model(cut: Cut, plugin_attrs: Mapping[int, Mapping[str, Any]]) -> MnnModel:
+def rewrite_model(cut: Cut, plugin_attrs: Mapping[int, Mapping[str, Any]], prefix: str = LLM_GRAPHS) -> MnnModel:
     """``qnn/llm.mnn`` as a new model: CPU ops of the source plus one Plugin per NPU module,
     re-indexed and ordered. ``plugin_attrs`` maps plugin number -> fused attributes."""
     src = cut.model
@@ -94,7 +98,7 @@ def rewrite_model(cut: Cut, plugin_attrs: Mapping[int, Mapping[str, Any]]) -> Mn
         if i in first_op:
             m = first_op[i]
             assert m.graph is not None
-            ops.append(plugin_op(m, plugin_attrs[m.graph]))
+            ops.append(plugin_op(m, plugin_attrs[m.graph], prefix))
         elif i in keep:
             # a shallow copy: re-indexing replaces the index lists, parameters are shared read-only
             ops.append(dataclasses.replace(op, inputs=list(op.inputs), outputs=list(op.outputs)))

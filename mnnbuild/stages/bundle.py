@@ -34,7 +34,7 @@ from mnnbuild.layout import (
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, VISUAL_FILES, WEIGHT_FILE, tokenizer_file
+from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, VISUAL_WEIGHT_FILE, WEIGHT_FILE, tokenizer_file
 from mnnbuild.spec import DEVICE_NAME_PATTERN
 from mnnbuild.stage import Stage
 from mnnbuild.targets import Soc
@@ -98,13 +98,14 @@ def device_scripts(model_name: str, soc: Soc, tokenizer: str) -> dict[str, str]:
     return {PUSH_SCRIPT: _script(push), RUN_SCRIPT: _script(run)}
 
 
-def visual_readme(model_name: str, image_sizes: tuple[str, ...]) -> str:
+def visual_readme(model_name: str, image_sizes: tuple[str, ...], encoder: str) -> str:
     """What a VL bundle's README says about its encoder: where it runs and which image sizes it was built for."""
     return (
-        f"{model_name}: a vision-language model. The language model runs on the NPU (qnn/graphllm*.bin).\n"
-        "The visual encoder (visual.mnn + visual.mnn.weight) runs on MNN's CPU backend: this bundle holds no NPU\n"
-        f"graphs for it yet. The spec's image sizes ({', '.join(image_sizes)}) are where an NPU encoder would\n"
-        "apply; MNN resizes every image itself (image_min_pixels / image_max_pixels in the config).\n"
+        f"{model_name}: a vision-language model. The language model runs on the NPU (qnn/graphllm*.bin), and so\n"
+        f"does the visual encoder ({encoder}, weights in {encoder}.weight; qnn/graphvisual*.bin), compiled for\n"
+        f"the image sizes {', '.join(image_sizes)} (width x height), one graph each. MNN resizes every image\n"
+        "itself (image_min_pixels / image_max_pixels in llm_config.json); an image whose resized patch grid is\n"
+        "none of these sizes' finds no NPU graph of its shape.\n"
     )
 
 
@@ -133,11 +134,15 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
             if (model_dir / name).exists():
                 place(model_dir / name, dest / name)
         if params.image_sizes:
-            for name in VISUAL_FILES:
-                if not (model_dir / name).is_file():
-                    raise StageError(f"{inputs.model}: a VL bundle needs the model's {name}; the fetch has none")
-                place(model_dir / name, dest / name)
-            atomic_write_text(tmp / BUNDLE_README, visual_readme(inputs.model_name, params.image_sizes))
+            if inputs.visual_qnn_model is None or not (model_dir / VISUAL_WEIGHT_FILE).is_file():
+                raise StageError(f"{inputs.model}: a VL bundle needs the encoder's partition and {VISUAL_WEIGHT_FILE}")
+            # MNN loads visual_model with the weights beside it (<model>.weight): the encoder's CPU ops keep their
+            # offsets into the original weight file
+            encoder = dest / QNN_DIR / inputs.visual_qnn_model.name
+            place(inputs.visual_qnn_model, encoder)
+            place(model_dir / VISUAL_WEIGHT_FILE, Path(f"{encoder}.weight"))
+            readme = visual_readme(inputs.model_name, params.image_sizes, f"{QNN_DIR}/{encoder.name}")
+            atomic_write_text(tmp / BUNDLE_README, readme)
         place(inputs.qnn_model, dest / RESULT_MODEL)
         for binary in inputs.context_binaries:
             place(binary, dest / QNN_DIR / binary.name)

@@ -37,10 +37,10 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, inputs.binary, "npu_postreat.json field 'merge'")
         modellib_dir, graphs = Path(inputs.modellib_dir), list(inputs.graphs)
+        # a one-graph plugin (a VL encoder built for one image size) has nothing to share: QNN marks it unshared
+        sharing = params.weight_sharing and len(graphs) > 1
         try:
-            info, size, seconds = compose_checked(
-                lib, soc, modellib_dir, graphs, params.weight_sharing, dest, inputs.binary
-            )
+            info, size, seconds = compose_checked(lib, soc, modellib_dir, graphs, sharing, dest, inputs.binary)
         except LoweringError as exc:
             raise StageError(str(exc)) from None
         manifest = ContextManifest(

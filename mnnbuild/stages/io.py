@@ -1,18 +1,21 @@
 """io: the reference input/output samples of the whole LLM graph (upstream ``generateLlmIO``).
 
-For the decode shape (1 token) and every prefill length (``chunk_sizes``, longest first) it writes
-``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
+For a language model's decode shape (1 token) and every prefill length (``chunk_sizes``, longest first) it
+writes ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
 diagonal), ``position_ids`` ``[1,seq]`` and ``logits_index`` ``[1]`` (0 for prefill, -1 for decode),
 and the model's outputs for them, computed by PyPI MNN on the CPU. A VL language model (M-RoPE) takes
 ``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples, and Qwen3-VL's also
 ``deepstack_embeds`` ``[3,seq,hidden]`` (docs/families.md section 3.1); the inputs fed are the model's own.
+A VL model's encoder (``visual.mnn``, the visual part) gets one sample per image size, ``testdir/<patches>``,
+its inputs built by ``mnnbuild.visual`` (section 3.2).
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,11 +36,15 @@ from mnnbuild.manifests.io import (
     TensorInfo,
 )
 from mnnbuild.mnn import load_model
-from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, PARTS, read_llm_config
+from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
 from mnnbuild.stage import Stage
+from mnnbuild.visual import visual_inputs
 
 log = logging.getLogger(__name__)
 
+
+Feed = dict[str, np.ndarray]
 
 IMAGE_GRID = (2, 3)
 """The merged-token grid (rows, columns) of the stand-in image in a VL prefill sample."""
@@ -96,16 +103,14 @@ def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
     return [TensorInfo(name=n, shape=list(a.shape), dtype=str(a.dtype)) for n, a in arrays.items()]
 
 
-def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
-    """Run the whole LLM graph on the decode and every prefill sample and save inputs and outputs."""
+def _llm_feeds(inputs: IoInputs, params: IoParams, config: dict[str, Any]) -> list[tuple[int, None, Feed]]:
+    """The language model's samples: decode, then every prefill length."""
     model_dir = Path(inputs.model_dir)
-    config = read_llm_config(model_dir)
     if config["attention_mask"] != "float":
         raise ModelDirError(
             f"{model_dir / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
             'only "float" attention masks are supported'
         )
-    hidden = config["hidden_size"]
     # verify generates from the bundle's prompt inside the longest prefill chunk: refuse a chunk it cannot fit
     # now, not after the whole build (imported here: io otherwise does not need the runtime)
     from mnnbuild_runtime import BundleError, Tokenizer
@@ -123,50 +128,85 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             f"tokens and generation needs room after it; expected {'chunk_size' if one else 'the longest length'} "
             f">= {prompt_tokens + 1}"
         )
-    fetched = inputs.manifest(FetchManifest, model_dir)
-    rt = params.runtime.create(model_dir / WEIGHT_FILE)
-    module = load_module(model_dir / MODEL_FILE, rt)
-    info = module.get_info()
-    declared = load_model(model_dir / MODEL_FILE).input_dims
-    names, out_names = list(info["inputNames"]), list(info["outputNames"])
-    unknown = sorted(set(names) - set(INPUT_NAMES))
+    model_path = model_dir / MODEL_FILE
+    declared = load_model(model_path).input_dims
+    unknown = sorted(set(declared) - set(INPUT_NAMES))
     if unknown:
         raise ModelDirError(
-            f"{model_dir / MODEL_FILE}: graph input {unknown[0]!r} is not an LLM input; "
+            f"{model_path}: graph input {unknown[0]!r} is not an LLM input; "
             f"expected inputs among {', '.join(INPUT_NAMES)}"
         )
+    lengths = (DECODE_SEQ, *params.chunk_sizes)
+    return [(n, None, make_inputs(n, config["hidden_size"], params.seed, declared)) for n in lengths]
+
+
+def _visual_feeds(inputs: IoInputs, params: IoParams, config: dict[str, Any]) -> list[tuple[int, str, Feed]]:
+    """The encoder's samples: one per image size, in spec order."""
+    assert params.visual_encoder is not None
+    encoder = VISUAL_ENCODERS[params.visual_encoder]
+    model_path = Path(inputs.model_dir) / PARTS["visual"].model_file
+    declared = list(load_model(model_path).input_dims)
+    expected = list(encoder.input_shapes(ImageSize(width=encoder.alignment, height=encoder.alignment)))
+    if declared != expected:
+        raise ModelDirError(
+            f"{model_path}: inputs {declared}; a {encoder.kind} encoder takes {expected} (spec field 'visual_encoder')"
+        )
+    feeds = []
+    for text in params.image_sizes:
+        size = ImageSize.parse(text)
+        feeds.append((size.patch_count(encoder), text, visual_inputs(encoder.kind, size, config, params.seed)))
+    return feeds
+
+
+def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
+    """Run the part's whole graph on each sample (LLM: decode and every prefill length; visual encoder: every image
+    size) and save inputs and outputs."""
+    model_dir = Path(inputs.model_dir)
+    part = PARTS[params.part]
+    config = read_llm_config(model_dir)
+    plan = _llm_feeds(inputs, params, config) if part.name == "llm" else _visual_feeds(inputs, params, config)
+    fetched = inputs.manifest(FetchManifest, model_dir)
+    model_path = model_dir / part.model_file
+    rt = params.runtime.create(model_dir / part.weight_file)
+    module = load_module(model_path, rt)
+    info = module.get_info()
+    names, out_names = list(info["inputNames"]), list(info["outputNames"])
 
     samples = []
     with staged_dir(out_dir) as tmp:
-        for seq_len in (DECODE_SEQ, *params.chunk_sizes):
-            feed = make_inputs(seq_len, hidden, params.seed, declared)
-            feed = {n: feed[n] for n in names}
+        for seq_len, image_size, full in plan:
+            feed = {n: full[n] for n in names}
+            what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
             outputs = module.forward([to_var(feed[n]) for n in names])
             if len(outputs) != len(out_names):  # MNN failed inside forward (it prints why, returns fewer outputs)
                 raise ModelDirError(
-                    f"{model_dir / WEIGHT_FILE}: MNN computed {len(outputs)} of the {len(out_names)} outputs of "
-                    f"{MODEL_FILE} at seq {seq_len}; is the weight file this model's?"
+                    f"{model_dir / part.weight_file}: MNN computed {len(outputs)} of the {len(out_names)} outputs of "
+                    f"{part.model_file} at {what}; is the weight file this model's?"
                 )
             results = {n: to_numpy(v) for n, v in zip(out_names, outputs, strict=True)}
             for n, a in results.items():
                 if a.dtype.kind == "f" and not np.isfinite(a).all():
-                    raise ModelDirError(
-                        f"{model_dir / MODEL_FILE}: output {n!r} has non-finite values at seq {seq_len}"
-                    )
+                    raise ModelDirError(f"{model_path}: output {n!r} has non-finite values at {what}")
             sample_dir = testdir(tmp, seq_len)
             sample_dir.mkdir(parents=True)
             save_vars(sample_dir / REFERENCE_INPUT, feed, nhwc=("logits_index",))
             save_vars(sample_dir / REFERENCE_OUTPUT, results)
             samples.append(
-                IoSample(seq_len=seq_len, dir=f"{TESTDIR}/{seq_len}", inputs=_info(feed), outputs=_info(results))
+                IoSample(
+                    seq_len=seq_len,
+                    image_size=image_size,
+                    dir=f"{TESTDIR}/{seq_len}",
+                    inputs=_info(feed),
+                    outputs=_info(results),
+                )
             )
             log.info(
-                "io %s: seq %d -> %s",
+                "io %s: %s -> %s",
                 inputs.model,
-                seq_len,
+                what,
                 ", ".join(f"{n}{list(a.shape)}" for n, a in results.items()),
             )
-        used = {MODEL_FILE, WEIGHT_FILE, LLM_CONFIG}
+        used = {part.model_file, part.weight_file, LLM_CONFIG}
         manifest = IoManifest(
             model=inputs.model,
             inputs=[

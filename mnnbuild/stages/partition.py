@@ -1,5 +1,8 @@
 """partition: cut ``llm.mnn`` into CPU ops and QNN Plugin ops (upstream ``compilefornpu``).
 
+A VL model's encoder is partitioned the same way on its own (the visual part, ``params.part``): ``visual.mnn``
+into ``qnn/visual.mnn`` and ``qnn/graphvisual<k>`` / ``graphvisual<s>_<k>`` dirs, one graph per image size.
+
 Reads the model (fetch output) and the io samples (decode first, then each prefill length), and writes::
 
     qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph
@@ -47,7 +50,7 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
-from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
+from mnnbuild.modeldir import PARTS, ModelPart
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded, write_folded_model
 from mnnbuild.partition.records import (
@@ -124,7 +127,13 @@ def _check_names(model: MnnModel, model_path: Path, io_dir: Path, samples: list[
 
 
 def _graph_description(
-    cut: Cut, m: Module, shape_index: int, io: ModuleIO, folded: dict[int, np.ndarray], folded_file: str | None
+    cut: Cut,
+    m: Module,
+    shape_index: int,
+    io: ModuleIO,
+    folded: dict[int, np.ndarray],
+    folded_file: str | None,
+    part: ModelPart,
 ) -> SubgraphRecord:
     assert m.graph is not None
     model = cut.model
@@ -168,11 +177,11 @@ def _graph_description(
             )
     boundary = set(m.inputs) | set(m.outputs)
     return SubgraphRecord(
-        graph=graph_name(shape_index, m.graph),
+        graph=graph_name(shape_index, m.graph, part.graph_prefix),
         plugin=m.graph,
         shape_index=shape_index,
-        binary=binary_path(m.graph),
-        source_model=MODEL_FILE,
+        binary=binary_path(m.graph, part.graph_prefix),
+        source_model=part.model_file,
         ops=ops,
         inputs=[io.specs[t] for t in m.inputs],
         outputs=[io.specs[t] for t in m.outputs],
@@ -184,7 +193,13 @@ def _graph_description(
 
 
 def _write_graph_dir(
-    graph_dir: Path, cut: Cut, m: Module, shape_index: int, io: ModuleIO, folded: dict[int, np.ndarray]
+    graph_dir: Path,
+    cut: Cut,
+    m: Module,
+    shape_index: int,
+    io: ModuleIO,
+    folded: dict[int, np.ndarray],
+    part: ModelPart,
 ) -> None:
     graph_dir.mkdir(parents=True)
     names = cut.model.tensor_names
@@ -193,7 +208,7 @@ def _write_graph_dir(
     mine = {t: folded[t] for t in sorted(m.consumed) if t in folded}
     if mine:
         save_vars(graph_dir / FOLDED_VALUES, {names[t]: v for t, v in mine.items()})
-    desc = _graph_description(cut, m, shape_index, io, folded, FOLDED_VALUES)
+    desc = _graph_description(cut, m, shape_index, io, folded, FOLDED_VALUES, part)
     atomic_write_text(graph_dir / GRAPH_FILE, desc.model_dump_json(indent=1) + "\n")
 
 
@@ -223,6 +238,7 @@ def _run_samples(
     model_name: str,
     cut: Cut,
     model_path: Path,
+    part: ModelPart,
     rt: Any,
     samples: list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]],
     io_dir: Path,
@@ -245,7 +261,7 @@ def _run_samples(
         per_shape.append(ios)
         for m, mio in zip(cut.modules, ios, strict=True):
             if m.graph is not None:
-                _write_graph_dir(qnn / graph_name(s, m.graph), cut, m, s, mio, folded)
+                _write_graph_dir(qnn / graph_name(s, m.graph, part.graph_prefix), cut, m, s, mio, folded, part)
         log.info(
             "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
             model_name,
@@ -256,7 +272,7 @@ def _run_samples(
 
 
 def _plugin_attributes(
-    cut: Cut, per_shape: list[list[ModuleIO]]
+    cut: Cut, per_shape: list[list[ModuleIO]], prefix: str
 ) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]]]:
     """Per plugin number: its Plugin attributes fused over the shapes, and its boundary specs per shape."""
     plugin_attrs: dict[int, dict[str, Any]] = {}
@@ -266,9 +282,9 @@ def _plugin_attributes(
             continue
         ins = [[shape[pos].specs[t] for t in m.inputs] for shape in per_shape]
         outs = [[shape[pos].specs[t] for t in m.outputs] for shape in per_shape]
-        attrs = shape_attributes(m, 0, ins[0], outs[0])
+        attrs = shape_attributes(m, 0, ins[0], outs[0], prefix)
         for s in range(1, len(per_shape)):
-            attrs = fuse_attributes(attrs, shape_attributes(m, s, ins[s], outs[s]))
+            attrs = fuse_attributes(attrs, shape_attributes(m, s, ins[s], outs[s], prefix))
         plugin_attrs[m.graph] = attrs
         boundary[m.graph] = (ins, outs)
     return plugin_attrs, boundary
@@ -287,12 +303,16 @@ def partition(
     model_dir, io_dir = Path(inputs.model_dir), Path(inputs.io_dir)
     fetched = inputs.manifest(FetchManifest, model_dir)
     io = inputs.manifest(IoManifest, io_dir)
-    if io.params.chunk_sizes != params.chunk_sizes:
-        raise StageError(
-            f"{io_dir / IoManifest.filename()}: field 'params.chunk_sizes' is {list(io.params.chunk_sizes)}, "
-            f"the partition expects {list(params.chunk_sizes)}; re-run the io stage"
-        )
-    model_path, weight_path = model_dir / MODEL_FILE, model_dir / WEIGHT_FILE
+    for field in ("part", "chunk_sizes", "image_sizes"):
+        got, want = getattr(io.params, field), getattr(params, field)
+        if got != want:
+            shown = (lambda v: v) if isinstance(want, str) else list
+            raise StageError(
+                f"{io_dir / IoManifest.filename()}: field 'params.{field}' is {shown(got)}, "
+                f"the partition expects {shown(want)}; re-run the io stage"
+            )
+    part = PARTS[params.part]
+    model_path, weight_path = model_dir / part.model_file, model_dir / part.weight_file
     try:
         model = load_model(model_path)
     except MNNFormatError as exc:
@@ -313,13 +333,15 @@ def partition(
     with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="mnnbuild-partition-") as work:
         qnn = tmp / QNN_DIR
         qnn.mkdir()
-        per_shape, diffs = _run_samples(inputs.model, cut, model_path, rt, samples, io_dir, qnn, Path(work))
-        plugin_attrs, boundary = _plugin_attributes(cut, per_shape)
-        result = rewrite_model(cut, plugin_attrs)
-        save_model(result, tmp / RESULT_MODEL)
+        per_shape, diffs = _run_samples(inputs.model, cut, model_path, part, rt, samples, io_dir, qnn, Path(work))
+        plugin_attrs, boundary = _plugin_attributes(cut, per_shape, part.graph_prefix)
+        result = rewrite_model(cut, plugin_attrs, part.graph_prefix)
+        save_model(result, tmp / part.result_model)
 
         merge = {
-            binary_path(m.graph): [f"{QNN_DIR}/{graph_name(s, m.graph)}" for s in range(len(samples))]
+            binary_path(m.graph, part.graph_prefix): [
+                f"{QNN_DIR}/{graph_name(s, m.graph, part.graph_prefix)}" for s in range(len(samples))
+            ]
             for m in cut.plugins
             if m.graph is not None
         }
@@ -327,11 +349,13 @@ def partition(
         atomic_write_text(tmp / POSTREAT_FILE, json.dumps(postreat, indent=4) + "\n")
 
         seq_lens = [s[0] for s in samples]
-        report = build_report(inputs.model, cut, seq_lens, boundary, len(result.ops), diffs)
+        report = build_report(
+            inputs.model, cut, seq_lens, boundary, len(result.ops), diffs, part.graph_prefix, part.result_model
+        )
         atomic_write_text(tmp / PARTITION_REPORT_JSON, report.model_dump_json(indent=2) + "\n")
         atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report))
 
-        used = {MODEL_FILE, WEIGHT_FILE}
+        used = {part.model_file, part.weight_file}
         manifest = PartitionManifest(
             model=inputs.model,
             inputs=[

@@ -8,6 +8,8 @@ Checks (tolerances in :class:`VerifyParams`):
 - (a) per graph: the graph in the x86 HTP simulator vs the partition's reference inputs/outputs;
 - (b) whole model: the bundle (CPU segments in MNN, plugins in the simulator) vs the original model's CPU
   outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
+  a VL model's encoder (``qnn/visual.mnn``, its visual part) gets the plugin, per-graph and whole-encoder checks
+  too, at every image size (its io samples);
 - (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt.
 
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
@@ -24,9 +26,10 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from mnnbuild_runtime import HybridModel, PluginRunner
+from mnnbuild_runtime import Bundle, HybridModel, PluginRunner
 
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
@@ -66,7 +69,7 @@ def _expected_hashes(
 
 
 def _context_problems(
-    inputs: VerifyInputs,
+    modellib_dir: Path,
     params: VerifyParams,
     merge: dict[str, list[str]],
     contexts: dict[str, ContextManifest],
@@ -74,7 +77,7 @@ def _context_problems(
 ) -> list[str]:
     """The twins stand in for the shipped binaries only if the context and twin stages built both from the same
     modellib files (by hash) for the same SoC; manifests only, nothing is re-hashed."""
-    modellib = ModellibManifest.read(Path(inputs.modellib_dir))
+    modellib = ModellibManifest.read(Path(modellib_dir))
     problems = []
     for binary, graphs in merge.items():
         expected = set(modellib.outputs_in(graphs))
@@ -85,7 +88,7 @@ def _context_problems(
             if set(used) != expected:
                 problems.append(
                     f"plugin {binary}: the {stage} built it from other modellib files than the current "
-                    f"{inputs.modellib_dir} ({len(set(used) ^ expected)} differ); the twin would not stand in for it"
+                    f"{modellib_dir} ({len(set(used) ^ expected)} differ); the twin would not stand in for it"
                 )
             if soc != params.soc:
                 problems.append(f"plugin {binary}: the {stage} built it for {soc.name}, verifying {params.soc.name}")
@@ -102,32 +105,57 @@ def _read_prompt(model_dir: Path, prompt: str | None) -> str:
     return text or DEFAULT_PROMPT.strip()
 
 
+@dataclass(frozen=True)
+class Part:
+    """One model file of the bundle, checked on its own: the language model, or a VL model's encoder."""
+
+    partition_dir: Path
+    modellib_dir: Path
+    io_dir: Path
+    visual: bool = False
+
+
+def _parts(inputs: VerifyInputs) -> list[Part]:
+    parts = [Part(Path(inputs.partition_dir), Path(inputs.modellib_dir), Path(inputs.io_dir))]
+    if inputs.visual_partition_dir is not None:
+        if inputs.visual_io_dir is None or inputs.visual_modellib_dir is None:
+            raise StageError(f"verify {inputs.model}: a visual partition needs the visual io and modellib dirs too")
+        parts.append(
+            Part(Path(inputs.visual_partition_dir), Path(inputs.visual_modellib_dir), Path(inputs.visual_io_dir), True)
+        )
+    return parts
+
+
 def _run_bundle(
     model: HybridModel,
     inputs: VerifyInputs,
+    part: Part,
     params: VerifyParams,
     twins: dict[str, checks.Twin],
     report: VerifyReport,
     timings: dict[str, float],
 ) -> dict[str, list[GraphCheck]]:
-    """The whole model and generation checks in one pass of the bundle over every input (io samples and the
-    generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; while each is
-    loaded, its per-graph check. Returns the per-graph checks by plugin path."""
+    """The whole model and (language model) generation checks in one pass of the bundle over every input (io
+    samples and the generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; while
+    each is loaded, its per-graph check. Returns the per-graph checks by plugin path."""
     t0 = time.perf_counter()
-    gen = checks.GenerationRun(
-        Path(inputs.model_dir),
-        model.bundle.model_dir,
-        model.bundle.block_sizes,
-        _read_prompt(model.bundle.model_dir, params.prompt),
-        params.max_new_tokens,
-        params.runtime,
-    )
-    gen.reference()
-    io = IoManifest.read(Path(inputs.io_dir))
+    gen = None
+    if not part.visual:
+        gen = checks.GenerationRun(
+            Path(inputs.model_dir),
+            model.bundle.model_dir,
+            model.bundle.block_sizes,
+            _read_prompt(model.bundle.model_dir, params.prompt),
+            params.max_new_tokens,
+            params.runtime,
+        )
+        gen.reference()
+    io = IoManifest.read(part.io_dir)
     samples = checks.load_samples(
-        [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(inputs.io_dir), strict=True)]
+        [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(part.io_dir), strict=True)],
+        [s.image_size for s in io.samples],
     )
-    timings["cpu_reference"] = time.perf_counter() - t0
+    timings["cpu_reference"] = timings.get("cpu_reference", 0.0) + time.perf_counter() - t0
 
     graphs: dict[str, list[GraphCheck]] = {}
     graph_seconds = 0.0
@@ -140,28 +168,104 @@ def _run_bundle(
         t = time.perf_counter()
         try:
             graphs[twin.binary] = checks.check_plugin_graphs(
-                runner.load(), twin.binary, twin.graphs, Path(inputs.partition_dir), params.graph_tolerance
+                runner.load(), twin.binary, twin.graphs, part.partition_dir, params.graph_tolerance
             )
         except Exception as exc:  # the context did not load: every graph says why
             graphs[twin.binary] = checks.graphs_not_run(twin.binary, twin.graphs, checks.describe_error(exc))
         graph_seconds += time.perf_counter() - t
 
     feeds = [s.feed for s in samples if s.problem is None]
-    gen_feeds = gen.feeds()
+    gen_feeds = gen.feeds() if gen is not None else {}
     t0 = time.perf_counter()
     runs = model.run_many([*feeds, *gen_feeds.values()], while_loaded=graph_check)
-    timings["graphs"] = graph_seconds
-    timings["bundle_pass"] = time.perf_counter() - t0 - graph_seconds
+    timings["graphs"] = timings.get("graphs", 0.0) + graph_seconds
+    timings["bundle_pass"] = timings.get("bundle_pass", 0.0) + time.perf_counter() - t0 - graph_seconds
     loaded = iter(runs[: len(feeds)])
-    report.whole_model = [
+    report.whole_model += [
         checks.check_whole_model(s, next(loaded) if s.problem is None else None, params.model_tolerance)
         for s in samples
     ]
-    t0 = time.perf_counter()
-    gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
-    report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
-    timings["generation"] = time.perf_counter() - t0
+    if gen is not None:
+        t0 = time.perf_counter()
+        gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
+        report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
+        timings["generation"] = time.perf_counter() - t0
     return graphs
+
+
+def _check_part(
+    inputs: VerifyInputs,
+    params: VerifyParams,
+    part: Part,
+    bundle: BundleManifest,
+    lib: QnnLibrary,
+    target: HtpTarget,
+    report: VerifyReport,
+    timings: dict[str, float],
+) -> list[failures.Failure]:
+    """Plugins, per-graph and whole-model checks of one part (and generation, for the language model); adds them
+    to ``report`` and returns the failures found."""
+    model_prefix = f"model/{bundle.model_name}/"
+    bundle_model_dir = Path(inputs.bundle_dir) / BUNDLE_MODEL_DIR / bundle.model_name
+    found: list[failures.Failure] = []
+    merge = read_merge(part.partition_dir)
+    t0 = time.perf_counter()
+    contexts, problems = checks.read_contexts(Path(inputs.context_dir), merge)
+    twins, twin_problems = checks.read_twins(Path(inputs.twin_dir), contexts, merge)
+    found += [failures.structure(p) for p in problems + twin_problems]
+    found += [failures.structure(p) for p in _context_problems(part.modellib_dir, params, merge, contexts, twins)]
+    timings["twins"] = timings.get("twins", 0.0) + time.perf_counter() - t0
+
+    hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
+    graphs: dict[str, list[GraphCheck]] = {}
+    model = None
+    try:
+        model = HybridModel(
+            Bundle.open(bundle_model_dir, visual=part.visual),
+            binary_overrides={path: twin.override() for path, twin in twins.items()},
+            expected_target=target,
+            qnn_lib=lib,
+            runtime=params.runtime,
+            max_loaded=params.max_loaded_plugins,
+        )
+    except MnnbuildError as exc:
+        found.append(failures.structure(f"bundle {bundle_model_dir}: {exc}"))
+    try:
+        if model is not None:
+            plugins = checks.plugin_checks(model, hashes)
+            report.plugins += plugins
+            found += failures.plugin_failures(plugins)
+            if twins and all(p.passed for p in plugins):
+                graphs = _run_bundle(model, inputs, part, params, twins, report, timings)
+            else:
+                found.append(
+                    failures.structure("whole model and generation not run: a plugin binary failed its checks", -1.0)
+                )
+            for p, runner in zip(plugins, model.plugins.values(), strict=True):
+                rep = runner.report()
+                p.load_seconds, p.loads, p.simulator_seconds = (
+                    rep["load_seconds"],
+                    rep["loads"],
+                    rep["simulator_seconds"],
+                )
+    finally:
+        if model is not None:
+            model.close()
+    # the graphs of plugins the pass did not reach: each twin on its own (they do not depend on the bundle)
+    t0 = time.perf_counter()
+    rest = checks.check_graphs(
+        lib, [t for b, t in twins.items() if b not in graphs], part.partition_dir, params.graph_tolerance
+    )
+    timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
+    for g in rest:
+        graphs.setdefault(g.binary, []).append(g)
+    for binary, graph_dirs in merge.items():
+        if binary not in twins:  # why is among the context problems
+            graphs[binary] = checks.graphs_not_run(binary, graph_dirs, "no unshared twin: see the plugin's problems")
+    part_graphs = [g for binary in merge for g in graphs.get(binary, [])]
+    report.graphs += part_graphs
+    found += failures.graph_failures(part_graphs, params.graph_tolerance)
+    return found
 
 
 def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
@@ -169,7 +273,6 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
-    model_prefix = f"model/{bundle.model_name}/"
     bundle_model_dir = Path(inputs.bundle_dir) / BUNDLE_MODEL_DIR / bundle.model_name
     soc = params.soc
     report = VerifyReport(
@@ -188,61 +291,8 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     lib = QnnLibrary()
     report.qnn = {k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"}
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
-    merge = read_merge(Path(inputs.partition_dir))
-    t0 = time.perf_counter()
-    contexts, problems = checks.read_contexts(Path(inputs.context_dir), merge)
-    twins, twin_problems = checks.read_twins(Path(inputs.twin_dir), contexts, merge)
-    found += [failures.structure(p) for p in problems + twin_problems]
-    found += [failures.structure(p) for p in _context_problems(inputs, params, merge, contexts, twins)]
-    timings["twins"] = time.perf_counter() - t0
-
-    hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
-    graphs: dict[str, list[GraphCheck]] = {}
-    model = None
-    try:
-        model = HybridModel(
-            bundle_model_dir,
-            binary_overrides={path: twin.override() for path, twin in twins.items()},
-            expected_target=target,
-            qnn_lib=lib,
-            runtime=params.runtime,
-            max_loaded=params.max_loaded_plugins,
-        )
-    except MnnbuildError as exc:
-        found.append(failures.structure(f"bundle {bundle_model_dir}: {exc}"))
-    try:
-        if model is not None:
-            report.plugins = checks.plugin_checks(model, hashes)
-            found += failures.plugin_failures(report.plugins)
-            if twins and all(p.passed for p in report.plugins):
-                graphs = _run_bundle(model, inputs, params, twins, report, timings)
-            else:
-                found.append(
-                    failures.structure("whole model and generation not run: a plugin binary failed its checks", -1.0)
-                )
-            for p, runner in zip(report.plugins, model.plugins.values(), strict=True):
-                rep = runner.report()
-                p.load_seconds, p.loads, p.simulator_seconds = (
-                    rep["load_seconds"],
-                    rep["loads"],
-                    rep["simulator_seconds"],
-                )
-    finally:
-        if model is not None:
-            model.close()
-    # the graphs of plugins the pass did not reach: each twin on its own (they do not depend on the bundle)
-    t0 = time.perf_counter()
-    rest = checks.check_graphs(
-        lib, [t for b, t in twins.items() if b not in graphs], Path(inputs.partition_dir), params.graph_tolerance
-    )
-    timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
-    for g in rest:
-        graphs.setdefault(g.binary, []).append(g)
-    for binary, graph_dirs in merge.items():
-        if binary not in twins:  # why is among the context problems
-            graphs[binary] = checks.graphs_not_run(binary, graph_dirs, "no unshared twin: see the plugin's problems")
-    report.graphs = [g for binary in merge for g in graphs.get(binary, [])]
-    found += failures.graph_failures(report.graphs, params.graph_tolerance)
+    for part in _parts(inputs):
+        found += _check_part(inputs, params, part, bundle, lib, target, report, timings)
     found += failures.whole_model_failures(report.whole_model, params.model_tolerance)
     found += failures.generation_failures(report.generation, params.model_tolerance)
     report.executed_note = failures.executed_note(report.plugins)
@@ -257,9 +307,13 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     out_dir = Path(out_dir)
     bundle = inputs.manifest(BundleManifest, inputs.bundle_dir)
     upstream = [
-        (inputs.modellib_dir, ModellibManifest),
-        (inputs.partition_dir, PartitionManifest),
-        (inputs.io_dir, IoManifest),
+        (d, m)
+        for part in _parts(inputs)
+        for d, m in (
+            (part.modellib_dir, ModellibManifest),
+            (part.partition_dir, PartitionManifest),
+            (part.io_dir, IoManifest),
+        )
     ]
     for d, m in upstream:
         inputs.manifest(m, Path(d))  # a missing or stale upstream manifest is an error, not a failed check

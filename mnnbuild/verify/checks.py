@@ -298,19 +298,28 @@ class Sample:
     feed: dict[str, np.ndarray] = field(default_factory=dict)
     refs: dict[str, np.ndarray] = field(default_factory=dict)
     problem: str | None = None
+    image_size: str | None = None
+    """A VL encoder's sample: its image size."""
 
 
-def load_samples(samples: list[tuple[int, Path]]) -> list[Sample]:
-    """The io stage's samples (``input.mnn``/``output.mnn`` per shape); one that cannot be read says why."""
+def load_samples(samples: list[tuple[int, Path]], image_sizes: Sequence[str | None] = ()) -> list[Sample]:
+    """The io stage's samples (``input.mnn``/``output.mnn`` per shape; a VL encoder's with their ``image_sizes``);
+    one that cannot be read says why."""
     loaded = []
-    for seq, sample_dir in samples:
+    sizes = list(image_sizes) or [None] * len(samples)
+    for (seq, sample_dir), size in zip(samples, sizes, strict=True):
         try:
             loaded.append(
-                Sample(seq, load_vars(sample_dir / REFERENCE_INPUT), load_vars(sample_dir / REFERENCE_OUTPUT))
+                Sample(
+                    seq,
+                    load_vars(sample_dir / REFERENCE_INPUT),
+                    load_vars(sample_dir / REFERENCE_OUTPUT),
+                    image_size=size,
+                )
             )
         except Exception as exc:
             log.debug("io sample %d unreadable", seq, exc_info=True)
-            loaded.append(Sample(seq, problem=describe_error(exc)))
+            loaded.append(Sample(seq, problem=describe_error(exc), image_size=size))
     return loaded
 
 
@@ -318,7 +327,7 @@ def check_whole_model(sample: Sample, run: ForwardResult | None, tol: Tolerance)
     """(b) The bundle's pass on one io sample vs the original model's CPU outputs."""
     if sample.problem is not None or run is None or run.error is not None:
         problem = sample.problem or (describe_error(run.error) if run is not None and run.error else "not run")
-        return ShapeCheck(seq_len=sample.seq_len, passed=False, problem=problem)
+        return ShapeCheck(seq_len=sample.seq_len, image_size=sample.image_size, passed=False, problem=problem)
     checks = []
     for name, ref in sample.refs.items():
         if name not in run.outputs:
@@ -335,6 +344,7 @@ def check_whole_model(sample: Sample, run: ForwardResult | None, tol: Tolerance)
         rows = row_errors(run.outputs["logits"], sample.refs["logits"])
     return ShapeCheck(
         seq_len=sample.seq_len,
+        image_size=sample.image_size,
         outputs=checks,
         top1=top1,
         logits_rows=rows,

@@ -53,7 +53,7 @@ def plugin_failures(plugins: list[PluginCheck]) -> list[Failure]:
 def whole_model_failures(shapes: list[ShapeCheck], tol: Tolerance) -> list[Failure]:
     failures = []
     for s in shapes:
-        where = f"whole model seq {s.seq_len}"
+        where = f"whole model seq {s.seq_len}" if s.image_size is None else f"visual encoder image {s.image_size}"
         if s.problem:
             failures.append(Failure(WHOLE_MODEL, float("inf"), f"{where}: {s.problem}"))
         for t in s.outputs:

@@ -78,6 +78,9 @@ class ShapeCheck(BaseModel):
     """(b) The whole model on one io sample: hybrid (bundle) vs the original model in MNN on the CPU."""
 
     seq_len: int
+    """Tokens; for a VL encoder's sample, its patches."""
+    image_size: str | None = None
+    """A VL encoder's sample: the image size (``seq_len`` patches)."""
     outputs: list[TensorCheck] = Field(default_factory=list)
     top1: Top1Check | None = None
     logits_rows: RowErrors | None = None
@@ -222,7 +225,7 @@ def format_report(r: VerifyReport) -> str:
         ]
         rows = []
         for s in r.whole_model:
-            prefix = [str(s.seq_len)]
+            prefix = [str(s.seq_len) if s.image_size is None else f"{s.seq_len} (image {s.image_size})"]
             if s.outputs:
                 rows += _tensor_rows(prefix, s.outputs)
             else:

@@ -148,88 +148,6 @@ def run_embedding(model_dir: Path, token_ids: list[int]) -> np.ndarray:
     return result
 
 
-def merge_order(grid_h: int, grid_w: int, merge: int) -> np.ndarray:
-    """Row-major patch (i, j) -> its row in the encoder input, where each merge x merge block is contiguous."""
-    i, j = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
-    return ((i // merge) * (merge * grid_w) + (j // merge) * merge * merge + (i % merge) * merge + (j % merge)).ravel()
-
-
-def patch_positions(grid_h: int, grid_w: int, merge: int) -> np.ndarray:
-    """``position_ids`` [2, seq]: each patch's (row, column), in merge-block order."""
-    positions = np.zeros((2, grid_h * grid_w), np.int32)
-    order = merge_order(grid_h, grid_w, merge)
-    i, j = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
-    positions[0, order] = i.ravel()
-    positions[1, order] = j.ravel()
-    return positions
-
-
-def windows(grid_h: int, grid_w: int, merge: int, window: int) -> tuple[np.ndarray, list[int]]:
-    """Qwen2.5-VL window attention: merged tokens regrouped window by window, and each window's token count."""
-    rows, cols = grid_h // merge, grid_w // merge
-    index: list[int] = []
-    counts: list[int] = []
-    for top in range(0, rows, window):
-        for left in range(0, cols, window):
-            members = [
-                r * cols + c for r in range(top, min(top + window, rows)) for c in range(left, min(left + window, cols))
-            ]
-            index += members
-            counts.append(len(members))
-    return np.asarray(index, np.int32), counts
-
-
-def bilinear_corners(grid_h: int, grid_w: int, merge: int, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """Qwen3-VL: the 4 learned position embeddings (of a side x side table) around each patch, and their weights."""
-    ys = np.linspace(0, side - 1, grid_h, dtype=np.float32)
-    xs = np.linspace(0, side - 1, grid_w, dtype=np.float32)
-    y0, x0 = ys.astype(np.int32), xs.astype(np.int32)
-    y1, x1 = np.minimum(y0 + 1, side - 1), np.minimum(x0 + 1, side - 1)
-    dy, dx = (ys - y0)[:, None], (xs - x0)[None, :]
-    idx = np.stack([y0[:, None] * side + x0, y0[:, None] * side + x1, y1[:, None] * side + x0, y1[:, None] * side + x1])
-    weight = np.stack([(1 - dy) * (1 - dx), (1 - dy) * dx, dy * (1 - dx), dy * dx])
-    order = merge_order(grid_h, grid_w, merge)
-    idx_out = np.zeros((4, grid_h * grid_w), np.int32)
-    weight_out = np.zeros((4, grid_h * grid_w), np.float32)
-    idx_out[:, order] = np.broadcast_to(idx, (4, grid_h, grid_w)).reshape(4, -1)
-    weight_out[:, order] = weight.reshape(4, -1)
-    return idx_out, weight_out
-
-
-def visual_inputs(kind: str, size_text: str, llm_cfg: dict, seed: int) -> dict[str, np.ndarray]:
-    """Encoder inputs for one image size, shaped by mnnbuild's spec (``VisualEncoder.input_shapes``)."""
-    from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
-
-    encoder = VISUAL_ENCODERS[kind]
-    size = ImageSize.parse(size_text)
-    shapes = encoder.input_shapes(size)
-    grid_h, grid_w = size.grid(encoder)
-    rng = np.random.default_rng(seed)
-    feeds = {
-        "patches": rng.standard_normal(shapes["patches"]).astype(np.float32),
-        "position_ids": patch_positions(grid_h, grid_w, encoder.merge_size),
-    }
-    if kind == "qwen2.5-vl":
-        index, counts = windows(grid_h, grid_w, encoder.merge_size, window=4)
-        mask = np.zeros(shapes["attention_mask"], np.float32)
-        mask[1] = np.finfo(np.float32).min
-        start = 0
-        for count in counts:  # patches attend within their window only (in window order)
-            end = start + count * encoder.merge_size**2
-            mask[1, 0, start:end, start:end] = 0
-            start = end
-        feeds["attention_mask"] = mask
-        feeds["window_index"] = index
-    else:
-        feeds["attention_mask"] = np.zeros(shapes["attention_mask"], np.float32)
-        side = int(llm_cfg.get("num_grid_per_side", 0)) or int(round(np.sqrt(llm_cfg["num_position_embeddings"])))
-        feeds["idx_tensor"], feeds["weight_tensor"] = bilinear_corners(grid_h, grid_w, encoder.merge_size, side)
-    for name, shape in shapes.items():
-        if list(feeds[name].shape) != shape:
-            raise SystemExit(f"{kind} {size_text}: {name} built as {list(feeds[name].shape)}, expected {shape}")
-    return feeds
-
-
 # What llmexport's encoders return per image: one embedding per merged token (with a middle axis of 1),
 # and for Qwen3-VL one deepstack feature per deepstack layer (3).
 EXPECTED_VISUAL_OUTPUTS = {
@@ -251,12 +169,16 @@ def run_visual(model_dir: Path) -> None:
     """Run ``visual.mnn`` once per check image size; image_embeds must be [merged tokens, hidden] and finite."""
     import MNN.expr as F
 
+    # the encoder's input builders are mnnbuild's (its io stage feeds the same)
+    from mnnbuild.spec import ImageSize
+    from mnnbuild.visual import visual_inputs
+
     llm_cfg = json.loads((model_dir / "llm_config.json").read_text())
     hidden = int(llm_cfg["hidden_size"])
     module, info = load_module(model_dir, "visual.mnn", "visual.mnn.weight")
     kind = encoder_kind(info["inputNames"])
     for size_text in CHECK_IMAGE_SIZES[kind]:
-        feeds = visual_inputs(kind, size_text, llm_cfg, seed=0)
+        feeds = visual_inputs(kind, ImageSize.parse(size_text), llm_cfg, seed=0)
         args = []
         for name in info["inputNames"]:
             arr = feeds[name]

@@ -131,7 +131,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-FILE_FIELDS = ("llm_config", "llm_model", "llm_weight", "tokenizer_file", "embedding_file")
+FILE_FIELDS = ("llm_config", "llm_model", "llm_weight", "tokenizer_file", "embedding_file", "visual_model")
 """Fields of an LLM config (and of the ``llm_config.json`` MNN's engine merges into it) naming a file of the
 model dir: the engine joins each to the config's directory, and so does this runtime."""
 
@@ -308,11 +308,19 @@ class Bundle:
     plugins: tuple[PluginSpec, ...]
 
     @classmethod
-    def open(cls, model_dir: str | os.PathLike[str], config_name: str = CONFIG_FILE) -> Bundle:
-        """Read ``<model_dir>/config_qnn.json`` and the model it names; check every Plugin op."""
+    def open(cls, model_dir: str | os.PathLike[str], config_name: str = CONFIG_FILE, *, visual: bool = False) -> Bundle:
+        """Read ``<model_dir>/config_qnn.json`` and the model it names; check every Plugin op.
+
+        ``visual``: open a VL model's encoder instead (``visual_model``, its weights beside it as
+        ``<visual_model>.weight``, which is where MNN's engine looks for them)."""
         model_dir = Path(model_dir).resolve()
         config_path = model_dir / config_name
         config = read_config(config_path)
+        if visual:
+            if "visual_model" not in config:
+                raise BundleError(f"{config_path}: field 'visual_model' is missing; not a vision-language bundle")
+            config = {k: v for k, v in config.items() if k not in ("llm_model", "llm_weight")}
+            config.update(llm_model=config["visual_model"], llm_weight=f"{config['visual_model']}.weight")
         llm_model = config.get("llm_model", "llm.mnn")
         chunks = config.get("chunk_limits")
         if chunks is not None and (
@@ -336,7 +344,7 @@ class Bundle:
                 )
             weight_file = None
         if weight_file is not None:
-            _check_weight_extent(model, model_dir, weight_file)
+            _check_weight_extent(model, model_dir, weight_file, embeddings=not visual)
         plugins = parse_plugins(model, model_dir, model_file)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
         return cls(model_dir, config, model_file, model, weight_file, plugins)
@@ -386,9 +394,9 @@ def _needs_external_weights(model: MnnModel) -> bool:
     return False
 
 
-def _check_weight_extent(model: MnnModel, model_dir: Path, weight_file: Path) -> None:
-    """The weight file must cover every external range ``qnn/llm.mnn`` and ``tie_embeddings`` point into:
-    a weight file of another model usually fails here instead of producing garbage."""
+def _check_weight_extent(model: MnnModel, model_dir: Path, weight_file: Path, embeddings: bool = True) -> None:
+    """The weight file must cover every external range ``qnn/llm.mnn`` and (``embeddings``) ``tie_embeddings``
+    point into: a weight file of another model usually fails here instead of producing garbage."""
     size = weight_file.stat().st_size
     for op in model.ops:
         ext = getattr(op.main, "external", None)
@@ -399,7 +407,7 @@ def _check_weight_extent(model: MnnModel, model_dir: Path, weight_file: Path) ->
                     f"{weight_file}: op {op.name!r} ({op.type}) reads bytes up to {end} but the file has {size}: "
                     "not the weight file of this model"
                 )
-    if (model_dir / "llm_config.json").is_file():
+    if embeddings and (model_dir / "llm_config.json").is_file():
         try:
             info = embedding_info(model_dir)
         except MNNFormatError as exc:
