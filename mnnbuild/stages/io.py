@@ -14,14 +14,16 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.cpu import load_module, save_vars, to_numpy, to_var
-from mnnbuild.errors import ModelDirError
+from mnnbuild.cpu import save_vars, to_numpy
+from mnnbuild.errors import MNNFormatError, ModelDirError, StageError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, INPUT_NAMES, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
+from mnnbuild.mnn import load_model
 from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.partition.segments import run_segmented
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -73,9 +75,11 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         )
     fetched = inputs.manifest(FetchManifest, model_dir)
     rt = params.runtime.create(model_dir / WEIGHT_FILE)
-    module = load_module(model_dir / MODEL_FILE, rt)
-    info = module.get_info()
-    names, out_names = list(info["inputNames"]), list(info["outputNames"])
+    try:
+        model = load_model(model_dir / MODEL_FILE)
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
+    names, out_names = list(model.input_names), list(model.output_names)
     unknown = sorted(set(names) - set(INPUT_NAMES))
     if unknown:
         raise ModelDirError(
@@ -83,18 +87,16 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             f"expected inputs among {', '.join(INPUT_NAMES)}"
         )
 
+    seq_lens = (DECODE_SEQ, *params.chunk_sizes)
+    feeds = [{n: make_inputs(seq_len, hidden, params.seed)[n] for n in names} for seq_len in seq_lens]
+    try:
+        computed = run_segmented(model_dir / MODEL_FILE, rt, model, feeds, out_names, label=inputs.model)
+    except StageError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
+        raise ModelDirError(f"{exc}; is {model_dir / WEIGHT_FILE} this model's weight file?") from None
     samples = []
     with staged_dir(out_dir) as tmp:
-        for seq_len in (DECODE_SEQ, *params.chunk_sizes):
-            feed = make_inputs(seq_len, hidden, params.seed)
-            feed = {n: feed[n] for n in names}
-            outputs = module.forward([to_var(feed[n]) for n in names])
-            if len(outputs) != len(out_names):  # MNN failed inside forward (it prints why, returns fewer outputs)
-                raise ModelDirError(
-                    f"{model_dir / WEIGHT_FILE}: MNN computed {len(outputs)} of the {len(out_names)} outputs of "
-                    f"{MODEL_FILE} at seq {seq_len}; is the weight file this model's?"
-                )
-            results = {n: to_numpy(v) for n, v in zip(out_names, outputs, strict=True)}
+        for seq_len, feed, outputs in zip(seq_lens, feeds, computed, strict=True):
+            results = {n: to_numpy(outputs[n]) for n in out_names}
             for n, a in results.items():
                 if a.dtype.kind == "f" and not np.isfinite(a).all():
                     raise ModelDirError(
