@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from mnnbuild.cpu import CpuRuntime, load_module, to_numpy, to_var
+from mnnbuild.cpu.segments import plan_segments, run_segmented
 from mnnbuild.mnn import load_model
 from mnnbuild.mnn.summary import op_parameter_count
-from mnnbuild.partition.segments import plan_segments, run_segmented
 from mnnbuild.stages.io import make_inputs
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 

@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 
 from mnnbuild.cpu import forward_vars, to_numpy, to_var
+from mnnbuild.cpu.segments import run_segmented
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, make_blob, save_model
-from mnnbuild.partition.segments import run_segmented
 
 # numpy dtype -> (MNN DataType name, BlobT field holding the values)
 _BLOB_FIELDS: dict[np.dtype, tuple[str, str]] = {

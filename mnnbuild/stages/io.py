@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from mnnbuild.cpu import save_vars, to_numpy
-from mnnbuild.errors import MNNFormatError, ModelDirError, StageError
+from mnnbuild.cpu.segments import run_segmented
+from mnnbuild.errors import MNNFormatError, ModelDirError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
@@ -23,7 +24,6 @@ from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, INPUT_NAMES, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.mnn import load_model
 from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
-from mnnbuild.partition.segments import run_segmented
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
     feeds = [{n: make_inputs(seq_len, hidden, params.seed)[n] for n in names} for seq_len in seq_lens]
     try:
         computed = run_segmented(model_dir / MODEL_FILE, rt, model, feeds, out_names, label=inputs.model)
-    except StageError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
+    except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
         raise ModelDirError(f"{exc}; is {model_dir / WEIGHT_FILE} this model's weight file?") from None
     samples = []
     with staged_dir(out_dir) as tmp:

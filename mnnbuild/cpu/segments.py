@@ -12,20 +12,19 @@ memory layout MNN gave them, so every op computes what it would in the whole gra
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from mnnbuild.cpu import NCHW, BoundaryValue, forward_vars, load_module, to_numpy, var_format
-from mnnbuild.errors import StageError
+from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import MnnModel
-from mnnbuild.mnn.semantics import CONST_OP_TYPES
+from mnnbuild.mnn.semantics import CONST_OP_TYPES, needed_ops
 from mnnbuild.mnn.summary import op_parameter_count
-from mnnbuild.partition.cut import needed_ops
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +99,15 @@ def run_segmented(
     results: list[dict[str, Any]] = [{} for _ in samples]
     still_read = [{t for seg in segments[k + 1 :] for t in seg.inputs} for k in range(len(segments))]
     log.debug("%s: %d segment(s) of at most %d MB", label or model_path.name, len(segments), budget >> 20)
-    for k, seg in enumerate(tqdm(segments, desc=f"segments {label}", unit="segment", leave=False, disable=None)):
+    for k, seg in enumerate(segments):
+        started = time.perf_counter()
         module = load_module(model_path, rt, [names[t] for t in seg.inputs], [names[t] for t in seg.outputs])
         if module is None:
-            raise StageError(f"{model_path}: MNN could not load the ops {names[seg.inputs[0]]!r} ... onwards")
+            raise MNNFormatError(f"{model_path}: MNN could not load the ops {names[seg.inputs[0]]!r} ... onwards")
         for env, res in zip(envs, results, strict=True):
             out_vars = forward_vars(module, [env[t].as_var() for t in seg.inputs])
             if len(out_vars) != len(seg.outputs):  # MNN failed inside forward (it prints why)
-                raise StageError(
+                raise MNNFormatError(
                     f"{model_path}: MNN computed {len(out_vars)} of the {len(seg.outputs)} outputs of segment {k}"
                 )
             for t, var in zip(seg.outputs, out_vars, strict=True):
@@ -117,4 +117,12 @@ def run_segmented(
             for t in [t for t in env if t not in still_read[k]]:
                 del env[t]  # nothing after this segment reads it
         del module
+        if len(segments) > 1:  # the runtime has no tqdm: a line per segment instead (each takes seconds at real size)
+            log.info(
+                "%s: segment %d/%d in %.1f s",
+                label or model_path.name,
+                k + 1,
+                len(segments),
+                time.perf_counter() - started,
+            )
     return results
