@@ -15,15 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.cpu import load_module, save_vars, to_numpy, to_var
-from mnnbuild.errors import ModelDirError
+from mnnbuild.cpu import save_vars, to_numpy
+from mnnbuild.errors import MNNFormatError, ModelDirError, StageError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
-from mnnbuild.mnn import input_dtypes, load_model
+from mnnbuild.mnn import MnnModel, input_dtypes, load_model
 from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, ModelPart, read_llm_config
+from mnnbuild.partition.segments import run_segmented
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -46,19 +47,18 @@ def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
     return [TensorInfo(name=n, shape=list(a.shape), dtype=str(a.dtype)) for n, a in arrays.items()]
 
 
-def _check_mask(part: ModelPart, model_dir: Path, config: dict) -> None:
+def _check_mask(part: ModelPart, model: MnnModel, model_file: Path, config: dict) -> None:
     """The mask the samples carry is float; the graph must take one (and, where MNN's engine builds the mask
     ``llm_config.json`` says, so must that file)."""
     if part.mask_from_llm_config and config["attention_mask"] != "float":
         raise ModelDirError(
-            f"{model_dir / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
+            f"{model_file.parent / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
             'only "float" attention masks are supported'
         )
-    declared = input_dtypes(load_model(model_dir / part.model_file)).get("attention_mask", "DT_FLOAT")
+    declared = input_dtypes(model).get("attention_mask", "DT_FLOAT")
     if declared != "DT_FLOAT":
         raise ModelDirError(
-            f"{model_dir / part.model_file}: graph input 'attention_mask' is {declared}; only float attention masks "
-            "are supported"
+            f"{model_file}: graph input 'attention_mask' is {declared}; only float attention masks are supported"
         )
 
 
@@ -88,15 +88,17 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
     fetched = inputs.manifest(FetchManifest, model_dir)
     part = fetched.part
     config = read_llm_config(model_dir)
-    _check_mask(part, model_dir, config)
+    model_file, weight_file = model_dir / part.model_file, model_dir / part.weight_file
+    try:
+        model = load_model(model_file)
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
+    _check_mask(part, model, model_file, config)
     hidden = config["hidden_size"]
     if part.generates:
         _check_prompt_fits(inputs, params, model_dir)
-    model_file, weight_file = model_dir / part.model_file, model_dir / part.weight_file
     rt = params.runtime.create(weight_file)
-    module = load_module(model_file, rt)
-    info = module.get_info()
-    names, out_names = list(info["inputNames"]), list(info["outputNames"])
+    names, out_names = list(model.input_names), list(model.output_names)
     unknown = sorted(set(names) - set(part.inputs))
     if unknown:
         raise ModelDirError(
@@ -104,18 +106,16 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             f"input; expected inputs among {', '.join(part.inputs)}"
         )
 
+    seq_lens = (DECODE_SEQ, *params.chunk_sizes)
+    feeds = [{n: make_inputs(seq_len, hidden, params.seed)[n] for n in names} for seq_len in seq_lens]
+    try:
+        computed = run_segmented(model_file, rt, model, feeds, out_names, label=inputs.model)
+    except StageError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
+        raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
     samples = []
     with staged_dir(out_dir) as tmp:
-        for seq_len in (DECODE_SEQ, *params.chunk_sizes):
-            feed = make_inputs(seq_len, hidden, params.seed)
-            feed = {n: feed[n] for n in names}
-            outputs = module.forward([to_var(feed[n]) for n in names])
-            if len(outputs) != len(out_names):  # MNN failed inside forward (it prints why, returns fewer outputs)
-                raise ModelDirError(
-                    f"{weight_file}: MNN computed {len(outputs)} of the {len(out_names)} outputs of "
-                    f"{part.model_file} at seq {seq_len}; is the weight file this model's?"
-                )
-            results = {n: to_numpy(v) for n, v in zip(out_names, outputs, strict=True)}
+        for seq_len, feed, outputs in zip(seq_lens, feeds, computed, strict=True):
+            results = {n: to_numpy(outputs[n]) for n in out_names}
             for n, a in results.items():
                 if a.dtype.kind == "f" and not np.isfinite(a).all():
                     raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at seq {seq_len}")

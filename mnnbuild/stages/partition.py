@@ -247,8 +247,8 @@ def _run_samples(
     frontier_names = [model.tensor_names[t] for t in cut.frontier]
     per_shape: list[list[ModuleIO]] = []
     diffs: list[float] = []
-    for s, (seq, feeds, expected) in enumerate(samples):
-        values = compute_folded(model_path, rt, feeds, frontier_names)
+    all_values = compute_folded(model, model_path, rt, [feeds for _, feeds, _ in samples], frontier_names)
+    for s, ((seq, feeds, expected), values) in enumerate(zip(samples, all_values, strict=True)):
         folded = {model.tensor_index(n): v for n, v in values.items()}
         folded_path = write_folded_model(model, folded, work / f"folded{s}.mnn")
         label = f"{model_name} seq {seq}"
