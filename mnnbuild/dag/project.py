@@ -52,12 +52,12 @@ class Project:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
             raise InvalidDodoFile(str(exc)) from None
         for spec in specs.values():
-            # the spec format knows the VL and embedding families (docs/families.md); the stages do not yet, and
-            # building such a model as a text LLM would give a wrong bundle rather than an error
-            if spec.family != "llm":
+            # the spec format knows the VL family (docs/families.md); the stages do not yet, and building such a
+            # model as a text LLM would give a wrong bundle rather than an error
+            if spec.family == "vl":
                 raise InvalidDodoFile(
-                    f"{spec.spec_path}: field 'family': {spec.family!r} models cannot be built yet (only 'llm'); "
-                    "see docs/families.md"
+                    f"{spec.spec_path}: field 'family': {spec.family!r} models cannot be built yet (only 'llm' and "
+                    "'embedding'); see docs/families.md"
                 )
         # beside a local cache, the memo serves every artifact root and clone that shares the cache
         memo_dir = local_cache_dir(os.environ) or settings.artifact_root

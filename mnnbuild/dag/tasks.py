@@ -28,7 +28,6 @@ from mnnbuild.layout import (
     BUNDLE_MODEL_DIR,
     PLUGIN_STAGES,
     REPORT_PAGE,
-    RESULT_MODEL,
     VERIFY_REPORT_JSON,
     context_dir,
     plugin_dir,
@@ -44,6 +43,7 @@ from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_
 from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
+from mnnbuild.modeldir import family_files
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
@@ -135,8 +135,14 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
 # -- how a spec becomes each stage's inputs and params ------------------------------------------------
 
 
+def fetch_params(spec: ModelSpec) -> FetchParams:
+    """The spec's family and the files its chain takes from the model dir (the only ones an HF fetch downloads)."""
+    family = "embedding" if spec.family == "embedding" else "llm"  # a vl spec is refused when the project loads
+    return FetchParams(family=family, files=family_files(family))
+
+
 def fetch_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    params = FetchParams()
+    params = fetch_params(spec)
     if isinstance(spec.source, HfSource):
         where = f"HF {spec.source.hf}@{spec.source.revision}"
         dest = project.stage_dir("fetch", spec)
@@ -247,7 +253,7 @@ def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 model_name=model_name(spec),
                 model_dir=project.stage_dir("fetch", spec),
                 config_dir=project.stage_dir("config", spec, arch),
-                qnn_model=project.stage_dir("partition", spec) / RESULT_MODEL,
+                partition_dir=project.stage_dir("partition", spec),
                 context_binaries=[context_dir(root, spec.name, arch, b) / b for b in merge],
             ),
             BundleParams(soc=soc),
@@ -401,7 +407,7 @@ def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
         yield {
             "name": spec.name,
             "doc": f"re-resolve {spec.source.hf}@{spec.source.revision} and pin it in {spec.lock_path.name}",
-            "actions": [(run_update, [spec.source, spec.lock_path])],
+            "actions": [(run_update, [spec.source, spec.lock_path, fetch_params(spec).files])],
             "uptodate": [False],  # an update is always asked for explicitly
         }
 

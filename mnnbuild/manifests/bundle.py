@@ -20,8 +20,8 @@ class BundleInputs(StageInputs):
     """fetch output."""
     config_dir: Path
     """config output (``config_qnn.json``)."""
-    qnn_model: Path
-    """partition output ``qnn/llm.mnn``."""
+    partition_dir: Path
+    """partition output (the partitioned model ``qnn/<graph file>``, named by the fetch manifest's part)."""
     context_binaries: list[Path]
     """context outputs ``qnn/graphllm<k>.bin``, one per plugin."""
 

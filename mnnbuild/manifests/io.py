@@ -11,9 +11,6 @@ from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
 from mnnbuild.stage import StageInputs
 
-INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index")
-
-
 DECODE_SEQ = 1
 
 

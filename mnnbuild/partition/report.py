@@ -97,13 +97,13 @@ def _shapes(b: BoundaryShapes) -> str:
     return " | ".join("x".join(str(d) for d in s) or "scalar" for s in b.shapes)
 
 
-def format_report(report: PartitionReport) -> str:
-    """A plain-text table of the report."""
+def format_report(report: PartitionReport, result_model: str) -> str:
+    """A plain-text table of the report; ``result_model`` is the partitioned graph's path (``qnn/llm.mnn``)."""
     seqs = ", ".join(str(s) for s in report.sample_shapes)
     lines = [
         f"partition of {report.model}: sample shapes (seq) {seqs}",
         f"source ops {report.source_ops}, needed {report.needed_ops}, folded per shape {report.folded_ops}, "
-        f"qnn/llm.mnn ops {report.result_ops}",
+        f"{result_model} ops {report.result_ops}",
         f"NPU: {len(report.plugins)} plugins, {report.npu_op_count} ops, "
         f"{report.npu_weight_bytes} of {report.total_weight_bytes} weight bytes",
         "chained subgraph outputs vs sample output.mnn, max abs diff: "

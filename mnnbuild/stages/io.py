@@ -1,10 +1,11 @@
-"""io: the reference input/output samples of the whole LLM graph (upstream ``generateLlmIO``).
+"""io: the reference input/output samples of the whole graph (upstream ``generateLlmIO``).
 
 For the decode shape (1 token) and every prefill length (``chunk_sizes``, longest first) it writes
 ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
-diagonal), ``position_ids`` ``[1,seq]`` and ``logits_index`` ``[1]`` (0 for prefill, -1 for decode),
-and the model's outputs for them, computed by PyPI MNN on the CPU.
+diagonal), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
+-1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. Which graph and which
+inputs come from the model part the fetch stage recorded (``mnnbuild.modeldir.ModelPart``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.manifests.io import DECODE_SEQ, INPUT_NAMES, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
-from mnnbuild.mnn import load_model
-from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
+from mnnbuild.mnn import MnnModel, input_dtypes, load_model
+from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, ModelPart, read_llm_config
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -46,18 +47,24 @@ def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
     return [TensorInfo(name=n, shape=list(a.shape), dtype=str(a.dtype)) for n, a in arrays.items()]
 
 
-def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
-    """Run the whole LLM graph on the decode and every prefill sample and save inputs and outputs."""
-    model_dir = Path(inputs.model_dir)
-    config = read_llm_config(model_dir)
-    if config["attention_mask"] != "float":
+def _check_mask(part: ModelPart, model: MnnModel, model_file: Path, config: dict) -> None:
+    """The mask the samples carry is float; the graph must take one (and, where MNN's engine builds the mask
+    ``llm_config.json`` says, so must that file)."""
+    if part.mask_from_llm_config and config["attention_mask"] != "float":
         raise ModelDirError(
-            f"{model_dir / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
+            f"{model_file.parent / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
             'only "float" attention masks are supported'
         )
-    hidden = config["hidden_size"]
-    # verify generates from the bundle's prompt inside the longest prefill chunk: refuse a chunk it cannot fit
-    # now, not after the whole build (imported here: io otherwise does not need the runtime)
+    declared = input_dtypes(model).get("attention_mask", "DT_FLOAT")
+    if declared != "DT_FLOAT":
+        raise ModelDirError(
+            f"{model_file}: graph input 'attention_mask' is {declared}; only float attention masks are supported"
+        )
+
+
+def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> None:
+    """verify generates from the bundle's prompt inside the longest prefill chunk: refuse a chunk it cannot fit
+    now, not after the whole build (imported here: io otherwise does not need the runtime)."""
     from mnnbuild_runtime import BundleError, Tokenizer
 
     try:
@@ -73,35 +80,45 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             f"tokens and generation needs room after it; expected {'chunk_size' if one else 'the longest length'} "
             f">= {prompt_tokens + 1}"
         )
+
+
+def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
+    """Run the whole graph on the decode and every prefill sample and save inputs and outputs."""
+    model_dir = Path(inputs.model_dir)
     fetched = inputs.manifest(FetchManifest, model_dir)
-    rt = params.runtime.create(model_dir / WEIGHT_FILE)
+    part = fetched.part
+    config = read_llm_config(model_dir)
+    model_file, weight_file = model_dir / part.model_file, model_dir / part.weight_file
     try:
-        model = load_model(model_dir / MODEL_FILE)
+        model = load_model(model_file)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
+    _check_mask(part, model, model_file, config)
+    hidden = config["hidden_size"]
+    if part.generates:
+        _check_prompt_fits(inputs, params, model_dir)
+    rt = params.runtime.create(weight_file)
     names, out_names = list(model.input_names), list(model.output_names)
-    unknown = sorted(set(names) - set(INPUT_NAMES))
+    unknown = sorted(set(names) - set(part.inputs))
     if unknown:
         raise ModelDirError(
-            f"{model_dir / MODEL_FILE}: graph input {unknown[0]!r} is not an LLM input; "
-            f"expected inputs among {', '.join(INPUT_NAMES)}"
+            f"{model_file}: graph input {unknown[0]!r} is not an {'LLM' if part.family == 'llm' else part.family} "
+            f"input; expected inputs among {', '.join(part.inputs)}"
         )
 
     seq_lens = (DECODE_SEQ, *params.chunk_sizes)
     feeds = [{n: make_inputs(seq_len, hidden, params.seed)[n] for n in names} for seq_len in seq_lens]
     try:
-        computed = run_segmented(model_dir / MODEL_FILE, rt, model, feeds, out_names, label=inputs.model)
+        computed = run_segmented(model_file, rt, model, feeds, out_names, label=inputs.model)
     except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
-        raise ModelDirError(f"{exc}; is {model_dir / WEIGHT_FILE} this model's weight file?") from None
+        raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
     samples = []
     with staged_dir(out_dir) as tmp:
         for seq_len, feed, outputs in zip(seq_lens, feeds, computed, strict=True):
             results = {n: to_numpy(outputs[n]) for n in out_names}
             for n, a in results.items():
                 if a.dtype.kind == "f" and not np.isfinite(a).all():
-                    raise ModelDirError(
-                        f"{model_dir / MODEL_FILE}: output {n!r} has non-finite values at seq {seq_len}"
-                    )
+                    raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at seq {seq_len}")
             sample_dir = testdir(tmp, seq_len)
             sample_dir.mkdir(parents=True)
             save_vars(sample_dir / REFERENCE_INPUT, feed, nhwc=("logits_index",))
@@ -115,7 +132,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                 seq_len,
                 ", ".join(f"{n}{list(a.shape)}" for n, a in results.items()),
             )
-        used = {MODEL_FILE, WEIGHT_FILE, LLM_CONFIG}
+        used = {part.model_file, part.weight_file, LLM_CONFIG}
         manifest = IoManifest(
             model=inputs.model,
             inputs=[

@@ -22,11 +22,11 @@ from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError, write_graph_dir
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.manifest import record_outputs, tool_versions
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.stage import Stage
 
@@ -47,14 +47,15 @@ def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta
 def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path) -> ModellibManifest:
     """Lower each graph of the partition; errors name the graph and the MNN op."""
     partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
-    model_path = Path(inputs.model_dir) / MODEL_FILE
+    part = inputs.manifest(FetchManifest, Path(inputs.model_dir)).part
+    model_path = Path(inputs.model_dir) / part.model_file
     model = load_model(model_path)
     graphs = [(p.plugin, g) for p in partition.plugins for g in p.graphs]
     read_dirs = {f"{QNN_DIR}/{g}" for _, g in graphs}
     records: list[LoweredRecord] = []
     first_graph: dict[int, Path] = {}
     saved = 0
-    with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / WEIGHT_FILE) as weights:
+    with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / part.weight_file) as weights:
         for plugin, graph in tqdm(graphs, desc=f"lower {inputs.model}", unit="graph", disable=len(graphs) < 8):
             src = Path(inputs.partition_dir) / QNN_DIR / graph
             record = SubgraphRecord.read(src)

@@ -1,15 +1,17 @@
-"""partition: cut ``llm.mnn`` into CPU ops and QNN Plugin ops (upstream ``compilefornpu``).
+"""partition: cut the model's graph (``llm.mnn``, ``embedding.mnn``) into CPU ops and QNN Plugin ops (upstream
+``compilefornpu``).
 
-Reads the model (fetch output) and the io samples (decode first, then each prefill length), and writes::
+Reads the model (fetch output; its part names the graph) and the io samples (decode first, then each prefill
+length), and writes::
 
-    qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph
+    qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph (qnn/<graph file>)
     qnn/graphllm<k>/               decode graph of plugin k: graph.json, input.mnn, output.mnn, folded.mnn
     qnn/graphllm<s>_<k>/           the same at prefill length s (1: the longest, 2: the next, ...)
     npu_postreat.json           {"type": "QNN", "merge": {"qnn/graphllm<k>.bin": [...]}, "cache": "qnn"}
     partition.json, partition.txt, partition.manifest.json
 
 The cut is in ``mnnbuild.partition.cut``; see ``mnnbuild.partition.records`` for tensor naming.
-``qnn/llm.mnn`` keeps using the model's ``llm.mnn.weight``: its CPU ops are the source ops with
+``qnn/llm.mnn`` keeps using the model's ``llm.mnn.weight`` (its part's weight file): its CPU ops are the source ops with
 their external weight offsets unchanged.
 """
 
@@ -35,7 +37,6 @@ from mnnbuild.layout import (
     QNN_DIR,
     REFERENCE_INPUT,
     REFERENCE_OUTPUT,
-    RESULT_MODEL,
     binary_path,
     graph_name,
     testdir,
@@ -47,7 +48,6 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
-from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded, write_folded_model
 from mnnbuild.partition.records import (
@@ -124,7 +124,13 @@ def _check_names(model: MnnModel, model_path: Path, io_dir: Path, samples: list[
 
 
 def _graph_description(
-    cut: Cut, m: Module, shape_index: int, io: ModuleIO, folded: dict[int, np.ndarray], folded_file: str | None
+    cut: Cut,
+    m: Module,
+    shape_index: int,
+    io: ModuleIO,
+    folded: dict[int, np.ndarray],
+    folded_file: str | None,
+    source_model: str,
 ) -> SubgraphRecord:
     assert m.graph is not None
     model = cut.model
@@ -172,7 +178,7 @@ def _graph_description(
         plugin=m.graph,
         shape_index=shape_index,
         binary=binary_path(m.graph),
-        source_model=MODEL_FILE,
+        source_model=source_model,
         ops=ops,
         inputs=[io.specs[t] for t in m.inputs],
         outputs=[io.specs[t] for t in m.outputs],
@@ -184,7 +190,13 @@ def _graph_description(
 
 
 def _write_graph_dir(
-    graph_dir: Path, cut: Cut, m: Module, shape_index: int, io: ModuleIO, folded: dict[int, np.ndarray]
+    graph_dir: Path,
+    cut: Cut,
+    m: Module,
+    shape_index: int,
+    io: ModuleIO,
+    folded: dict[int, np.ndarray],
+    source_model: str,
 ) -> None:
     graph_dir.mkdir(parents=True)
     names = cut.model.tensor_names
@@ -193,7 +205,7 @@ def _write_graph_dir(
     mine = {t: folded[t] for t in sorted(m.consumed) if t in folded}
     if mine:
         save_vars(graph_dir / FOLDED_VALUES, {names[t]: v for t, v in mine.items()})
-    desc = _graph_description(cut, m, shape_index, io, folded, FOLDED_VALUES)
+    desc = _graph_description(cut, m, shape_index, io, folded, FOLDED_VALUES, source_model)
     atomic_write_text(graph_dir / GRAPH_FILE, desc.model_dump_json(indent=1) + "\n")
 
 
@@ -245,7 +257,7 @@ def _run_samples(
         per_shape.append(ios)
         for m, mio in zip(cut.modules, ios, strict=True):
             if m.graph is not None:
-                _write_graph_dir(qnn / graph_name(s, m.graph), cut, m, s, mio, folded)
+                _write_graph_dir(qnn / graph_name(s, m.graph), cut, m, s, mio, folded, model_path.name)
         log.info(
             "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
             model_name,
@@ -292,7 +304,8 @@ def partition(
             f"{io_dir / IoManifest.filename()}: field 'params.chunk_sizes' is {list(io.params.chunk_sizes)}, "
             f"the partition expects {list(params.chunk_sizes)}; re-run the io stage"
         )
-    model_path, weight_path = model_dir / MODEL_FILE, model_dir / WEIGHT_FILE
+    part = fetched.part
+    model_path, weight_path = model_dir / part.model_file, model_dir / part.weight_file
     try:
         model = load_model(model_path)
     except MNNFormatError as exc:
@@ -308,7 +321,9 @@ def partition(
         support=support,
     )
     if not cut.plugins:
-        log.warning("partition %s: no subgraph qualifies for the NPU; qnn/llm.mnn equals the CPU graph", inputs.model)
+        log.warning(
+            "partition %s: no subgraph qualifies for the NPU; %s equals the CPU graph", inputs.model, part.result_model
+        )
     rt = params.runtime.create(weight_path)
     with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="mnnbuild-partition-") as work:
         qnn = tmp / QNN_DIR
@@ -316,7 +331,7 @@ def partition(
         per_shape, diffs = _run_samples(inputs.model, cut, model_path, rt, samples, io_dir, qnn, Path(work))
         plugin_attrs, boundary = _plugin_attributes(cut, per_shape)
         result = rewrite_model(cut, plugin_attrs)
-        save_model(result, tmp / RESULT_MODEL)
+        save_model(result, tmp / part.result_model)
 
         merge = {
             binary_path(m.graph): [f"{QNN_DIR}/{graph_name(s, m.graph)}" for s in range(len(samples))]
@@ -329,9 +344,9 @@ def partition(
         seq_lens = [s[0] for s in samples]
         report = build_report(inputs.model, cut, seq_lens, boundary, len(result.ops), diffs)
         atomic_write_text(tmp / PARTITION_REPORT_JSON, report.model_dump_json(indent=2) + "\n")
-        atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report))
+        atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report, part.result_model))
 
-        used = {MODEL_FILE, WEIGHT_FILE}
+        used = {part.model_file, part.weight_file}
         manifest = PartitionManifest(
             model=inputs.model,
             inputs=[
@@ -373,7 +388,13 @@ STAGE = Stage(
     params=PartitionParams,
     manifest=PartitionManifest,
     upstream=("fetch", "io"),
-    outputs=(RESULT_MODEL, f"{QNN_DIR}/graph*/", POSTREAT_FILE, PARTITION_REPORT_JSON, PARTITION_REPORT_TEXT),
+    outputs=(
+        f"{QNN_DIR}/<model>.mnn",
+        f"{QNN_DIR}/graph*/",
+        POSTREAT_FILE,
+        PARTITION_REPORT_JSON,
+        PARTITION_REPORT_TEXT,
+    ),
     tools=frozenset({"MNN"}),
-    doc="Cut each model into CPU ops and QNN Plugin ops (qnn/llm.mnn, graph dirs, npu_postreat.json).",
+    doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
 )

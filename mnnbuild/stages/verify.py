@@ -8,7 +8,8 @@ Checks (tolerances in :class:`VerifyParams`):
 - (a) per graph: the graph in the x86 HTP simulator vs the partition's reference inputs/outputs;
 - (b) whole model: the bundle (CPU segments in MNN, plugins in the simulator) vs the original model's CPU
   outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
-- (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt.
+- (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt (models that
+  generate: not an embedding model, whose whole-model check compares ``sentence_embeddings`` by cosine and error).
 
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
@@ -36,6 +37,7 @@ from mnnbuild.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
@@ -114,15 +116,17 @@ def _run_bundle(
     generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; while each is
     loaded, its per-graph check. Returns the per-graph checks by plugin path."""
     t0 = time.perf_counter()
-    gen = checks.GenerationRun(
-        Path(inputs.model_dir),
-        model.bundle.model_dir,
-        model.bundle.block_sizes,
-        _read_prompt(model.bundle.model_dir, params.prompt),
-        params.max_new_tokens,
-        params.runtime,
-    )
-    gen.reference()
+    gen = None
+    if inputs.manifest(FetchManifest, Path(inputs.model_dir)).part.generates:
+        gen = checks.GenerationRun(
+            Path(inputs.model_dir),
+            model.bundle.model_dir,
+            model.bundle.block_sizes,
+            _read_prompt(model.bundle.model_dir, params.prompt),
+            params.max_new_tokens,
+            params.runtime,
+        )
+        gen.reference()
     io = IoManifest.read(Path(inputs.io_dir))
     samples = checks.load_samples(
         [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(inputs.io_dir), strict=True)]
@@ -147,7 +151,7 @@ def _run_bundle(
         graph_seconds += time.perf_counter() - t
 
     feeds = [s.feed for s in samples if s.problem is None]
-    gen_feeds = gen.feeds()
+    gen_feeds = gen.feeds() if gen is not None else {}
     t0 = time.perf_counter()
     runs = model.run_many([*feeds, *gen_feeds.values()], while_loaded=graph_check)
     timings["graphs"] = graph_seconds
@@ -157,10 +161,11 @@ def _run_bundle(
         checks.check_whole_model(s, next(loaded) if s.problem is None else None, params.model_tolerance)
         for s in samples
     ]
-    t0 = time.perf_counter()
-    gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
-    report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
-    timings["generation"] = time.perf_counter() - t0
+    if gen is not None:
+        t0 = time.perf_counter()
+        gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
+        report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
+        timings["generation"] = time.perf_counter() - t0
     return graphs
 
 
@@ -285,7 +290,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
                 executed={p.path: p.executed or "not run" for p in report.plugins},
                 worst_graph_cosine=min((t.cosine for t in graph_checks if t.cosine is not None), default=None),
                 worst_graph_rel_err=max((t.rel_err for t in graph_checks if t.rel_err is not None), default=None),
-                tokens_match=report.generation is not None and report.generation.first_divergence is None,
+                tokens_match=None if report.generation is None else report.generation.first_divergence is None,
             )
             manifest.write(tmp)
     text = out_dir / REPORT_TEXT
