@@ -35,7 +35,7 @@ def task_io() -> Iterator[dict[str, Any]]:
 
 
 def task_partition() -> Iterator[dict[str, Any]]:
-    """Cut each model into CPU ops and QNN Plugin ops (qnn/llm.mnn, graph dirs, npu_postreat.json)."""
+    """Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json)."""
     yield from dag.stage_tasks(PROJECT, "partition")
 
 

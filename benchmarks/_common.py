@@ -35,3 +35,59 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     sys.stdout.write("\n".join(lines) + "\n")
+
+
+class TreeRssSampler:
+    """Samples the resident memory of a process and all its descendants (``/proc``) every ``interval`` seconds.
+
+    ``getrusage(RUSAGE_CHILDREN)`` misses descendants nobody reaped, such as the forkserver workers that compose
+    context binaries; sampling sees them. ``peak_process`` is the largest single process seen, ``peak_tree`` the
+    largest sum over the tree at one sample (bytes)."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        import threading
+
+        self.pid, self.interval = pid, interval
+        self.peak_process = self.peak_tree = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> TreeRssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @staticmethod
+    def _table() -> dict[int, tuple[int, int]]:
+        """pid -> (parent pid, RSS bytes) of every process readable now."""
+        import os
+
+        page = os.sysconf("SC_PAGE_SIZE")
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                rss_pages = int((entry / "statm").read_text().split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            found[int(entry.name)] = (ppid, rss_pages * page)
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            table = self._table()
+            tree, frontier = set(), [self.pid]
+            while frontier:
+                p = frontier.pop()
+                tree.add(p)
+                frontier.extend(c for c, (ppid, _) in table.items() if ppid == p and c not in tree)
+            sizes = [table[p][1] for p in tree if p in table]
+            if sizes:
+                self.peak_process = max(self.peak_process, max(sizes))
+                self.peak_tree = max(self.peak_tree, sum(sizes))

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
+from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, machine, print_table  # noqa: E402
 
 from mnnbuild.layout import LLM_GRAPHS  # noqa: E402
 
@@ -99,13 +99,26 @@ def run_doit(args: list[str], env: dict[str, str]) -> dict[str, float]:
     """Wall seconds, peak RSS (MB) and block writes (MB) of one doit process tree."""
     cmd = [sys.executable, "-c", RUSAGE_WRAPPER, sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py")]
     started = time.perf_counter()
-    proc = subprocess.run([*cmd, *args], env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        raise SystemExit(f"doit {' '.join(args)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-    line = next(x for x in proc.stderr.splitlines() if x.startswith("RUSAGE "))
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([*cmd, *args], env=env, stdout=out, stderr=err, text=True)
+        with TreeRssSampler(child.pid) as sampled:
+            child.wait()
+        seconds = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if child.returncode != 0:
+        raise SystemExit(f"doit {' '.join(args)} failed:\n{stdout[-4000:]}\n{stderr[-4000:]}")
+    line = next(x for x in stderr.splitlines() if x.startswith("RUSAGE "))
     maxrss_kb, oublock = (int(v) for v in line.split()[1:])
-    return {"wall_s": round(seconds, 2), "peak_rss_mb": round(maxrss_kb / 1024, 1), "io_written_mb": oublock / 2048}
+    # a reaped process's peak (rusage) or a sampled one the rusage cannot see (forkserver compose workers)
+    peak = max(maxrss_kb * 1024, sampled.peak_process)
+    return {
+        "wall_s": round(seconds, 2),
+        "peak_rss_mb": round(peak / 2**20, 1),
+        "peak_tree_rss_mb": round(sampled.peak_tree / 2**20, 1),
+        "io_written_mb": oublock / 2048,
+    }
 
 
 def origin_seconds(stage_dir: Path, stage: str) -> float | None:

@@ -3,7 +3,7 @@
 ```
 <artifact root>/<model>/model/            fetch     links to the model files
 <artifact root>/<model>/io/               io        testdir/<seq_len>/{input,output}.mnn
-<artifact root>/<model>/partition/        partition qnn/llm.mnn, qnn/graph*/, npu_postreat.json, partition.{json,txt}
+<artifact root>/<model>/partition/        partition qnn/<llm|embedding>.mnn, qnn/graph*/, npu_postreat.json, partition.*
 <artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws + <graph>.bin
 <artifact root>/<model>/visual/{io,partition,modellib}/  the same for a VL model's encoder (qnn/graphvisual*)
 <artifact root>/<model>/<arch>/config/    config    config_qnn.json
@@ -103,8 +103,7 @@ def testdir(io_dir: Path, seq_len: int) -> Path:
 
 # -- partition -----------------------------------------------------------------------------------------
 QNN_DIR = "qnn"
-RESULT_MODEL = f"{QNN_DIR}/llm.mnn"
-"""The partitioned model with Plugin ops, relative to the partition dir (and to the device model dir)."""
+# the partitioned model with Plugin ops is qnn/<the model's graph file>: mnnbuild.modeldir.ModelPart.result_model
 POSTREAT_FILE = "npu_postreat.json"
 PARTITION_REPORT_JSON = "partition.json"
 PARTITION_REPORT_TEXT = "partition.txt"

@@ -1,68 +1,177 @@
-"""What an exported MNN LLM directory holds, and checks that it is usable."""
+"""What an exported MNN LLM directory holds, and checks that it is usable.
+
+A build chain converts one graph of the directory: its :class:`ModelPart` says which file (``config.json``'s
+``llm_model`` / ``llm_weight``, as MNN's engine reads them), which inputs it takes and which output it is judged
+by. Every stage reads the part the fetch stage recorded instead of assuming ``llm.mnn`` and ``logits``.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import re
 from pathlib import Path
 from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.errors import MNNFormatError, ModelDirError
 from mnnbuild.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 
-MODEL_FILE = "llm.mnn"
-WEIGHT_FILE = "llm.mnn.weight"
+MODEL_CONFIG = "config.json"
 LLM_CONFIG = "llm_config.json"
-REQUIRED_FILES = ("config.json", LLM_CONFIG, MODEL_FILE, WEIGHT_FILE)
 TOKENIZER_FILES = ("tokenizer.txt", "tokenizer.mtok")
 OPTIONAL_FILES = ("embeddings_bf16.bin",)
-ALL_FILES = REQUIRED_FILES + TOKENIZER_FILES + OPTIONAL_FILES
 VISUAL_FILE = "visual.mnn"
 VISUAL_WEIGHT_FILE = "visual.mnn.weight"
 VISUAL_FILES = (VISUAL_FILE, VISUAL_WEIGHT_FILE)
 """A vision-language model's encoder (docs/families.md section 3), besides its language model."""
-VL_FILES = ALL_FILES + VISUAL_FILES
-PartName = Literal["llm", "visual"]
+#: The 4th input of ``visual.mnn`` tells the encoder kinds apart, as MNN's runtime does.
+ENCODER_MARKERS = {"window_index": "qwen2.5-vl", "idx_tensor": "qwen3-vl"}
+VISUAL_INPUTS = ("patches", "position_ids", "attention_mask", "window_index", "idx_tensor", "weight_tensor")
+"""Inputs a visual encoder may take (Qwen2.5-VL: the first four; Qwen3-VL: all but ``window_index``)."""
+#: What run.sh feeds the phone and verify generates from (the bundle's prompt.txt).
+DEFAULT_PROMPT = "hello\n"
+#: MNN's default weight file when a config names none (llmconfig.hpp ``llm_weight``).
+MNN_DEFAULT_WEIGHT = "llm.mnn.weight"
+#: A file name from config.json: it becomes a path in the artifact tree and on the device, so plain names only.
+PLAIN_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+PartFamily = Literal["llm", "embedding", "visual"]
+DEEPSTACK_INPUT = "deepstack_embeds"
+"""Qwen3-VL's language model input: visual features added to the first layers' hidden states."""
+LLM_INPUTS = ("input_ids", "attention_mask", "position_ids", "logits_index", DEEPSTACK_INPUT)
+"""The inputs of a text LLM graph, in the order the io stage writes them (a VL language model's ``position_ids``
+have 3 rows, and Qwen3-VL's also takes ``deepstack_embeds``)."""
 
 
-@dataclass(frozen=True)
-class ModelPart:
-    """One model file of a model dir that the chain partitions on its own: a VL model has two (docs/families.md)."""
+class ModelPart(BaseModel):
+    """The graph of a model dir that one build chain converts (docs/families.md, sections 2 and 4).
 
-    name: PartName
-    model_file: str
-    weight_file: str
-    graph_prefix: str
-    """Its plugins' graph and binary name prefix (``graphllm`` / ``graphvisual``)."""
+    ``family`` fixes what the graph must look like; ``model_file``/``weight_file`` are the model dir's own names
+    for it. The fetch stage resolves it (:func:`model_part`) and records it in its manifest.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    family: PartFamily = "llm"
+    model_file: str = "llm.mnn"
+    weight_file: str = MNN_DEFAULT_WEIGHT
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """Inputs the graph may take: an embedding model has no ``logits_index`` (it returns one vector)."""
+        return {"llm": LLM_INPUTS, "embedding": LLM_INPUTS[:3], "visual": VISUAL_INPUTS}[self.family]
+
+    @property
+    def output(self) -> str:
+        """The output the family is about: ``logits`` (a text LLM), ``sentence_embeddings`` or ``image_embeds``."""
+        return {"llm": "logits", "embedding": "sentence_embeddings", "visual": "image_embeds"}[self.family]
+
+    @property
+    def graph_prefix(self) -> str:
+        """Its plugins' graph and binary name prefix: ``graphvisual`` for a VL model's encoder, else ``graphllm``
+        (upstream's names, so both parts of a VL model share one ``qnn/``)."""
+        return VISUAL_GRAPHS if self.family == "visual" else LLM_GRAPHS
+
+    @property
+    def generates(self) -> bool:
+        """Whether the model generates tokens (verify's greedy generation; the prompt must fit a chunk)."""
+        return self.family == "llm"
+
+    @property
+    def mask_from_llm_config(self) -> bool:
+        """MNN's LLM engine builds the attention mask ``llm_config.json`` says, so the graph must agree with it;
+        llmexport writes ``"int"`` there for embedding models whose graph takes a float mask, so an embedding
+        model's mask follows the graph's declared input."""
+        return self.family == "llm"
 
     @property
     def result_model(self) -> str:
-        """The partitioned model with Plugin ops, relative to the partition dir and the device model dir."""
+        """The partitioned model, relative to the partition dir and the device model dir: ``qnn/<model file>``."""
         return f"{QNN_DIR}/{self.model_file}"
 
 
-PARTS: dict[str, ModelPart] = {
-    "llm": ModelPart("llm", MODEL_FILE, WEIGHT_FILE, LLM_GRAPHS),
-    "visual": ModelPart("visual", VISUAL_FILE, VISUAL_WEIGHT_FILE, VISUAL_GRAPHS),
+FAMILY_FILES: dict[str, tuple[str, str]] = {
+    "llm": ("llm.mnn", MNN_DEFAULT_WEIGHT),
+    "embedding": ("embedding.mnn", "embedding.mnn.weight"),
+    "visual": (VISUAL_FILE, VISUAL_WEIGHT_FILE),
 }
+"""Each family's graph and weight file when ``config.json`` names none (the names upstream's export uses)."""
 
-#: The 4th input of ``visual.mnn`` tells the encoder kinds apart, as MNN's runtime does.
-ENCODER_MARKERS = {"window_index": "qwen2.5-vl", "idx_tensor": "qwen3-vl"}
-#: What run.sh feeds the phone and verify generates from (the bundle's prompt.txt).
-DEFAULT_PROMPT = "hello\n"
+VISUAL_PART = ModelPart(family="visual", model_file=VISUAL_FILE, weight_file=VISUAL_WEIGHT_FILE)
+"""A VL model's encoder: MNN's engine loads ``visual_model`` (default ``visual.mnn``) with ``<file>.weight``."""
+ChainPart = Literal["llm", "visual"]
+"""Which chain of a model a part stage builds: the model's own graph (``llm``: a text LLM, a VL model's language
+model or an embedding model, as fetch recorded it) or a VL model's encoder (``visual``: :data:`VISUAL_PART`)."""
+
+
+def chain_part(fetched: ModelPart, chain: ChainPart) -> ModelPart:
+    """The part a chain builds: the fetched graph, or a VL model's encoder."""
+    return VISUAL_PART if chain == "visual" else fetched
+
+
+def family_files(family: PartFamily) -> tuple[str, ...]:
+    """The files fetch takes for ``family`` (an HF download asks for these only), in canonical order."""
+    model, weight = FAMILY_FILES[family]
+    return (MODEL_CONFIG, LLM_CONFIG, model, weight, *TOKENIZER_FILES, *OPTIONAL_FILES)
+
+
+ALL_FILES = family_files("llm")
+
+
+def _read_json_object(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelDirError(f"{path}: file missing; an MNN LLM directory must have {what}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelDirError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def model_part(model_dir: Path, family: PartFamily) -> ModelPart:
+    """The part ``config.json`` names (``llm_model``, ``llm_weight``; the family's file names when absent)."""
+    path = Path(model_dir) / MODEL_CONFIG
+    config = _read_json_object(path, MODEL_CONFIG)
+    names: dict[str, str] = {}
+    for field in ("llm_model", "llm_weight"):
+        # without llm_weight: the model's own <file>.weight, as upstream's export names it (the bundle's
+        # config_qnn.json then says so whenever it is not MNN's default)
+        default = FAMILY_FILES[family][0] if field == "llm_model" else f"{names['llm_model']}.weight"
+        name = config.get(field, default)
+        if not isinstance(name, str) or not re.fullmatch(PLAIN_FILE_NAME, name):
+            raise ModelDirError(
+                f"{path}: field {field!r} must name a file in the model directory (letters, digits, '.', '_', '-'), "
+                f"got {name!r}"
+            )
+        names[field] = name
+    return ModelPart(family=family, model_file=names["llm_model"], weight_file=names["llm_weight"])
+
+
+def check_part_graph(part: ModelPart, inputs: list[str], outputs: list[str], model_path: Path) -> None:
+    """Refuse a graph that is not of the part's family: an embedding spec on an LLM (``logits_index``, no
+    ``sentence_embeddings``) would build a bundle MNN's embedding engine cannot load."""
+    if part.family == "llm":
+        return  # the io stage names any input an LLM does not take
+    extra = [n for n in inputs if n not in part.inputs]
+    if extra:
+        raise ModelDirError(
+            f"{model_path}: graph input {extra[0]!r} is not an {part.family} model's (spec field 'family' is "
+            f"{part.family!r}); expected inputs among {', '.join(part.inputs)}"
+        )
+    if part.output not in outputs:
+        raise ModelDirError(
+            f"{model_path}: graph has no output {part.output!r} (outputs {outputs}), which spec field 'family' = "
+            f"{part.family!r} needs"
+        )
 
 
 def read_llm_config(model_dir: Path) -> dict[str, Any]:
     """Parse ``llm_config.json`` and check the fields the chain needs."""
     path = Path(model_dir) / LLM_CONFIG
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelDirError(f"{path}: file missing; an MNN LLM directory must have {LLM_CONFIG}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelDirError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ModelDirError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    config = _read_json_object(path, LLM_CONFIG)
     hidden = config.get("hidden_size")
     if not isinstance(hidden, int) or isinstance(hidden, bool) or hidden <= 0:
         raise ModelDirError(f"{path}: field 'hidden_size' must be a positive integer, got {hidden!r}")
@@ -80,9 +189,11 @@ def tokenizer_file(model_dir: Path) -> str:
     raise ModelDirError(f"{model_dir}: no tokenizer file; expected one of {', '.join(TOKENIZER_FILES)}")
 
 
-def present_files(model_dir: Path, files: tuple[str, ...] = ALL_FILES) -> list[str]:
-    """The chain's files that exist in ``model_dir``, in canonical order."""
-    return [name for name in files if (Path(model_dir) / name).is_file()]
+def present_files(model_dir: Path, part: ModelPart | None = None) -> list[str]:
+    """The chain's files that exist in ``model_dir`` (the part's graph and weights included), in canonical order."""
+    part = part or ModelPart()
+    names = (MODEL_CONFIG, LLM_CONFIG, part.model_file, part.weight_file, *TOKENIZER_FILES, *OPTIONAL_FILES)
+    return [name for name in dict.fromkeys(names) if (Path(model_dir) / name).is_file()]
 
 
 def encoder_kind(model_dir: Path) -> str | None:
@@ -115,8 +226,11 @@ def validate_visual(model_dir: Path, encoder: str, label: str) -> None:
         )
 
 
-def validate_model_dir(model_dir: Path, where: str | None = None, visual_encoder: str | None = None) -> list[str]:
-    """Check a model directory is complete; returns the chain's file names found in it.
+def validate_model_dir(
+    model_dir: Path, where: str | None = None, family: PartFamily = "llm", visual_encoder: str | None = None
+) -> tuple[ModelPart, list[str]]:
+    """Check a model directory is complete and its graph is of ``family``; returns the part and the chain's file
+    names found in it.
 
     ``where`` describes the directory in errors (e.g. an HF repo and revision); ``visual_encoder`` (a VL model's
     spec) also requires the encoder files and checks their kind.
@@ -125,25 +239,34 @@ def validate_model_dir(model_dir: Path, where: str | None = None, visual_encoder
     label = where or str(model_dir)
     if not model_dir.is_dir():
         raise ModelDirError(f"{label}: model directory does not exist")
-    missing = [name for name in REQUIRED_FILES if not (model_dir / name).is_file()]
+    configs = (MODEL_CONFIG, LLM_CONFIG)
+    if (model_dir / MODEL_CONFIG).is_file():
+        part = model_part(model_dir, family)
+    else:  # named missing below, with the family's own file names
+        part = ModelPart(family=family, model_file=FAMILY_FILES[family][0], weight_file=FAMILY_FILES[family][1])
+    required = (*configs, part.model_file, part.weight_file)
+    missing = [name for name in required if not (model_dir / name).is_file()]
     if missing:
-        raise ModelDirError(f"{label}: required file {missing[0]} is missing (need {', '.join(REQUIRED_FILES)})")
+        raise ModelDirError(f"{label}: required file {missing[0]} is missing (need {', '.join(required)})")
     read_llm_config(model_dir)
-    if (model_dir / WEIGHT_FILE).stat().st_size == 0:
-        raise ModelDirError(f"{model_dir / WEIGHT_FILE}: weight file is empty")
-    # a truncated or foreign llm.mnn, or a weight file of another model, is named here and not met
+    if (model_dir / part.weight_file).stat().st_size == 0:
+        raise ModelDirError(f"{model_dir / part.weight_file}: weight file is empty")
+    # a truncated or foreign graph, or a weight file of another model, is named here and not met
     # later as an error inside MNN
     try:
         from mnnbuild.mnn import check_weight_ranges, load_model  # the large schema module: only when checking
 
-        check_weight_ranges(load_model(model_dir / MODEL_FILE), model_dir / WEIGHT_FILE)
+        model = load_model(model_dir / part.model_file)
+        check_weight_ranges(model, model_dir / part.weight_file)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
+    check_part_graph(part, model.input_names, list(model.output_names), model_dir / part.model_file)
     try:
         tokenizer_file(model_dir)
     except ModelDirError:
         raise ModelDirError(f"{label}: no tokenizer file; expected one of {', '.join(TOKENIZER_FILES)}") from None
+    files = present_files(model_dir, part)
     if visual_encoder is None:
-        return present_files(model_dir)
+        return part, files
     validate_visual(model_dir, visual_encoder, label)
-    return present_files(model_dir, VL_FILES)
+    return part, [*files, *VISUAL_FILES]

@@ -185,7 +185,7 @@ def test_runtime_picks_the_smallest_graph_that_fits(built: Path) -> None:
             return {g: n for r in model.plugins.values() for g, n in r.report()["calls"].items()}
 
         def shape_of(graph: str) -> int:
-            return 0 if "_" not in graph else int(graph[len("graph") :].split("_")[0])
+            return 0 if "_" not in graph else int(graph[len(LLM_GRAPHS) :].split("_")[0])
 
         emb = Embeddings(model.bundle.model_dir)
         for tokens, shape in ((20, 2), (33, 1), (1, 0)):

@@ -67,16 +67,3 @@ def test_bad_spec_fails_cleanly(run_doit: RunDoit, tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert f"{spec_dir / 'bad.toml'}: field 'chunk_size': Input should be greater than 1" in proc.stderr
     assert "Traceback" not in proc.stderr
-
-
-def test_a_family_the_stages_cannot_build_is_refused(run_doit: RunDoit, tmp_path: Path) -> None:
-    """An embedding spec is valid, but building it as a text LLM would give a wrong bundle: one line, no tasks."""
-    spec_dir = tmp_path / "specs"
-    spec_dir.mkdir()
-    (spec_dir / "emb.toml").write_text(
-        'name = "emb"\nsource = { local = "x" }\nchunk_size = 128\ntargets = ["v79"]\nfamily = "embedding"\n'
-    )
-    proc = run_doit("list", env={"MNNBUILD_MODELS_PATH": str(spec_dir)}, check=False)
-    assert proc.returncode != 0
-    assert f"{spec_dir / 'emb.toml'}: field 'family': 'embedding' models cannot be built yet" in proc.stderr
-    assert "Traceback" not in proc.stderr

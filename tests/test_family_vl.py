@@ -22,7 +22,7 @@ from mnnbuild.manifests.fetch import FetchInputs, FetchParams
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.mnn import load_model, plugin_attributes
-from mnnbuild.modeldir import VISUAL_WEIGHT_FILE, VL_FILES
+from mnnbuild.modeldir import VISUAL_FILES, VISUAL_WEIGHT_FILE, family_files
 from mnnbuild.qnn import QnnLibrary, read_binary_info
 from mnnbuild.spec import VISUAL_ENCODERS, ImageSize, LocalSource
 from mnnbuild.stages.fetch import fetch
@@ -32,6 +32,7 @@ from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks
 VL_MODELS = {"qwen2.5-vl-tiny": ("qwen2.5-vl", ["56x56", "84x56"]), "qwen3-vl-tiny": ("qwen3-vl", ["64x64", "96x64"])}
 ARCHS = ("v79", "v75")
 CHUNK = 32
+VL_FILES = (*family_files("llm"), *VISUAL_FILES)
 
 
 def vl_spec(name: str, archs: tuple[str, ...] = ARCHS) -> str:
@@ -52,7 +53,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in VL_MODELS:
         (specs / f"{name}.toml").write_text(vl_spec(name))
     tasks = [f"verify:{m}-{a}" for m in VL_MODELS for a in ARCHS]
-    proc = doit(cwd, "-n", "2", "--continue", *tasks, env={"MNNBUILD_MODELS_PATH": str(specs)})
+    proc = doit(cwd, "--continue", *tasks, env={"MNNBUILD_MODELS_PATH": str(specs)})
     assert proc.returncode == 0, f"doit {' '.join(tasks)} failed:\n{proc.stdout}\n{proc.stderr}"
     return cwd / "artifacts"
 

@@ -28,11 +28,11 @@ from pydantic import BaseModel, computed_field
 from mnnbuild.conform.build import MnnBuild, ensure_tools
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import atomic_write_text
-from mnnbuild.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, RESULT_MODEL, manifest_file
+from mnnbuild.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, manifest_file
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import schema
 from mnnbuild.mnn.model import MnnModel, Op, blob_format, enum_name, load_model, plugin_attributes
-from mnnbuild.modeldir import MODEL_FILE, WEIGHT_FILE, read_llm_config
+from mnnbuild.modeldir import ModelPart, read_llm_config
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 UPSTREAM_GRAPH_NAME = "graphllm"
 UPSTREAM_TOOLS = ("generateIO", "compilefornpu")
 TOOL_TIMEOUT_S = 3600
+TEXT_LLM = ModelPart()
+"""The graph upstream's tools are compared on: a text LLM's ``llm.mnn`` (``upstream_io_config`` asks for logits)."""
 #: Ops that compute nothing a plugin or the CPU has to run (model inputs, constants).
 _NOT_COMPUTE = ("Input", "Const", "TrainableParam")
 
@@ -173,7 +175,7 @@ def run_compilefornpu(
     (work / "qnn").mkdir(parents=True)
     log_path = work / "tools.log"
     atomic_write_text(work / "input.json", json.dumps(upstream_io_config(llm_config, chunk), indent=2) + "\n")
-    model, weight = (model_dir / MODEL_FILE).resolve(), (model_dir / WEIGHT_FILE).resolve()
+    model, weight = (model_dir / TEXT_LLM.model_file).resolve(), (model_dir / TEXT_LLM.weight_file).resolve()
     _run_tool(
         [str(build.tool("generateIO")), str(model), "input.json", "testdir", str(weight)],
         work,
@@ -184,9 +186,13 @@ def run_compilefornpu(
     settings = qnn_json(skips, max_kv_size)
     atomic_write_text(work / "qnn.json", json.dumps(settings, indent=2) + "\n")
     _run_tool(
-        [str(build.tool("compilefornpu")), str(model), RESULT_MODEL, "qnn.json"], work, env, log_path, "compilefornpu"
+        [str(build.tool("compilefornpu")), str(model), TEXT_LLM.result_model, "qnn.json"],
+        work,
+        env,
+        log_path,
+        "compilefornpu",
     )
-    for rel in (RESULT_MODEL, POSTREAT_FILE):
+    for rel in (TEXT_LLM.result_model, POSTREAT_FILE):
         if not (work / rel).is_file():
             raise BoundaryError(f"compilefornpu wrote no {rel} (log {log_path})")
     return work
@@ -385,10 +391,10 @@ def compare_boundaries(
     tool = str(build.tool("compilefornpu"))
     try:
         run_compilefornpu(build, original_dir, work, chunk, list(params.skips), params.max_kv_size, env)
-        source = load_model(original_dir / MODEL_FILE)
+        source = load_model(original_dir / TEXT_LLM.model_file)
         # compilefornpu keeps output names it cut away (no tensor carries them): read its model leniently
-        upstream = read_side(load_model(work / RESULT_MODEL, check_outputs=False), source, [chunk, 1])
-        ours = read_side(load_model(partition_dir / RESULT_MODEL), source, list(manifest.seq_lens))
+        upstream = read_side(load_model(work / TEXT_LLM.result_model, check_outputs=False), source, [chunk, 1])
+        ours = read_side(load_model(partition_dir / TEXT_LLM.result_model), source, list(manifest.seq_lens))
     except (BoundaryError, MnnbuildError) as exc:
         log.warning("conform: no boundary comparison: %s", exc)
         return BoundaryReport(tool=tool, settings=settings, problem=str(exc))

@@ -125,9 +125,9 @@ def _run_verify(
     return run_stage(stage, inputs, params, out_dir, *rest)
 
 
-def run_update(source: HfSource, lock_path: Path) -> TaskFailed | None:
+def run_update(source: HfSource, lock_path: Path, files: tuple[str, ...]) -> TaskFailed | None:
     try:
-        update_lock(source, lock_path)
+        update_lock(source, lock_path, files)
     except MnnbuildError as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     return None

@@ -51,14 +51,6 @@ class Project:
         except MnnbuildError as exc:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
             raise InvalidDodoFile(str(exc)) from None
-        for spec in specs.values():
-            # the spec format knows the embedding family (docs/families.md); the stages do not yet, and
-            # building such a model as a text LLM would give a wrong bundle rather than an error
-            if spec.family == "embedding":
-                raise InvalidDodoFile(
-                    f"{spec.spec_path}: field 'family': {spec.family!r} models cannot be built yet "
-                    "(only 'llm' and 'vl'); see docs/families.md"
-                )
         # beside a local cache, the memo serves every artifact root and clone that shares the cache
         memo_dir = local_cache_dir(os.environ) or settings.artifact_root
         memo = DigestMemo(memo_dir / CODE_DIGESTS)

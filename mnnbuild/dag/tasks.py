@@ -29,7 +29,6 @@ from mnnbuild.layout import (
     PART_STAGES,
     PLUGIN_STAGES,
     REPORT_PAGE,
-    RESULT_MODEL,
     VERIFY_REPORT_JSON,
     context_dir,
     plugin_dir,
@@ -45,7 +44,7 @@ from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_
 from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
-from mnnbuild.modeldir import PARTS, VL_FILES
+from mnnbuild.modeldir import VISUAL_FILES, VISUAL_PART, family_files
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
@@ -159,8 +158,18 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
 # -- how a spec becomes each stage's inputs and params ------------------------------------------------
 
 
+def fetch_params(spec: ModelSpec) -> FetchParams:
+    """The spec's family and the files its chain takes from the model dir (the only ones an HF fetch downloads;
+    a VL model's encoder files too, checked against the spec's ``visual_encoder``)."""
+    if spec.family == "vl":
+        files = (*family_files("llm"), *VISUAL_FILES)
+        return FetchParams(family="llm", files=files, visual_encoder=spec.visual_encoder)
+    family = "embedding" if spec.family == "embedding" else "llm"
+    return FetchParams(family=family, files=family_files(family))
+
+
 def fetch_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    params = FetchParams(files=VL_FILES, visual_encoder=spec.visual_encoder) if spec.family == "vl" else FetchParams()
+    params = fetch_params(spec)
     if isinstance(spec.source, HfSource):
         where = f"HF {spec.source.hf}@{spec.source.revision}"
         dest = project.stage_dir("fetch", spec)
@@ -253,7 +262,7 @@ def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             ConfigInputs(model=spec.name, target=arch, model_dir=project.stage_dir("fetch", spec)),
             ConfigParams(
                 chunk_sizes=spec.prefill_lengths,
-                visual_model=PARTS[VISUAL].result_model if spec.family == "vl" else None,
+                visual_model=VISUAL_PART.result_model if spec.family == "vl" else None,
             ),
             doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {[*spec.prefill_lengths, 1]})",
             arch=arch,
@@ -303,12 +312,8 @@ def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 model_name=model_name(spec),
                 model_dir=project.stage_dir("fetch", spec),
                 config_dir=project.stage_dir("config", spec, arch),
-                qnn_model=project.stage_dir("partition", spec) / RESULT_MODEL,
-                visual_qnn_model=(
-                    project.stage_dir("partition", spec, part=VISUAL) / PARTS[VISUAL].result_model
-                    if VISUAL in parts
-                    else None
-                ),
+                partition_dir=project.stage_dir("partition", spec),
+                visual_partition_dir=project.stage_dir("partition", spec, part=VISUAL) if VISUAL in parts else None,
                 context_binaries=[context_dir(root, spec.name, arch, b) / b for p in parts for b in binaries[p]],
             ),
             BundleParams(soc=soc, image_sizes=tuple(spec.image_sizes)),
@@ -492,7 +497,7 @@ def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
         yield {
             "name": spec.name,
             "doc": f"re-resolve {spec.source.hf}@{spec.source.revision} and pin it in {spec.lock_path.name}",
-            "actions": [(run_update, [spec.source, spec.lock_path])],
+            "actions": [(run_update, [spec.source, spec.lock_path, fetch_params(spec).files])],
             "uptodate": [False],  # an update is always asked for explicitly
         }
 

@@ -20,10 +20,10 @@ class BundleInputs(StageInputs):
     """fetch output."""
     config_dir: Path
     """config output (``config_qnn.json``)."""
-    qnn_model: Path
-    """partition output ``qnn/llm.mnn``."""
-    visual_qnn_model: Path | None = None
-    """A VL model's encoder partition output ``qnn/visual.mnn`` (None: no encoder)."""
+    partition_dir: Path
+    """partition output (the partitioned model ``qnn/<graph file>``, named by the fetch manifest's part)."""
+    visual_partition_dir: Path | None = None
+    """A VL model's encoder partition output (``qnn/visual.mnn``; None: no encoder)."""
     context_binaries: list[Path]
     """context outputs ``qnn/graphllm<k>.bin`` (and a VL encoder's ``qnn/graphvisual<k>.bin``), one per plugin."""
 

@@ -6,7 +6,6 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.layout import RESULT_MODEL
 from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.stage import StageInputs
@@ -17,7 +16,8 @@ class ConfigQnn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    llm_model: str = RESULT_MODEL
+    llm_model: str
+    llm_weight: str | None = Field(default=None, description="Only when it is not MNN's default llm.mnn.weight.")
     backend_type: str = "cpu"
     thread_num: int = 1
     precision: str = "low"

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.manifest import Manifest
-from mnnbuild.modeldir import ALL_FILES
+from mnnbuild.modeldir import ALL_FILES, ModelPart, PartFamily
 from mnnbuild.spec import HfSource, LocalSource
 from mnnbuild.stage import StageInputs
 
@@ -34,8 +34,10 @@ class FetchInputs(StageInputs):
 class FetchParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
+    family: PartFamily = "llm"
+    """The spec's model family: which graph the chain converts and what it must look like."""
     files: tuple[str, ...] = ALL_FILES
-    """File names the chain needs; nothing else is downloaded."""
+    """File names the chain needs; nothing else is downloaded (``modeldir.family_files``)."""
     visual_encoder: str | None = None
     """A VL model's encoder kind (the spec's): its files are required and must be of this kind."""
 
@@ -52,3 +54,5 @@ class FetchManifest(Manifest):
     stage = "fetch"
     params: FetchParams
     source: SourceRecord
+    part: ModelPart = ModelPart()
+    """The graph the later stages convert, as the model dir names it (``config.json``'s ``llm_model``)."""

@@ -9,14 +9,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
-from mnnbuild.modeldir import PartName
+from mnnbuild.modeldir import ChainPart
 from mnnbuild.spec import VisualEncoderKind
 from mnnbuild.stage import StageInputs
-
-DEEPSTACK = "deepstack_embeds"
-"""Qwen3-VL's language model input: visual features added to the first layers' hidden states."""
-INPUT_NAMES = ("input_ids", "attention_mask", "position_ids", "logits_index", DEEPSTACK)
-
 
 DECODE_SEQ = 1
 
@@ -46,7 +41,7 @@ class IoParams(BaseModel):
     """The language model's prefill lengths (its part only)."""
     seed: int = 0
     runtime: CpuRuntime = CpuRuntime()
-    part: PartName = "llm"
+    part: ChainPart = "llm"
     """Which model file: the language model (``llm.mnn``) or a VL model's encoder (``visual.mnn``)."""
     visual_encoder: VisualEncoderKind | None = None
     image_sizes: tuple[str, ...] = ()

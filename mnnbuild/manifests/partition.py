@@ -12,7 +12,7 @@ from mnnbuild.errors import StageError
 from mnnbuild.layout import POSTREAT_FILE
 from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.io import PrefillLengths
-from mnnbuild.modeldir import PartName
+from mnnbuild.modeldir import ChainPart
 from mnnbuild.stage import StageInputs
 
 
@@ -29,7 +29,7 @@ class PartitionParams(BaseModel):
 
     chunk_sizes: PrefillLengths | tuple[()] = ()
     """Prefill lengths (the llm part); must be the io stage's."""
-    part: PartName = "llm"
+    part: ChainPart = "llm"
     """Which model file the partition cuts (``llm.mnn`` or a VL model's ``visual.mnn``)."""
     image_sizes: tuple[str, ...] = ()
     """The visual part's image sizes, one graph per size; must be the io stage's."""

@@ -56,4 +56,5 @@ class VerifyManifest(Manifest):
     """Plugin path -> what ran in the simulator (``override`` = unshared twin)."""
     worst_graph_cosine: float | None
     worst_graph_rel_err: float | None
-    tokens_match: bool
+    tokens_match: bool | None
+    """Greedy tokens equal the CPU's; None for a model that does not generate (an embedding model)."""

@@ -53,7 +53,7 @@ from mnnbuild.mnn.model import (
     save_model,
     serialize_model,
 )
-from mnnbuild.mnn.summary import summarize
+from mnnbuild.mnn.summary import input_dtypes, summarize
 from mnnbuild.mnn.weights import (
     ConvWeights,
     EmbeddingInfo,
@@ -95,6 +95,7 @@ __all__ = [
     "blob_format",
     "enum_name",
     "get_field",
+    "input_dtypes",
     "iter_conv_weights",
     "load_model",
     "make_attribute",

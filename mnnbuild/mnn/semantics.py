@@ -14,7 +14,9 @@ Both tables follow MNN's ``OpCommonUtils::opNeedContent`` and ``SizeComputer::ne
 
 from __future__ import annotations
 
-from mnnbuild.mnn.model import Op
+from collections.abc import Collection
+
+from mnnbuild.mnn.model import MnnModel, Op
 
 # Ops that never read their inputs' content (only shapes), per input position (None: every input).
 _NO_CONTENT: dict[str, tuple[int, ...] | None] = {
@@ -107,3 +109,26 @@ def shape_inputs(op: Op) -> tuple[int, ...]:
             return () if n == 5 else (1, 2, 3)
         return (1, 2, 3, 4)
     return tuple(i for i in _SHAPE_INPUTS.get(op.type, ()) if i < n)
+
+
+def needed_ops(model: MnnModel, inputs: Collection[int], outputs: Collection[int]) -> list[int]:
+    """Ops that help compute ``outputs`` from ``inputs``, in source order (Input/Const ops excluded)."""
+    producers: dict[int, list[int]] = {}
+    for i, op in enumerate(model.ops):
+        for t in op.outputs:
+            producers.setdefault(t, []).append(i)
+    stop = set(inputs)
+    wanted = [t for t in outputs if t not in stop]
+    seen_t = set(wanted)
+    chosen: set[int] = set()
+    while wanted:
+        t = wanted.pop()
+        for i in producers.get(t, ()):
+            if i in chosen:
+                continue
+            chosen.add(i)
+            for u in model.ops[i].inputs:
+                if u >= 0 and u not in stop and u not in seen_t:
+                    seen_t.add(u)
+                    wanted.append(u)
+    return [i for i in sorted(chosen) if model.ops[i].type not in SOURCE_OP_TYPES]

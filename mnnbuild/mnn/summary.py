@@ -90,8 +90,8 @@ def conv_quant_label(op: Op) -> str:
     return f"int{bits} {'asym' if asym else 'sym'} {layout}"
 
 
-def summarize(model: MnnModel) -> dict[str, Any]:
-    """JSON-ready summary: op counts by type, inputs, outputs, tensor count, weight bytes."""
+def graph_inputs(model: MnnModel) -> list[dict[str, Any]]:
+    """Each graph input as its ``Input`` op declares it: name, tensor index, and dims, dtype, format when given."""
     inputs = []
     for op in model.ops_of_type("Input"):
         p = op.main
@@ -102,6 +102,17 @@ def summarize(model: MnnModel) -> dict[str, Any]:
                 entry["dtype"] = enum_name(fb.DataType, p.dtype)
                 entry["format"] = enum_name(fb.MNN_DATA_FORMAT, p.dformat)
             inputs.append(entry)
+    return inputs
+
+
+def input_dtypes(model: MnnModel) -> dict[str, str]:
+    """The declared data type of each graph input that declares one (``DT_FLOAT``, ``DT_INT32`` ...), by name."""
+    return {e["name"]: e["dtype"] for e in graph_inputs(model) if "dtype" in e}
+
+
+def summarize(model: MnnModel) -> dict[str, Any]:
+    """JSON-ready summary: op counts by type, inputs, outputs, tensor count, weight bytes."""
+    inputs = graph_inputs(model)
     quant: dict[str, int] = {}
     for op in conv_ops(model):
         label = conv_quant_label(op)

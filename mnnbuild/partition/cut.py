@@ -38,7 +38,7 @@ from typing import Literal
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op
-from mnnbuild.mnn.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, reads_content, shape_inputs
+from mnnbuild.mnn.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, needed_ops, reads_content, shape_inputs
 
 log = logging.getLogger(__name__)
 
@@ -143,29 +143,6 @@ class Cut:
     def cpu_op_infos(self) -> list[CpuOpInfo]:
         ops = self.model.ops
         return [CpuOpInfo(i, ops[i].name, ops[i].type, r) for i, r in sorted(self.cpu_reasons.items())]
-
-
-def needed_ops(model: MnnModel, inputs: Collection[int], outputs: Collection[int]) -> list[int]:
-    """Ops that help compute ``outputs`` from ``inputs``, in source order (Input/Const ops excluded)."""
-    producers: dict[int, list[int]] = {}
-    for i, op in enumerate(model.ops):
-        for t in op.outputs:
-            producers.setdefault(t, []).append(i)
-    stop = set(inputs)
-    wanted = [t for t in outputs if t not in stop]
-    seen_t = set(wanted)
-    chosen: set[int] = set()
-    while wanted:
-        t = wanted.pop()
-        for i in producers.get(t, ()):
-            if i in chosen:
-                continue
-            chosen.add(i)
-            for u in model.ops[i].inputs:
-                if u >= 0 and u not in stop and u not in seen_t:
-                    seen_t.add(u)
-                    wanted.append(u)
-    return [i for i in sorted(chosen) if model.ops[i].type not in SOURCE_OP_TYPES]
 
 
 def fold_ops(model: MnnModel, needed: Sequence[int], constants: Collection[int]) -> tuple[list[int], set[int]]:

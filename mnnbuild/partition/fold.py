@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import load_module, to_numpy, to_var
+from mnnbuild.cpu import forward_vars, to_numpy, to_var
+from mnnbuild.cpu.segments import run_segmented
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, make_blob, save_model
 
@@ -29,35 +30,33 @@ _BLOB_FIELDS: dict[np.dtype, tuple[str, str]] = {
 }
 
 
-def forward_vars(module: Any, variables: Sequence[Any]) -> list[Any]:
-    """Run an MNN module on MNN Vars (fed in their own layout); always a list of output Vars."""
-    result = module.forward(list(variables))
-    return list(result) if isinstance(result, (list, tuple)) else [result]
-
-
 def forward(module: Any, arrays: Sequence[np.ndarray]) -> list[Any]:
     """Run an MNN module on numpy inputs (fed as NCHW Vars); always a list of output Vars."""
     return forward_vars(module, [to_var(a) for a in arrays])
 
 
 def compute_folded(
+    model: MnnModel,
     model_path: Path,
     rt: Any,
-    feeds: Mapping[str, np.ndarray],
+    samples: Sequence[Mapping[str, np.ndarray]],
     names: Sequence[str],
-) -> dict[str, np.ndarray]:
-    """Values of the named folded tensors for the sample ``feeds`` (graph input name -> array)."""
+) -> list[dict[str, np.ndarray]]:
+    """Per sample (graph input name -> array), the values of the named folded tensors. They can sit deep in
+    the graph (a reshape target of the last layer), so the graph runs in segments of bounded weight."""
     if not names:
-        return {}
-    module = load_module(model_path, rt, list(feeds), list(names))
-    values = {n: to_numpy(v) for n, v in zip(names, forward(module, list(feeds.values())), strict=True)}
-    for n, a in values.items():
-        if a.dtype not in _BLOB_FIELDS:
-            raise StageError(
-                f"{model_path}: folded tensor {n!r} has type {a.dtype}; expected one of "
-                f"{', '.join(str(d) for d in _BLOB_FIELDS)}"
-            )
-    return values
+        return [{} for _ in samples]
+    per_sample = []
+    for computed in run_segmented(model_path, rt, model, samples, names, label="folded values"):
+        values = {n: to_numpy(computed[n]) for n in names}
+        for n, a in values.items():
+            if a.dtype not in _BLOB_FIELDS:
+                raise StageError(
+                    f"{model_path}: folded tensor {n!r} has type {a.dtype}; expected one of "
+                    f"{', '.join(str(d) for d in _BLOB_FIELDS)}"
+                )
+        per_sample.append(values)
+    return per_sample
 
 
 def const_op(name: str, tensor: int, value: np.ndarray, dimension_format: int) -> Op:

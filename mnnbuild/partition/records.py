@@ -22,7 +22,6 @@ from mnnbuild.layout import FOLDED_VALUES as FOLDED_VALUES
 from mnnbuild.layout import GRAPH_FILE as GRAPH_FILE
 from mnnbuild.layout import REFERENCE_INPUT as REFERENCE_INPUT
 from mnnbuild.layout import REFERENCE_OUTPUT as REFERENCE_OUTPUT
-from mnnbuild.layout import RESULT_MODEL
 from mnnbuild.layout import binary_path as binary_path
 from mnnbuild.layout import graph_name as graph_name
 
@@ -183,9 +182,7 @@ class PartitionReport(BaseModel):
     npu_weight_bytes: int
     total_weight_bytes: int
     result_ops: int
-    """Ops in the partitioned model (``result_model``)."""
-    result_model: str = RESULT_MODEL
-    """The partitioned model: ``qnn/llm.mnn``, or ``qnn/visual.mnn`` for a VL model's encoder."""
+    """Ops in qnn/llm.mnn."""
     max_abs_diff: list[float]
     """Per sample: largest difference between the chained subgraph outputs and the sample output.mnn."""
     moved_ops: int = 0

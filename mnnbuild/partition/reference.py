@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mnnbuild.cpu import NCHW, BoundaryValue, CpuRuntime, load_module, to_numpy, var_format
+from mnnbuild.cpu import NCHW, BoundaryValue, CpuRuntime, forward_vars, load_module, to_numpy, var_format
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import load_model
 from mnnbuild.partition.cut import Cut, Module
-from mnnbuild.partition.fold import forward, forward_vars, write_folded_model
+from mnnbuild.partition.fold import forward, write_folded_model
 from mnnbuild.partition.records import SubgraphRecord, TensorSpec, qnn_name
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from mnnbuild.layout import LLM_GRAPHS, RESULT_MODEL
+from mnnbuild.layout import LLM_GRAPHS
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.summary import op_parameter_count, op_weight_bytes
 from mnnbuild.partition.cut import Cut, Module
@@ -54,7 +54,6 @@ def build_report(
     result_ops: int,
     max_abs_diff: Sequence[float],
     prefix: str = LLM_GRAPHS,
-    result_model: str = RESULT_MODEL,
 ) -> PartitionReport:
     """``boundary`` maps plugin number -> (inputs per shape, outputs per shape); ``prefix`` names the graphs."""
     ops = cut.model.ops
@@ -91,7 +90,6 @@ def build_report(
         npu_weight_bytes=sum(op_weight_bytes(ops[i]) for i in on_npu),
         total_weight_bytes=total,
         result_ops=result_ops,
-        result_model=result_model,
         max_abs_diff=list(max_abs_diff),
         moved_ops=cut.moved_ops,
     )
@@ -101,13 +99,13 @@ def _shapes(b: BoundaryShapes) -> str:
     return " | ".join("x".join(str(d) for d in s) or "scalar" for s in b.shapes)
 
 
-def format_report(report: PartitionReport) -> str:
-    """A plain-text table of the report."""
+def format_report(report: PartitionReport, result_model: str) -> str:
+    """A plain-text table of the report; ``result_model`` is the partitioned graph's path (``qnn/llm.mnn``)."""
     seqs = ", ".join(str(s) for s in report.sample_shapes)
     lines = [
         f"partition of {report.model}: sample shapes (seq) {seqs}",
         f"source ops {report.source_ops}, needed {report.needed_ops}, folded per shape {report.folded_ops}, "
-        f"{report.result_model} ops {report.result_ops}",
+        f"{result_model} ops {report.result_ops}",
         f"NPU: {len(report.plugins)} plugins, {report.npu_op_count} ops, "
         f"{report.npu_weight_bytes} of {report.total_weight_bytes} weight bytes",
         "chained subgraph outputs vs sample output.mnn, max abs diff: "

@@ -1,7 +1,8 @@
 """bundle: the directory a phone needs, as upstream's adb push commands lay it out.
 
-``<out>/model/<ModelName>/`` holds ``config_qnn.json``, ``llm_config.json``, the tokenizer,
-``llm.mnn.weight`` (and ``embeddings_bf16.bin``), ``qnn/llm.mnn``, ``qnn/graph*.bin`` and
+``<out>/model/<ModelName>/`` holds ``config_qnn.json``, ``llm_config.json``, the tokenizer, the model's weight
+file (``llm.mnn.weight``, ``embedding.mnn.weight``; and ``embeddings_bf16.bin``), the partitioned graph
+(``qnn/llm.mnn``, ``qnn/embedding.mnn``), ``qnn/graph*.bin`` and
 ``prompt.txt``. ``push.sh`` and ``run.sh`` push it with the QNN runtime libraries that match
 the target's HTP arch and start ``llm_demo`` on the device. Every file is a copy (a reflink where
 the file system shares blocks), never a link: the bundle is the user's to ship and edit, and an edit
@@ -28,13 +29,13 @@ from mnnbuild.layout import (
     PROMPT_FILE,
     PUSH_SCRIPT,
     QNN_DIR,
-    RESULT_MODEL,
     RUN_SCRIPT,
 )
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, VISUAL_WEIGHT_FILE, WEIGHT_FILE, tokenizer_file
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, VISUAL_PART, tokenizer_file
 from mnnbuild.spec import DEVICE_NAME_PATTERN
 from mnnbuild.stage import Stage
 from mnnbuild.targets import Soc
@@ -119,6 +120,7 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
             "and '-' (and start with a letter or digit)"
         )
     tokenizer = tokenizer_file(model_dir)
+    part = inputs.manifest(FetchManifest, model_dir).part
     # each binary sits in <context out_dir>/qnn/: its manifest says which QNN built it, for which SoC
     contexts = [inputs.manifest(ContextManifest, Path(b).parent.parent) for b in inputs.context_binaries]
     builds = sorted({c.tools.get("QNN", "unknown") for c in contexts})
@@ -130,20 +132,21 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
     with staged_dir(out_dir) as tmp:
         dest = tmp / BUNDLE_MODEL_DIR / inputs.model_name
         place(Path(inputs.config_dir) / CONFIG_FILE, dest / CONFIG_FILE)
-        for name in (LLM_CONFIG, tokenizer, WEIGHT_FILE, *OPTIONAL_FILES):
+        for name in (LLM_CONFIG, tokenizer, part.weight_file, *OPTIONAL_FILES):
             if (model_dir / name).exists():
                 place(model_dir / name, dest / name)
         if params.image_sizes:
-            if inputs.visual_qnn_model is None or not (model_dir / VISUAL_WEIGHT_FILE).is_file():
-                raise StageError(f"{inputs.model}: a VL bundle needs the encoder's partition and {VISUAL_WEIGHT_FILE}")
+            encoder = VISUAL_PART
+            weights = model_dir / encoder.weight_file
+            if inputs.visual_partition_dir is None or not weights.is_file():
+                raise StageError(f"{inputs.model}: a VL bundle needs the encoder's partition and {encoder.weight_file}")
             # MNN loads visual_model with the weights beside it (<model>.weight): the encoder's CPU ops keep their
             # offsets into the original weight file
-            encoder = dest / QNN_DIR / inputs.visual_qnn_model.name
-            place(inputs.visual_qnn_model, encoder)
-            place(model_dir / VISUAL_WEIGHT_FILE, Path(f"{encoder}.weight"))
-            readme = visual_readme(inputs.model_name, params.image_sizes, f"{QNN_DIR}/{encoder.name}")
+            place(Path(inputs.visual_partition_dir) / encoder.result_model, dest / encoder.result_model)
+            place(weights, dest / f"{encoder.result_model}.weight")
+            readme = visual_readme(inputs.model_name, params.image_sizes, encoder.result_model)
             atomic_write_text(tmp / BUNDLE_README, readme)
-        place(inputs.qnn_model, dest / RESULT_MODEL)
+        place(Path(inputs.partition_dir) / part.result_model, dest / part.result_model)
         for binary in inputs.context_binaries:
             place(binary, dest / QNN_DIR / binary.name)
         atomic_write_text(dest / PROMPT_FILE, params.prompt)

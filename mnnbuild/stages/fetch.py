@@ -88,7 +88,9 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
         where = f"model directory {src_dir} (source of {inputs.model})"
         record = SourceRecord(kind="local", location=inputs.source.local)
 
-    names = [n for n in validate_model_dir(src_dir, where, params.visual_encoder) if n in params.files]
+    part, present = validate_model_dir(src_dir, where, params.family, params.visual_encoder)
+    # the part's files whatever config.json calls them (an HF download asked only for params.files)
+    names = [n for n in present if n in params.files or n in (part.model_file, part.weight_file)]
     with staged_dir(out_dir) as tmp:
         records = []
         for name in names:
@@ -103,9 +105,12 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
             tools=tool_versions(),
             outputs=records,
             source=record,
+            part=part,
         )
         manifest.write(tmp)
-    log.info("fetch %s: %d files from %s", inputs.model, len(records), where)
+    log.info(
+        "fetch %s: %d files from %s (%s graph %s)", inputs.model, len(records), where, part.family, part.model_file
+    )
     return manifest
 
 

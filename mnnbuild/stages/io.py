@@ -1,14 +1,16 @@
-"""io: the reference input/output samples of the whole LLM graph (upstream ``generateLlmIO``).
+"""io: the reference input/output samples of the whole graph (upstream ``generateLlmIO``).
 
-For a language model's decode shape (1 token) and every prefill length (``chunk_sizes``, longest first) it
-writes ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
+For the decode shape (1 token) and every prefill length (``chunk_sizes``, longest first) it writes
+``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
-diagonal), ``position_ids`` ``[1,seq]`` and ``logits_index`` ``[1]`` (0 for prefill, -1 for decode),
-and the model's outputs for them, computed by PyPI MNN on the CPU. A VL language model (M-RoPE) takes
-``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples, and Qwen3-VL's also
-``deepstack_embeds`` ``[3,seq,hidden]`` (docs/families.md section 3.1); the inputs fed are the model's own.
-A VL model's encoder (``visual.mnn``, the visual part) gets one sample per image size, ``testdir/<patches>``,
-its inputs built by ``mnnbuild.visual`` (section 3.2).
+diagonal), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
+-1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. Which graph and which
+inputs come from the model part the fetch stage recorded (``mnnbuild.modeldir.ModelPart``).
+
+A VL language model (M-RoPE) takes ``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples,
+and Qwen3-VL's also ``deepstack_embeds`` ``[3,seq,hidden]`` (docs/families.md section 3.1); the inputs fed are the
+model's own. A VL model's encoder (``visual.mnn``, the ``visual`` chain) gets one sample per image size,
+``testdir/<patches>``, its inputs built by ``mnnbuild.visual`` (section 3.2).
 """
 
 from __future__ import annotations
@@ -19,24 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import load_module, save_vars, to_numpy, to_var
-from mnnbuild.errors import ModelDirError
+from mnnbuild.cpu import save_vars, to_numpy
+from mnnbuild.cpu.segments import run_segmented
+from mnnbuild.errors import MNNFormatError, ModelDirError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.manifests.io import (
-    DECODE_SEQ,
-    DEEPSTACK,
-    INPUT_NAMES,
-    IoInputs,
-    IoManifest,
-    IoParams,
-    IoSample,
-    TensorInfo,
-)
-from mnnbuild.mnn import load_model
-from mnnbuild.modeldir import DEFAULT_PROMPT, LLM_CONFIG, MODEL_FILE, PARTS, read_llm_config
+from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
+from mnnbuild.mnn import MnnModel, input_dtypes, load_model
+from mnnbuild.modeldir import DEEPSTACK_INPUT, DEFAULT_PROMPT, LLM_CONFIG, ModelPart, chain_part, read_llm_config
 from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
 from mnnbuild.stage import Stage
 from mnnbuild.visual import visual_inputs
@@ -92,10 +86,10 @@ def make_inputs(
         "position_ids": positions,
         "logits_index": np.array([-1 if seq_len == DECODE_SEQ else 0], dtype=np.int32),
     }
-    if DEEPSTACK in declared:
-        deepstack = np.zeros((declared[DEEPSTACK][0], seq_len, hidden_size), dtype=np.float32)
+    if DEEPSTACK_INPUT in declared:
+        deepstack = np.zeros((declared[DEEPSTACK_INPUT][0], seq_len, hidden_size), dtype=np.float32)
         deepstack[:, image] = rng.standard_normal(deepstack[:, image].shape, dtype=np.float32)
-        feed[DEEPSTACK] = deepstack
+        feed[DEEPSTACK_INPUT] = deepstack
     return feed
 
 
@@ -103,16 +97,24 @@ def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
     return [TensorInfo(name=n, shape=list(a.shape), dtype=str(a.dtype)) for n, a in arrays.items()]
 
 
-def _llm_feeds(inputs: IoInputs, params: IoParams, config: dict[str, Any]) -> list[tuple[int, None, Feed]]:
-    """The language model's samples: decode, then every prefill length."""
-    model_dir = Path(inputs.model_dir)
-    if config["attention_mask"] != "float":
+def _check_mask(part: ModelPart, model: MnnModel, model_file: Path, config: dict) -> None:
+    """The mask the samples carry is float; the graph must take one (and, where MNN's engine builds the mask
+    ``llm_config.json`` says, so must that file)."""
+    if part.mask_from_llm_config and config["attention_mask"] != "float":
         raise ModelDirError(
-            f"{model_dir / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
+            f"{model_file.parent / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
             'only "float" attention masks are supported'
         )
-    # verify generates from the bundle's prompt inside the longest prefill chunk: refuse a chunk it cannot fit
-    # now, not after the whole build (imported here: io otherwise does not need the runtime)
+    declared = input_dtypes(model).get("attention_mask", "DT_FLOAT")
+    if declared != "DT_FLOAT":
+        raise ModelDirError(
+            f"{model_file}: graph input 'attention_mask' is {declared}; only float attention masks are supported"
+        )
+
+
+def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> None:
+    """verify generates from the bundle's prompt inside the longest prefill chunk: refuse a chunk it cannot fit
+    now, not after the whole build (imported here: io otherwise does not need the runtime)."""
     from mnnbuild_runtime import BundleError, Tokenizer
 
     try:
@@ -128,65 +130,67 @@ def _llm_feeds(inputs: IoInputs, params: IoParams, config: dict[str, Any]) -> li
             f"tokens and generation needs room after it; expected {'chunk_size' if one else 'the longest length'} "
             f">= {prompt_tokens + 1}"
         )
-    model_path = model_dir / MODEL_FILE
-    declared = load_model(model_path).input_dims
-    unknown = sorted(set(declared) - set(INPUT_NAMES))
-    if unknown:
-        raise ModelDirError(
-            f"{model_path}: graph input {unknown[0]!r} is not an LLM input; "
-            f"expected inputs among {', '.join(INPUT_NAMES)}"
-        )
-    lengths = (DECODE_SEQ, *params.chunk_sizes)
-    return [(n, None, make_inputs(n, config["hidden_size"], params.seed, declared)) for n in lengths]
 
 
-def _visual_feeds(inputs: IoInputs, params: IoParams, config: dict[str, Any]) -> list[tuple[int, str, Feed]]:
-    """The encoder's samples: one per image size, in spec order."""
+def _visual_feeds(params: IoParams, model: MnnModel, model_file: Path, config: dict[str, Any]) -> list[Feed]:
+    """A VL encoder's samples: one per image size, in spec order."""
     assert params.visual_encoder is not None
     encoder = VISUAL_ENCODERS[params.visual_encoder]
-    model_path = Path(inputs.model_dir) / PARTS["visual"].model_file
-    declared = list(load_model(model_path).input_dims)
     expected = list(encoder.input_shapes(ImageSize(width=encoder.alignment, height=encoder.alignment)))
-    if declared != expected:
+    if list(model.input_names) != expected:
         raise ModelDirError(
-            f"{model_path}: inputs {declared}; a {encoder.kind} encoder takes {expected} (spec field 'visual_encoder')"
+            f"{model_file}: inputs {list(model.input_names)}; a {encoder.kind} encoder takes {expected} "
+            "(spec field 'visual_encoder')"
         )
-    feeds = []
-    for text in params.image_sizes:
-        size = ImageSize.parse(text)
-        feeds.append((size.patch_count(encoder), text, visual_inputs(encoder.kind, size, config, params.seed)))
-    return feeds
+    return [visual_inputs(encoder.kind, ImageSize.parse(t), config, params.seed) for t in params.image_sizes]
 
 
 def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
-    """Run the part's whole graph on each sample (LLM: decode and every prefill length; visual encoder: every image
-    size) and save inputs and outputs."""
+    """Run the whole graph on each sample (a language model: decode and every prefill length; a VL encoder: every
+    image size) and save inputs and outputs."""
     model_dir = Path(inputs.model_dir)
-    part = PARTS[params.part]
-    config = read_llm_config(model_dir)
-    plan = _llm_feeds(inputs, params, config) if part.name == "llm" else _visual_feeds(inputs, params, config)
     fetched = inputs.manifest(FetchManifest, model_dir)
-    model_path = model_dir / part.model_file
-    rt = params.runtime.create(model_dir / part.weight_file)
-    module = load_module(model_path, rt)
-    info = module.get_info()
-    names, out_names = list(info["inputNames"]), list(info["outputNames"])
-
+    part = chain_part(fetched.part, params.part)
+    config = read_llm_config(model_dir)
+    model_file, weight_file = model_dir / part.model_file, model_dir / part.weight_file
+    try:
+        model = load_model(model_file)
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
+    names, out_names = list(model.input_names), list(model.output_names)
+    if part.family == "visual":
+        feeds = _visual_feeds(params, model, model_file, config)
+        encoder = VISUAL_ENCODERS[str(params.visual_encoder)]
+        shapes = [(ImageSize.parse(t).patch_count(encoder), t) for t in params.image_sizes]
+    else:
+        _check_mask(part, model, model_file, config)
+        if part.generates:
+            _check_prompt_fits(inputs, params, model_dir)
+        unknown = sorted(set(names) - set(part.inputs))
+        if unknown:
+            kind = "LLM" if part.family == "llm" else part.family
+            raise ModelDirError(
+                f"{model_file}: graph input {unknown[0]!r} is not an {kind} input; "
+                f"expected inputs among {', '.join(part.inputs)}"
+            )
+        shapes = [(seq_len, None) for seq_len in (DECODE_SEQ, *params.chunk_sizes)]
+        declared = model.input_dims
+        hidden = config["hidden_size"]
+        feeds = [make_inputs(seq_len, hidden, params.seed, declared) for seq_len, _ in shapes]
+    feeds = [{n: feed[n] for n in names} for feed in feeds]
+    rt = params.runtime.create(weight_file)
+    try:
+        computed = run_segmented(model_file, rt, model, feeds, out_names, label=inputs.model)
+    except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
+        raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
     samples = []
     with staged_dir(out_dir) as tmp:
-        for seq_len, image_size, full in plan:
-            feed = {n: full[n] for n in names}
+        for (seq_len, image_size), feed, outputs in zip(shapes, feeds, computed, strict=True):
             what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
-            outputs = module.forward([to_var(feed[n]) for n in names])
-            if len(outputs) != len(out_names):  # MNN failed inside forward (it prints why, returns fewer outputs)
-                raise ModelDirError(
-                    f"{model_dir / part.weight_file}: MNN computed {len(outputs)} of the {len(out_names)} outputs of "
-                    f"{part.model_file} at {what}; is the weight file this model's?"
-                )
-            results = {n: to_numpy(v) for n, v in zip(out_names, outputs, strict=True)}
+            results = {n: to_numpy(outputs[n]) for n in out_names}
             for n, a in results.items():
                 if a.dtype.kind == "f" and not np.isfinite(a).all():
-                    raise ModelDirError(f"{model_path}: output {n!r} has non-finite values at {what}")
+                    raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at {what}")
             sample_dir = testdir(tmp, seq_len)
             sample_dir.mkdir(parents=True)
             save_vars(sample_dir / REFERENCE_INPUT, feed, nhwc=("logits_index",))

@@ -22,11 +22,12 @@ from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError, write_graph_dir
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.manifest import record_outputs, tool_versions
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.modeldir import PARTS
+from mnnbuild.modeldir import chain_part
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.stage import Stage
 
@@ -47,7 +48,8 @@ def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta
 def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path) -> ModellibManifest:
     """Lower each graph of the partition; errors name the graph and the MNN op."""
     partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
-    part = PARTS[partition.params.part]  # the language model's or a VL model's encoder
+    # the language model's (or only) graph as fetch recorded it, or a VL model's encoder
+    part = chain_part(inputs.manifest(FetchManifest, Path(inputs.model_dir)).part, partition.params.part)
     model_path = Path(inputs.model_dir) / part.model_file
     model = load_model(model_path)
     graphs = [(p.plugin, g) for p in partition.plugins for g in p.graphs]

@@ -1,18 +1,21 @@
-"""partition: cut ``llm.mnn`` into CPU ops and QNN Plugin ops (upstream ``compilefornpu``).
+"""partition: cut the model's graph (``llm.mnn``, ``embedding.mnn``) into CPU ops and QNN Plugin ops (upstream
+``compilefornpu``).
 
-A VL model's encoder is partitioned the same way on its own (the visual part, ``params.part``): ``visual.mnn``
-into ``qnn/visual.mnn`` and ``qnn/graphvisual<k>`` / ``graphvisual<s>_<k>`` dirs, one graph per image size.
+A VL model's encoder is partitioned the same way on its own (the ``visual`` chain, ``params.part``):
+``visual.mnn`` into ``qnn/visual.mnn`` and ``qnn/graphvisual<k>`` / ``graphvisual<s>_<k>`` dirs, one graph per
+image size.
 
-Reads the model (fetch output) and the io samples (decode first, then each prefill length), and writes::
+Reads the model (fetch output; its part names the graph) and the io samples (decode first, then each prefill
+length), and writes::
 
-    qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph
+    qnn/llm.mnn                 the model with one Plugin(type="QNN") op per NPU subgraph (qnn/<graph file>)
     qnn/graphllm<k>/               decode graph of plugin k: graph.json, input.mnn, output.mnn, folded.mnn
     qnn/graphllm<s>_<k>/           the same at prefill length s (1: the longest, 2: the next, ...)
     npu_postreat.json           {"type": "QNN", "merge": {"qnn/graphllm<k>.bin": [...]}, "cache": "qnn"}
     partition.json, partition.txt, partition.manifest.json
 
 The cut is in ``mnnbuild.partition.cut``; see ``mnnbuild.partition.records`` for tensor naming.
-``qnn/llm.mnn`` keeps using the model's ``llm.mnn.weight``: its CPU ops are the source ops with
+``qnn/llm.mnn`` keeps using the model's ``llm.mnn.weight`` (its part's weight file): its CPU ops are the source ops with
 their external weight offsets unchanged.
 """
 
@@ -38,7 +41,6 @@ from mnnbuild.layout import (
     QNN_DIR,
     REFERENCE_INPUT,
     REFERENCE_OUTPUT,
-    RESULT_MODEL,
     binary_path,
     graph_name,
     testdir,
@@ -50,7 +52,7 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
-from mnnbuild.modeldir import PARTS, ModelPart
+from mnnbuild.modeldir import ModelPart, chain_part
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded, write_folded_model
 from mnnbuild.partition.records import (
@@ -251,8 +253,8 @@ def _run_samples(
     frontier_names = [model.tensor_names[t] for t in cut.frontier]
     per_shape: list[list[ModuleIO]] = []
     diffs: list[float] = []
-    for s, (seq, feeds, expected) in enumerate(samples):
-        values = compute_folded(model_path, rt, feeds, frontier_names)
+    all_values = compute_folded(model, model_path, rt, [feeds for _, feeds, _ in samples], frontier_names)
+    for s, ((seq, feeds, expected), values) in enumerate(zip(samples, all_values, strict=True)):
         folded = {model.tensor_index(n): v for n, v in values.items()}
         folded_path = write_folded_model(model, folded, work / f"folded{s}.mnn")
         label = f"{model_name} seq {seq}"
@@ -311,7 +313,7 @@ def partition(
                 f"{io_dir / IoManifest.filename()}: field 'params.{field}' is {shown(got)}, "
                 f"the partition expects {shown(want)}; re-run the io stage"
             )
-    part = PARTS[params.part]
+    part = chain_part(fetched.part, params.part)
     model_path, weight_path = model_dir / part.model_file, model_dir / part.weight_file
     try:
         model = load_model(model_path)
@@ -328,7 +330,9 @@ def partition(
         support=support,
     )
     if not cut.plugins:
-        log.warning("partition %s: no subgraph qualifies for the NPU; qnn/llm.mnn equals the CPU graph", inputs.model)
+        log.warning(
+            "partition %s: no subgraph qualifies for the NPU; %s equals the CPU graph", inputs.model, part.result_model
+        )
     rt = params.runtime.create(weight_path)
     with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="mnnbuild-partition-") as work:
         qnn = tmp / QNN_DIR
@@ -349,11 +353,9 @@ def partition(
         atomic_write_text(tmp / POSTREAT_FILE, json.dumps(postreat, indent=4) + "\n")
 
         seq_lens = [s[0] for s in samples]
-        report = build_report(
-            inputs.model, cut, seq_lens, boundary, len(result.ops), diffs, part.graph_prefix, part.result_model
-        )
+        report = build_report(inputs.model, cut, seq_lens, boundary, len(result.ops), diffs, part.graph_prefix)
         atomic_write_text(tmp / PARTITION_REPORT_JSON, report.model_dump_json(indent=2) + "\n")
-        atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report))
+        atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report, part.result_model))
 
         used = {part.model_file, part.weight_file}
         manifest = PartitionManifest(
@@ -397,7 +399,13 @@ STAGE = Stage(
     params=PartitionParams,
     manifest=PartitionManifest,
     upstream=("fetch", "io"),
-    outputs=(RESULT_MODEL, f"{QNN_DIR}/graph*/", POSTREAT_FILE, PARTITION_REPORT_JSON, PARTITION_REPORT_TEXT),
+    outputs=(
+        f"{QNN_DIR}/<model>.mnn",
+        f"{QNN_DIR}/graph*/",
+        POSTREAT_FILE,
+        PARTITION_REPORT_JSON,
+        PARTITION_REPORT_TEXT,
+    ),
     tools=frozenset({"MNN"}),
-    doc="Cut each model into CPU ops and QNN Plugin ops (qnn/llm.mnn, graph dirs, npu_postreat.json).",
+    doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
 )

@@ -10,7 +10,8 @@ Checks (tolerances in :class:`VerifyParams`):
   outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
   a VL model's encoder (``qnn/visual.mnn``, its visual part) gets the plugin, per-graph and whole-encoder checks
   too, at every image size (its io samples);
-- (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt.
+- (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt (models that
+  generate: not an embedding model, whose whole-model check compares ``sentence_embeddings`` by cosine and error).
 
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
@@ -39,6 +40,7 @@ from mnnbuild.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
@@ -140,7 +142,7 @@ def _run_bundle(
     each is loaded, its per-graph check. Returns the per-graph checks by plugin path."""
     t0 = time.perf_counter()
     gen = None
-    if not part.visual:
+    if not part.visual and inputs.manifest(FetchManifest, Path(inputs.model_dir)).part.generates:
         gen = checks.GenerationRun(
             Path(inputs.model_dir),
             model.bundle.model_dir,
@@ -339,7 +341,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
                 executed={p.path: p.executed or "not run" for p in report.plugins},
                 worst_graph_cosine=min((t.cosine for t in graph_checks if t.cosine is not None), default=None),
                 worst_graph_rel_err=max((t.rel_err for t in graph_checks if t.rel_err is not None), default=None),
-                tokens_match=report.generation is not None and report.generation.first_divergence is None,
+                tokens_match=None if report.generation is None else report.generation.first_divergence is None,
             )
             manifest.write(tmp)
     text = out_dir / REPORT_TEXT

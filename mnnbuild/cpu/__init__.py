@@ -93,6 +93,12 @@ _DTYPES = {
 }
 
 
+def forward_vars(module: Any, variables: Sequence[Any]) -> list[Any]:
+    """Run an MNN module on MNN Vars (fed in their own layout); always a list of output Vars."""
+    result = module.forward(list(variables))
+    return list(result) if isinstance(result, (list, tuple)) else [result]
+
+
 def to_var(array: np.ndarray, name: str | None = None, nhwc: bool = False) -> Any:
     """A constant MNN Var holding ``array`` (float32 or int32), optionally named."""
     F = import_mnn().expr

@@ -1,0 +1,128 @@
+"""Run a whole MNN graph on the CPU in segments of bounded weight, so memory follows a segment, not the model.
+
+PyPI MNN decodes every quantized convolution of a loaded module to fp32: a Qwen3-1.7B-shaped ``llm.mnn``
+(int4, ~1 GB on disk) takes ~7 GB once loaded whole. Loading only the ops between named tensors
+(``load_module(path, rt, inputs, outputs)``, as the partition's subgraph runs do) keeps just those
+weights. The graph's ops are split in source order into segments whose fp32 parameters stay under a
+budget; each segment is loaded once, runs every sample, and is freed before the next loads. The tensors
+that cross a cut (the hidden state, the mask and rotary tables, ...) are carried between segments in the
+memory layout MNN gave them, so every op computes what it would in the whole graph.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mnnbuild.cpu import NCHW, BoundaryValue, forward_vars, load_module, to_numpy, var_format
+from mnnbuild.errors import MNNFormatError
+from mnnbuild.mnn import MnnModel
+from mnnbuild.mnn.semantics import CONST_OP_TYPES, needed_ops
+from mnnbuild.mnn.summary import op_parameter_count
+
+log = logging.getLogger(__name__)
+
+SEGMENT_BYTES = 1 << 30
+"""fp32 parameter bytes a segment may hold (one Qwen3-1.7B layer is ~200 MB; its lm_head alone 1.2 GB)."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    ops: list[int]
+    inputs: list[int]
+    """Tensors it is fed: graph inputs and earlier segments' outputs (Const tensors load with it)."""
+    outputs: list[int]
+    """Tensors later segments read, and the requested outputs it makes."""
+
+
+def plan_segments(
+    model: MnnModel, inputs: Sequence[int], outputs: Sequence[int], budget: int = SEGMENT_BYTES
+) -> list[Segment]:
+    """Split the ops computing ``outputs`` from ``inputs`` (source order) where the next op would take a
+    segment's fp32 parameters (its own and the Const tensors it reads) over ``budget``. An op heavier than the
+    budget gets a segment of its own."""
+    ops = needed_ops(model, inputs, outputs)
+    const_made = {t for op in model.ops if op.type in CONST_OP_TYPES for t in op.outputs}
+    const_bytes = {t: 4 * op_parameter_count(op) for op in model.ops if op.type in CONST_OP_TYPES for t in op.outputs}
+    groups: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i in ops:
+        op = model.ops[i]
+        cost = 4 * op_parameter_count(op) + sum(const_bytes.get(t, 0) for t in op.inputs)
+        if current and used + cost > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += cost
+    if current:
+        groups.append(current)
+
+    made_in = {t: g for g, group in enumerate(groups) for i in group for t in model.ops[i].outputs}
+    wanted = set(outputs)
+    segments = []
+    for g, group in enumerate(groups):
+        read = {t for i in group for t in model.ops[i].inputs if t >= 0 and t not in const_made}
+        fed = sorted(t for t in read if made_in.get(t, -1) != g)
+        later = {t for h in groups[g + 1 :] for i in h for t in model.ops[i].inputs if made_in.get(t, -1) == g}
+        made = [t for i in group for t in model.ops[i].outputs]
+        outs = sorted({t for t in made if t in later or t in wanted})
+        if outs:  # a group whose results nobody reads (a dead end) is not run
+            segments.append(Segment(ops=group, inputs=fed, outputs=outs))
+    return segments
+
+
+def run_segmented(
+    model_path: Path,
+    rt: Any,
+    model: MnnModel,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    output_names: Sequence[str],
+    budget: int = SEGMENT_BYTES,
+    label: str = "",
+) -> list[dict[str, Any]]:
+    """The named outputs of the graph for each sample (graph input name -> array), as MNN Vars, computed
+    segment by segment; with one segment this is one module over the whole graph."""
+    input_idx = [model.tensor_index(n) for n in samples[0]]
+    out_idx = [model.tensor_index(n) for n in output_names]
+    segments = plan_segments(model, input_idx, out_idx, budget)
+    names = model.tensor_names
+    envs: list[dict[int, BoundaryValue]] = [
+        {model.tensor_index(n): BoundaryValue(array=np.asarray(a), fmt=NCHW) for n, a in s.items()} for s in samples
+    ]
+    results: list[dict[str, Any]] = [{} for _ in samples]
+    still_read = [{t for seg in segments[k + 1 :] for t in seg.inputs} for k in range(len(segments))]
+    log.debug("%s: %d segment(s) of at most %d MB", label or model_path.name, len(segments), budget >> 20)
+    for k, seg in enumerate(segments):
+        started = time.perf_counter()
+        module = load_module(model_path, rt, [names[t] for t in seg.inputs], [names[t] for t in seg.outputs])
+        if module is None:
+            raise MNNFormatError(f"{model_path}: MNN could not load the ops {names[seg.inputs[0]]!r} ... onwards")
+        for env, res in zip(envs, results, strict=True):
+            out_vars = forward_vars(module, [env[t].as_var() for t in seg.inputs])
+            if len(out_vars) != len(seg.outputs):  # MNN failed inside forward (it prints why)
+                raise MNNFormatError(
+                    f"{model_path}: MNN computed {len(out_vars)} of the {len(seg.outputs)} outputs of segment {k}"
+                )
+            for t, var in zip(seg.outputs, out_vars, strict=True):
+                if t in out_idx:
+                    res[names[t]] = var
+                env[t] = BoundaryValue(array=to_numpy(var), fmt=var_format(var))
+            for t in [t for t in env if t not in still_read[k]]:
+                del env[t]  # nothing after this segment reads it
+        del module
+        if len(segments) > 1:  # the runtime has no tqdm: a line per segment instead (each takes seconds at real size)
+            log.info(
+                "%s: segment %d/%d in %.1f s",
+                label or model_path.name,
+                k + 1,
+                len(segments),
+                time.perf_counter() - started,
+            )
+    return results
