@@ -56,6 +56,8 @@ class Stage:
     per_target: bool = False
     """Built once per target arch rather than once per model."""
     cacheable: bool = True
+    """Whether the artifact cache stores its outputs: not when a rebuild costs about what a restore does (fetch
+    links files, bundle copies them); the stages after it are restored all the same, its manifest being identical."""
     tools: frozenset[Tool] = frozenset()
     """External tools it calls; their versions enter its key."""
     doc: str = ""

@@ -226,21 +226,55 @@ def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
 
 
 def test_modellib_writes_each_weight_once(built: Path) -> None:
-    """The graph dir (graph.json + raws) is the whole model-lib: no second copy of the weights. Weights stay fp32:
-    stored as fp16 by us, the int8 fixture's greedy tokens flip on a near-tie (see stages/modellib.py)."""
+    """The graph dir (graph.json + raws) is the whole model-lib: no second copy of the weights, each stored in
+    fp16 (QNN float32 tensors, widened exactly when composed; the test below shows the binary is the same)."""
     modellib = built / "tiny-qwen3" / "modellib"
     files = [p for p in modellib.rglob("*") if p.is_file()]
     assert not [p for p in files if p.suffix == ".bin"], "no tar of the raws beside them"
     raws = [p for p in files if p.suffix == ".raw"]
     desc = read_graph_description(modellib / "qnn" / "graphllm0")
     weights = [t for t in desc.static_tensors if t.name.endswith(".weight")]
-    assert weights and all(t.dtype == "float32" for t in weights)
+    assert weights and all(t.dtype == "float32" and t.storage == "float16" for t in weights)
     for t in weights:
-        assert (modellib / "qnn" / "graphllm0" / str(t.raw)).stat().st_size == 4 * int(np.prod(t.dims))
+        assert (modellib / "qnn" / "graphllm0" / str(t.raw)).stat().st_size == 2 * int(np.prod(t.dims))
+    others = [t for t in desc.static_tensors if not t.name.endswith(".weight")]
+    assert others and all(t.storage is None for t in others), "biases, norms and constants keep their type"
     # bytes on disk: the weights of each plugin once, although both of its graphs list them
     on_disk = sum({(p.stat().st_dev, p.stat().st_ino): p.stat().st_size for p in raws}.values())
     decode_graphs = [d for d in (modellib / "qnn").iterdir() if not d.name.startswith("graphllm1_")]
     assert on_disk < 1.05 * sum(p.stat().st_size for d in decode_graphs for p in d.glob("*.raw"))
+
+
+def test_fp16_stored_weights_give_the_same_binary(built: Path, tmp_path: Path) -> None:
+    """Weights stored in fp16 cost the HTP nothing: the context composed from the modellib is byte for byte the
+    one composed from the same graphs with every raw widened back to float32 (QNN rounds float32 weights to fp16
+    as numpy does). Declared as float16 tensors instead, QNN would prepare other kernels: not what we do."""
+    import shutil
+
+    from mnnbuild.lowering.binary import compose_in_fresh_process
+    from mnnbuild.lowering.graph import GRAPH_JSON, read_static
+
+    modellib = built / "tiny-qwen3" / "modellib"
+    wide = tmp_path / "wide"
+    shutil.copytree(modellib, wide)
+    graphs = ["qnn/graphllm0", "qnn/graphllm1_0"]
+    widened = 0
+    for g in graphs:
+        desc = read_graph_description(wide / g)
+        for t in desc.static_tensors:
+            if t.storage is not None:
+                data = read_static(wide / g, t)
+                (wide / g / str(t.raw)).unlink()  # a hard link to the other graph's raw: replace, not overwrite
+                data.astype("<f4").tofile(wide / g / str(t.raw))
+                widened += 1
+        plain = [t.model_copy(update={"storage": None}) for t in desc.tensors]
+        (wide / g / GRAPH_JSON).write_text(desc.model_copy(update={"tensors": plain}).model_dump_json())
+    assert widened >= 2
+    soc = soc_by_name("SM8750")
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    compose_in_fresh_process(target, modellib, graphs, True, tmp_path / "fp16.bin")
+    compose_in_fresh_process(target, wide, graphs, True, tmp_path / "fp32.bin")
+    assert (tmp_path / "fp16.bin").read_bytes() == (tmp_path / "fp32.bin").read_bytes()
 
 
 def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:

@@ -413,3 +413,40 @@ def test_parameter_count_of_a_conv_is_what_it_decodes_to(model_dir: Path) -> Non
         for op in conv_ops(model):
             decoded = decode_conv(op, weights)
             assert op_parameter_count(op) == decoded.weight.size + decoded.bias.size, op.name
+
+
+@pytest.mark.parametrize("spec", [SYNTHETIC[1], SYNTHETIC[2]], ids=["int8-channel-asym", "int4-block-sym"])
+def test_in_major_and_fp16_decode_hold_the_same_values(spec: dict, tmp_path: Path) -> None:
+    """The layouts the QNN lowering asks for: same values, ``weight.T`` contiguous, fp16 rounded as astype does."""
+    model, _ = conv_model([spec], tmp_path / "m.mnn.weight")
+    op = model.ops_of_type("Convolution")[0]
+    with WeightFile(tmp_path / "m.mnn.weight") as wf:
+        plain = decode_conv(op, wf)
+        io = decode_conv(op, wf, in_major=True)
+        half = decode_conv(op, wf, dtype=np.float16, in_major=True)
+    assert plain.weight.flags.c_contiguous and io.weight.T.flags.c_contiguous and half.weight.T.flags.c_contiguous
+    np.testing.assert_array_equal(io.weight, plain.weight)
+    assert half.weight.dtype == np.float16
+    np.testing.assert_array_equal(half.weight, plain.weight.astype(np.float16))
+    np.testing.assert_array_equal(half.bias, plain.bias)
+
+
+def test_in_major_decode_holds_one_full_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An lm_head-like conv decoded for QNN peaks near one float32 copy of its weight (not two)."""
+    import mnnbuild.mnn.weights as weights_module
+
+    spec = {"out": 4096, "in": 512, "bits": 4, "block": 64, "symmetric": False}
+    model, [(deq, _)] = conv_model([spec], tmp_path / "m.mnn.weight")
+    op = model.ops_of_type("Convolution")[0]
+    monkeypatch.setattr(weights_module, "_BLOCK_BYTES", 1 << 20)  # many blocks, as an lm_head has
+    full = 4096 * 512 * 4
+    with WeightFile(tmp_path / "m.mnn.weight") as wf:
+        tracemalloc.start()
+        try:
+            cw = decode_conv(op, wf, in_major=True)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    np.testing.assert_allclose(cw.weight, deq, rtol=0, atol=1e-6)
+    # the result, the unpacked codes (1 byte per weight) and one block of temporaries
+    assert peak < full + full // 4 + (3 << 20), (peak, full)

@@ -150,13 +150,17 @@ class LoweringContext:
         return name
 
     def static(self, name: str, data: np.ndarray, dtype: str | None = None) -> str:
-        """A STATIC tensor; one name always holds the same data (weight sharing relies on it)."""
+        """A STATIC tensor; one name always holds the same data (weight sharing relies on it). float16 data of a
+        float32 tensor is kept as it is and stored so (the raw's ``storage`` type)."""
         dtype = dtype or qnn_dtype_name(data.dtype)
         data = np.asarray(data)
         if data.ndim == 0:
             data = data.reshape(1)
-        desc = QnnTensorDesc(name=name, kind=TensorKind.STATIC, dims=list(data.shape), dtype=dtype, raw="")
-        arr = np.ascontiguousarray(data, dtype=desc.numpy_dtype)
+        storage = "float16" if data.dtype == np.float16 and dtype == "float32" else None
+        desc = QnnTensorDesc(
+            name=name, kind=TensorKind.STATIC, dims=list(data.shape), dtype=dtype, raw="", storage=storage
+        )
+        arr = np.ascontiguousarray(data, dtype=desc.raw_dtype.newbyteorder("="))
         if name in self.statics:
             old = self.statics[name]
             if old.shape != arr.shape or not np.array_equal(old, arr):

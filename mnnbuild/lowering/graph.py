@@ -1,7 +1,8 @@
 """The serializable description of one QNN graph, and playing it into a ``GraphBuilder``.
 
 A lowered subgraph is a :class:`GraphDescription` (tensors and nodes, JSON) plus the data of its
-static tensors (one ``.raw`` file each: the tensor's elements, little-endian, C order, no header).
+static tensors (one ``.raw`` file each: the tensor's elements, little-endian, C order, no header, of
+the tensor's data type or of its narrower ``storage`` type, see :class:`QnnTensorDesc`).
 The modellib stage writes both into a graph directory; the context stage reads them back and
 :func:`compose` adds the tensors and nodes to a QNN graph.
 """
@@ -29,13 +30,17 @@ from mnnbuild.qnn import dtypes as qdt
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: STATIC tensors may name a narrower storage type for their raw file
 GRAPH_JSON = GRAPH_FILE
 DEFAULT_PACKAGE = "qti.aisw"
 
 
 class LoweringError(MnnbuildError):
     """An MNN op cannot be lowered to QNN, or a graph description is inconsistent."""
+
+
+# Storage types a raw may narrow a tensor's data type to: every stored value widens exactly.
+NARROWER_STORAGE: dict[str, tuple[str, ...]] = {"float32": ("float16",)}
 
 
 class TensorKind(str, Enum):
@@ -55,6 +60,9 @@ class QnnTensorDesc(BaseModel):
     """A QNN data type name from ``mnnbuild.qnn.dtypes`` (``float32``, ``int32``, ``uint32``, ``bool`` ...)."""
     raw: str | None = None
     """STATIC only: the ``.raw`` file name (in the graph directory) holding the data."""
+    storage: str | None = None
+    """STATIC only: the data type of the ``.raw`` file when it is not ``dtype`` (``float16`` for a ``float32``
+    weight). The tensor is still ``dtype`` to QNN; its values are the stored ones, widened exactly."""
 
     @model_validator(mode="after")
     def _check(self) -> QnnTensorDesc:
@@ -62,11 +70,22 @@ class QnnTensorDesc(BaseModel):
             raise ValueError(f"tensor {self.name!r}: a raw file is required for STATIC tensors and only for them")
         if self.dtype not in qdt.NAME_TO_DTYPE:
             raise ValueError(f"tensor {self.name!r}: unknown QNN data type {self.dtype!r}")
+        if self.storage is not None:
+            if self.kind != TensorKind.STATIC:
+                raise ValueError(f"tensor {self.name!r}: only STATIC tensors have a storage type")
+            if self.storage not in NARROWER_STORAGE.get(self.dtype, ()):
+                raise ValueError(f"tensor {self.name!r}: {self.dtype} cannot be stored as {self.storage!r}")
         return self
 
     @property
     def numpy_dtype(self) -> np.dtype:
         return qdt.numpy_dtype(qdt.NAME_TO_DTYPE[self.dtype])
+
+    @property
+    def raw_dtype(self) -> np.dtype:
+        """The element type of the raw file (little-endian)."""
+        name = self.storage or self.dtype
+        return qdt.numpy_dtype(qdt.NAME_TO_DTYPE[name]).newbyteorder("<")
 
 
 class ScalarParam(BaseModel):
@@ -180,7 +199,7 @@ def write_graph_dir(
     for t in desc.static_tensors:
         if t.name not in statics:
             raise LoweringError(f"static tensor {t.name!r} has no data")
-        arr = np.ascontiguousarray(statics[t.name], dtype=t.numpy_dtype.newbyteorder("<"))
+        arr = np.ascontiguousarray(statics[t.name], dtype=t.raw_dtype)
         if list(arr.shape) != t.dims:
             raise LoweringError(f"static tensor {t.name!r}: data shape {list(arr.shape)} != dims {t.dims}")
         path = directory / str(t.raw)
@@ -216,18 +235,28 @@ def read_graph_description(directory: Path) -> GraphDescription:
         raise LoweringError(f"{path}: cannot read the graph description: {exc}") from exc
 
 
-def read_static(directory: Path, t: QnnTensorDesc) -> np.ndarray:
-    """The data of static tensor ``t`` from its raw file in ``directory``."""
+def read_static(directory: Path, t: QnnTensorDesc, chunk: int = 16 << 20) -> np.ndarray:
+    """The data of static tensor ``t`` from its raw file in ``directory``, of the tensor's data type (a narrower
+    stored type is widened a chunk at a time, so the widened array is the only full-size one)."""
     path = Path(directory) / str(t.raw)
-    dtype = t.numpy_dtype.newbyteorder("<")
+    stored = t.raw_dtype
     try:
         size = os.path.getsize(path)
     except OSError as exc:
         raise LoweringError(f"{path}: missing raw file of static tensor {t.name!r}") from exc
-    expected = int(np.prod(t.dims, dtype=np.int64)) * dtype.itemsize
+    count = int(np.prod(t.dims, dtype=np.int64))
+    expected = count * stored.itemsize
     if size != expected:
-        raise LoweringError(f"{path}: {size} bytes, static tensor {t.name!r} {t.dims} {t.dtype} needs {expected}")
-    return np.fromfile(path, dtype=dtype).reshape(t.dims).astype(t.numpy_dtype, copy=False)
+        what = f"{t.dtype} stored as {t.storage}" if t.storage else t.dtype
+        raise LoweringError(f"{path}: {size} bytes, static tensor {t.name!r} {t.dims} {what} needs {expected}")
+    if t.storage is None:
+        return np.fromfile(path, dtype=stored).reshape(t.dims).astype(t.numpy_dtype, copy=False)
+    out = np.empty(count, dtype=t.numpy_dtype)
+    step = max(1, chunk // stored.itemsize)
+    with open(path, "rb") as f:
+        for start in range(0, count, step):
+            out[start : start + step] = np.fromfile(f, dtype=stored, count=min(step, count - start))
+    return out.reshape(t.dims)
 
 
 def _param_value(p: Param) -> object:

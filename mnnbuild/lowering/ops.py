@@ -25,7 +25,7 @@ from mnnbuild.lowering.support import (
     _unary_kind,
 )
 from mnnbuild.mnn import Op
-from mnnbuild.mnn.weights import WeightFile, decode_conv
+from mnnbuild.mnn.weights import ConvWeights, WeightFile, decode_conv
 
 Lower = Callable[[LoweringContext, Op], None]
 
@@ -88,8 +88,21 @@ def _lower_reshape(ctx: LoweringContext, op: Op) -> None:
     ctx.node("Reshape", [ctx.input(op.inputs[0])], [ctx.output(op.outputs[0])])
 
 
+def htp_conv_weights(op: Op, weights: WeightFile | None) -> ConvWeights:
+    """A conv's weights as the lowering stores them: ``weight.T`` is the contiguous ``[in, out]`` QNN reads, and it
+    is float16. The HTP prepares in fp16 and rounds float32 static weights to fp16 to the nearest even, as numpy
+    does, so the context binary is the same bytes (``tests/test_context.py`` composes both) at half the size. A
+    weight beyond fp16's range keeps float32 (QNN's overflow handling is not ours to guess)."""
+    cw = decode_conv(op, weights, dtype=np.float16, in_major=True)
+    io = cw.weight.T
+    step = max(1, (16 << 20) // max(1, io.shape[1] * 2))
+    if all(np.isfinite(io[i : i + step]).all() for i in range(0, io.shape[0], step)):
+        return cw
+    return decode_conv(op, weights, in_major=True)
+
+
 def _lower_conv(ctx: LoweringContext, op: Op) -> None:
-    cw = decode_conv(op, ctx.weights)
+    cw = htp_conv_weights(op, ctx.weights)
     src, dst = op.inputs[0], op.outputs[0]
     in_shape, out_shape = ctx.shape(src), ctx.shape(dst)
     if len(in_shape) != 4:
@@ -109,7 +122,7 @@ def _lower_conv(ctx: LoweringContext, op: Op) -> None:
         nhwc = (n, h, w, c)
         x4 = ctx.temp("nhwc", nhwc)
         ctx.node("Transpose", [x], [x4], {"perm": tensor_param([0, 2, 3, 1])}, suffix="nhwc")
-    weight = ctx.static(f"{op.name}.weight", np.ascontiguousarray(cw.weight.T.reshape(1, 1, c, o), np.float32))
+    weight = ctx.static(f"{op.name}.weight", cw.weight.T.reshape(1, 1, c, o), "float32")
     bias = ctx.static(f"{op.name}.bias", cw.bias.astype(np.float32))
     y_shape = (*nhwc[:3], o)
     y = ctx.temp("conv", y_shape)

@@ -24,13 +24,14 @@ import json
 import logging
 import math
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from mnnbuild.errors import MNNFormatError, UnsafePathError
 from mnnbuild.fsutil import confined
@@ -63,8 +64,9 @@ class QuantInfo:
 
 @dataclass
 class ConvWeights:
-    """Decoded weights of one Convolution op: ``weight`` float32 ``[out, in/group * kh * kw]`` (``[out, in]``
-    for the 1x1 convs of LLMs) and ``bias`` float32 ``[out]``; ``y = x @ weight.T + bias``."""
+    """Decoded weights of one Convolution op: ``weight`` ``[out, in/group * kh * kw]`` (``[out, in]`` for the
+    1x1 convs of LLMs; float32 unless `decode_conv` was asked for another type) and ``bias`` float32 ``[out]``;
+    ``y = x @ weight.T + bias``."""
 
     name: str
     weight: np.ndarray
@@ -205,9 +207,13 @@ def _alpha_from(raw: np.ndarray, fp16: bool) -> np.ndarray:
     return raw.view("<f2").astype(np.float32) if fp16 else raw.view("<f4").astype(np.float32)
 
 
-def _dequantize(values: np.ndarray, value_offset: int, alpha: np.ndarray, asymmetric: bool, where: str) -> np.ndarray:
-    """``(values - value_offset) * scale + zero`` per scale group, computed as ``values * scale + zero'``
-    (offset folded into the zero point) to save a pass over the data."""
+RowSource = Callable[[int, int], np.ndarray]
+"""Output channels ``[first, last)`` of a conv weight as float32 ``[last - first, in]`` (a view or a new array)."""
+
+
+def _dequantizer(values: np.ndarray, value_offset: int, alpha: np.ndarray, asymmetric: bool, where: str) -> RowSource:
+    """Scale groups ``[first, last)`` of ``(values - value_offset) * scale + zero`` as float32 ``[groups, block]``,
+    computed as ``values * scale + zero'`` (offset folded into the zero point) to save a pass over the data."""
     groups = alpha.size // 2 if asymmetric else alpha.size
     if groups == 0 or values.size % groups:
         raise MNNFormatError(f"{where}: {values.size} weights do not split into {groups} scale groups")
@@ -216,11 +222,42 @@ def _dequantize(values: np.ndarray, value_offset: int, alpha: np.ndarray, asymme
     zero = alpha[0::2] if asymmetric else np.zeros_like(alpha)
     if value_offset:
         zero = zero - np.float32(value_offset) * scale
-    out = np.empty(v2.shape, dtype=np.float32)
-    np.multiply(v2, scale[:, None], out=out, casting="unsafe")
-    if asymmetric or value_offset:
-        out += zero[:, None]
-    return out
+    shift = asymmetric or bool(value_offset)
+
+    def rows(first: int, last: int) -> np.ndarray:
+        out = np.empty((last - first, v2.shape[1]), dtype=np.float32)
+        np.multiply(v2[first:last], scale[first:last, None], out=out, casting="unsafe")
+        if shift:
+            out += zero[first:last, None]
+        return out
+
+    return rows
+
+
+def _slices(matrix: np.ndarray) -> RowSource:
+    return lambda first, last: matrix[first:last]
+
+
+def _group_rows(dequantize: RowSource, per_row: int, in_ch: int) -> RowSource:
+    """Output channels from a dequantizer of scale groups, ``per_row`` groups per channel."""
+    return lambda first, last: dequantize(first * per_row, last * per_row).reshape(last - first, in_ch)
+
+
+# output channels decoded at a time: the float32 temporaries stay a few MB even for an lm_head
+_BLOCK_BYTES = 16 << 20
+
+
+def _assemble(rows: RowSource, out_ch: int, in_ch: int, dtype: np.dtype, in_major: bool) -> np.ndarray:
+    """The ``[out_ch, in_ch]`` weight of ``dtype`` filled a block of output channels at a time from ``rows``, so
+    the only full-size array is the result. ``in_major`` stores it as the transpose of a C-contiguous
+    ``[in, out]`` array (QNN's conv weight layout): ``result.T`` is then contiguous, no second copy needed."""
+    full = np.empty((in_ch, out_ch) if in_major else (out_ch, in_ch), dtype=dtype)
+    view = full.T if in_major else full
+    step = max(1, _BLOCK_BYTES // max(1, 4 * in_ch))
+    for first in range(0, out_ch, step):
+        last = min(out_ch, first + step)
+        view[first:last] = rows(first, last)  # cast to dtype per element, as astype would (round to nearest)
+    return view
 
 
 # ---- Convolution ------------------------------------------------------------------------------------
@@ -248,10 +285,16 @@ def conv_ops(model: MnnModel) -> list[Op]:
     return [op for op in model.ops if op.type in _CONV_TYPES and op.param_type == "Convolution2D"]
 
 
-def decode_conv(op: Op, weights: WeightFile | None) -> ConvWeights:
-    """Decode one Convolution op into float32 ``[out, in]`` weight and ``[out]`` bias.
+def decode_conv(
+    op: Op, weights: WeightFile | None, *, dtype: DTypeLike = np.float32, in_major: bool = False
+) -> ConvWeights:
+    """Decode one Convolution op into an ``[out, in]`` weight of ``dtype`` (float32 unless asked) and a float32
+    ``[out]`` bias.
 
-    ``weights`` is the model's external weight file (``None`` is fine when everything is inline)."""
+    ``weights`` is the model's external weight file (``None`` is fine when everything is inline). With
+    ``in_major`` the weight is the transpose of a C-contiguous ``[in, out]`` array, so ``weight.T`` (what a
+    QNN conv reads) needs no copy; either way it is decoded a block of output channels at a time into the
+    result, the only full-size array (an lm_head is 1.2 GB in float32)."""
     c = op.param("Convolution2D")
     where = f"op {op.name!r}"
     common = c.common
@@ -266,18 +309,20 @@ def decode_conv(op: Op, weights: WeightFile | None) -> ConvWeights:
         return weights
 
     bias: np.ndarray | None = None
+    floats: np.ndarray | None = None  # float weights as stored (a view where possible), else a dequantizer
+    groups = 0
     if q is None:
         if external:
             f = need_file()
-            w = f.read(ext[0], ext[1], f"{where} float weight").view("<f4").astype(np.float32)
+            floats = f.read(ext[0], ext[1], f"{where} float weight").view("<f4")
             if len(ext) > 2 and ext[2]:
                 bias = f.read(ext[0] + ext[1], ext[2], f"{where} bias").view("<f4").astype(np.float32)
         else:
             if c.weight is None:
                 raise MNNFormatError(f"{where}: Convolution2D has neither weights nor external data")
-            w = np.asarray(c.weight, dtype=np.float32)
+            floats = np.asarray(c.weight, dtype=np.float32)
         info = QuantInfo(0, 32, 0, 0, True, "")
-        weight = w
+        count = floats.size
     else:
         qtype = int(q.type)
         if qtype not in _SUPPORTED_QUANT:
@@ -304,8 +349,9 @@ def decode_conv(op: Op, weights: WeightFile | None) -> ConvWeights:
             else:
                 alpha_raw = None
         if qtype in (QUANT_FP16, QUANT_EXTERNAL_FLOAT):
-            weight = raw.view("<f2").astype(np.float32) if qtype == QUANT_FP16 else raw.view("<f4").astype(np.float32)
+            floats = raw.view("<f2") if qtype == QUANT_FP16 else raw.view("<f4")
             info = QuantInfo(qtype, 16 if qtype == QUANT_FP16 else 32, 0, 0, True, "")
+            count = floats.size
         else:
             if qtype == QUANT_IDST:
                 ints, value_offset, _dims, bits = _decode_idst_block(np.asarray(raw), bool(q.shapeInt32), where)
@@ -322,7 +368,7 @@ def decode_conv(op: Op, weights: WeightFile | None) -> ConvWeights:
                     alpha[0::2] -= clamp_min * alpha[1::2]
             if not q.hasScaleInt and not old_type4 and q.quantScale != 1.0:
                 alpha *= np.float32(q.quantScale)
-            weight = _dequantize(ints, value_offset, alpha, asymmetric, where)
+            dequantize = _dequantizer(ints, value_offset, alpha, asymmetric, where)
             groups = alpha.size // 2 if asymmetric else alpha.size
             info = QuantInfo(
                 qtype,
@@ -332,13 +378,21 @@ def decode_conv(op: Op, weights: WeightFile | None) -> ConvWeights:
                 not asymmetric,
                 "fp16" if fp16_alpha else "fp32",
             )
-        if bias is None and c.bias is not None and len(c.bias):
-            bias = np.asarray(c.bias, dtype=np.float32)
+            count = ints.size
+    if bias is None and c.bias is not None and len(c.bias):
+        bias = np.asarray(c.bias, dtype=np.float32)
     if out_ch <= 0:
         out_ch = bias.size if bias is not None else 1
-    if weight.size % out_ch:
-        raise MNNFormatError(f"{where}: {weight.size} weights do not split into {out_ch} output channels")
-    weight = weight.reshape(out_ch, -1)
+    if count % out_ch:
+        raise MNNFormatError(f"{where}: {count} weights do not split into {out_ch} output channels")
+    in_ch = count // out_ch
+    if floats is not None:
+        rows = _slices(floats.reshape(out_ch, in_ch))
+    elif groups % out_ch == 0:  # scale groups are [out, blocks] ordered: whole output channels decode alone
+        rows = _group_rows(dequantize, groups // out_ch, in_ch)
+    else:  # a scale group spans output channels (no exporter writes this): decode it whole
+        rows = _slices(dequantize(0, groups).reshape(out_ch, in_ch))
+    weight = _assemble(rows, out_ch, in_ch, np.dtype(dtype), in_major)
     if bias is None:
         bias = np.zeros(out_ch, dtype=np.float32)
     if bias.size != out_ch:

@@ -4,8 +4,9 @@ For each ``qnn/<graph>/`` of the partition it writes ``qnn/<graph>/graph.json`` 
 nodes, see `mnnbuild.lowering.graph`) and one ``.raw`` per static tensor: the graph directory is
 the model-lib, complete on its own (upstream's ``graph.bin`` is ``tar -cf graph.bin *.raw`` of
 it). Every weight is written once: the prefill graphs' raws that equal the decode graph's are hard
-links. Weights stay fp32 (see the note in `build_modellib`). The context stage composes QNN graphs
-from it.
+links. Conv weights are float32 QNN tensors stored in fp16 raws (``storage`` in ``graph.json``): the HTP
+prepares in fp16 and rounds them exactly so, so the context binaries are the same bytes at half the disk
+(`mnnbuild.lowering.ops.htp_conv_weights`). The context stage composes QNN graphs from it.
 """
 
 from __future__ import annotations
@@ -73,8 +74,6 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             except LoweringError as exc:
                 raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
             dest = tmp / QNN_DIR / graph
-            # weights stay fp32 although the HTP prepares in fp16: stored as fp16 by us, the int8 fixture's greedy
-            # tokens flipped on a near-tie where QNN's own conversion keeps them (measured in session 2)
             desc, data = lowered.description, lowered.statics
             first = first_graph.setdefault(plugin, dest)
             write_graph_dir(dest, desc, data, link_from=first if first != dest else None)
