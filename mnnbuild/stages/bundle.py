@@ -105,8 +105,8 @@ def visual_readme(model_name: str, image_sizes: tuple[str, ...], encoder: str) -
         f"{model_name}: a vision-language model. The language model runs on the NPU (qnn/graphllm*.bin), and so\n"
         f"does the visual encoder ({encoder}, weights in {encoder}.weight; qnn/graphvisual*.bin), compiled for\n"
         f"the image sizes {', '.join(image_sizes)} (width x height), one graph each. MNN resizes every image\n"
-        "itself (image_min_pixels / image_max_pixels in llm_config.json); an image whose resized patch grid is\n"
-        "none of these sizes' finds no NPU graph of its shape.\n"
+        "itself (image_min_pixels / image_max_pixels in llm_config.json): a compiled size is used only when that\n"
+        "resize lands on it exactly (the QNN plugin picks its graph by input shape).\n"
     )
 
 
