@@ -44,3 +44,55 @@ def linear_ops_alone(desc: GraphDescription) -> GraphDescription:
         outputs.append(y)
         nodes.append(node.model_copy(update={"inputs": new_inputs, "outputs": [y]}))
     return GraphDescription(inputs=inputs, outputs=outputs, tensors=list(tensors.values()), nodes=nodes)
+
+
+def linear_ops_chained(desc: GraphDescription) -> GraphDescription:
+    """The graph's linear ops wired as the graph wires them, with everything between them removed: each reads
+    the output of the nearest linear op upstream of its data input (through the first non-static input of the
+    nodes in between) when the dims agree, else its own graph input. Linear outputs no other linear op reads
+    are the graph outputs. Qualcomm's prepare cost of the layer's dataflow, without any of our other nodes."""
+    by_name = {t.name: t for t in desc.tensors}
+    producer = {o: n for n in desc.nodes for o in n.outputs}
+
+    def linear_source(tensor: str) -> QnnNodeDesc | None:
+        seen: set[str] = set()
+        while tensor in producer and tensor not in seen:
+            seen.add(tensor)
+            node = producer[tensor]
+            if is_linear(node, by_name):
+                return node
+            data = [i for i in node.inputs if by_name[i].kind != TensorKind.STATIC]
+            if not data:
+                return None
+            tensor = data[0]
+        return None
+
+    tensors: dict[str, QnnTensorDesc] = {}
+    nodes: list[QnnNodeDesc] = []
+    inputs: list[str] = []
+    for node in desc.nodes:
+        if not is_linear(node, by_name):
+            continue
+        new_inputs = []
+        for pos, name in enumerate(node.inputs):
+            t = by_name[name]
+            if t.kind == TensorKind.STATIC:
+                tensors[name] = t
+                new_inputs.append(name)
+                continue
+            source = linear_source(name)
+            if source is not None and by_name[source.outputs[0]].dims == t.dims:
+                new_inputs.append(source.outputs[0])
+                continue
+            x = f"{node.name}.in{pos}"
+            tensors[x] = t.model_copy(update={"name": x, "kind": TensorKind.APP_WRITE})
+            inputs.append(x)
+            new_inputs.append(x)
+        y = node.outputs[0]
+        tensors[y] = by_name[y].model_copy(update={"kind": TensorKind.NATIVE})
+        nodes.append(node.model_copy(update={"inputs": new_inputs}))
+    read = {i for n in nodes for i in n.inputs}
+    outputs = [n.outputs[0] for n in nodes if n.outputs[0] not in read]
+    for y in outputs:
+        tensors[y] = tensors[y].model_copy(update={"kind": TensorKind.APP_READ})
+    return GraphDescription(inputs=inputs, outputs=outputs, tensors=list(tensors.values()), nodes=nodes)

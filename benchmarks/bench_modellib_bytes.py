@@ -5,8 +5,9 @@ Runs whatever ``mnnbuild`` is importable, so a before/after pair is two runs on 
 
     python benchmarks/bench_modellib_bytes.py MODEL_DIR PARTITION_DIR WORK_DIR [--label before] [--layers 4]
 
-Hard links count once (``du``); ``io_written_mb`` is what the process wrote to the block device. The result
-is merged into ``benchmarks/results/scale.json`` under ``layers.<n>.modellib_bytes.<label>``.
+Hard links count once (``du``), a cache blob linked to an output too; ``io_written_mb`` is what the process
+wrote to the block device. The result is merged into ``benchmarks/results/scale.json`` under
+``layers.<n>.modellib_bytes.<label>``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS  # noqa: E402
-from bench_scale import disk_bytes  # noqa: E402
+from bench_scale import written  # noqa: E402
 
 
 def main() -> None:
@@ -43,13 +44,14 @@ def main() -> None:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     ArtifactCache(str(args.work / "cache")).store("modellib", "bench", out)
     total = resource.getrusage(resource.RUSAGE_SELF)
+    artifacts_bytes, cache_bytes = written(out, args.work / "cache")
     result = {
         "code": str(Path(mnnbuild.__file__).parent),
         "seconds": round(seconds, 1),
         "peak_rss_mb": round(usage.ru_maxrss / 1024),
         "io_written_mb": round(total.ru_oublock / 2048),
-        "artifacts_mb": round(disk_bytes(out) / 1e6, 1),
-        "cache_mb": round(disk_bytes(args.work / "cache") / 1e6, 1),
+        "artifacts_mb": round(artifacts_bytes / 1e6, 1),
+        "cache_mb": round(cache_bytes / 1e6, 1),
     }
     sys.stdout.write(json.dumps(result) + "\n")
     path = RESULTS / "scale.json"

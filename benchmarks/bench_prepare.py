@@ -5,8 +5,10 @@ are composed from the modellib graph dirs into one weight-shared context for the
 stage's settings, and each graph's ``graphFinalize`` is timed (wall and process CPU: QNN prepares on
 threads, and the CPU time moves less when the machine is shared). The floor is the same plugin's linear
 ops alone (each ``Conv2d`` with its weights, fed by its own graph input), composed and finalized the
-same way. When the graphs were lowered before the channel-last layout pass existed (an older modellib), the
-pass is applied to them too and measured as a third variant, so one run shows before, after and the floor.
+same way. Another variant wires those linear ops as the graph does (each reads the nearest linear op
+upstream, nothing in between): the part of the gap that is Qualcomm's cost of a chained layer rather than
+our other nodes. When the graphs were lowered before the channel-last layout pass existed (an older
+modellib), the pass is applied to them too and measured, so one run shows before, after and the floor.
 Results are added to ``benchmarks/results/prepare.json`` under ``--label``.
 
     python benchmarks/bench_prepare.py artifacts/qwen3-1.7b-l1 [--label L1] [--plugin qnn/graphllm1.bin]
@@ -27,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, print_table, write_results  # noqa: E402
-from _floor import linear_ops_alone  # noqa: E402
+from _floor import linear_ops_alone, linear_ops_chained  # noqa: E402
 
 from mnnbuild.lowering.graph import (  # noqa: E402
     GraphDescription,
@@ -97,6 +99,9 @@ def main() -> None:
         relaid = {name: channel_last(desc, statics) for name, (desc, statics) in graphs.items()}
         if any(relaid[name][0] != desc for name, (desc, _) in graphs.items()):
             variants["layout pass"] = prepare(lib, target, relaid)
+        # the linear ops wired as in the layer, nothing between them: how much of the gap the chain itself costs
+        chained = {name: (linear_ops_chained(desc), statics) for name, (desc, statics) in graphs.items()}
+        variants["linear ops chained"] = prepare(lib, target, chained)
         floor_graphs = {name: (linear_ops_alone(desc), statics) for name, (desc, statics) in graphs.items()}
         floor, floor_size = prepare(lib, target, floor_graphs)
         floor_total = sum(r["finalize_s"] for r in floor)

@@ -5,8 +5,8 @@ outside the repo (``--models-cache``, a ``READY`` file marks it complete) and de
 into a temp models dir (``MNNBUILD_MODELS_PATH``). Each stage (fetch, io, partition, modellib, config,
 context, bundle, then verify) runs as its own ``doit`` process with a fresh artifact cache, recording its
 wall time, peak RSS (the largest process of its tree), bytes written (``du`` of the artifact and cache dirs
-before and after, hard links counted once, and the block-device writes of its process tree), and for
-context the seconds of each plugin (its ``context.origin.json``).
+before and after, hard links counted once, a cache blob linked to an artifact too, and the block-device writes of
+its process tree), and for context the seconds of each plugin (its ``context.origin.json``).
 
 The floor, measured in the same run: per plugin, a weight-shared context (same SoC and settings) of its
 decode and prefill graphs holding only their linear ops (Conv2d / FullyConnected, MatMul with a static
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -76,23 +77,30 @@ def write_spec(models_dir: Path, name: str, model_dir: Path, arch: str) -> None:
     (models_dir / f"{name}.toml").write_text(text)
 
 
-def disk_bytes(root: Path) -> int:
-    """Bytes of the regular files under ``root``, each inode once (hard links are one file on disk)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
+def regular_files(root: Path) -> dict[tuple[int, int], int]:
+    """(device, inode) -> size of the regular files under ``root`` (symlinks left out, hard links once)."""
+    found = {}
     for dirpath, _, files in os.walk(root):
         for f in files:
             try:
                 st = os.lstat(os.path.join(dirpath, f))
             except FileNotFoundError:
                 continue
-            if (st.st_dev, st.st_ino) in seen or not os.path.isfile(os.path.join(dirpath, f)):
-                continue
-            if os.path.islink(os.path.join(dirpath, f)):
-                continue
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_size
-    return total
+            if stat.S_ISREG(st.st_mode):
+                found[(st.st_dev, st.st_ino)] = st.st_size
+    return found
+
+
+def disk_bytes(root: Path) -> int:
+    """Bytes of the regular files under ``root``, each inode once (hard links are one file on disk)."""
+    return sum(regular_files(root).values())
+
+
+def written(artifacts: Path, cache: Path) -> tuple[int, int]:
+    """Bytes on disk of the artifacts, and of the cache beyond them (a blob hard-linked to an artifact is one
+    file on disk, counted with the artifacts)."""
+    arts = regular_files(artifacts)
+    return sum(arts.values()), sum(size for key, size in regular_files(cache).items() if key not in arts)
 
 
 def run_doit(args: list[str], env: dict[str, str]) -> dict[str, float]:
@@ -248,13 +256,14 @@ def main() -> None:
     try:
         for stage in stages:
             task = f"{stage}:{target}" if stage in PER_TARGET else f"{stage}:{name}"
-            before_a, before_c = disk_bytes(artifacts), disk_bytes(cache)
+            before_a, before_c = written(artifacts, cache)
             load_before = os.getloadavg()[0]
             rec = run_doit([task], env)
             # the box is shared: the load beside the run says how far its times are from an idle machine's
             rec["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
-            rec["artifacts_mb"] = round((disk_bytes(artifacts) - before_a) / 1e6, 1)
-            rec["cache_mb"] = round((disk_bytes(cache) - before_c) / 1e6, 1)
+            after_a, after_c = written(artifacts, cache)
+            rec["artifacts_mb"] = round((after_a - before_a) / 1e6, 1)
+            rec["cache_mb"] = round((after_c - before_c) / 1e6, 1)
             rec["io_written_mb"] = round(rec["io_written_mb"], 1)
             stage_dir = {"fetch": artifacts / name / "model", "io": artifacts / name / "io"}.get(
                 stage, artifacts / name / stage if stage not in PER_TARGET else artifacts / name / args.arch / stage

@@ -72,9 +72,12 @@ def _cache(args: argparse.Namespace) -> int:
     if usage.partial:
         size = human_bytes(sum(n for n, _ in usage.partial.values()))
         partial = f", {len(usage.partial)} partial writes ({size}; prune removes those older than an hour)"
+    shared = ""
+    if usage.shared_bytes:
+        shared = f" ({human_bytes(usage.shared_bytes)} of it hard links to artifact files: on disk once)"
     sys.stdout.write(
         f"{cache.url}: {len(usage.entries)} entries ({per_stage}), {len(usage.blobs)} blobs, "
-        f"{human_bytes(usage.total_bytes)}{partial}\n"
+        f"{human_bytes(usage.total_bytes)}{shared}{partial}\n"
     )
     return 0
 

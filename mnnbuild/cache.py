@@ -7,6 +7,13 @@ the tree. Every restored file is checked against its sha256; a corrupted entry i
 and the stage rebuilt. Blobs and entries are written under a temp name and renamed, and an
 entry is written only after all of its blobs, so concurrent writers of the same key are safe.
 
+A local cache on the artifacts' file system stores a blob as a hard link to the artifact file and
+restores it as a hard link to the blob: no byte is written twice. That is safe because nothing
+writes an artifact in place (stages stage their outputs in a temp dir and rename it into place, so
+a rebuild gets new inodes), the bundle copies what it ships, and a restore still hashes what it
+links, so a file edited in place under one name is never restored as good under another. Elsewhere
+(another device, a remote fsspec backend, a link refused) blobs are copies.
+
 ``MNNBUILD_CACHE`` picks the cache: a directory or an fsspec URL (``file://``, ``s3://``,
 ``gs://``, ``hf://`` ...); ``off`` disables it. The default is ``~/.cache/mnnbuild``
 (``$XDG_CACHE_HOME/mnnbuild``).
@@ -18,6 +25,7 @@ import json
 import logging
 import os
 import posixpath
+import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -27,7 +35,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from mnnbuild.errors import UnsafePathError
-from mnnbuild.fsutil import confined, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
 from mnnbuild.layout import ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
@@ -87,6 +95,8 @@ class ArtifactCache:
         self.url = url
         self.fs, root = url_to_fs(url)
         self.root = root.rstrip("/")
+        # a cache on this machine's file system: blobs can be hard links to artifacts (`_link`)
+        self.local = getattr(self.fs, "local_file", False) or type(self.fs).__name__ == "LocalFileSystem"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ArtifactCache | None:
@@ -124,6 +134,33 @@ class ArtifactCache:
             self._remove(tmp)
             raise
 
+    def _link(self, src: Path | str, dest: Path | str) -> bool:
+        """Hard-link the regular file ``src`` as ``dest`` (through a temp name and a rename, like `_put_atomic`),
+        when the cache is local and both are on one device; False (nothing changed) where that cannot be, and the
+        caller copies instead: another device or a remote cache, a symlink, a link the file system refuses
+        (EXDEV between two mounts of one device, EPERM, EMLINK ...)."""
+        if not self.local:
+            return False
+        src, dest = Path(src), Path(dest)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            st = os.lstat(src)
+            if not stat.S_ISREG(st.st_mode) or st.st_dev != os.stat(dest.parent).st_dev:
+                return False
+        except OSError:
+            return False
+        tmp = dest.with_name(f"{dest.name}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}")
+        try:
+            os.link(src, tmp, follow_symlinks=False)
+            os.replace(tmp, dest)
+        except OSError as exc:
+            log.debug("cache: cannot link %s as %s (%s); copying it", src, dest, exc)
+            return False
+        finally:
+            # a rename onto a link to the same inode (a concurrent writer linked it first) leaves the temp name
+            tmp.unlink(missing_ok=True)
+        return True
+
     def has(self, stage: str, key: str) -> bool:
         try:
             return bool(self.fs.exists(self._entry(stage, key)))
@@ -132,7 +169,8 @@ class ArtifactCache:
             return False
 
     def store(self, stage: str, key: str, out_dir: Path) -> int:
-        """Add ``out_dir`` under ``key``; returns the bytes uploaded (blobs already present are skipped).
+        """Add ``out_dir`` under ``key``; returns the bytes of its new blobs (those already present are skipped),
+        whether copied or hard-linked to the files of ``out_dir`` (see `_link`).
 
         Never raises for a cache problem (read-only, full, unreachable): it is logged and 0 returned.
         """
@@ -144,7 +182,7 @@ class ArtifactCache:
 
     def _store(self, stage: str, key: str, out_dir: Path) -> int:
         files: list[CachedFile] = []
-        moved = 0
+        moved = linked = 0
         by_inode: dict[tuple[int, int], str] = {}  # hard links (modellib's shared weights) are hashed once
         for path in sorted(p for p in Path(out_dir).rglob("*") if p.is_file() or p.is_symlink()):
             rel = path.relative_to(out_dir).as_posix()
@@ -156,13 +194,19 @@ class ArtifactCache:
             if path.is_symlink():
                 files.append(CachedFile(path=rel, size=path.stat().st_size, sha256=sha, link=os.readlink(path)))
                 continue
-            files.append(CachedFile(path=rel, size=path.stat().st_size, sha256=sha))
+            files.append(CachedFile(path=rel, size=st.st_size, sha256=sha))
             if not self.fs.exists(self._blob(sha)):
-                self._put_atomic(path, None, self._blob(sha))
-                moved += path.stat().st_size
+                if self._link(path, self._blob(sha)):
+                    linked += st.st_size
+                else:
+                    self._put_atomic(path, None, self._blob(sha))
+                moved += st.st_size
         entry = CacheEntry(stage=stage, key=key, files=files)
         self._put_atomic(None, entry.model_dump_json(indent=1).encode(), self._entry(stage, key))
-        log.info("cache: stored %s %s (%s uploaded)", stage, key[:12], human_bytes(moved))
+        log.info(
+            "cache: stored %s %s (%s new, %s of it linked to the artifacts)",
+            stage, key[:12], human_bytes(moved), human_bytes(linked),
+        )  # fmt: skip
         return moved
 
     def restore(self, stage: str, key: str, out_dir: Path) -> int | None:
@@ -217,7 +261,10 @@ class ArtifactCache:
                     if rec.sha256 in restored:
                         os.link(restored[rec.sha256], dest)
                         continue
-                    self.fs.get_file(self._blob(rec.sha256), str(dest))
+                    blob = self._blob(rec.sha256)
+                    if not self._link(blob, dest):
+                        self.fs.get_file(blob, str(dest))
+                    # a linked blob is hashed as a copied one: one edited in place under any name is caught here
                     if sha256_file(dest) != rec.sha256:
                         self._remove(self._blob(rec.sha256))
                         self.discard(stage, key)
@@ -243,7 +290,7 @@ class ArtifactCache:
 
     def _touch(self, path: str) -> None:
         """Mark an entry as used (least recently used entries are pruned first); local caches only."""
-        if getattr(self.fs, "local_file", False) or type(self.fs).__name__ == "LocalFileSystem":
+        if self.local:
             try:
                 os.utime(path)
             except OSError:
@@ -255,13 +302,16 @@ class ArtifactCache:
         blobs: dict[str, tuple[int, float]] = {}
         partial: dict[str, tuple[int, float]] = {}
         entries: list[EntryUsage] = []
+        shared = 0
         for path, info in listing.items():
             rel = path[len(self.root) :].lstrip("/")
             if PARTIAL_MARK in rel:
                 partial[rel] = (int(info.get("size") or 0), _mtime(info))
                 continue
             if rel.startswith("blobs/"):
-                blobs[rel.rsplit("/", 1)[1]] = (int(info.get("size") or 0), _mtime(info))
+                blobs[rel.rsplit("/", 1)[1]] = (int(info.get("size") or 0), _changed(info))
+                # a blob with other names is also an artifact file (`_link`): its bytes are on disk once
+                shared += int(info.get("size") or 0) if int(info.get("nlink") or 1) > 1 else 0
             elif rel.endswith(".json") and "/" in rel:
                 try:
                     entry = CacheEntry.model_validate_json(self.fs.cat_file(path))
@@ -269,7 +319,7 @@ class ArtifactCache:
                     continue
                 shas = frozenset(f.sha256 for f in entry.files if f.link is None)
                 entries.append(EntryUsage(stage=entry.stage, key=entry.key, blobs=shas, last_used=_mtime(info)))
-        return CacheUsage(entries=entries, blobs=blobs, partial=partial)
+        return CacheUsage(entries=entries, blobs=blobs, partial=partial, shared_bytes=shared)
 
     def prune(self, max_bytes: int, *, grace_seconds: float = 3600.0) -> tuple[int, int]:
         """Drop least recently used entries until the blobs still referenced fit in ``max_bytes``, then
@@ -336,9 +386,12 @@ class EntryUsage(BaseModel):
 class CacheUsage(BaseModel):
     entries: list[EntryUsage]
     blobs: dict[str, tuple[int, float]]
-    """sha256 -> (size, mtime)."""
+    """sha256 -> (size, when it entered the cache or last changed)."""
     partial: dict[str, tuple[int, float]] = Field(default_factory=dict)
     """Temp files of unfinished writes, path under the cache root -> (size, mtime)."""
+    shared_bytes: int = 0
+    """Bytes of the blobs that are hard links to artifact files (a local cache): pruning them frees no disk
+    while those artifacts stay."""
 
     @property
     def total_bytes(self) -> int:
@@ -349,15 +402,27 @@ def _kind(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _mtime(info: Mapping[str, Any]) -> float:
-    """Modification time from an fsspec ``info`` dict (backends name it differently)."""
+def _stamps(info: Mapping[str, Any]) -> list[float]:
+    """The times in an fsspec ``info`` dict, modification time first (backends name them differently)."""
+    stamps = []
     for name in ("mtime", "LastModified", "last_modified", "updated", "created"):
         value = info.get(name)
         if isinstance(value, (int, float)):
-            return float(value)
-        if hasattr(value, "timestamp"):
-            return float(value.timestamp())
-    return 0.0
+            stamps.append(float(value))
+        elif hasattr(value, "timestamp"):
+            stamps.append(float(value.timestamp()))
+    return stamps
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    """Modification time from an fsspec ``info`` dict."""
+    return next(iter(_stamps(info)), 0.0)
+
+
+def _changed(info: Mapping[str, Any]) -> float:
+    """When a blob entered the cache: the newest of its times. A hard link keeps the artifact's mtime but sets the
+    ctime (a local file's ``created``), so a blob linked just now to an older artifact is young for prune's grace."""
+    return max(_stamps(info), default=0.0)
 
 
 def human_bytes(n: float) -> str:
@@ -369,5 +434,7 @@ def human_bytes(n: float) -> str:
 
 
 def write_origin(out_dir: Path, stage: str, origin: dict[str, Any]) -> None:
-    """Record how a stage dir came to be (built or restored), beside its manifest, outside its content."""
-    (Path(out_dir) / origin_file(stage)).write_text(json.dumps(origin, indent=2, sort_keys=True) + "\n")
+    """Record how a stage dir came to be (built or restored), beside its manifest, outside its content.
+
+    Written to a temp name and renamed, never in place: the name could be a hard link to a cache blob."""
+    atomic_write_text(Path(out_dir) / origin_file(stage), json.dumps(origin, indent=2, sort_keys=True) + "\n")

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
+import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -150,7 +155,8 @@ def test_corrupted_entry_is_discarded_and_rebuilt(
     entry = CacheEntry.model_validate_json(entry_path.read_text())
     output = next(f for f in entry.files if f.path == "testdir/128/output.mnn")
     blob = Path(cache._blob(output.sha256))
-    data = bytearray(blob.read_bytes())
+    built_bytes = blob.read_bytes()  # the blob is the built artifact's inode: this corrupts both
+    data = bytearray(built_bytes)
     data[len(data) // 2] ^= 0xFF
     blob.write_bytes(bytes(data))
 
@@ -162,12 +168,83 @@ def test_corrupted_entry_is_discarded_and_rebuilt(
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"io:tiny-qwen3"})
     assert "does not match its sha256; entry discarded" in proc.stderr
     rebuilt = tmp_path / "other" / "tiny-qwen3" / "io" / "testdir" / "128" / "output.mnn"
-    assert (
-        rebuilt.read_bytes()
-        == (tmp_path / "artifacts" / "tiny-qwen3" / "io" / "testdir" / "128" / "output.mnn").read_bytes()
-    )
+    assert rebuilt.read_bytes() == built_bytes
     # the rebuild stored a good entry again
     assert cache.has("io", entry.key)
+
+
+CACHED_STAGES = {"io", "partition", "modellib", "config", "context", "twin", "verify", "report"}
+
+
+def stage_dirs_by_entry(artifacts: Path, cache: Path) -> dict[Path, CacheEntry]:
+    """Each stage dir under ``artifacts`` that a cache entry describes (its origin record names the key)."""
+    found = {}
+    for origin in artifacts.rglob("*.origin.json"):
+        stage, record = origin.name.removesuffix(".origin.json"), json.loads(origin.read_text())
+        entry = cache / stage / f"{record.get('key')}.json"
+        if record.get("key") and entry.is_file():
+            found[origin.parent] = CacheEntry.model_validate_json(entry.read_text())
+    return found
+
+
+def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
+    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+) -> None:
+    """Cache and artifacts on one file system: every blob is a hard link to a built artifact with its content
+    (nothing written twice), a fresh artifact root restores by linking the blobs, and a binary edited in place
+    after the build (which edits its blob) is caught by the restore's sha256: that entry is discarded and the
+    context rebuilt, byte for byte what was built first, and linked into the cache again."""
+    cache_dir, built = warm_cache
+    cache, artifacts = ArtifactCache(str(cache_dir)), tmp_path / "artifacts"
+    entries = stage_dirs_by_entry(artifacts, cache_dir)
+    assert {e.stage for e in entries.values()} == CACHED_STAGES
+    inodes: dict[str, set[tuple[int, int]]] = {}
+    for out_dir, entry in entries.items():
+        for f in entry.files:
+            st = (out_dir / f.path).stat()
+            inodes.setdefault(f.sha256, set()).add((st.st_dev, st.st_ino))
+    for sha, names in inodes.items():
+        blob = Path(cache._blob(sha)).stat()
+        assert (blob.st_dev, blob.st_ino) in names, f"blob {sha[:12]} is a copy, not an artifact file"
+        assert blob.st_nlink >= 2
+    usage = cache.usage()
+    assert usage.shared_bytes == usage.total_bytes > 0
+
+    # a fresh artifact root (no MNN, no QNN): restored files are the blobs, checked
+    fresh = tmp_path / "fresh"
+    env = {"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(fresh)}
+    proc = run_doit(env={**env, **guard_env(tmp_path)})
+    assert sorted(summary(proc.stdout)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
+    restored = stage_dirs_by_entry(fresh, cache_dir)
+    assert {e.stage for e in restored.values()} == CACHED_STAGES
+    for out_dir, entry in restored.items():
+        for f in entry.files:
+            if f.link is None:
+                assert os.path.samefile(out_dir / f.path, cache._blob(f.sha256)), out_dir / f.path
+    # the bundle still copies (never links) what it ships, so editing it never reaches the cache
+    shipped = fresh / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3" / "qnn" / "graphllm0.bin"
+    assert shipped.stat().st_nlink == 1
+
+    # edit a context binary in place in the first root: its blob is the same inode, now corrupt
+    binary = artifacts / "tiny-qwen3" / "v79" / "context" / "graphllm0" / "qnn" / "graphllm0.bin"
+    good = binary.read_bytes()
+    entry = next(e for d, e in entries.items() if d == binary.parent.parent)
+    blob = Path(cache._blob(next(f.sha256 for f in entry.files if f.path == "qnn/graphllm0.bin")))
+    with open(binary, "r+b") as fh:
+        fh.seek(len(good) // 2)
+        fh.write(bytes([good[len(good) // 2] ^ 0xFF]))
+    assert blob.read_bytes() != good, "the blob shares the artifact's inode"
+
+    again = tmp_path / "again"
+    proc = run_doit(env={"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(again)})
+    rows = summary(proc.stdout)
+    assert "does not match its sha256; entry discarded" in proc.stderr
+    assert sorted(rows["built"]) == sorted(NOT_CACHED | {"context:tiny-qwen3-v79:graphllm0"}), proc.stdout
+    assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"context:tiny-qwen3-v79:graphllm0"})
+    rebuilt = again / "tiny-qwen3" / "v79" / "context" / "graphllm0" / "qnn" / "graphllm0.bin"
+    assert rebuilt.read_bytes() == good
+    assert os.path.samefile(rebuilt, blob), "the rebuilt binary is the cache's blob again"
+    assert cache.has("context", entry.key)
 
 
 def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
@@ -245,8 +322,6 @@ def test_cache_backends_round_trip(tmp_path: Path, url: str) -> None:
 
 def test_same_content_is_stored_once_and_restored_as_hard_links(tmp_path: Path) -> None:
     """modellib hard-links the weights its graphs share: the cache keeps one blob, the restore one file."""
-    import os
-
     src = make_tree(tmp_path / "src")
     os.link(src / "a.bin", src / "sub" / "a-again.bin")
     (src / "copy.bin").write_bytes((src / "a.bin").read_bytes())
@@ -280,9 +355,6 @@ def test_from_env() -> None:
 
 
 def test_prune_drops_least_recently_used_entries_and_their_blobs(tmp_path: Path) -> None:
-    import os
-    import time
-
     cache = ArtifactCache(str(tmp_path / "cache"))
     sizes = {}
     for n, key in enumerate(("old", "mid", "new")):
@@ -314,3 +386,140 @@ def test_cache_cli(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "mnnbuild", "cache", "info", "--url", str(tmp_path / "cache")],
                           capture_output=True, text=True, check=True)  # fmt: skip
     assert "1 entries (io 1), 2 blobs" in proc.stdout
+    assert "of it hard links to artifact files" in proc.stdout, "the blobs are the files of src"
+
+
+def test_same_device_stores_and_restores_hard_links(tmp_path: Path) -> None:
+    """A local cache beside the artifacts: a stored blob is the artifact file, a restored file is the blob."""
+    src = make_tree(tmp_path / "src")
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    size = (src / "a.bin").stat().st_size + (src / "sub" / "b.json").stat().st_size
+    assert cache.store("stage", "k", src) == size
+    for rel in ("a.bin", "sub/b.json"):
+        assert os.path.samefile(src / rel, cache._blob(sha256_file(src / rel)))
+    assert cache.restore("stage", "k", tmp_path / "out") == size
+    for rel in ("a.bin", "sub/b.json"):
+        assert os.path.samefile(tmp_path / "out" / rel, src / rel)
+    assert (src / "a.bin").stat().st_nlink == 3
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name], "no temp link is left behind"
+
+
+@pytest.mark.parametrize("err", [errno.EXDEV, errno.EPERM, errno.EMLINK])
+def test_a_refused_link_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: int) -> None:
+    """Another device (EXDEV), a file system or policy without links (EPERM), a file linked too often (EMLINK):
+    the blob and the restored file are copies, as they always were."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(err, os.strerror(err))
+
+    src = make_tree(tmp_path / "src")
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    monkeypatch.setattr(os, "link", refuse)
+    stored = cache.store("stage", "k", src)
+    assert stored == (src / "a.bin").stat().st_size + (src / "sub" / "b.json").stat().st_size
+    blob = Path(cache._blob(sha256_file(src / "a.bin")))
+    assert blob.read_bytes() == (src / "a.bin").read_bytes() and not os.path.samefile(blob, src / "a.bin")
+    assert cache.restore("stage", "k", tmp_path / "out") == stored
+    assert (tmp_path / "out" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
+    assert (tmp_path / "out" / "a.bin").stat().st_nlink == 1
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+
+
+def test_another_device_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Artifacts on another device than the cache (st_dev differs): no link is even tried."""
+    cache_dir = tmp_path / "cache"
+
+    def other_device(real: Callable[..., os.stat_result]) -> Callable[..., os.stat_result]:
+        def fake(path: object, *args: object, **kwargs: object) -> os.stat_result:
+            st = real(path, *args, **kwargs)
+            if str(path).startswith(str(cache_dir)):
+                return os.stat_result((st.st_mode, st.st_ino, st.st_dev + 1, *st[3:]))
+            return st
+
+        return fake
+
+    tried = []
+    monkeypatch.setattr(os, "stat", other_device(os.stat))
+    monkeypatch.setattr(os, "lstat", other_device(os.lstat))
+    monkeypatch.setattr(os, "link", lambda *a, **k: tried.append(a))
+    src = make_tree(tmp_path / "src")
+    cache = ArtifactCache(str(cache_dir))
+    assert cache.store("stage", "k", src) > 0
+    assert cache.restore("stage", "k", tmp_path / "out") is not None
+    assert not tried and (src / "a.bin").stat().st_nlink == 1
+    assert (tmp_path / "out" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
+
+
+def test_remote_cache_copies(tmp_path: Path) -> None:
+    """A remote fsspec backend (memory:// stands in for s3:// and the like) never links."""
+    cache = ArtifactCache("memory://mnnbuild-links")
+    assert not cache.local and ArtifactCache(str(tmp_path / "c")).local
+    src = make_tree(tmp_path / "src")
+    assert cache.store("stage", "k", src) > 0 and cache.restore("stage", "k", tmp_path / "out") is not None
+    assert (tmp_path / "out" / "a.bin").stat().st_nlink == 1 and (src / "a.bin").stat().st_nlink == 1
+
+
+def test_an_artifact_edited_in_place_is_not_restored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An artifact is its blob: editing it in place edits the blob, which the restore's sha256 catches (the entry is
+    discarded and the blob removed; the edited artifact itself is left to its owner)."""
+    src = make_tree(tmp_path / "src")
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("stage", "k", src)
+    sha = sha256_file(src / "a.bin")
+    with open(src / "a.bin", "r+b") as fh:
+        fh.write(b"edited")
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+        assert cache.restore("stage", "k", tmp_path / "out") is None
+    assert "does not match its sha256; entry discarded" in caplog.text
+    assert not (tmp_path / "out").exists() and not cache.has("stage", "k")
+    assert not Path(cache._blob(sha)).exists() and (src / "a.bin").read_bytes().startswith(b"edited")
+
+
+def test_clean_and_prune_with_linked_blobs(tmp_path: Path) -> None:
+    """Blobs with other names are normal: `doit clean` (removing a stage dir) leaves the cache whole, usage counts
+    each blob's size once, and prune removes blobs whose bytes a restored artifact still holds, which stays intact."""
+    import shutil
+
+    src = make_tree(tmp_path / "src")
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    size = cache.store("stage", "k", src)
+    usage = cache.usage()
+    assert usage.total_bytes == size == usage.shared_bytes and len(usage.blobs) == 2
+    shutil.rmtree(src)  # what `doit clean` does
+    usage = cache.usage()
+    assert usage.total_bytes == size and usage.shared_bytes == 0
+    out = tmp_path / "out"
+    assert cache.restore("stage", "k", out) == size
+    assert cache.usage().shared_bytes == size
+    want = {p: (out / p).read_bytes() for p in ("a.bin", "sub/b.json")}
+    assert cache.prune(0, grace_seconds=0) == (1, size)
+    assert not list((tmp_path / "cache" / "blobs").rglob("*.*")) and cache.usage().total_bytes == 0
+    assert {p: (out / p).read_bytes() for p in want} == want and (out / "a.bin").stat().st_nlink == 1
+
+
+def test_a_blob_linked_just_now_is_young_for_prune(tmp_path: Path) -> None:
+    """A hard link keeps the artifact's mtime; prune's grace must count from when the blob entered the cache
+    (its ctime), or a blob of an entry being written could be deleted as an old unreferenced one."""
+    src = make_tree(tmp_path / "src")
+    old = time.time() - 7200
+    for p in (src / "a.bin", src / "sub" / "b.json"):
+        os.utime(p, (old, old))
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("stage", "k", src)
+    cache.discard("stage", "k")  # as if the entry were not written yet
+    assert cache.prune(1 << 30) == (0, 0)
+    assert len(cache.usage().blobs) == 2
+
+
+def test_origin_record_is_never_written_in_place(tmp_path: Path) -> None:
+    """A restored stage dir's files may be cache blobs: its origin record replaces the name, never the content."""
+    from mnnbuild.cache import write_origin
+
+    out = tmp_path / "out"
+    out.mkdir()
+    blob = tmp_path / "blob"
+    blob.write_text("cached content")
+    os.link(blob, out / "io.origin.json")
+    write_origin(out, "io", {"origin": "cache"})
+    assert blob.read_text() == "cached content"
+    assert json.loads((out / "io.origin.json").read_text()) == {"origin": "cache"}

@@ -18,7 +18,7 @@ from mnnbuild.lowering.graph import GraphDescription, QnnNodeDesc, QnnTensorDesc
 from mnnbuild.lowering.layout import channel_last
 from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
 from mnnbuild.mnn import load_model
-from mnnbuild.qnn import QnnLibrary
+from mnnbuild.qnn import QnnLibrary, same_element_order
 
 from .test_lowering import MODEL_FILE, WEIGHT_FILE, _layer_ops, _tiny_info, op_boundary
 
@@ -123,7 +123,7 @@ def test_rewritten_graph_computes_the_same_in_the_simulator(lib: QnnLibrary, tra
 
 def test_lowered_tiny_layer_has_no_channel_one_activation() -> None:
     """The decoder layer of the tiny model (prefill): inside the graph no rank-4 activation ends in a 1
-    (QNN channel 1) and no Reshape reads a Reshape; the boundary keeps MNN's shapes."""
+    (QNN channel 1) and no Reshape reads a Reshape; the boundary holds MNN's tensors in channel-last dims."""
     tiny = load_model(MODEL_FILE)
     ops = _layer_ops(tiny)
     inputs, outputs = op_boundary(tiny, ops)
@@ -143,5 +143,49 @@ def test_lowered_tiny_layer_has_no_channel_one_activation() -> None:
         if n.type == "Reshape" and getattr(producers.get(n.inputs[0]), "type", "") == "Reshape"
     ]
     assert chained == []
-    assert [by_name[n].dims for n in desc.inputs] == [list(info[t].shape) for t in inputs]
-    assert [by_name[n].dims for n in desc.outputs] == [list(info[t].shape) for t in outputs]
+    # the boundary holds MNN's tensors element for element; a rank-4 one has its trailing 1s in front
+    for names, tensors in ((desc.inputs, inputs), (desc.outputs, outputs)):
+        for name, t in zip(names, tensors, strict=True):
+            dims, mnn = by_name[name].dims, list(info[t].shape)
+            assert same_element_order(dims, mnn) and int(np.prod(dims)) == int(np.prod(mnn)), (name, dims, mnn)
+            assert not (len(dims) == 4 and dims[-1] == 1 and int(np.prod(dims)) > 1), (name, dims)
+
+
+def _boundary_in_mnn_dims(seq: int, c: int) -> GraphDescription:
+    """A plugin fed and read in MNN's [seq, C, 1, 1] (the attention output into o_proj), channel-last inside."""
+    tensors = [
+        _t("x", "APP_WRITE", [seq, c, 1, 1]),
+        _t("x4", "NATIVE", [1, 1, seq, c]),
+        _t("s", "NATIVE", [1, 1, seq, c]),
+        _t("y", "APP_READ", [seq, c, 1, 1]),
+    ]
+    nodes = [
+        _n("in", "Reshape", ["x"], ["x4"]),
+        _n("sig", "Sigmoid", ["x4"], ["s"]),
+        _n("out", "Reshape", ["s"], ["y"]),
+    ]
+    return GraphDescription(inputs=["x"], outputs=["y"], tensors=tensors, nodes=nodes)
+
+
+def test_boundary_ending_in_ones_is_declared_channel_last(lib: QnnLibrary) -> None:
+    """MNN's [seq, C, 1, 1] at the boundary is declared [1, 1, seq, C] (the same bytes): the Reshapes that
+    turned it channel-last inside disappear (at Qwen3-1.7B size, that Reshape made a prefill graph 20x slower
+    to prepare), and the simulator computes the same from the same buffers."""
+    seq, c = 8, 32
+    out, _ = channel_last(_boundary_in_mnn_dims(seq, c), {})
+    dims = {t.name: t.dims for t in out.tensors}
+    assert (out.inputs, out.outputs) == (["x"], ["y"])
+    assert dims["x"] == dims["y"] == [1, 1, seq, c]
+    assert [n.type for n in out.nodes] == ["Sigmoid"] and out.nodes[0].inputs == ["x"]
+    assert channel_last(out, {})[0] == out  # nothing left to do
+    x = np.random.default_rng(2).normal(size=(seq, c, 1, 1)).astype(np.float32)
+    got = simulate(lib, LoweredGraph(out, {}), {"x": x.reshape(1, 1, seq, c)})["y"]
+    ref = 1 / (1 + np.exp(-x))
+    assert np.allclose(got.reshape(x.shape), ref, rtol=0.02, atol=0.02)
+
+
+def test_same_element_order_only_moves_ones() -> None:
+    assert same_element_order([128, 2048, 1, 1], [1, 1, 128, 2048])
+    assert same_element_order([1, 2048], [2048, 1, 1, 1])
+    assert not same_element_order([2048, 128, 1, 1], [1, 1, 128, 2048])  # a transpose, not a move of 1s
+    assert not same_element_order([128, 2048], [128, 1024])

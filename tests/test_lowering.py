@@ -35,7 +35,7 @@ from mnnbuild.lowering.graph import (
 from mnnbuild.lowering.lower import LoweredGraph, constant_tensors, lower_subgraph, unsupported_reason
 from mnnbuild.lowering.ops import BINARY_QNN, REGISTRY, UNARY_QNN
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
-from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, load_context, read_binary_info
+from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, load_context, read_binary_info, same_element_order
 from mnnbuild.stages.io import make_inputs
 
 from .conftest import FIXTURE_MODELS, TINY_MODEL_DIR
@@ -123,7 +123,8 @@ def check_one_op(
         out = got[f"t{t}"]
         expected = ref[model.tensor_names[t]]
         # MNN gives a sub-module fed a scalar index a [1] index (one more output dim): same values
-        assert out.shape == tuple(info[t].shape) and expected.size == out.size
+        # a boundary [N, C, 1, 1] is declared [1, 1, N, C]: the same elements in the same order
+        assert same_element_order(out.shape, info[t].shape) and expected.size == out.size
         assert_close(out, expected, f"{op.type} {op.name!r} [{', '.join(n.type for n in lowered.description.nodes)}]")
     return lowered
 
@@ -348,8 +349,8 @@ def test_decoder_layer_subgraph_in_simulator(lib: QnnLibrary, tiny: MnnModel, tm
         compose(read_graph_description(tmp_path / "graph0"), tmp_path / "graph0", ctx.add_graph("graph0"))
         binary = ctx.serialize()
     g = read_binary_info(lib, binary).graph("graph0")
-    assert [(t.name, list(t.dims)) for t in g.inputs] == [(f"t{t}", list(info[t].shape)) for t in inputs]
-    assert [(t.name, list(t.dims)) for t in g.outputs] == [(f"t{t}", list(info[t].shape)) for t in outputs]
+    for got_t, t in [*zip(g.inputs, inputs, strict=True), *zip(g.outputs, outputs, strict=True)]:
+        assert got_t.name == f"t{t}" and same_element_order(got_t.dims, info[t].shape), (got_t.dims, info[t].shape)
     # Reference: MNN CPU running exactly this sub-graph between the boundary tensors.
     feed = {tiny.tensor_names[t]: info[t].value for t in inputs}
     ref = mnn_run(MODEL_FILE, WEIGHT_FILE, feed, [tiny.tensor_names[t] for t in outputs])

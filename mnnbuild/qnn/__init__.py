@@ -13,7 +13,14 @@ Format code only, no stage logic. Typical use::
     info = read_binary_info(lib, binary)
 """
 
-from mnnbuild.qnn.binary_info import BinaryInfo, GraphInfo, HtpGraphBlobInfo, TensorInfo, read_binary_info
+from mnnbuild.qnn.binary_info import (
+    BinaryInfo,
+    GraphInfo,
+    HtpGraphBlobInfo,
+    TensorInfo,
+    read_binary_info,
+    same_element_order,
+)
 from mnnbuild.qnn.builder import ContextBuilder, GraphBuilder, GraphOptions, Quant, Scalar, TensorRef
 from mnnbuild.qnn.library import QnnLibrary, QnnLibraryPaths, QnnVersion, find_qnn_libraries
 from mnnbuild.qnn.runner import ContextRunner, load_context
@@ -40,4 +47,5 @@ __all__ = [
     "find_qnn_libraries",
     "load_context",
     "read_binary_info",
+    "same_element_order",
 ]

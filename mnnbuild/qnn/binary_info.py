@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -13,6 +14,13 @@ from mnnbuild.qnn import dtypes as dt
 from mnnbuild.qnn.library import QnnLibrary
 
 _SOC_TAG = re.compile(r"(\w+)=([^;]*)")
+
+
+def same_element_order(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether dims ``a`` and ``b`` hold the same elements in the same (C) order: equal once 1s are dropped.
+    A graph tensor may be declared ``[1, 1, N, C]`` for a plugin tensor MNN calls ``[N, C, 1, 1]``: the same
+    bytes, bound by name to the same buffer."""
+    return [d for d in a if d != 1] == [d for d in b if d != 1]
 
 
 @dataclass(frozen=True)

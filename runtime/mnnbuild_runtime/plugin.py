@@ -26,7 +26,7 @@ import numpy as np
 from mnnbuild.errors import QnnError
 from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.mnn import schema
-from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info
+from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info, same_element_order
 from mnnbuild_runtime.bundle import PluginSpec
 from mnnbuild_runtime.errors import BinaryCheckError, PluginShapeError
 
@@ -153,7 +153,7 @@ def check_structure(spec: PluginSpec, info: BinaryInfo, what: str) -> None:
             )
         expected_in = spec.input_shapes(ranks)[s]
         for t, dims in zip(tin, expected_in, strict=True):
-            if tuple(t.dims) != tuple(dims):
+            if not same_element_order(t.dims, dims):  # [1, 1, N, C] for MNN's [N, C, 1, 1]: the same bytes
                 raise BinaryCheckError(
                     f"{where}: graph {gname!r} input {t.name!r} has dims {list(t.dims)}; attribute 'allInputShape' "
                     f"gives {list(dims)} for shape {s}"
@@ -167,7 +167,7 @@ def check_structure(spec: PluginSpec, info: BinaryInfo, what: str) -> None:
             same = (
                 int(np.prod(t.dims)) == int(np.prod(desc.dims))
                 if desc.data_format == schema.MNN_DATA_FORMAT.NHWC
-                else tuple(t.dims) == desc.dims
+                else same_element_order(t.dims, desc.dims)
             )
             if not same:
                 raise BinaryCheckError(
