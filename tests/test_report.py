@@ -132,6 +132,11 @@ def test_bare_doit_writes_a_self_contained_page(built: Path) -> None:
     # cost: the run that verified built every stage, and says so with time and peak memory
     for stage in ("io", "partition", "modellib", "bundle", "verify"):
         assert re.search(rf"<td>{stage}</td><td>built</td><td class=\"num\">\d+\.\d\d</td>", page), stage
+    # every plugin's context and twin (verify's build cost) has its row
+    assert len(verify_report.plugins) == 4
+    for k in range(len(verify_report.plugins)):
+        for stage in ("context", "twin"):
+            assert re.search(rf"<td>{stage} graphllm{k}</td><td>built</td>", page), (stage, k)
 
 
 def test_the_page_is_deterministic(built: Path, tmp_path: Path) -> None:
@@ -146,6 +151,7 @@ def test_the_page_is_deterministic(built: Path, tmp_path: Path) -> None:
         modellib_dir=built / TINY / "modellib",
         config_dir=root / "config",
         context_dir=root / "context",
+        twin_dir=root / "twin",
     )
     report(inputs, ReportParams(target=ARCH), tmp_path / "again")
     assert (tmp_path / "again" / PAGE).read_bytes() == (root / "report" / PAGE).read_bytes()
@@ -166,6 +172,7 @@ def test_bad_verify_json_is_one_line_naming_the_file(built: Path, tmp_path: Path
         modellib_dir=built / TINY / "modellib",
         config_dir=root / "config",
         context_dir=root / "context",
+        twin_dir=root / "twin",
     )
     with pytest.raises(StageError) as err:
         report(inputs, ReportParams(target=ARCH), tmp_path / "out")

@@ -385,6 +385,7 @@ def report_run(project: Project, spec: ModelSpec, arch: str) -> Run:
             modellib_dir=project.stage_dir("modellib", spec),
             config_dir=project.stage_dir("config", spec, arch),
             context_dir=project.stage_dir("context", spec, arch),
+            twin_dir=project.stage_dir("twin", spec, arch),
         ),
         ReportParams(target=arch),
         doc=f"the {spec.name} {arch} bundle's page report: verdict, partition, numbers, cost ({REPORT_PAGE})",

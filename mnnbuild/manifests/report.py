@@ -22,6 +22,8 @@ class ReportInputs(StageInputs):
     config_dir: Path
     context_dir: Path
     """context outputs, one subdir per plugin."""
+    twin_dir: Path
+    """twin outputs (verify's unshared twins), one subdir per plugin."""
 
 
 class ReportParams(BaseModel):

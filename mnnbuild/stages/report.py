@@ -28,6 +28,7 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.report import ReportInputs, ReportManifest, ReportParams
+from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
 from mnnbuild.report import OpCell, ReportData, StageCost
@@ -108,6 +109,11 @@ def gather(inputs: ReportInputs, params: ReportParams) -> ReportData:
             for p in partition_report.plugins
         ),
         ("bundle", "bundle", Path(inputs.bundle_dir), BundleManifest),
+        # verify's unshared twins: a build cost of verifying, not of the bundle
+        *(
+            ("twin", f"twin {Path(p.name).stem}", Path(inputs.twin_dir) / Path(p.name).stem, TwinManifest)
+            for p in partition_report.plugins
+        ),
         ("verify", "verify", verify_dir, VerifyManifest),
     ]
     return ReportData(
