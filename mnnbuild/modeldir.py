@@ -131,10 +131,15 @@ def _read_json_object(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+def read_model_config(model_dir: Path) -> dict[str, Any]:
+    """Parse the model dir's ``config.json`` (MNN's LLM config: a JSON object)."""
+    return _read_json_object(Path(model_dir) / MODEL_CONFIG, MODEL_CONFIG)
+
+
 def model_part(model_dir: Path, family: PartFamily) -> ModelPart:
     """The part ``config.json`` names (``llm_model``, ``llm_weight``; the family's file names when absent)."""
     path = Path(model_dir) / MODEL_CONFIG
-    config = _read_json_object(path, MODEL_CONFIG)
+    config = read_model_config(model_dir)
     names: dict[str, str] = {}
     for field in ("llm_model", "llm_weight"):
         # without llm_weight: the model's own <file>.weight, as upstream's export names it (the bundle's

@@ -1,53 +1,116 @@
-"""config: config_qnn.json as the phone's llm_demo expects it."""
+"""config: config_qnn.json as upstream's export writes it (the model's config.json plus the NPU entries)."""
 
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
+import pytest
+from mnnbuild_runtime.errors import BundleError
+
+from mnnbuild.manifests.fetch import FetchParams
+from mnnbuild.modeldir import VISUAL_FILES, VISUAL_PART, PartFamily, family_files
 from mnnbuild.spec import LocalSource
 from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
-from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
-from tests.conftest import TINY_MODEL_DIR
+from mnnbuild.stages.fetch import FetchInputs, fetch
+from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
+
+EMBEDDING = FIXTURE_MODELS / "qwen3-embedding-tiny"
+VL = FIXTURE_MODELS / "qwen3-vl-tiny"
 
 
-def build_config(src: Path, tmp_path: Path, *chunks: int) -> tuple[dict, ConfigManifest]:
+def build_config(
+    src: Path, tmp_path: Path, *chunks: int, family: PartFamily = "llm", encoder: str | None = None
+) -> tuple[dict[str, Any], ConfigManifest]:
     model_dir = tmp_path / "model"
-    fetch(FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src), FetchParams(), model_dir)
+    files = (*family_files(family), *VISUAL_FILES) if encoder else family_files(family)
+    params = FetchParams(family=family, files=files, visual_encoder=encoder)
+    fetch(FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src), params, model_dir)
     manifest = write_config(
         ConfigInputs(model="m", target="v79", model_dir=model_dir),
-        ConfigParams(chunk_sizes=chunks),
+        ConfigParams(chunk_sizes=chunks, visual_model=VISUAL_PART.result_model if encoder else None),
         tmp_path / "config",
     )
     return json.loads((tmp_path / "config" / "config_qnn.json").read_text()), manifest
 
 
-def test_config_with_mtok_tokenizer(tmp_path: Path) -> None:
-    config, manifest = build_config(TINY_MODEL_DIR, tmp_path, 64)
-    assert config == {
-        "llm_model": "qnn/llm.mnn",
-        "backend_type": "cpu",
-        "thread_num": 1,
-        "precision": "low",
-        "chunk_limits": [64, 1],
-        "memory": "low",
-        "sampler_type": "penalty",
-        "penalty": 1.1,
-        "tokenizer_file": "tokenizer.mtok",
-    }
-    assert manifest.target == "v79" and [r.path for r in manifest.inputs] == ["model/tokenizer.mtok"]
+def upstream_config(model_dir: Path, chunks: list[int], visual: bool) -> dict[str, Any]:
+    """What upstream's ``output_qnn`` writes: config.json with its entries set (``llm_weight`` from the model
+    file's name, as upstream forms it), the chunk limits ours (every prefill length, then 1)."""
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    model_name = config.get("llm_model", "llm.mnn")
+    config.update(llm_model=f"qnn/{model_name}", llm_weight=f"{model_name}.weight", chunk_limits=[*chunks, 1])
+    if visual:
+        config["visual_model"] = "qnn/visual.mnn"
+    return config
 
 
-def test_config_with_txt_tokenizer_omits_tokenizer_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("src", "family", "encoder"),
+    [(TINY_MODEL_DIR, "llm", None), (EMBEDDING, "embedding", None), (VL, "llm", "qwen3-vl")],
+    ids=["llm", "embedding", "vl"],
+)
+def test_config_is_the_model_config_with_upstream_entries(
+    tmp_path: Path, src: Path, family: PartFamily, encoder: str | None
+) -> None:
+    config, manifest = build_config(src, tmp_path, 64, 16, family=family, encoder=encoder)
+    assert config == upstream_config(src, [64, 16], visual=encoder is not None)
+    assert manifest.config.model_dump() == config and manifest.config.chunk_limits == [64, 16, 1]
+    # the model's own runtime settings are shipped, not ours
+    assert config["sampler_type"] == json.loads((src / "config.json").read_text())["sampler_type"]
+    assert sorted(r.path for r in manifest.inputs) == ["model/config.json", "model/tokenizer.mtok"]
+
+
+def test_config_names_the_shipped_tokenizer_when_config_json_does_not(tmp_path: Path) -> None:
+    """The bundle ships the tokenizer the model dir holds; MNN reads ``tokenizer_file`` (default tokenizer.txt)."""
     src = tmp_path / "src"
     shutil.copytree(TINY_MODEL_DIR, src)
+    data = json.loads((src / "config.json").read_text())
+    del data["tokenizer_file"]
+    (src / "config.json").write_text(json.dumps(data))
+    config, _ = build_config(src, tmp_path / "mtok", 128)
+    assert config["tokenizer_file"] == "tokenizer.mtok"
     (src / "tokenizer.mtok").rename(src / "tokenizer.txt")
-    config, _ = build_config(src, tmp_path, 128)
-    assert "tokenizer_file" not in config and config["chunk_limits"] == [128, 1]
+    config, _ = build_config(src, tmp_path / "txt", 128)
+    assert "tokenizer_file" not in config and config == upstream_config(src, [128], visual=False)
+    # config.json naming a tokenizer the model dir does not hold: the shipped one is named instead
+    (src / "config.json").write_text(json.dumps({**data, "tokenizer_file": "tokenizer.mtok"}))
+    config, _ = build_config(src, tmp_path / "other", 128)
+    assert config["tokenizer_file"] == "tokenizer.txt"
 
 
-def test_config_lists_every_prefill_length_and_decode(tmp_path: Path) -> None:
-    """MNN's engine reads every chunk_limits entry (llm.cpp Llm::set_config): each prefill graph's length and 1."""
-    config, manifest = build_config(TINY_MODEL_DIR, tmp_path, 128, 32)
-    assert config["chunk_limits"] == [128, 32, 1] and manifest.config.chunk_limits == [128, 32, 1]
+def test_config_keeps_entries_upstream_keeps(tmp_path: Path) -> None:
+    """Every entry of config.json but upstream's is written as is: nested objects, nulls, unknown keys, and
+    ``llm_weight`` is always written (MNN's default included), as upstream does."""
+    src = tmp_path / "src"
+    shutil.copytree(TINY_MODEL_DIR, src)
+    data = json.loads((src / "config.json").read_text())
+    extra = {"mllm": {"backend_type": "cpu", "thread_num": 2}, "hidden_states": None, "a_new_key": [1, "x"]}
+    data.update(extra, chunk_limits=[7, 1], llm_weight="llm.mnn.weight")
+    (src / "config.json").write_text(json.dumps(data))
+    config, manifest = build_config(src, tmp_path, 32)
+    assert config == upstream_config(src, [32], visual=False) and config["llm_weight"] == "llm.mnn.weight"
+    assert {k: config[k] for k in extra} == extra and ConfigManifest.read(tmp_path / "config") == manifest
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("context_file", "../../secret.json", r"field 'context_file': path '\.\./\.\./secret\.json' must be relative"),
+        ("embedding_file", "/etc/passwd", r"field 'embedding_file': path '/etc/passwd' must be relative"),
+        ("tmp_path", "/tmp/x", r"field 'tmp_path' is not supported"),
+        ("base_dir", "/", r"field 'base_dir' is not supported"),
+    ],
+)
+def test_config_json_naming_a_path_outside_is_refused(tmp_path: Path, field: str, value: str, expected: str) -> None:
+    """config.json reaches config_qnn.json whole: a file name in it that leads out of the model dir (MNN's engine
+    would read it on the phone and in verify) fails the config stage with one line naming the file and field."""
+    src = tmp_path / "src"
+    shutil.copytree(TINY_MODEL_DIR, src)
+    data = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**data, field: value}))
+    with pytest.raises(BundleError, match=rf"model/config\.json: {expected}"):
+        build_config(src, tmp_path, 32)
+    assert not (tmp_path / "config").exists()

@@ -55,6 +55,7 @@ from mnnbuild.conform.run import (
     compare_runs,
     driver_result,
     prompt_ids,
+    run_configs,
     stage_dir,
 )
 from mnnbuild.mnn.model import MnnModel, Op, make_blob, make_plugin_op
@@ -311,6 +312,20 @@ def test_stage_dir_links_files_and_writes_replacements(tmp_path: Path) -> None:
     assert not (run / "qnn" / "graph0.bin").is_symlink() and (run / "qnn" / "graph0.bin").read_bytes() == b"twin"
     assert (src / "qnn" / "graph0.bin").read_bytes() == b"shipped"  # the bundle itself is untouched
     assert config == run / "config_qnn.json" and '"llm_model": "qnn/llm.mnn"' in config.read_text()
+
+
+def test_run_configs_set_the_engine_settings_conform_needs() -> None:
+    """config_qnn.json carries the model's own settings (a random sampler, 4 threads, any backend): every run is
+    set to the CPU, one thread and greedy decoding, and the originals take the bundle's precision, memory and
+    chunk limits (the unchunked one none)."""
+    model = {"llm_model": "llm.mnn", "backend_type": "opencl", "thread_num": 4, "precision": "high",
+             "memory": "high", "sampler_type": "mixed", "temperature": 0.8}  # fmt: skip
+    bundle = {**model, "llm_model": "qnn/llm.mnn", "precision": "low", "memory": "low", "chunk_limits": [128, 1]}
+    got_bundle, original, unchunked = run_configs(bundle, model)
+    engine = {"backend_type": "cpu", "thread_num": 1, "sampler_type": "greedy"}
+    assert got_bundle == {**bundle, **engine} and bundle["sampler_type"] == "mixed"  # the input is not changed
+    assert original == {**model, **engine, "precision": "low", "memory": "low", "chunk_limits": [128, 1]}
+    assert unchunked == {k: v for k, v in original.items() if k != "chunk_limits"}
 
 
 def test_driver_result_survives_a_foreign_prefix_on_its_line() -> None:

@@ -589,13 +589,33 @@ def test_original_model_config_stays_in_its_dir(tmp_path: Path) -> None:
         cpu_forward_fn(model)
 
 
-def test_base_dir_is_refused(tiny_bundle: tuple[Path, dict[str, bytes]], tmp_path: Path) -> None:
-    """MNN's engine would read every file of the model from ``base_dir``."""
+OUTSIDE_FIELDS = [
+    ("context_file", "../context.json", r"field 'context_file': path '\.\./context\.json' must be relative"),
+    ("npu_model_dir", "/data", "field 'npu_model_dir': path '/data' must be relative"),
+    ("tmp_path", "/tmp", "field 'tmp_path' is not supported"),  # MNN writes its mmap files there
+]
+"""Fields of MNN's that name a path, each with a value leading out and the error it gets."""
+
+
+@pytest.mark.parametrize(
+    ("config_file", "field", "value", "expected"),
+    [
+        # every file read from there (MNN reads base_dir from the config itself, before merging llm_config.json)
+        ("config_qnn.json", "base_dir", str(TINY) + "/", "field 'base_dir' is not supported"),
+        *(("config_qnn.json", *case) for case in OUTSIDE_FIELDS),
+        *(("llm_config.json", *case) for case in OUTSIDE_FIELDS),
+    ],
+)
+def test_config_naming_a_path_outside_is_refused(
+    tiny_bundle: tuple[Path, dict[str, bytes]], tmp_path: Path, config_file: str, field: str, value: str, expected: str
+) -> None:
+    """A model's config.json reaches config_qnn.json whole, and MNN's engine merges llm_config.json into it: any
+    field of MNN's that names a path (or moves them all) is refused unless it stays in the model dir."""
     bundle = tmp_path / "tiny"
     shutil.copytree(tiny_bundle[0], bundle)
-    data = json.loads((bundle / "config_qnn.json").read_text())
-    (bundle / "config_qnn.json").write_text(json.dumps({**data, "base_dir": str(TINY) + "/"}))
-    with pytest.raises(BundleError, match=r"config_qnn.json: field 'base_dir' is not supported"):
+    data = json.loads((bundle / config_file).read_text())
+    (bundle / config_file).write_text(json.dumps({**data, field: value}))
+    with pytest.raises(BundleError, match=rf"{config_file}: {expected}"):
         Tokenizer(bundle / "config_qnn.json")
 
 

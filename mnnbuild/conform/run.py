@@ -2,10 +2,11 @@
 
 Three runs per prompt, each by our driver (greedy, real decode path with the KV cache, per-step logits):
 ``bundle`` (the bundle's ``config_qnn.json``: CPU ops in MNN, every Plugin in the HTP simulator),
-``original`` (the original model on MNN's CPU with the bundle's runtime settings, ``chunk_limits`` included)
+``original`` (the original model on MNN's CPU with the bundle's precision, memory and ``chunk_limits``)
 and ``unchunked`` (the same without ``chunk_limits``: no padding, the CPU bug's control). Prompts: shorter
 than the chunk (the bundle's ``prompt.txt``, lengthened to 16 tokens), exactly one chunk, and two chunks
-(the second one padded). The bundle must equal the original token for token and per-step logits must agree
+(the second one padded). Every run gets `ENGINE_SETTINGS` (CPU, one thread, greedy), not the model's
+``config.json`` settings. The bundle must equal the original token for token and per-step logits must agree
 within verify's tolerance; ``llm_demo`` on the bundle is a smoke test.
 
 The x86 HTP library refuses weight-shared context binaries ("Shared weights buffer isn't supported on this
@@ -44,8 +45,12 @@ log = logging.getLogger(__name__)
 
 SHARED_WEIGHTS_REFUSAL = "Shared weights buffer isn't supported"
 BUNDLE_CONFIG = "config_qnn.json"
-#: Runtime settings of the bundle's config that the original model runs with too (same engine behaviour).
-RUNTIME_KEYS = ("backend_type", "thread_num", "precision", "memory", "chunk_limits")
+#: Settings of the bundle's config (the model's own, as on the phone) that the original model runs with too.
+RUNTIME_KEYS = ("precision", "memory", "chunk_limits")
+#: Set on every run's config, whatever the model's config.json holds: the outer graph on MNN's CPU (which loads the
+#: plugins), one thread (comparable times on a shared machine), greedy decoding (for llm_demo too; the driver
+#: also sets it).
+ENGINE_SETTINGS: dict[str, object] = {"backend_type": "cpu", "thread_num": 1, "sampler_type": "greedy"}
 DRIVER_TIMEOUT_S = 1800
 
 
@@ -148,6 +153,17 @@ def stage_dir(src: Path, dest: Path, replace: dict[str, bytes], config: dict[str
     dest.mkdir(parents=True, exist_ok=True)
     atomic_write_text(dest / config_name, json.dumps(config, indent=2) + "\n")
     return dest / config_name
+
+
+def run_configs(
+    bundle: dict[str, object], original: dict[str, object]
+) -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
+    """The configs of the bundle, original and unchunked runs: each with `ENGINE_SETTINGS`, the originals with the
+    bundle's `RUNTIME_KEYS`, the unchunked one without ``chunk_limits``."""
+    bundle = {**bundle, **ENGINE_SETTINGS}
+    original = {**original, **{k: bundle[k] for k in RUNTIME_KEYS if k in bundle}, **ENGINE_SETTINGS}
+    unchunked = {k: v for k, v in original.items() if k != "chunk_limits"}
+    return bundle, original, unchunked
 
 
 def _read_json(path: Path) -> dict[str, object]:
@@ -304,9 +320,8 @@ def conform_model(
     if not isinstance(limits, list) or not limits or not all(isinstance(x, int) for x in limits):
         raise ConformError(f"{bundle_model_dir / BUNDLE_CONFIG}: field 'chunk_limits' must be a list of ints")
     chunk = max(limits)
-    original_config = _read_json(original_dir / "config.json")
-    original_config.update({k: bundle_config[k] for k in RUNTIME_KEYS if k in bundle_config})
-    unchunked_config = {k: v for k, v in original_config.items() if k != "chunk_limits"}
+    original_json = _read_json(original_dir / "config.json")
+    bundle_config, original_config, unchunked_config = run_configs(bundle_config, original_json)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, "config.json")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.io import PrefillLengths
@@ -12,33 +13,31 @@ from mnnbuild.stage import StageInputs
 
 
 class ConfigQnn(BaseModel):
-    """The fields of ``config_qnn.json`` (MNN's LLM config, QNN flavour)."""
+    """``config_qnn.json``: the model's ``config.json`` with the entries upstream's export sets for the NPU.
 
-    model_config = ConfigDict(extra="forbid")
+    The three fields are ours (always written); every other entry is the model's own, kept as is (extra fields,
+    in ``config.json``'s order, after ours). Runtime settings such as ``thread_num``, ``precision`` or
+    ``sampler_type`` are therefore the model author's, as upstream ships them: nothing of ours relies on them.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     llm_model: str
-    llm_weight: str | None = Field(default=None, description="Only when it is not MNN's default llm.mnn.weight.")
-    backend_type: str = "cpu"
-    thread_num: int = 1
-    precision: str = "low"
+    """``qnn/<model file>``: the partitioned graph."""
+    llm_weight: str
+    """The model's weight file (the partitioned graph's CPU ops keep their offsets into it)."""
     chunk_limits: list[int]
-    memory: str = "low"
-    sampler_type: str = "penalty"
-    penalty: float = 1.1
-    tokenizer_file: str | None = Field(default=None, description="Only when the tokenizer is not tokenizer.txt.")
-    visual_model: str | None = Field(
-        default=None, description="VL models: the encoder MNN loads (its weights: the same path + '.weight')."
-    )
+    """Every prefill length, then 1 (decode)."""
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=4, exclude_none=True) + "\n"
+        return json.dumps(self.model_dump(), indent=4) + "\n"
 
 
 class ConfigInputs(StageInputs):
     model: str
     target: str
     model_dir: Path
-    """The fetch stage's output directory (for the tokenizer file name)."""
+    """The fetch stage's output directory (its ``config.json`` and tokenizer file)."""
 
 
 class ConfigParams(BaseModel):

@@ -1,39 +1,54 @@
-"""config: ``config_qnn.json``, the runtime config the phone's ``llm_demo`` is started with.
+"""config: ``config_qnn.json``, the config the phone's ``llm_demo`` is started with.
 
-It is written from scratch, not derived from the model's ``config.json``: the outer graph runs on MNN's CPU
-backend, which loads the QNN plugins. The model entries follow the model part (``mnnbuild.modeldir.ModelPart``)
-as upstream's ``output_qnn`` writes them: ``llm_model = "qnn/<graph file>"``, ``llm_weight`` (written only when
-it is not MNN's default ``llm.mnn.weight``, e.g. ``embedding.mnn.weight``) and ``chunk_limits``.
+As upstream's ``output_qnn`` writes it: the model's ``config.json`` with ``llm_model = "qnn/<model file>"``,
+``llm_weight = "<weight file>"`` (always written), ``chunk_limits`` (every prefill length, then 1) and, for a VL
+model, ``visual_model``; every other entry is kept as is. Ours besides: ``tokenizer_file`` when ``config.json``
+does not name the tokenizer the bundle ships (upstream's model dir holds whatever it names). Every file name the
+result gives MNN's engine must stay inside the model dir (:func:`mnnbuild_runtime.bundle.check_config_files`),
+so a ``config.json`` naming one elsewhere is refused here, before a bundle is made.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from mnnbuild.fsutil import atomic_write_text, staged_dir
 from mnnbuild.layout import CONFIG_FILE, DEFAULT_TOKENIZER
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams, ConfigQnn
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.modeldir import MNN_DEFAULT_WEIGHT, tokenizer_file
+from mnnbuild.modeldir import MODEL_CONFIG, ModelPart, read_model_config, tokenizer_file
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 
 
+def qnn_config(
+    model_config: dict[str, Any],
+    part: ModelPart,
+    params: ConfigParams,
+    tokenizer: str,
+) -> ConfigQnn:
+    """``config.json``'s entries with upstream's set (and the shipped tokenizer named when it is not already)."""
+    entries = dict(model_config)
+    entries.update(llm_model=part.result_model, llm_weight=part.weight_file, chunk_limits=[*params.chunk_sizes, 1])
+    if params.visual_model is not None:
+        entries["visual_model"] = params.visual_model
+    if entries.get("tokenizer_file", DEFAULT_TOKENIZER) != tokenizer:
+        entries["tokenizer_file"] = tokenizer
+    return ConfigQnn.model_validate(entries)
+
+
 def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> ConfigManifest:
-    """Write ``config_qnn.json`` with every prefill length and decode (1) as chunk limits, and the tokenizer file."""
+    """Write ``config_qnn.json`` from the fetched model's ``config.json`` (see the module docstring)."""
+    from mnnbuild_runtime.bundle import check_config_files  # what MNN's engine may read: one rule, the runtime's
+
     fetched = inputs.manifest(FetchManifest, inputs.model_dir)
     tokenizer = tokenizer_file(inputs.model_dir)
-    part = fetched.part
-    config = ConfigQnn(
-        llm_model=part.result_model,
-        llm_weight=None if part.weight_file == MNN_DEFAULT_WEIGHT else part.weight_file,
-        chunk_limits=[*params.chunk_sizes, 1],
-        tokenizer_file=None if tokenizer == DEFAULT_TOKENIZER else tokenizer,
-        visual_model=params.visual_model,
-    )
+    config = qnn_config(read_model_config(inputs.model_dir), fetched.part, params, tokenizer)
+    check_config_files(Path(inputs.model_dir) / MODEL_CONFIG, config.model_dump())
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / CONFIG_FILE, config.to_json())
         manifest = ConfigManifest(
@@ -42,7 +57,7 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
             inputs=[
                 FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256)
                 for r in fetched.outputs
-                if r.path == tokenizer
+                if r.path in (MODEL_CONFIG, tokenizer)
             ],
             params=params,
             tools=tool_versions(),

@@ -131,9 +131,25 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-FILE_FIELDS = ("llm_config", "llm_model", "llm_weight", "tokenizer_file", "embedding_file", "visual_model")
+FILE_FIELDS = (
+    "llm_config", "llm_model", "llm_weight", "tokenizer_file", "embedding_file", "embedding_model", "visual_model",
+    "lm_model", "block_model", "npu_model_dir", "context_file", "lookup_file", "ple_embed_file",
+    "mtp_model", "draft_model", "eagle_model", "eagle_fc", "dflash_model", "dflash_fc", "dflash_kvmat",
+    "audio_model", "talker_model", "talker_weight", "talker_embedding_file", "talker_text_embedding_file",
+    "code_predictor_model", "code_predictor_weight", "code_predictor_embedding_file", "speech_decoder_model",
+    "speech_decoder_weight", "speaker_encoder_model", "speaker_encoder_weight", "prompt_embedder_model",
+    "prompt_embedder_weight", "codec_embedder_model", "codec_embedder_weight", "predit_model", "dit_model",
+    "bigvgan_model", "spk_dict",
+)  # fmt: skip
 """Fields of an LLM config (and of the ``llm_config.json`` MNN's engine merges into it) naming a file of the
-model dir: the engine joins each to the config's directory, and so does this runtime."""
+model dir: the engine joins each to the config's directory, and so does this runtime. Every such field of MNN's
+``llmconfig.hpp`` (4d40bdbd): a model's ``config.json`` reaches ``config_qnn.json`` whole, so any of them may."""
+REFUSED_FIELDS = {
+    "base_dir": "it would move every file the config names elsewhere; expected the model's files next to the config",
+    "tmp_path": "MNN's engine writes its memory-mapped files there, outside the model dir",
+    "prefix_cache_path": "MNN's engine writes its prompt cache there, outside the model dir",
+}
+"""Fields naming a directory MNN's engine reads from or writes to, not relative to the model dir."""
 
 
 def bundle_path(model_dir: Path, name: object, what: str) -> Path:
@@ -150,13 +166,9 @@ def bundle_path(model_dir: Path, name: object, what: str) -> Path:
 
 def check_config_files(config_path: Path, config: dict[str, Any]) -> None:
     """Every file an LLM config names (`FILE_FIELDS`, in it or in the ``llm_config.json`` it names) must be a file
-    of its directory, and ``base_dir`` (which would move them all elsewhere) is refused: what MNN's engine reads
-    when it is given this config stays inside the model dir."""
+    of its directory, and `REFUSED_FIELDS` are refused: what MNN's engine reads or writes when it is given this
+    config stays inside the model dir. (An empty name is the model dir itself, MNN's default for some fields.)"""
     model_dir = config_path.parent
-    if "base_dir" in config:
-        raise BundleError(
-            f"{config_path}: field 'base_dir' is not supported; expected the model's files next to the config"
-        )
     sources = [(config_path, config)]
     llm_config = bundle_path(
         model_dir, config.get("llm_config", "llm_config.json"), f"{config_path}: field 'llm_config'"
@@ -164,8 +176,11 @@ def check_config_files(config_path: Path, config: dict[str, Any]) -> None:
     if llm_config.is_file():
         sources.append((llm_config, _read_json(llm_config)))
     for source, values in sources:
+        refused = [field for field in REFUSED_FIELDS if field in values]
+        if refused:
+            raise BundleError(f"{source}: field {refused[0]!r} is not supported: {REFUSED_FIELDS[refused[0]]}")
         for field in FILE_FIELDS:
-            if field in values:
+            if field in values and values[field] != "":
                 bundle_path(model_dir, values[field], f"{source}: field {field!r}")
 
 
