@@ -23,15 +23,21 @@ from typing import Any
 from mnnbuild.fsutil import atomic_write_text
 
 PACKAGE = "mnnbuild"
-# a cheap first look: only files with an import of mnnbuild or a relative import are parsed
-_MAYBE_OURS = re.compile(rf"^\s*(from|import)\s+({PACKAGE}\b|\.)", re.MULTILINE)
+PACKAGES = (PACKAGE, "mnnbuild_runtime")
+"""Our code: a stage's fingerprint covers what it imports of both (verify runs bundles with the runtime)."""
+# a cheap first look: only files with an import of ours or a relative import are parsed
+_MAYBE_OURS = re.compile(r"^\s*(from|import)\s+(mnnbuild(_runtime)?\b|\.)", re.MULTILINE)
 
 
 @functools.cache
-def _package_dir() -> Path:
-    spec = importlib.util.find_spec(PACKAGE)
+def _package_dir(package: str = PACKAGE) -> Path:
+    spec = importlib.util.find_spec(package)
     assert spec is not None and spec.origin is not None
     return Path(spec.origin).parent
+
+
+def _ours(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in PACKAGES)
 
 
 def _module_file(name: str) -> Path | None:
@@ -39,13 +45,14 @@ def _module_file(name: str) -> Path | None:
     parent of a name such as ``mnnbuild.report.render.render_html`` (a function, not a module), and with it
     matplotlib, at every doit start."""
     parts = name.split(".")
-    if parts[0] != PACKAGE:
+    if parts[0] not in PACKAGES:
         return None
-    base = _package_dir().joinpath(*parts[1:])
+    root = _package_dir(parts[0])
+    base = root.joinpath(*parts[1:])
     for path in (base.with_suffix(".py"), base / "__init__.py"):
         if len(parts) > 1 and path.is_file():
             return path
-    return _package_dir() / "__init__.py" if len(parts) == 1 else None
+    return root / "__init__.py" if len(parts) == 1 else None
 
 
 def _parse(path: Path) -> ast.Module:
@@ -61,7 +68,7 @@ def _parse_version(path: Path, size: int, mtime_ns: int) -> ast.Module:
 
 @functools.cache
 def _imports(path: Path, module: str) -> frozenset[str]:
-    """Names of mnnbuild modules imported by the source at ``path``."""
+    """Names of our modules (mnnbuild, mnnbuild_runtime) imported by the source at ``path``."""
     text = path.read_text(encoding="utf-8")
     if not _MAYBE_OURS.search(text):
         return frozenset()  # e.g. the large generated flatbuffers module: parsing it is the slow part
@@ -81,12 +88,12 @@ def _imports(path: Path, module: str) -> frozenset[str]:
             found.add(base)
             # `from pkg import mod` may name a submodule
             found.update(f"{base}.{a.name}" for a in node.names)
-    return frozenset(n for n in found if n == PACKAGE or n.startswith(PACKAGE + "."))
+    return frozenset(n for n in found if _ours(n))
 
 
 @functools.cache
 def module_closure(module: str, memo: DigestMemo | None = None) -> tuple[tuple[str, Path], ...]:
-    """Every mnnbuild module reachable by imports from ``module``, with its file, sorted by name.
+    """Every module of ours reachable by imports from ``module``, with its file, sorted by name.
 
     With a ``memo`` a file's imports are scanned once per file version, across runs.
     """
@@ -220,7 +227,7 @@ class DigestMemo:
 
 
 def code_fingerprint(module: str, memo: DigestMemo | None = None) -> str:
-    """sha256 over the code of ``module`` and its mnnbuild imports (generated code included)."""
+    """sha256 over the code of ``module`` and its imports of ours (generated code included)."""
     digest = hashlib.sha256()
     for name, path in module_closure(module, memo):
         value = memo.digest(path) if memo is not None else _source_digest(path)

@@ -72,6 +72,14 @@ def test_a_stage_key_covers_its_own_code_only() -> None:
     assert "mnnbuild.lowering.support" in partition and "mnnbuild.lowering.ops" not in partition
 
 
+def test_a_stage_key_covers_the_runtime_code_it_runs() -> None:
+    """verify runs bundles with mnnbuild_runtime: a change there must rebuild verify (not the bundle)."""
+    verify = {name for name, _ in module_closure("mnnbuild.stages.verify")}
+    assert {"mnnbuild_runtime.hybrid", "mnnbuild_runtime.generate", "mnnbuild_runtime.plugin"} <= verify
+    bundle = {name for name, _ in module_closure("mnnbuild.stages.bundle")}
+    assert "mnnbuild_runtime.generate" not in bundle
+
+
 def test_schema_hash_ignores_descriptions_and_titles() -> None:
     class A(Manifest):
         stage = "probe"
