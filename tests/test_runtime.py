@@ -33,6 +33,7 @@ from mnnbuild_runtime import (
     follow_draft,
     greedy_generate,
     kv_cache_draft,
+    kv_cache_redraft,
     llm_inputs,
     recompute_generate,
 )
@@ -485,6 +486,20 @@ def test_cpu_reference_is_the_recompute_loop_in_one_forward(model_dir: Path) -> 
     assert confirmed.forwards == (1 if confirmed.rejected is None else 16 - confirmed.rejected)
 
 
+def test_padding_rows_never_reach_the_rows_before_them() -> None:
+    """What lets one forward serve the whole-model check (random rows) and generation (token rows first): with the
+    causal mask, the rows of the tokens come out bit for bit the same whatever pads the rest."""
+    ids = Tokenizer(TINY / "config.json").encode("hello")
+    forward, embed = cpu_forward_fn(TINY), Embeddings(TINY)
+    zeros = np.asarray(forward(llm_inputs(embed(ids), 128, logits_index=0))["logits"]).reshape(128, -1)
+    noise = np.random.default_rng(0).random((128, 1, embed.hidden), dtype=np.float32)
+    feed = llm_inputs(embed(ids), 128, logits_index=0, pad=noise)
+    assert np.array_equal(feed["input_ids"][len(ids) :], noise[len(ids) :])
+    padded = np.asarray(forward(feed)["logits"]).reshape(128, -1)
+    assert np.array_equal(padded[: len(ids)], zeros[: len(ids)])
+    assert not np.array_equal(padded[len(ids) :], zeros[len(ids) :])
+
+
 def test_a_wrong_draft_costs_forwards_not_tokens() -> None:
     ids = Tokenizer(TINY / "config.json").encode("hello")
     forward, embed = cpu_forward_fn(TINY), Embeddings(TINY)
@@ -499,6 +514,22 @@ def test_a_wrong_draft_costs_forwards_not_tokens() -> None:
     assert stop.result.tokens == loop.tokens[:3] and stop.result.stop_reason == "stop_token"
     full = follow_draft(forward, embed, ids, [], 12, len(ids) + 4)
     assert full.result.stop_reason == "chunk_full" and len(full.result.tokens) == 4
+    # with a new guess after a wrong one, a wrong token costs one round (one forward here), not one per later token
+    asked: list[tuple[int, int]] = []
+
+    def oracle(seq: list[int], n: int) -> list[int]:
+        asked.append((len(seq), n))
+        return loop.tokens[len(seq) - len(ids) :][:n]
+
+    again = follow_draft(forward, embed, ids, wrong, 12, 128, redraft=oracle)
+    assert again.result.tokens == loop.tokens and again.rejected == 5 and again.forwards == 2
+    assert asked == [(len(ids) + 6, 6)]
+    assert all(np.array_equal(a, b) for a, b in zip(again.result.rows, loop.rows, strict=True))
+    blind = follow_draft(forward, embed, ids, wrong, 12, 128, redraft=lambda seq, n: [])  # no guess: the plain loop
+    assert blind.result.tokens == loop.tokens and blind.forwards == 1 + 6
+    engine = follow_draft(forward, embed, ids, wrong, 12, 128, redraft=kv_cache_redraft(TINY))
+    assert engine.result.tokens == loop.tokens and engine.result.top2_margins == loop.top2_margins
+    assert engine.forwards == 2, "MNN's engine guesses the rest right from the loop's own sequence on tiny"
     # a model MNN's engine cannot run gives no draft (and no crash): the reference then recomputes
     assert kv_cache_draft(FIXTURES / "qwen3-embedding-tiny", ids, 4) == []
 

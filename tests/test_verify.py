@@ -139,6 +139,8 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
     gen = report.generation
     assert gen is not None and gen.passed and gen.first_divergence is None
     assert gen.prompt == "hello" and len(gen.cpu_tokens) == 16 and gen.hybrid_tokens == gen.cpu_tokens
+    # the prefill sample's run was the generation's forward too: no bundle pass of its own
+    assert gen.shared_lengths == [128] and gen.hybrid_forwards == 1
     for p in report.plugins:  # which binary ran, and that the shipped one is the context stage's
         assert p.executed == "override" and p.shipped_weight_shared
         assert p.shipped_sha256 == p.context_sha256 == p.bundle_sha256

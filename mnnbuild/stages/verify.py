@@ -16,7 +16,8 @@ Checks (tolerances in :class:`VerifyParams`):
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
 The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
-with at most ``max_loaded_plugins`` contexts loaded, each plugin's per-graph check while it is loaded.
+with at most ``max_loaded_plugins`` contexts loaded, each plugin's per-graph check while it is loaded. Where a
+prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``).
 
 Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
 the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:
@@ -176,6 +177,10 @@ def _run_bundle(
             graphs[twin.binary] = checks.graphs_not_run(twin.binary, twin.graphs, checks.describe_error(exc))
         graph_seconds += time.perf_counter() - t
 
+    if gen is not None:
+        t0 = time.perf_counter()
+        gen.share(samples)
+        timings["cpu_reference"] += time.perf_counter() - t0
     feeds = [s.feed for s in samples if s.problem is None]
     gen_feeds = gen.feeds() if gen is not None else {}
     t0 = time.perf_counter()
@@ -190,6 +195,8 @@ def _run_bundle(
     if gen is not None:
         t0 = time.perf_counter()
         gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
+        ran = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[ran[k]]'s
+        gen_runs |= {size: runs[ran.index(i)] for size, i in gen.shared.items()}
         report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
         timings["generation"] = time.perf_counter() - t0
     return graphs

@@ -33,9 +33,10 @@ from mnnbuild_runtime import (
     cpu_forward_fn,
     draft_feeds,
     follow_draft,
-    kv_cache_draft,
+    kv_cache_redraft,
+    loop_redraft,
 )
-from mnnbuild_runtime.generate import ForwardFn
+from mnnbuild_runtime.generate import ForwardFn, Redraft
 
 from mnnbuild.compare import Tolerance, compare
 from mnnbuild.cpu import CpuRuntime, load_vars
@@ -389,7 +390,8 @@ class GenerationRun:
     CPU's sequence (:meth:`feeds`, in the verify pass with the io samples): with the causal mask, row ``i``
     depends only on tokens ``0..i``, so those forwards give the bundle's greedy pick for every CPU prefix and its
     logits to compare. Where the picks all agree, the bundle's greedy tokens *are* the CPU's; from a first
-    divergence on, the bundle's own loop continues for real (:meth:`conclude`).
+    divergence on, the bundle's own loop continues for real (:meth:`conclude`), confirming MNN's KV-cache guesses
+    for its own sequence (a forward per wrong guess, not per token: each is a whole prefill in the simulator).
     """
 
     def __init__(
@@ -406,6 +408,11 @@ class GenerationRun:
         self.tokenizer: Tokenizer | None = None
         self.cpu_rows: list[np.ndarray] = []
         self.embed: Embeddings | None = None
+        self.cpu_forward: ForwardFn | None = None
+        self.cpu_embed: Embeddings | None = None
+        self.guess: Redraft | None = None
+        self.shared: dict[int, int] = {}
+        """By prefill length: the io sample whose bundle run is also this check's forward (:meth:`share`)."""
 
     def reference(self) -> None:
         """The CPU's greedy tokens and, per step, the logits row that picked it (a failure is recorded)."""
@@ -419,19 +426,15 @@ class GenerationRun:
             if steps <= 0:
                 raise StageError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
             t0 = time.perf_counter()
-            draft = kv_cache_draft(self.model_dir, ids, steps, self.runtime)
-            forward = cpu_forward_fn(self.model_dir, self.runtime)
-            cpu_embed = Embeddings(self.model_dir)
-            cpu = follow_draft(forward, cpu_embed, ids, draft, steps, self.limits)
-            if cpu.result.tokens != draft:  # the rows of the loop's own sequence, then
-                log.info(
-                    "verify: MNN's KV-cache tokens %s, the recompute loop's %s (first differs at %s); the loop's count",
-                    draft,
-                    cpu.result.tokens,
-                    cpu.rejected,
-                )
-                cpu = follow_draft(forward, cpu_embed, ids, cpu.result.tokens, steps, self.limits)
-            self.cpu_rows = cpu.step_rows
+            self.guess = redraft = kv_cache_redraft(self.model_dir, self.runtime)
+            self.cpu_forward = cpu_forward_fn(self.model_dir, self.runtime)
+            self.cpu_embed = Embeddings(self.model_dir)
+            draft = redraft(ids, steps)
+            cpu = follow_draft(self.cpu_forward, self.cpu_embed, ids, draft, steps, self.limits, redraft=redraft)
+            if cpu.rejected is not None:
+                log.info("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
+                         "count", draft, cpu.result.tokens, cpu.rejected)  # fmt: skip
+            self.cpu_rows = cpu.result.rows
             check.cpu_seconds = time.perf_counter() - t0
             check.cpu_tokens = list(cpu.result.tokens)
             self.embed = Embeddings(self.bundle_dir)  # the bundle's own embeddings, as the phone reads them
@@ -439,13 +442,50 @@ class GenerationRun:
             log.debug("generation reference failed", exc_info=True)
             check.problem = describe_error(exc)
 
-    def feeds(self) -> dict[int, dict[str, np.ndarray]]:
-        """The bundle's inputs for the prompt and the CPU's tokens, one per length the loop uses (none when the
-        reference failed)."""
+    def _feeds(self, pads: Mapping[int, np.ndarray] | None = None) -> dict[int, dict[str, np.ndarray]]:
         if self.check.problem is not None or self.embed is None:
             return {}
         check = self.check
-        return draft_feeds(self.embed, check.prompt_ids, check.cpu_tokens, len(check.cpu_tokens), self.limits)
+        return draft_feeds(self.embed, check.prompt_ids, check.cpu_tokens, len(check.cpu_tokens), self.limits, pads)
+
+    def feeds(self) -> dict[int, dict[str, np.ndarray]]:
+        """The bundle's inputs for the prompt and the CPU's tokens, one per length the loop uses and no io sample
+        serves (:meth:`share`); none when the reference failed."""
+        return {size: feed for size, feed in self._feeds().items() if size not in self.shared}
+
+    def share(self, samples: list[Sample]) -> None:
+        """Let the whole-model check's bundle runs serve this check's forwards: one simulator prefill fewer per
+        length (at real size, minutes). An io sample of such a length with the same other inputs (a text LLM's
+        causal mask, positions, ``logits_index`` 0) takes the prompt and the CPU's tokens in its first rows and
+        keeps its own random rows after them, which the causal mask keeps out of the generation's rows; its
+        reference outputs are then the original model's on the CPU for exactly those inputs."""
+        if self.cpu_forward is None:
+            return
+        matches: dict[int, int] = {}
+        for size, feed in self._feeds().items():
+            for i, sample in enumerate(samples):
+                same = (
+                    sample.problem is None
+                    and sample.image_size is None
+                    and sample.seq_len == size
+                    and set(sample.feed) == set(feed)
+                    and np.shape(sample.feed["input_ids"]) == feed["input_ids"].shape
+                    and all(np.array_equal(sample.feed[k], v) for k, v in feed.items() if k != "input_ids")
+                )
+                if same:
+                    matches[size] = i
+                    break
+        pads = {size: samples[i].feed["input_ids"] for size, i in matches.items()}
+        for size, feed in self._feeds(pads).items():
+            if size not in matches:
+                continue
+            sample = samples[matches[size]]
+            outputs = self.cpu_forward(feed)
+            if not set(sample.refs) <= set(outputs):
+                continue
+            samples[matches[size]] = Sample(sample.seq_len, feed, {k: np.asarray(outputs[k]) for k in sample.refs})
+            self.shared[size] = matches[size]
+        self.check.shared_lengths = sorted(self.shared)
 
     def conclude(self, forward: ForwardFn, runs: Mapping[int, ForwardResult], tol: Tolerance) -> GenerationCheck:
         """Judge the bundle's passes over the CPU's sequence (``runs``, by length, of :meth:`feeds`); ``forward``
@@ -463,7 +503,12 @@ class GenerationRun:
             ids, cpu_tokens, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
             t0 = time.perf_counter()
             logits = {size: run.outputs["logits"] for size, run in runs.items()}
-            hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits)
+            # after a divergence the bundle's own loop goes on, from MNN's guesses for its sequence
+            # (each guess: the CPU's own loop from the bundle's sequence; they part only on near-ties)
+            assert self.cpu_forward is not None and self.cpu_embed is not None
+            guess = loop_redraft(self.cpu_forward, self.cpu_embed, self.limits, self.guess)
+            hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits,
+                               redraft=guess)  # fmt: skip
             hyb_rows = hyb.step_rows
             ok = True
             for i, token in enumerate(cpu_tokens):

@@ -119,6 +119,9 @@ class GenerationCheck(BaseModel):
     cpu_seconds: float | None = None
     hybrid_seconds: float | None = None
     hybrid_forwards: int = 0
+    shared_lengths: list[int] = Field(default_factory=list)
+    """Prefill lengths whose forward was the whole-model check's run of the io sample (one simulator pass for two
+    checks)."""
     passed: bool
     problem: str | None = None
 

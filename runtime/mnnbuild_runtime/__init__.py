@@ -26,7 +26,9 @@ from mnnbuild_runtime.generate import (
     follow_draft,
     greedy_generate,
     kv_cache_draft,
+    kv_cache_redraft,
     llm_inputs,
+    loop_redraft,
     recompute_generate,
 )
 from mnnbuild_runtime.hybrid import (
@@ -81,7 +83,9 @@ __all__ = [
     "follow_draft",
     "greedy_generate",
     "kv_cache_draft",
+    "kv_cache_redraft",
     "llm_inputs",
+    "loop_redraft",
     "recompute_generate",
     "select_shape_index",
     "text_feeds",

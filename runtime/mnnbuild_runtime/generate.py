@@ -10,8 +10,9 @@ in MNN on the CPU (:func:`cpu_greedy_generate`), so their tokens are comparable.
 That loop's tokens can be had with far fewer forwards given a good guess (:func:`follow_draft`): with the
 causal mask, row ``i`` of a forward over prompt + guess depends on tokens ``0..i`` only (the rows come out
 bit-identical to the loop's), so one forward per length the loop would use confirms every guessed token up to
-the first wrong one, and gives the right one in its place; the loop goes on from there. The CPU reference
-guesses with MNN's own LLM engine and its KV cache (:func:`kv_cache_draft`), one cheap decode step per token.
+the first wrong one, and gives the right one in its place; the loop goes on from there, from a new guess when
+there is a guesser (:func:`kv_cache_redraft`). The guesses come from MNN's own LLM engine and its KV cache
+(:func:`kv_cache_draft`), one cheap decode step per token.
 """
 
 from __future__ import annotations
@@ -83,8 +84,11 @@ def causal_mask(seq: int) -> np.ndarray:
     return mask.reshape(1, 1, seq, seq)
 
 
-def llm_inputs(embeds: np.ndarray, seq: int | None = None, logits_index: int | None = None) -> dict[str, np.ndarray]:
-    """The four LLM graph inputs for embeddings ``[n, hidden]``, zero-padded to ``seq`` rows.
+def llm_inputs(
+    embeds: np.ndarray, seq: int | None = None, logits_index: int | None = None, pad: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+    """The four LLM graph inputs for embeddings ``[n, hidden]``, padded to ``seq`` rows with zeros, or with rows
+    ``n..seq-1`` of ``pad`` (``[seq, 1, hidden]``; the causal mask keeps them out of the first ``n`` rows).
 
     ``logits_index`` defaults to -1 (last row only) for one row and 0 (every row) otherwise."""
     n, hidden = embeds.shape
@@ -92,6 +96,8 @@ def llm_inputs(embeds: np.ndarray, seq: int | None = None, logits_index: int | N
     if n > seq:
         raise ValueError(f"{n} embedding rows do not fit in a sequence of {seq}")
     padded = np.zeros((seq, 1, hidden), dtype=np.float32)
+    if pad is not None:
+        padded[n:] = np.asarray(pad, dtype=np.float32).reshape(seq, 1, hidden)[n:]
     padded[:n, 0, :] = embeds
     if logits_index is None:
         logits_index = -1 if seq == 1 else 0
@@ -113,6 +119,8 @@ class GenerationResult:
     step_seconds: list[float] = field(default_factory=list)
     top2_margins: list[float] = field(default_factory=list)
     """Per step, top-1 minus top-2 logit: a small margin makes a divergence from another run expected."""
+    rows: list[np.ndarray] = field(default_factory=list, repr=False)
+    """Per step, the logits row that picked its token (of the loop's own sequence); not in :meth:`as_dict`."""
 
     @property
     def sequence(self) -> list[int]:
@@ -130,6 +138,8 @@ class GenerationResult:
 
 
 ForwardFn = Callable[[Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+Redraft = Callable[[list[int], int], Sequence[int]]
+"""(the sequence so far, how many tokens at most) -> a guess of the loop's next tokens (may be short or empty)."""
 
 
 def _logit_rows(outputs: Mapping[str, np.ndarray], size: int) -> np.ndarray:
@@ -147,6 +157,7 @@ def _pick(result: GenerationResult, row: np.ndarray, seconds: float) -> int:
     result.top2_margins.append(float(top2[1] - top2[0]))
     result.step_seconds.append(seconds)
     result.tokens.append(token)
+    result.rows.append(row.copy())  # a view would keep the whole forward's logits alive
     return token
 
 
@@ -218,8 +229,10 @@ class _DraftPlan:
         longest = {size: len(prompt) + i for i, size in enumerate(sizes)}
         return cls(prompt, guess, limits, largest, sizes, longest)
 
-    def feed(self, embed: Callable[[Sequence[int]], np.ndarray], size: int) -> dict[str, np.ndarray]:
-        return llm_inputs(embed((self.prompt + self.guess)[: self.longest[size]]), size, logits_index=0)
+    def feed(
+        self, embed: Callable[[Sequence[int]], np.ndarray], size: int, pad: np.ndarray | None = None
+    ) -> dict[str, np.ndarray]:
+        return llm_inputs(embed((self.prompt + self.guess)[: self.longest[size]]), size, logits_index=0, pad=pad)
 
 
 def draft_feeds(
@@ -228,11 +241,14 @@ def draft_feeds(
     draft: Sequence[int],
     max_new_tokens: int,
     chunk: int | Sequence[int],
+    pads: Mapping[int, np.ndarray] | None = None,
 ) -> dict[int, dict[str, np.ndarray]]:
     """The forwards :func:`follow_draft` makes, by prefill length (one per length the loop uses for the draft's
-    steps), for a caller that runs them itself (with other inputs, say) and passes their ``logits`` back."""
+    steps), for a caller that runs them itself (with other inputs, say) and passes their ``logits`` back.
+    ``pads``: by length, ``input_ids`` whose rows after the sequence pad it instead of zeros (see
+    :func:`llm_inputs`), so that the forward can serve another check too."""
     plan = _DraftPlan.of(prompt_ids, draft, max_new_tokens, chunk)
-    return {size: plan.feed(embed, size) for size in plan.longest}
+    return {size: plan.feed(embed, size, (pads or {}).get(size)) for size in plan.longest}
 
 
 @dataclass
@@ -258,11 +274,13 @@ def follow_draft(
     stop_ids: Sequence[int] = (),
     *,
     logits: Mapping[int, np.ndarray] | None = None,
+    redraft: Redraft | None = None,
 ) -> DraftOutcome:
     """:func:`recompute_generate`'s tokens, found from a guess (see the module docstring): one forward per length
     the loop uses over prompt + ``draft`` confirms the draft up to its first wrong token and gives the right one;
-    from there (or from the draft's end) the loop runs as usual. ``logits``: those forwards' outputs by length
-    when already computed (of :func:`draft_feeds`)."""
+    from there (or from the draft's end) the loop runs as usual, or, given ``redraft``, goes on the same way from
+    a new guess for the sequence so far (so a wrong token costs one more round, not a forward per later token).
+    ``logits``: those forwards' outputs by length when already computed (of :func:`draft_feeds`)."""
     plan = _DraftPlan.of(prompt_ids, draft, max_new_tokens, chunk)
     prompt, guess = plan.prompt, plan.guess
     rows = {size: _logit_rows({"logits": v}, size) for size, v in (logits or {}).items()}
@@ -300,15 +318,20 @@ def follow_draft(
         outcome.step_rows += [
             rows[plan.sizes[j]][len(prompt) - 1 + j] for j in range(i + 1, len(guess)) if plan.sizes[j] in rows
         ]
-        rest = recompute_generate(
-            forward, embed, prompt + result.tokens, max_new_tokens - len(result.tokens), plan.limits or plan.chunk,
-            stop_ids,
-        )  # fmt: skip
+        seq, left, chunk_arg = prompt + result.tokens, max_new_tokens - len(result.tokens), plan.limits or plan.chunk
+        if redraft is None:
+            rest = recompute_generate(forward, embed, seq, left, chunk_arg, stop_ids)
+            forwards += len(rest.tokens)
+        else:  # a new guess from here: a round costs one forward per length and gives at least one token
+            guess_more = redraft(seq, min(left, plan.chunk - len(seq))) if left > 0 and len(seq) < plan.chunk else []
+            more = follow_draft(forward, embed, seq, guess_more, left, chunk_arg, stop_ids, redraft=redraft)
+            rest = more.result
+            forwards += more.forwards
         result.tokens += rest.tokens
         result.top2_margins += rest.top2_margins
         result.step_seconds += rest.step_seconds
+        result.rows += rest.rows
         result.stop_reason = rest.stop_reason
-        forwards += len(rest.tokens)
         break
     outcome.forwards = forwards
     return outcome
@@ -403,6 +426,32 @@ def kv_cache_draft(
         return []
 
 
+def kv_cache_redraft(model_dir: str | os.PathLike[str], runtime: CpuRuntime | None = None) -> Redraft:
+    """:func:`kv_cache_draft` from any sequence, for :func:`follow_draft`'s ``redraft``: after a wrong guess, MNN's
+    engine guesses again from the loop's own tokens."""
+    return lambda seq, n: kv_cache_draft(model_dir, seq, n, runtime)
+
+
+def loop_redraft(
+    forward: ForwardFn,
+    embed: Callable[[Sequence[int]], np.ndarray],
+    chunk: int | Sequence[int],
+    guess: Redraft | None = None,
+) -> Redraft:
+    """Another model's greedy loop as the guess (``forward``'s recompute loop, found from ``guess``'s guesses):
+    when one forward of the model being followed costs many of ``forward``'s (a bundle in the x86 simulator against
+    the original model on the CPU), the cheap loop's tokens are the better guess, since the two agree but on
+    near-ties."""
+
+    def redraft(seq: list[int], n: int) -> list[int]:
+        if n <= 0:
+            return []
+        first = guess(seq, n) if guess is not None else []
+        return follow_draft(forward, embed, seq, first, n, chunk, redraft=guess).result.tokens
+
+    return redraft
+
+
 def cpu_greedy_generate(
     model_dir: str | os.PathLike[str],
     prompt_ids: Sequence[int],
@@ -416,9 +465,10 @@ def cpu_greedy_generate(
     by :func:`follow_draft` from :func:`kv_cache_draft`'s guess (about one forward per prefill length instead of
     one per token)."""
     prompt, _, largest = _loop_setup(prompt_ids, chunk)
-    draft = kv_cache_draft(model_dir, prompt, min(max_new_tokens, largest - len(prompt)), runtime)
-    outcome = follow_draft(cpu_forward_fn(model_dir, runtime), Embeddings(model_dir), prompt, draft,
-                           max_new_tokens, chunk, stop_ids)  # fmt: skip
+    redraft = kv_cache_redraft(model_dir, runtime)
+    outcome = follow_draft(cpu_forward_fn(model_dir, runtime), Embeddings(model_dir), prompt,
+                           redraft(prompt, min(max_new_tokens, largest - len(prompt))), max_new_tokens, chunk,
+                           stop_ids, redraft=redraft)  # fmt: skip
     if outcome.rejected is not None:
         log.info("MNN's KV-cache tokens part from the recompute loop's at step %d", outcome.rejected)
     return outcome.result
