@@ -180,7 +180,7 @@ def replace_dir(src: Path, dst: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
     """Write a file through a temp name and rename, so readers never see it half written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

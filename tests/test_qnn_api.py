@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from pathlib import Path
 
@@ -101,6 +102,34 @@ def test_fc_executes_in_simulator(lib: QnnLibrary, fc_binary: bytes, weight: np.
     assert list(out) == ["t7"]
     assert out["t7"].shape == (4, HIDDEN) and out["t7"].dtype == np.float32
     assert_close(out["t7"], x.astype(np.float64) @ weight.T.astype(np.float64))
+
+
+def test_qnn_copies_the_binary_at_load(lib: QnnLibrary, fc_binary: bytes) -> None:
+    """What lets the runner keep no copy of a (GB-sized) binary: after the load, zeroing and freeing the buffer
+    it was loaded from changes no output."""
+    x = np.random.default_rng(3).standard_normal((4, HIDDEN)).astype(np.float32)
+    buffer = bytearray(fc_binary)
+    with ContextRunner(lib, buffer) as runner:
+        before = runner.execute("graph0", {"t0": x})["t7"]
+        buffer[:] = bytes(len(buffer))
+        del buffer
+        gc.collect()
+        after = runner.execute("graph0", {"t0": x})["t7"]
+    assert np.array_equal(before, after)
+
+
+def test_binary_view_is_the_serialized_binary(lib: QnnLibrary, weight: np.ndarray, fc_binary: bytes) -> None:
+    """The context stage writes a binary straight from QNN's buffer (no copy of a GB-sized binary)."""
+    with ContextBuilder(lib, V79) as ctx:
+        g = ctx.add_graph("graph0")
+        g.add_node("fc", "FullyConnected", [g.add_input("t0", (4, HIDDEN)), g.add_static("fc.weight", weight)],
+                   [g.add_output("t7", (4, HIDDEN))])  # fmt: skip
+        with ctx.binary_view() as view:
+            assert isinstance(view, memoryview)
+            info = read_binary_info(lib, view)
+            copied = bytes(view)
+        assert ctx.serialize() == copied  # the view is the binary, not a partial or stale buffer
+    assert info.graph_names == ["graph0"] and len(copied) == len(fc_binary)
 
 
 def test_two_inputs_native_tensor_and_params(lib: QnnLibrary) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from mnnbuild.errors import QnnError
 from mnnbuild.fsutil import atomic_write_bytes
 from mnnbuild.logs import configure_logging
-from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_dirs
+from mnnbuild.lowering.graph import LoweringError, composed_context, read_graph_dirs
 from mnnbuild.qnn import BinaryInfo, HtpTarget, QnnLibrary, read_binary_info
 from mnnbuild.targets import Soc
 
@@ -29,10 +29,11 @@ log = logging.getLogger(__name__)
 def compose_to_file(
     target: HtpTarget, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path, log_level: str
 ) -> None:
-    """`compose_context` of ``graphs`` into ``dest``; meant to run in a fresh process (see the module doc)."""
+    """`composed_context` of ``graphs`` into ``dest``; meant to run in a fresh process (see the module doc)."""
     configure_logging(log_level)  # as in the parent: each finalized graph is logged with its time
     descriptions = read_graph_dirs(modellib_dir, graphs)
-    atomic_write_bytes(dest, compose_context(QnnLibrary(), target, descriptions, weight_sharing))
+    with composed_context(QnnLibrary(), target, descriptions, weight_sharing) as ctx, ctx.binary_view() as binary:
+        atomic_write_bytes(dest, binary)  # straight from QNN's buffer: no copy of a GB-sized binary
 
 
 def _fresh_processes() -> multiprocessing.context.BaseContext:

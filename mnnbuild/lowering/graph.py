@@ -9,12 +9,13 @@ The modellib stage writes both into a graph directory; the context stage reads t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Literal
@@ -302,14 +303,15 @@ StaticSource = Path | Mapping[str, np.ndarray]
 """Where a graph's STATIC data comes from: its graph directory (``.raw`` files) or the arrays by tensor name."""
 
 
-def compose_context(
+@contextlib.contextmanager
+def composed_context(
     lib: QnnLibrary,
     target: HtpTarget,
     graphs: Mapping[str, tuple[GraphDescription, StaticSource]],
     weight_sharing: bool,
-) -> bytes:
-    """One context binary holding ``graphs`` (name -> description and static data), finalized in order
-    with the upstream HTP settings, serialized. A graph QNN refuses raises ``LoweringError`` naming it."""
+) -> Iterator[ContextBuilder]:
+    """One context holding ``graphs`` (name -> description and static data), finalized in order with the upstream
+    HTP settings, for the ``with`` body to serialize. A graph QNN refuses raises ``LoweringError`` naming it."""
     with ContextBuilder(lib, target, weight_sharing=weight_sharing) as ctx:
         for name, (desc, statics) in graphs.items():
             builder = ctx.add_graph(name)
@@ -321,6 +323,17 @@ def compose_context(
             except QnnError as exc:
                 raise LoweringError(f"{where}: QNN refused graph {name}: {exc}") from None
             log.info("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
+        yield ctx
+
+
+def compose_context(
+    lib: QnnLibrary,
+    target: HtpTarget,
+    graphs: Mapping[str, tuple[GraphDescription, StaticSource]],
+    weight_sharing: bool,
+) -> bytes:
+    """:func:`composed_context`, serialized."""
+    with composed_context(lib, target, graphs, weight_sharing) as ctx:
         return ctx.serialize()
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -460,20 +461,31 @@ class ContextBuilder:
         self.lib.call("contextGetBinarySize", self.lib.iface.contextGetBinarySize, self.context, size)
         return int(size[0])
 
-    def serialize(self) -> bytes:
-        """The context binary (finalizes graphs that are not yet)."""
+    @contextlib.contextmanager
+    def binary_view(self) -> Iterator[memoryview]:
+        """The context binary (finalizes graphs that are not yet), as a view of the buffer QNN wrote it into,
+        valid inside the ``with``: writing it to a file from there costs no second copy (an lm_head's binary is
+        over 1 GB, and QNN's own serialization memory comes on top)."""
         self.finalize_all()
         t0 = time.perf_counter()
         size = self.binary_size()
         cbuf = self.ffi.new("char[]", max(size, 1))
         written = self.ffi.new("Qnn_ContextBinarySize_t*")
         self.lib.call("contextGetBinary", self.lib.iface.contextGetBinary, self.context, cbuf, size, written)
-        data = self.ffi.buffer(cbuf, int(written[0]))[:]
-        del cbuf
+        view = memoryview(self.ffi.buffer(cbuf, int(written[0])))
         log.debug(
-            "serialized context (%d graphs) to %d bytes in %.2fs", len(self.graphs), len(data), time.perf_counter() - t0
+            "serialized context (%d graphs) to %d bytes in %.2fs", len(self.graphs), len(view), time.perf_counter() - t0
         )
-        return data
+        try:
+            yield view
+        finally:
+            view.release()
+            del cbuf
+
+    def serialize(self) -> bytes:
+        """The context binary (finalizes graphs that are not yet)."""
+        with self.binary_view() as view:
+            return bytes(view)
 
     def close(self) -> None:
         """Free the context (and with it its graphs), then the session; safe to call twice."""
