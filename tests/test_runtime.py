@@ -35,6 +35,7 @@ from mnnbuild_runtime import (
     kv_cache_draft,
     kv_cache_redraft,
     llm_inputs,
+    loop_redraft,
     recompute_generate,
 )
 
@@ -530,6 +531,12 @@ def test_a_wrong_draft_costs_forwards_not_tokens() -> None:
     engine = follow_draft(forward, embed, ids, wrong, 12, 128, redraft=kv_cache_redraft(TINY))
     assert engine.result.tokens == loop.tokens and engine.result.top2_margins == loop.top2_margins
     assert engine.forwards == 2, "MNN's engine guesses the rest right from the loop's own sequence on tiny"
+    # verify's guesser for the bundle: another forward's whole greedy loop (here the same model's), whose tokens
+    # the followed forward then confirms in one forward per wrong guess
+    guesser = loop_redraft(cpu_forward_fn(TINY), embed, 128, kv_cache_redraft(TINY))
+    followed = follow_draft(forward, embed, ids, wrong, 12, 128, redraft=guesser)
+    assert followed.result.tokens == loop.tokens and followed.forwards == 2
+    assert guesser(ids, 0) == [] and guesser(ids, 3) == loop.tokens[:3]
     # a model MNN's engine cannot run gives no draft (and no crash): the reference then recomputes
     assert kv_cache_draft(FIXTURES / "qwen3-embedding-tiny", ids, 4) == []
 
