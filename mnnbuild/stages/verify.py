@@ -197,7 +197,7 @@ def _run_bundle(
         gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
         ran = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[ran[k]]'s
         gen_runs |= {size: runs[ran.index(i)] for size, i in gen.shared.items()}
-        report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance)
+        report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance, release=model.unload)
         timings["generation"] = time.perf_counter() - t0
     return graphs
 

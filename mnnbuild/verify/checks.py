@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -487,9 +487,17 @@ class GenerationRun:
             self.shared[size] = matches[size]
         self.check.shared_lengths = sorted(self.shared)
 
-    def conclude(self, forward: ForwardFn, runs: Mapping[int, ForwardResult], tol: Tolerance) -> GenerationCheck:
+    def conclude(
+        self,
+        forward: ForwardFn,
+        runs: Mapping[int, ForwardResult],
+        tol: Tolerance,
+        release: Callable[[], None] | None = None,
+    ) -> GenerationCheck:
         """Judge the bundle's passes over the CPU's sequence (``runs``, by length, of :meth:`feeds`); ``forward``
-        continues the bundle's loop after a divergence."""
+        continues the bundle's loop after a divergence, and ``release`` (the bundle's unload) runs before each
+        CPU guess, so a plugin context (an lm_head's is over 1 GB) and the CPU's decoded weights are never in
+        memory together."""
         check = self.check
         if check.problem is not None:
             return check
@@ -506,7 +514,13 @@ class GenerationRun:
             # after a divergence the bundle's own loop goes on, from MNN's guesses for its sequence
             # (each guess: the CPU's own loop from the bundle's sequence; they part only on near-ties)
             assert self.cpu_forward is not None and self.cpu_embed is not None
-            guess = loop_redraft(self.cpu_forward, self.cpu_embed, self.limits, self.guess)
+            cpu_loop = loop_redraft(self.cpu_forward, self.cpu_embed, self.limits, self.guess)
+
+            def guess(seq: list[int], n: int) -> Sequence[int]:
+                if release is not None:
+                    release()
+                return cpu_loop(seq, n)
+
             hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits,
                                redraft=guess)  # fmt: skip
             hyb_rows = hyb.step_rows

@@ -508,6 +508,12 @@ class HybridModel:
 
         return self.executor.run_many(feeds, capture=capture, after_plugin=after)
 
+    def unload(self) -> None:
+        """Free every loaded QNN context now (a later run loads what it needs again), e.g. before other work that
+        needs the memory."""
+        for runner in self.plugins.values():
+            runner.close()
+
     def forward(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model outputs (``logits``, ``hidden_states`` ...) for ``inputs`` by name."""
         return self.run(inputs).outputs
