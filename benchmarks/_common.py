@@ -43,15 +43,15 @@ class TreeRssSampler:
     ``getrusage(RUSAGE_CHILDREN)`` misses descendants nobody reaped, such as the forkserver workers that compose
     context binaries; sampling sees them. ``peak_process`` is the largest single process seen, ``peak_tree`` the
     largest sum over the tree at one sample (bytes). ``written`` is the bytes the tree's processes caused to be
-    written to storage (``/proc/<pid>/io`` ``write_bytes``, each process's last sample; a process's writes in its
-    last ``interval`` before exit are missed)."""
+    written to storage (``write_bytes`` of each thread's ``/proc/<pid>/task/<tid>/io``, its last sample; a thread's
+    writes in its last ``interval`` before exit are missed)."""
 
     def __init__(self, pid: int, interval: float = 0.2) -> None:
         import threading
 
         self.pid, self.interval = pid, interval
         self.peak_process = self.peak_tree = 0
-        self._written: dict[int, int] = {}
+        self._written: dict[tuple[int, int], int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -91,11 +91,14 @@ class TreeRssSampler:
                 tree.add(p)
                 frontier.extend(c for c, (ppid, _) in table.items() if ppid == p and c not in tree)
             for p in tree:
-                try:
-                    io = (Path("/proc") / str(p) / "io").read_text()
-                except OSError:
-                    continue
-                self._written[p] = next(int(x.split()[1]) for x in io.splitlines() if x.startswith("write_bytes"))
+                # per thread: a process's own io also counts the children it reaped, which are sampled themselves
+                for thread_io in (Path("/proc") / str(p) / "task").glob("*/io"):
+                    try:
+                        text = thread_io.read_text()
+                    except OSError:
+                        continue
+                    written = next(int(x.split()[1]) for x in text.splitlines() if x.startswith("write_bytes"))
+                    self._written[(p, int(thread_io.parent.name))] = written
             sizes = [table[p][1] for p in tree if p in table]
             if sizes:
                 self.peak_process = max(self.peak_process, max(sizes))
