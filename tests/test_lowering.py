@@ -386,6 +386,26 @@ def test_lowering_is_deterministic(tiny: MnnModel) -> None:
     assert all(np.array_equal(first.statics[n], second.statics[n]) for n in first.statics)
 
 
+def test_a_plugins_graphs_decode_its_weights_once(tiny: MnnModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """modellib passes one ``conv_weights`` dict to a plugin's graphs: the prefill graph takes the decode graph's
+    decoded weights (no second int4 decode) and lowers to exactly what it would alone."""
+    import mnnbuild.lowering.ops as lowering_ops
+
+    ops = _layer_ops(tiny)
+    inputs, outputs = op_boundary(tiny, ops)
+    alone = lower_subgraph(tiny, WEIGHT_FILE, ops, _tiny_info(tiny, 8), inputs, outputs)
+    decoded: list[str] = []
+    real = lowering_ops.htp_conv_weights
+    monkeypatch.setattr(lowering_ops, "htp_conv_weights", lambda op, w: decoded.append(op.name) or real(op, w))
+    shared: dict = {}
+    lower_subgraph(tiny, WEIGHT_FILE, ops, _tiny_info(tiny, 1), inputs, outputs, shared)
+    first = list(decoded)
+    prefill = lower_subgraph(tiny, WEIGHT_FILE, ops, _tiny_info(tiny, 8), inputs, outputs, shared)
+    assert len(first) == 7 and decoded == first and set(shared) == set(first)
+    assert prefill.description.model_dump_json() == alone.description.model_dump_json()
+    assert all(np.array_equal(prefill.statics[n], alone.statics[n]) for n in alone.statics)
+
+
 def test_decode_and_prefill_name_shared_weights_alike(lib: QnnLibrary, tiny: MnnModel) -> None:
     ops = _layer_ops(tiny)
     inputs, outputs = op_boundary(tiny, ops)

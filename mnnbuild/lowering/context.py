@@ -7,7 +7,7 @@ graph input (``APP_WRITE``), a graph output (``APP_READ``), an intermediate (``N
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,7 +25,7 @@ from mnnbuild.lowering.graph import (
 )
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
-from mnnbuild.mnn.weights import WeightFile
+from mnnbuild.mnn.weights import ConvWeights, WeightFile
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,12 @@ class LoweringContext:
         constants: Mapping[int, np.ndarray],
         inputs: Sequence[int],
         outputs: Sequence[int],
+        conv_weights: MutableMapping[str, ConvWeights] | None = None,
     ) -> None:
         self.model = model
         self.weights = weights
+        self.conv_weights = conv_weights
+        """Decoded conv weights by op name, shared with other graphs of the plugin (None: decode each time)."""
         self.info = tensor_info
         self.constants = constants
         self.graph_inputs = list(inputs)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +33,7 @@ from mnnbuild.lowering.support import constant_tensors as constant_tensors
 from mnnbuild.lowering.support import unsupported_reason as unsupported_reason
 from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
-from mnnbuild.mnn.weights import WeightFile
+from mnnbuild.mnn.weights import ConvWeights, WeightFile
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,7 @@ def lower_subgraph(
     tensor_info: Mapping[int, TensorMeta],
     inputs: Sequence[int],
     outputs: Sequence[int],
+    conv_weights: MutableMapping[str, ConvWeights] | None = None,
 ) -> LoweredGraph:
     """Lower the ops ``op_indexes`` of ``model`` (in that order, topologically sorted) to one QNN graph.
 
@@ -91,12 +92,14 @@ def lower_subgraph(
     least for folded constants that are not Const/Shape/Rank outputs). Graph inputs/outputs are the MNN
     tensors ``inputs``/``outputs``, named ``t<index>``, with MNN's logical shape and float32/int32.
     Static tensors are named from MNN op names (``<op>.weight``, ``<op>.gamma``, Const op names), so the
-    decode and prefill graphs of one plugin name shared weights the same way.
+    decode and prefill graphs of one plugin name shared weights the same way. ``conv_weights``: decoded conv
+    weights by op name, filled and reused across calls, so the prefill graph of a plugin takes the decode
+    graph's instead of decoding the same int4 weights again.
     """
     own_file = weights is not None and not isinstance(weights, WeightFile)
     wf = WeightFile(weights) if own_file else weights  # type: ignore[arg-type]
     try:
-        return _lower(model, wf, op_indexes, tensor_info, inputs, outputs)
+        return _lower(model, wf, op_indexes, tensor_info, inputs, outputs, conv_weights)
     finally:
         if own_file and wf is not None:
             wf.close()
@@ -109,12 +112,13 @@ def _lower(
     tensor_info: Mapping[int, TensorMeta],
     inputs: Sequence[int],
     outputs: Sequence[int],
+    conv_weights: MutableMapping[str, ConvWeights] | None = None,
 ) -> LoweredGraph:
     const = constant_tensors(model)
     ops = [model.ops[i] for i in op_indexes]
     involved = {t for op in ops for t in (*op.inputs, *op.outputs)} | set(outputs)
     values = _constant_values(model, const, involved, tensor_info)
-    ctx = LoweringContext(model, weights, tensor_info, values, inputs, outputs)
+    ctx = LoweringContext(model, weights, tensor_info, values, inputs, outputs, conv_weights)
     folded = 0
     for op in ops:
         ctx.op = op

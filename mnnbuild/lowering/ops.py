@@ -102,7 +102,12 @@ def htp_conv_weights(op: Op, weights: WeightFile | None) -> ConvWeights:
 
 
 def _lower_conv(ctx: LoweringContext, op: Op) -> None:
-    cw = htp_conv_weights(op, ctx.weights)
+    cache = ctx.conv_weights
+    cw = cache.get(op.name) if cache is not None else None
+    if cw is None:
+        cw = htp_conv_weights(op, ctx.weights)
+        if cache is not None:
+            cache[op.name] = cw
     src, dst = op.inputs[0], op.outputs[0]
     in_shape, out_shape = ctx.shape(src), ctx.shape(dst)
     if len(in_shape) != 4:

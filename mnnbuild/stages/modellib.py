@@ -27,7 +27,7 @@ from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
-from mnnbuild.mnn.weights import WeightFile
+from mnnbuild.mnn.weights import ConvWeights, WeightFile
 from mnnbuild.modeldir import chain_part
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.stage import Stage
@@ -58,8 +58,12 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     records: list[LoweredRecord] = []
     first_graph: dict[int, Path] = {}
     saved = 0
+    # a plugin's graphs (decode, then each prefill length) share its weights: decoded once, for the plugin's graphs
+    conv_weights: dict[str, ConvWeights] = {}
     with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / part.weight_file) as weights:
         for plugin, graph in tqdm(graphs, desc=f"lower {inputs.model}", unit="graph", disable=len(graphs) < 8):
+            if plugin not in first_graph:
+                conv_weights.clear()
             src = Path(inputs.partition_dir) / QNN_DIR / graph
             record = SubgraphRecord.read(src)
             try:
@@ -70,6 +74,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
                     tensor_info(record, src),
                     [t.index for t in record.inputs],
                     [t.index for t in record.outputs],
+                    conv_weights,
                 )
             except LoweringError as exc:
                 raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
