@@ -31,6 +31,7 @@ from mnnbuild.lowering.graph import (
     compose_context,
     raw_file_name,
     read_graph_description,
+    write_graph_dir,
 )
 from mnnbuild.lowering.lower import LoweredGraph, constant_tensors, lower_subgraph, unsupported_reason
 from mnnbuild.lowering.ops import BINARY_QNN, REGISTRY, UNARY_QNN
@@ -500,3 +501,35 @@ def test_binary_and_unary_kind_names_exist_in_the_schema() -> None:
         assert enum_name(schema.BinaryOpOperation, getattr(schema.BinaryOpOperation, kind)) == kind
     for kind in UNARY_QNN:
         assert enum_name(schema.UnaryOpOperation, getattr(schema.UnaryOpOperation, kind)) == kind
+
+
+def test_shared_weights_link_without_reading_back(
+    tiny: MnnModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill graph's weight that is the decode graph's very array is linked without reading the decode raw
+    back (an lm_head raw is over 600 MB); any other equal raw is still compared byte for byte before linking."""
+    import mnnbuild.lowering.graph as graph_module
+
+    ops = _layer_ops(tiny)
+    inputs, outputs = op_boundary(tiny, ops)
+    shared: dict = {}
+    decode = lower_subgraph(tiny, WEIGHT_FILE, ops, _tiny_info(tiny, 1), inputs, outputs, shared)
+    prefill = lower_subgraph(tiny, WEIGHT_FILE, ops, _tiny_info(tiny, 8), inputs, outputs, shared)
+    write_graph_dir(tmp_path / "decode", decode.description, decode.statics)
+    compared: list[int] = []
+    real = graph_module._same_bytes
+    monkeypatch.setattr(graph_module, "_same_bytes", lambda path, arr: compared.append(arr.nbytes) or real(path, arr))
+    changed = dict(prefill.statics)
+    bias = next(n for n in changed if n.endswith(".bias"))
+    changed[bias] = changed[bias] + 1.0  # same size, other bytes: compared, then written
+    write_graph_dir(
+        tmp_path / "prefill", prefill.description, changed, link_from=tmp_path / "decode", linked_statics=decode.statics
+    )
+    raws = {t.name: t.raw for t in prefill.description.static_tensors}
+    weights = [n for n in raws if n.endswith(".weight")]
+    assert len(weights) == 7
+    for name in weights:
+        assert (tmp_path / "prefill" / str(raws[name])).stat().st_nlink == 2, name
+    assert (tmp_path / "prefill" / str(raws[bias])).stat().st_nlink == 1
+    # only small tensors were read back: never a weight
+    assert compared and max(compared) < min(prefill.statics[n].nbytes for n in weights)

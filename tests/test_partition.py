@@ -19,6 +19,7 @@ from mnnbuild.cpu import CpuRuntime, load_module, load_vars, save_vars, var_form
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.support import unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, blob_format, load_model, plugin_attributes
+from mnnbuild.partition import reference as reference_module
 from mnnbuild.partition.fold import forward
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.reference import SourceSubgraphRunner
@@ -432,6 +433,29 @@ def test_mnn_runtime_loads_result_up_to_the_first_plugin(tiny: Built) -> None:
 
 
 # ---- parameters: skips, unsupported ops, report ------------------------------------------------------
+
+
+def test_each_subgraph_is_loaded_once_for_every_shape(
+    tiny: Built, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MNN prepares a module's weights when it first runs it: one load per subgraph serves the decode and the
+    # prefill sample (a load per shape paid for every layer's weights twice), with the same outputs
+    loads: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+
+    def counting(model: Path, rt: Any, inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> Any:
+        loads.append((tuple(inputs), tuple(outputs)))
+        return load_module(model, rt, inputs, outputs)
+
+    monkeypatch.setattr(reference_module, "load_module", counting)
+    manifest = run_partition(tiny.model_dir, tiny.io_dir, tmp_path / "p")
+    assert len(manifest.seq_lens) == 2
+    assert len(loads) == len(set(loads)) > len(manifest.plugins)
+    # and every shape's module runs chain to its sample's outputs (the stage checks that) with the same graph dirs
+    for graph in (p for plugin in manifest.plugins for p in plugin.graphs):
+        files = sorted(f.name for f in (tiny.qnn / graph).iterdir())
+        assert files == sorted(f.name for f in (tmp_path / "p" / "qnn" / graph).iterdir())
+        for name in files:
+            assert (tmp_path / "p" / "qnn" / graph / name).read_bytes() == (tiny.qnn / graph / name).read_bytes()
 
 
 def test_skips_keep_op_on_cpu(tiny: Built, tmp_path: Path) -> None:

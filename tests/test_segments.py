@@ -54,3 +54,34 @@ def test_segmented_run_equals_the_whole_graph_bit_for_bit(model_dir) -> None:
         assert set(got) == set(outs)
         for n in outs:
             assert np.array_equal(to_numpy(got[n]), want[n]), n
+
+
+@pytest.mark.parametrize("model_dir", MODELS, ids=lambda p: p.name)
+def test_thread_count_changes_no_value(model_dir) -> None:
+    # CpuRuntime runs references on 4 threads and records that in the manifests; the values must be the
+    # one-thread values bit for bit, or a reference would depend on the setting
+    hidden = json.loads((model_dir / "llm_config.json").read_text())["hidden_size"]
+    model = load_model(model_dir / "llm.mnn")
+    samples = [{n: make_inputs(seq, hidden, 3)[n] for n in model.input_names} for seq in (1, 24)]
+    runs = {
+        n: run_segmented(
+            model_dir / "llm.mnn",
+            CpuRuntime(num_thread=n).create(model_dir / "llm.mnn.weight"),
+            model,
+            samples,
+            model.output_names,
+        )
+        for n in (1, CpuRuntime().num_thread)
+    }
+    assert CpuRuntime().num_thread > 1
+    for one, many in zip(*runs.values(), strict=True):
+        for name in model.output_names:
+            assert np.array_equal(to_numpy(one[name]), to_numpy(many[name])), name
+
+
+def test_a_zero_dim_array_is_a_scalar_var() -> None:
+    # numpy's ascontiguousarray makes a 0-d array 1-d: a folded scalar fed as [1] made a Gather add an axis
+    for value in (np.array(3, dtype=np.int32), np.array(2.5, dtype=np.float32)):
+        var = to_var(value)
+        assert var.shape == [] and to_numpy(var).shape == () and to_numpy(var) == value
+    assert to_var(np.zeros((1,), dtype=np.int32)).shape == [1]

@@ -23,7 +23,10 @@ class CpuRuntime(BaseModel):
 
     backend: str = "CPU"
     precision: str = "high"
-    num_thread: int = 1
+    num_thread: int = 4
+    """MNN's CPU kernels split work by output, so the thread count changes speed, not values (Qwen3-1.7B dims:
+    logits bit-equal with 1, 2 and 4 threads); fixed rather than the machine's core count so cache keys are
+    the same on every machine."""
 
     def create(self, weight_file: Path | None = None) -> Any:
         """An MNN RuntimeManager with these settings (and the external weight file, if any)."""
@@ -102,9 +105,10 @@ def forward_vars(module: Any, variables: Sequence[Any]) -> list[Any]:
 def to_var(array: np.ndarray, name: str | None = None, nhwc: bool = False) -> Any:
     """A constant MNN Var holding ``array`` (float32 or int32), optionally named."""
     F = import_mnn().expr
+    shape = list(np.shape(array))  # before ascontiguousarray, which makes a 0-d array (a scalar) 1-d
     array = np.ascontiguousarray(array)
     dtype = getattr(F, _DTYPES[array.dtype])
-    var = F.const(array, list(array.shape), F.NHWC if nhwc else F.NCHW, dtype)
+    var = F.const(array, shape, F.NHWC if nhwc else F.NCHW, dtype)
     if name is not None:
         var.name = name
     return var

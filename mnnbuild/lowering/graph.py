@@ -186,13 +186,19 @@ def raw_file_name(tensor_name: str) -> str:
 
 
 def write_graph_dir(
-    directory: Path, desc: GraphDescription, statics: Mapping[str, np.ndarray], link_from: Path | None = None
+    directory: Path,
+    desc: GraphDescription,
+    statics: Mapping[str, np.ndarray],
+    link_from: Path | None = None,
+    linked_statics: Mapping[str, np.ndarray] | None = None,
 ) -> list[Path]:
     """Write ``graph.json`` and one ``.raw`` per static tensor into ``directory``; returns the paths written.
 
     A raw whose bytes equal the same-named raw in ``link_from`` (another graph of the same plugin, which
-    names its weights alike) becomes a hard link to it instead of a second copy. The caller provides
-    atomicity (the stages write into a staging dir and rename it).
+    names its weights alike) becomes a hard link to it instead of a second copy. ``linked_statics`` are the
+    arrays ``link_from``'s raws were written from: a tensor whose array is the same memory is linked without
+    reading the file back (an lm_head's raw is over 600 MB). The caller provides atomicity (the stages write
+    into a staging dir and rename it).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -205,7 +211,13 @@ def write_graph_dir(
             raise LoweringError(f"static tensor {t.name!r}: data shape {list(arr.shape)} != dims {t.dims}")
         path = directory / str(t.raw)
         twin = Path(link_from) / str(t.raw) if link_from is not None else None
-        if twin is not None and twin.is_file() and twin.stat().st_size == arr.nbytes and _same_bytes(twin, arr):
+        known = linked_statics.get(t.name) if linked_statics is not None else None
+        if (
+            twin is not None
+            and twin.is_file()
+            and twin.stat().st_size == arr.nbytes
+            and ((known is not None and _same_memory(known, statics[t.name])) or _same_bytes(twin, arr))
+        ):
             os.link(twin, path)
         else:
             with open(path, "wb") as f:
@@ -215,6 +227,14 @@ def write_graph_dir(
     path.write_text(json.dumps(desc.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     written.append(path)
     return written
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays are views of the very same elements (so hold the same bytes)."""
+    ia, ib = a.__array_interface__, b.__array_interface__
+    return bool(
+        ia["data"] == ib["data"] and ia["typestr"] == ib["typestr"] and a.shape == b.shape and a.strides == b.strides
+    )
 
 
 def _same_bytes(path: Path, arr: np.ndarray, chunk: int = 64 << 20) -> bool:

@@ -1,9 +1,9 @@
 """Sub-module IO: run every module of a cut in order on one sample, as upstream does.
 
-Each module is loaded from the sample shape's folded model between its boundary tensor names and
-fed the outputs of the modules before it; its inputs and outputs are the references the QNN
-stage and ``verify`` compare against. For NPU modules a second run asks MNN for every tensor the
-module makes, which gives the shape and type of each internal tensor at this shape.
+Each module is loaded once, between its boundary tensor names, and run at every sample shape, fed the
+outputs of the modules before it and that shape's folded values; its inputs and outputs are the
+references the QNN stage and ``verify`` compare against. For NPU modules the run also asks MNN for
+every tensor the module makes, which gives the shape and type of each internal tensor at each shape.
 
 Each module is fed its inputs in the layout MNN gives them in the whole graph (an NC4HW4 tensor as
 an NC4HW4 Var): MNN sub-modules adopt the layout of the Vars they are fed, so a Convolution fed an
@@ -62,49 +62,55 @@ def _names(cut: Cut, tensors: list[int]) -> list[str]:
     return [cut.model.tensor_names[t] for t in tensors]
 
 
-def _run(
-    path: Path,
-    rt: Any,
-    cut: Cut,
-    ins: list[int],
-    outs: list[int],
-    env: Mapping[int, np.ndarray],
-    formats: Mapping[int, str],
-) -> list[Any]:
-    module = load_module(path, rt, _names(cut, ins), _names(cut, outs))
-    if module is None:
-        raise StageError(f"{path}: MNN could not load the sub-graph {_names(cut, ins)} -> {_names(cut, outs)}")
-    return forward_vars(module, [BoundaryValue(array=env[t], fmt=formats[t]).as_var() for t in ins])
-
-
 def run_modules(
-    cut: Cut, folded_path: Path, rt: Any, feeds: Mapping[str, np.ndarray], label: str
-) -> tuple[list[ModuleIO], dict[int, np.ndarray]]:
-    """Run all modules of ``cut`` on one sample. Returns each module's IO and the final tensor values."""
-    names = cut.model.tensor_names
-    env: dict[int, np.ndarray] = {t: np.asarray(feeds[names[t]]) for t in cut.inputs}
-    formats: dict[int, str] = {t: NCHW for t in cut.inputs}
-    results: list[ModuleIO] = []
+    cut: Cut,
+    model_path: Path,
+    rt: Any,
+    shapes: Sequence[tuple[Mapping[str, np.ndarray], Mapping[int, np.ndarray]]],
+    label: str,
+) -> list[tuple[list[ModuleIO], dict[int, np.ndarray]]]:
+    """Run all modules of ``cut`` at each sample shape, given as (graph input name -> array, folded tensor ->
+    value). Returns, per shape, each module's IO and the final tensor values.
+
+    Each module is loaded once from the source model, the folded values it reads fed as inputs next to its data
+    inputs, and run at every shape: MNN prepares a module's weights when it first runs it, so loading a module
+    per shape (from that shape's folded model) paid for a layer's weights twice."""
+    model = cut.model
+    names = model.tensor_names
+    frontier = set(cut.frontier)
+    envs: list[dict[int, np.ndarray]] = [{t: np.asarray(feeds[names[t]]) for t in cut.inputs} for feeds, _ in shapes]
+    formats: list[dict[int, str]] = [dict.fromkeys(cut.inputs, NCHW) for _ in shapes]
+    results: list[list[ModuleIO]] = [[] for _ in shapes]
     for m in tqdm(cut.modules, desc=f"subgraphs {label}", unit="subgraph", leave=False, disable=None):
-        missing = [t for t in m.inputs if t not in env]
+        missing = [t for t in m.inputs if t not in envs[0]]
         if missing:
             raise StageError(f"partition: tensor {names[missing[0]]!r} is read before any subgraph makes it")
         if not m.inputs:
-            raise StageError(f"partition: subgraph at op {cut.model.ops[m.ops[0]].name!r} has no data input")
+            raise StageError(f"partition: subgraph at op {model.ops[m.ops[0]].name!r} has no data input")
+        fixed = sorted({t for i in m.ops for t in model.ops[i].inputs if t in frontier} - set(m.inputs))
         # an NPU module's internal tensors need specs too: asked for in the same run (a second run of the module
         # for them was 40% of the stage at real size)
         made = sorted(m.produced - set(m.outputs)) if m.graph is not None else []
-        out_vars = _run(folded_path, rt, cut, m.inputs, [*m.outputs, *made], env, formats)
-        io = ModuleIO(inputs={t: env[t] for t in m.inputs}, outputs={})
-        for t, var in zip(m.outputs, out_vars[: len(m.outputs)], strict=True):
-            env[t] = io.outputs[t] = to_numpy(var)
-            formats[t] = var_format(var)
-        io.specs = {t: spec_of(cut, t, env[t], formats[t]) for t in (*m.inputs, *m.outputs)}
-        internal = out_vars[len(m.outputs) :]
-        io.specs |= {t: spec_of(cut, t, to_numpy(v), var_format(v)) for t, v in zip(made, internal, strict=True)}
-        results.append(io)
-    log.debug("ran %d subgraphs for %s", len(results), label)
-    return results, env
+        module = load_module(model_path, rt, _names(cut, [*m.inputs, *fixed]), _names(cut, [*m.outputs, *made]))
+        if module is None:
+            raise StageError(
+                f"{model_path}: MNN could not load the sub-graph {_names(cut, m.inputs)} -> {_names(cut, m.outputs)}"
+            )
+        for (_, folded), env, fmt, res in zip(shapes, envs, formats, results, strict=True):
+            fed = [BoundaryValue(array=env[t], fmt=fmt[t]).as_var() for t in m.inputs]
+            fed += [BoundaryValue(array=np.asarray(folded[t]), fmt=NCHW).as_var() for t in fixed]
+            out_vars = forward_vars(module, fed)
+            io = ModuleIO(inputs={t: env[t] for t in m.inputs}, outputs={})
+            for t, var in zip(m.outputs, out_vars[: len(m.outputs)], strict=True):
+                env[t] = io.outputs[t] = to_numpy(var)
+                fmt[t] = var_format(var)
+            io.specs = {t: spec_of(cut, t, env[t], fmt[t]) for t in (*m.inputs, *m.outputs)}
+            internal = out_vars[len(m.outputs) :]
+            io.specs |= {t: spec_of(cut, t, to_numpy(v), var_format(v)) for t, v in zip(made, internal, strict=True)}
+            res.append(io)
+        del module
+    log.debug("ran %d subgraphs at %d shapes for %s", len(cut.modules), len(shapes), label)
+    return list(zip(results, envs, strict=True))
 
 
 class SourceSubgraphRunner:

@@ -18,6 +18,7 @@ import re
 import shlex
 import shutil
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mnnbuild.errors import StageError
@@ -131,10 +132,10 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
         raise StageError(f"{inputs.model}: {wrong[0]} was built for another SoC than {params.soc.name}")
     with staged_dir(out_dir) as tmp:
         dest = tmp / BUNDLE_MODEL_DIR / inputs.model_name
-        place(Path(inputs.config_dir) / CONFIG_FILE, dest / CONFIG_FILE)
+        copies = [(Path(inputs.config_dir) / CONFIG_FILE, dest / CONFIG_FILE)]
         for name in (LLM_CONFIG, tokenizer, part.weight_file, *OPTIONAL_FILES):
             if (model_dir / name).exists():
-                place(model_dir / name, dest / name)
+                copies.append((model_dir / name, dest / name))
         if params.image_sizes:
             encoder = VISUAL_PART
             weights = model_dir / encoder.weight_file
@@ -142,13 +143,16 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
                 raise StageError(f"{inputs.model}: a VL bundle needs the encoder's partition and {encoder.weight_file}")
             # MNN loads visual_model with the weights beside it (<model>.weight): the encoder's CPU ops keep their
             # offsets into the original weight file
-            place(Path(inputs.visual_partition_dir) / encoder.result_model, dest / encoder.result_model)
-            place(weights, dest / f"{encoder.result_model}.weight")
+            copies.append((Path(inputs.visual_partition_dir) / encoder.result_model, dest / encoder.result_model))
+            copies.append((weights, dest / f"{encoder.result_model}.weight"))
             readme = visual_readme(inputs.model_name, params.image_sizes, encoder.result_model)
             atomic_write_text(tmp / BUNDLE_README, readme)
-        place(Path(inputs.partition_dir) / part.result_model, dest / part.result_model)
-        for binary in inputs.context_binaries:
-            place(binary, dest / QNN_DIR / binary.name)
+        copies.append((Path(inputs.partition_dir) / part.result_model, dest / part.result_model))
+        copies += [(binary, dest / QNN_DIR / binary.name) for binary in inputs.context_binaries]
+        # two copies at a time: a bundle is GBs of weights and context binaries (4.5 GB at Qwen3-1.7B size, in
+        # the page cache: 2.7 s on one thread, 1.5 s on two)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(lambda pair: place(*pair), copies))
         atomic_write_text(dest / PROMPT_FILE, params.prompt)
         for name, text in device_scripts(inputs.model_name, params.soc, tokenizer).items():
             atomic_write_text(tmp / name, text)

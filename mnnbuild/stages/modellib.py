@@ -12,8 +12,10 @@ prepares in fp16 and rounds them exactly so, so the context binaries are the sam
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 from tqdm import tqdm
 
 from mnnbuild.errors import StageError
@@ -25,8 +27,8 @@ from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
-from mnnbuild.manifests.partition import PartitionManifest
-from mnnbuild.mnn import load_model
+from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
+from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
 from mnnbuild.modeldir import chain_part
 from mnnbuild.partition.records import SubgraphRecord
@@ -46,6 +48,58 @@ def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta
     return info
 
 
+_PLUGINS_AT_ONCE = 2
+
+
+def _lower_plugin(
+    model: MnnModel, weights: WeightFile, src_root: Path, dest_root: Path, plugin: PluginRecord
+) -> tuple[list[LoweredRecord], int]:
+    """Lower one plugin's graphs (decode, then each prefill length); returns their records and the bytes of
+    weights the later graphs link from the first instead of writing again."""
+    # the graphs share the plugin's weights: decoded once, written once (the later graphs' raws are links)
+    conv_weights: dict[str, ConvWeights] = {}
+    records: list[LoweredRecord] = []
+    first: tuple[Path, dict[str, np.ndarray]] | None = None
+    saved = 0
+    for graph in plugin.graphs:
+        src = src_root / graph
+        record = SubgraphRecord.read(src)
+        try:
+            lowered = lower_subgraph(
+                model,
+                weights,
+                [op.index for op in record.ops],
+                tensor_info(record, src),
+                [t.index for t in record.inputs],
+                [t.index for t in record.outputs],
+                conv_weights,
+            )
+        except LoweringError as exc:
+            raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
+        dest = dest_root / graph
+        desc, data = lowered.description, lowered.statics
+        if first is None:
+            write_graph_dir(dest, desc, data)
+            first = (dest, dict(data))
+        else:
+            write_graph_dir(dest, desc, data, link_from=first[0], linked_statics=first[1])
+        statics = desc.static_tensors
+        sizes = [(dest / str(t.raw)).stat() for t in statics]
+        if first[0] != dest:
+            saved += sum(st.st_size for st in sizes if st.st_nlink > 1)
+        records.append(
+            LoweredRecord(
+                graph=graph,
+                plugin=plugin.plugin,
+                nodes=len(desc.nodes),
+                static_tensors=len(statics),
+                static_bytes=sum(st.st_size for st in sizes),
+            )
+        )
+        log.debug("modellib: %s -> %d QNN nodes", graph, len(desc.nodes))
+    return records, saved
+
+
 def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path) -> ModellibManifest:
     """Lower each graph of the partition; errors name the graph and the MNN op."""
     partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
@@ -53,50 +107,21 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     part = chain_part(inputs.manifest(FetchManifest, Path(inputs.model_dir)).part, partition.params.part)
     model_path = Path(inputs.model_dir) / part.model_file
     model = load_model(model_path)
-    graphs = [(p.plugin, g) for p in partition.plugins for g in p.graphs]
-    read_dirs = {f"{QNN_DIR}/{g}" for _, g in graphs}
-    records: list[LoweredRecord] = []
-    first_graph: dict[int, Path] = {}
-    saved = 0
-    # a plugin's graphs (decode, then each prefill length) share its weights: decoded once, for the plugin's graphs
-    conv_weights: dict[str, ConvWeights] = {}
+    read_dirs = {f"{QNN_DIR}/{g}" for p in partition.plugins for g in p.graphs}
     with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / part.weight_file) as weights:
-        for plugin, graph in tqdm(graphs, desc=f"lower {inputs.model}", unit="graph", disable=len(graphs) < 8):
-            if plugin not in first_graph:
-                conv_weights.clear()
-            src = Path(inputs.partition_dir) / QNN_DIR / graph
-            record = SubgraphRecord.read(src)
-            try:
-                lowered = lower_subgraph(
-                    model,
-                    weights,
-                    [op.index for op in record.ops],
-                    tensor_info(record, src),
-                    [t.index for t in record.inputs],
-                    [t.index for t in record.outputs],
-                    conv_weights,
-                )
-            except LoweringError as exc:
-                raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
-            dest = tmp / QNN_DIR / graph
-            desc, data = lowered.description, lowered.statics
-            first = first_graph.setdefault(plugin, dest)
-            write_graph_dir(dest, desc, data, link_from=first if first != dest else None)
-            del lowered, data
-            statics = desc.static_tensors
-            if first != dest:
-                linked = [(dest / str(t.raw)).stat() for t in statics]
-                saved += sum(st.st_size for st in linked if st.st_nlink > 1)
-            records.append(
-                LoweredRecord(
-                    graph=graph,
-                    plugin=plugin,
-                    nodes=len(desc.nodes),
-                    static_tensors=len(statics),
-                    static_bytes=sum((dest / str(t.raw)).stat().st_size for t in statics),
-                )
-            )
-            log.debug("modellib %s: %s -> %d QNN nodes", inputs.model, graph, len(desc.nodes))
+        bar = tqdm(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph", disable=len(read_dirs) < 8)
+
+        def lower_plugin(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
+            done = _lower_plugin(model, weights, Path(inputs.partition_dir) / QNN_DIR, tmp / QNN_DIR, plugin)
+            bar.update(len(plugin.graphs))
+            return done
+
+        # plugins are independent and numpy, file writes and hashing release the GIL: two at a time use both
+        # cores of a small box (a third plugin's weights would only add memory)
+        with bar, ThreadPoolExecutor(max_workers=_PLUGINS_AT_ONCE) as pool:
+            done = list(pool.map(lower_plugin, partition.plugins))
+        records = [r for plugin_records, _ in done for r in plugin_records]
+        saved = sum(n for _, n in done)
         manifest = ModellibManifest(
             model=inputs.model,
             # the graph files read, not the partition manifest: a partition re-run with identical graphs

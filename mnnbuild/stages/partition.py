@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.modeldir import ModelPart, chain_part
 from mnnbuild.partition.cut import Cut, Module, plan_cut
-from mnnbuild.partition.fold import compute_folded, write_folded_model
+from mnnbuild.partition.fold import compute_folded
 from mnnbuild.partition.records import (
     INLINE_VALUES_MAX,
     ConstTensor,
@@ -245,7 +244,6 @@ def _run_samples(
     samples: list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]],
     io_dir: Path,
     qnn: Path,
-    work: Path,
 ) -> tuple[list[list[ModuleIO]], list[float]]:
     """Per sample shape: fold the per-shape constants, run every module in order (checking the chain against
     the sample's output) and write each NPU graph's dir; returns each shape's module IO and chain error."""
@@ -254,11 +252,10 @@ def _run_samples(
     per_shape: list[list[ModuleIO]] = []
     diffs: list[float] = []
     all_values = compute_folded(model, model_path, rt, [feeds for _, feeds, _ in samples], frontier_names)
-    for s, ((seq, feeds, expected), values) in enumerate(zip(samples, all_values, strict=True)):
-        folded = {model.tensor_index(n): v for n, v in values.items()}
-        folded_path = write_folded_model(model, folded, work / f"folded{s}.mnn")
-        label = f"{model_name} seq {seq}"
-        ios, env = run_modules(cut, folded_path, rt, feeds, label)
+    folded_per_shape = [{model.tensor_index(n): v for n, v in values.items()} for values in all_values]
+    shapes = [(feeds, folded) for (_, feeds, _), folded in zip(samples, folded_per_shape, strict=True)]
+    ran = run_modules(cut, model_path, rt, shapes, model_name)
+    for s, ((seq, _, expected), folded, (ios, env)) in enumerate(zip(samples, folded_per_shape, ran, strict=True)):
         diffs.append(_chain_error(env, cut, expected, testdir(io_dir, seq)))
         per_shape.append(ios)
         for m, mio in zip(cut.modules, ios, strict=True):
@@ -334,10 +331,10 @@ def partition(
             "partition %s: no subgraph qualifies for the NPU; %s equals the CPU graph", inputs.model, part.result_model
         )
     rt = params.runtime.create(weight_path)
-    with staged_dir(out_dir) as tmp, tempfile.TemporaryDirectory(prefix="mnnbuild-partition-") as work:
+    with staged_dir(out_dir) as tmp:
         qnn = tmp / QNN_DIR
         qnn.mkdir()
-        per_shape, diffs = _run_samples(inputs.model, cut, model_path, part, rt, samples, io_dir, qnn, Path(work))
+        per_shape, diffs = _run_samples(inputs.model, cut, model_path, part, rt, samples, io_dir, qnn)
         plugin_attrs, boundary = _plugin_attributes(cut, per_shape, part.graph_prefix)
         result = rewrite_model(cut, plugin_attrs, part.graph_prefix)
         save_model(result, tmp / part.result_model)
