@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from mnnbuild.manifests.report import ReportManifest
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
 from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.targets import soc_for_arch
@@ -128,7 +130,8 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
     assert report.integrity is not None and report.integrity.passed
     assert len(report.graphs) == 2 * len(report.plugins) and all(g.passed for g in report.graphs)
     for g in report.graphs:
-        assert g.simulator_seconds is not None and g.simulator_seconds > 0
+        # every graph ran in the whole-model pass: that run is its check (against its ops in MNN, same inputs)
+        assert g.fed == "bundle_pass" and g.simulator_seconds is not None and g.simulator_seconds > 0
         for t in g.outputs:
             assert t.cosine is None or t.cosine >= 0.999, (g.graph, t)
             assert t.rel_err is None or t.rel_err <= 0.02, (g.graph, t)
@@ -285,6 +288,8 @@ def test_flipped_byte_in_a_context_binary_fails(built: tuple[Path, object], bund
     assert [p.path for p in bad] == ["qnn/graphllm2.bin"]
     assert "not the one the twin stands in for" in (bad[0].problem or "")
     assert all(g.passed for g in report.graphs), "the simulator checks do not depend on the bundle"
+    # no whole-model pass ran (a plugin failed its checks): each graph ran alone on the partition's reference IO
+    assert report.graphs and all(g.fed == "reference" for g in report.graphs)
 
 
 def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: Path) -> None:
@@ -365,27 +370,57 @@ def test_perturbed_weight_file_fails_on_the_numbers(
     assert any(not s.logits.passed for s in gen.steps), "detected by the logits, not only by the hash"
 
 
-def test_graph_off_its_reference_fails_naming_graph_and_tensor(built: tuple[Path, object], tmp_path: Path) -> None:
-    """A per-graph numeric failure names the graph, the tensor and the error (here the reference is made wrong,
-    which is what a miscompiled graph looks like from the outside)."""
+def test_graph_off_its_ops_fails_naming_graph_and_tensor(
+    built: tuple[Path, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A per-graph numeric failure names the graph, the tensor and the error (here the graph's ops in MNN are made
+    to answer 10% off for one graph, which is what a miscompiled graph looks like from the outside)."""
     root = model_root(built)
-    partition = tmp_path / "partition"
-    shutil.copytree(root / "partition", partition)
-    graph_dir = partition / "qnn" / "graphllm1_2"
-    desc = SubgraphRecord.read(graph_dir)
-    outputs = load_vars(graph_dir / desc.reference_output)
+    desc = SubgraphRecord.read(root / "partition" / "qnn" / "graphllm1_2")
     victim = desc.outputs[0]
-    outputs[victim.name] = outputs[victim.name] * np.float32(1.1)  # 10% off: past the 2% tolerance
-    (graph_dir / desc.reference_output).unlink()
-    save_vars(graph_dir / desc.reference_output, outputs)
-    inputs = inputs_for(root).model_copy(update={"partition_dir": partition})
+    real = SourceSubgraphRunner.run
+
+    def off(self: SourceSubgraphRunner, graph: str, *args: Any) -> list[np.ndarray]:
+        outs = real(self, graph, *args)
+        return [outs[0] * np.float32(1.1), *outs[1:]] if graph == "graphllm1_2" else outs  # past the 2% tolerance
+
+    monkeypatch.setattr(SourceSubgraphRunner, "run", off)
     out = tmp_path / "verify"
     with pytest.raises(StageError) as err:
-        verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
+        verify(inputs_for(root), VerifyParams(soc=soc_for_arch(ARCH)), out)
     assert f"graph graphllm1_2 (qnn/graphllm2.bin) output {victim.name} ({victim.qnn_name}): cosine" in str(err.value)
     report = read_report(out)
     assert [g.graph for g in report.graphs if not g.passed] == ["graphllm1_2"]
     assert report.whole_model and all(s.passed for s in report.whole_model), "the bundle itself is fine"
+
+
+def test_a_graph_alone_is_checked_against_the_partition_reference(built: tuple[Path, object], tmp_path: Path) -> None:
+    """A graph no whole-model pass ran (here the decode graphs: the decode io sample is unreadable, and the
+    generation runs prefill chunks) is run alone on the partition's reference inputs, and a reference output made
+    10% wrong fails it, naming the tensor; the prefill graphs are still checked on the pass's executions."""
+    root = model_root(built)
+    partition = tmp_path / "partition"
+    shutil.copytree(root / "partition", partition)
+    graph_dir = partition / "qnn" / "graphllm2"
+    desc = SubgraphRecord.read(graph_dir)
+    outputs = load_vars(graph_dir / desc.reference_output)
+    victim = desc.outputs[0]
+    outputs[victim.name] = outputs[victim.name] * np.float32(1.1)
+    (graph_dir / desc.reference_output).unlink()
+    save_vars(graph_dir / desc.reference_output, outputs)
+    io = tmp_path / "io"
+    shutil.copytree(root / "io", io)
+    (io / "testdir" / "1" / "input.mnn").write_bytes(b"not an MNN file")
+    inputs = inputs_for(root).model_copy(update={"partition_dir": partition, "io_dir": io})
+    out = tmp_path / "verify"
+    with pytest.raises(StageError):
+        verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
+    report = read_report(out)
+    fed = {g.graph: g for g in report.graphs}
+    assert {g.fed for n, g in fed.items() if "_" not in n} == {"reference"}  # graphllm<k>: the decode graphs
+    assert {g.fed for n, g in fed.items() if "_" in n} == {"bundle_pass"}
+    assert [g.graph for g in report.graphs if not g.passed] == ["graphllm2"]
+    assert [o.name for o in fed["graphllm2"].outputs if not o.passed] == [victim.name]
 
 
 # ---- held-out models ----------------------------------------------------------------------------------

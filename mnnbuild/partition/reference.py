@@ -142,6 +142,10 @@ class SourceSubgraphRunner:
             self._modules[graph] = load_module(path, self.rt, list(input_names), list(output_names))
         return self._modules[graph]
 
+    def release(self, graph: str) -> None:
+        """Free graph ``graph``'s module (a layer's weights in float32), e.g. once it has run every input it will."""
+        self._modules.pop(graph, None)
+
     def run(
         self, graph: str, input_names: Sequence[str], output_names: Sequence[str], inputs: Sequence[np.ndarray]
     ) -> list[np.ndarray]:

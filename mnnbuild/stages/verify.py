@@ -5,7 +5,8 @@ Checks (tolerances in :class:`VerifyParams`):
 - bundle integrity: every bundle file against the bundle manifest (size, sha256);
 - plugins: each shipped ``qnn/graphllm<k>.bin`` has the hash the context stage recorded and, through QnnSystem
   binary info, exactly the graphs, tensor names, shapes and SoC/arch its Plugin op expects;
-- (a) per graph: the graph in the x86 HTP simulator vs the partition's reference inputs/outputs;
+- (a) per graph: the graph in the x86 HTP simulator vs its source ops in MNN on the same inputs (those the
+  whole-model pass fed it; for a graph no pass ran, the partition's reference inputs and outputs);
 - (b) whole model: the bundle (CPU segments in MNN, plugins in the simulator) vs the original model's CPU
   outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
   a VL model's encoder (``qnn/visual.mnn``, its visual part) gets the plugin, per-graph and whole-encoder checks
@@ -16,7 +17,7 @@ Checks (tolerances in :class:`VerifyParams`):
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
 The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
-with at most ``max_loaded_plugins`` contexts loaded, each plugin's per-graph check while it is loaded. Where a
+with at most ``max_loaded_plugins`` contexts loaded, and its executions serve the per-graph checks too. Where a
 prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``).
 
 Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
@@ -26,16 +27,17 @@ a failed verify never looks done, and the stage raises a ``StageError`` naming t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnnbuild_runtime import Bundle, HybridModel, PluginRunner
+from mnnbuild_runtime import Bundle, HybridModel
 
 from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.layout import BUNDLE_MODEL_DIR, PROMPT_FILE
+from mnnbuild.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
 from mnnbuild.layout import VERIFY_REPORT_JSON as REPORT_JSON
 from mnnbuild.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
@@ -46,7 +48,8 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
-from mnnbuild.modeldir import DEFAULT_PROMPT
+from mnnbuild.modeldir import DEFAULT_PROMPT, chain_part
+from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.stage import Stage
 from mnnbuild.verify import checks, failures
@@ -139,8 +142,8 @@ def _run_bundle(
     timings: dict[str, float],
 ) -> dict[str, list[GraphCheck]]:
     """The whole model and (language model) generation checks in one pass of the bundle over every input (io
-    samples and the generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; while
-    each is loaded, its per-graph check. Returns the per-graph checks by plugin path."""
+    samples and the generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; then
+    the per-graph checks of every graph the pass ran, on the CPU. Returns them by plugin path."""
     t0 = time.perf_counter()
     gen = None
     if not part.visual and inputs.manifest(FetchManifest, Path(inputs.model_dir)).part.generates:
@@ -160,23 +163,6 @@ def _run_bundle(
     )
     timings["cpu_reference"] = timings.get("cpu_reference", 0.0) + time.perf_counter() - t0
 
-    graphs: dict[str, list[GraphCheck]] = {}
-    graph_seconds = 0.0
-
-    def graph_check(runner: PluginRunner) -> None:
-        nonlocal graph_seconds
-        twin = twins.get(runner.spec.path)
-        if twin is None:
-            return
-        t = time.perf_counter()
-        try:
-            graphs[twin.binary] = checks.check_plugin_graphs(
-                runner.load(), twin.binary, twin.graphs, part.partition_dir, params.graph_tolerance
-            )
-        except Exception as exc:  # the context did not load: every graph says why
-            graphs[twin.binary] = checks.graphs_not_run(twin.binary, twin.graphs, checks.describe_error(exc))
-        graph_seconds += time.perf_counter() - t
-
     if gen is not None:
         t0 = time.perf_counter()
         gen.share(samples)
@@ -184,9 +170,12 @@ def _run_bundle(
     feeds = [s.feed for s in samples if s.problem is None]
     gen_feeds = gen.feeds() if gen is not None else {}
     t0 = time.perf_counter()
-    runs = model.run_many([*feeds, *gen_feeds.values()], while_loaded=graph_check)
-    timings["graphs"] = timings.get("graphs", 0.0) + graph_seconds
-    timings["bundle_pass"] = timings.get("bundle_pass", 0.0) + time.perf_counter() - t0 - graph_seconds
+    # captured: each plugin's inputs and outputs serve its per-graph check (no simulator run of its own)
+    runs = model.run_many([*feeds, *gen_feeds.values()], capture=True)
+    timings["bundle_pass"] = timings.get("bundle_pass", 0.0) + time.perf_counter() - t0
+    ran = {g: r for g, r in checks.graph_runs(model, runs).items() if r.binary in twins}
+    for run in runs:
+        run.plugin_io.clear()  # the graph runs hold what the checks need
     loaded = iter(runs[: len(feeds)])
     report.whole_model += [
         checks.check_whole_model(s, next(loaded) if s.problem is None else None, params.model_tolerance)
@@ -195,10 +184,23 @@ def _run_bundle(
     if gen is not None:
         t0 = time.perf_counter()
         gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
-        ran = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[ran[k]]'s
-        gen_runs |= {size: runs[ran.index(i)] for size, i in gen.shared.items()}
+        done = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[done[k]]'s
+        gen_runs |= {size: runs[done.index(i)] for size, i in gen.shared.items()}
         report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance, release=model.unload)
         timings["generation"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model.unload()  # the graphs' CPU ops take the memory now (an lm_head is 1.2 GB in float32)
+    fetched = inputs.manifest(FetchManifest, Path(inputs.model_dir)).part
+    source = chain_part(fetched, PartitionManifest.read(part.partition_dir).params.part)
+    model_dir = Path(inputs.model_dir)
+    with SourceSubgraphRunner(
+        model_dir / source.model_file, model_dir / source.weight_file, part.partition_dir / QNN_DIR, params.runtime
+    ) as reference:
+        found = checks.check_graph_runs(reference, ran.values(), part.partition_dir, params.graph_tolerance)
+    timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
+    graphs: dict[str, list[GraphCheck]] = {}
+    for g in found:
+        graphs.setdefault(g.binary, []).append(g)
     return graphs
 
 
@@ -260,11 +262,13 @@ def _check_part(
     finally:
         if model is not None:
             model.close()
-    # the graphs of plugins the pass did not reach: each twin on its own (they do not depend on the bundle)
+    # the graphs the pass did not run: each twin on its own (they do not depend on the bundle)
     t0 = time.perf_counter()
-    rest = checks.check_graphs(
-        lib, [t for b, t in twins.items() if b not in graphs], part.partition_dir, params.graph_tolerance
-    )
+    checked = {g.graph for found_graphs in graphs.values() for g in found_graphs}
+    missing = [
+        dataclasses.replace(t, graphs=[g for g in t.graphs if Path(g).name not in checked]) for t in twins.values()
+    ]
+    rest = checks.check_graphs(lib, [t for t in missing if t.graphs], part.partition_dir, params.graph_tolerance)
     timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
     for g in rest:
         graphs.setdefault(g.binary, []).append(g)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -46,10 +46,13 @@ class PluginCheck(BaseModel):
 
 
 class GraphCheck(BaseModel):
-    """(a) One graph of one plugin in the simulator (unshared twin) vs the partition's reference IO."""
+    """(a) One graph of one plugin in the simulator (unshared twin) vs its source ops on the CPU, on the same
+    inputs: those the whole-model pass fed it (``fed="bundle_pass"``), or for a graph no pass ran, the partition's
+    reference inputs, against its reference outputs (``fed="reference"``)."""
 
     graph: str
     binary: str
+    fed: Literal["bundle_pass", "reference"] = "reference"
     simulator_seconds: float | None = None
     outputs: list[TensorCheck] = Field(default_factory=list)
     passed: bool
@@ -212,15 +215,19 @@ def format_report(r: VerifyReport) -> str:
         ]
         lines += _table(["plugin", "graphs", "sha256", "=context", "shared", "soc", "executed", "result"], rows)
     if r.graphs:
-        lines += ["", "(a) per graph: simulator (unshared twin) vs the partition's reference IO"]
+        lines += [
+            "",
+            "(a) per graph: simulator (unshared twin) vs its ops in MNN on the same inputs (fed: by the whole-model "
+            "pass, or the partition's reference)",
+        ]
         rows = []
         for g in r.graphs:
-            prefix = [g.graph, _f(g.simulator_seconds, ".4f")]
+            prefix = [g.graph, g.fed, _f(g.simulator_seconds, ".4f")]
             if g.outputs:
                 rows += _tensor_rows(prefix, g.outputs)
             else:
                 rows.append([*prefix, "-", "-", "-", "-", "-", f"FAIL ({g.problem})"])
-        lines += _table(["graph", "sim s", "output", "shape", "max abs", "rel", "cosine", "result"], rows)
+        lines += _table(["graph", "fed", "sim s", "output", "shape", "max abs", "rel", "cosine", "result"], rows)
     if r.whole_model:
         lines += [
             "",

@@ -310,12 +310,11 @@ class HybridExecutor:
         feeds: Sequence[Mapping[str, np.ndarray]],
         *,
         capture: bool = False,
-        after_plugin: Callable[[PluginSpec], None] | None = None,
     ) -> list[ForwardResult]:
         """Forward passes of several inputs in lockstep: each step runs for every input before the next step
-        starts, so each plugin is needed once per call, not once per input. ``after_plugin`` is called with
-        each plugin's spec once its step ran for every input. An input whose pass fails gets the exception in
-        its result's ``error`` and drops out; the others go on. The results are those of separate passes."""
+        starts, so each plugin is needed once per call, not once per input. An input whose pass fails gets the
+        exception in its result's ``error`` and drops out; the others go on. The results are those of separate
+        passes."""
         passes: list[tuple[dict[str, BoundaryValue], ForwardResult]] = []
         for inputs in feeds:
             result = ForwardResult({}, [])
@@ -332,8 +331,6 @@ class HybridExecutor:
                     self._step(step, env, result, capture)
                 except Exception as exc:  # this input's pass ends; the others do not depend on it
                     result.error = exc
-            if after_plugin is not None and isinstance(step, PluginStep):
-                after_plugin(self.plugins[step.name])
         for env, result in passes:
             if result.error is None:
                 result.outputs = {n: env[n].as_array() for n in self.model.output_names}
@@ -491,22 +488,12 @@ class HybridModel:
         feeds: Sequence[Mapping[str, np.ndarray]],
         *,
         capture: bool = False,
-        while_loaded: Callable[[PluginRunner], None] | None = None,
     ) -> list[ForwardResult]:
         """Forward passes of several inputs in lockstep (:meth:`HybridExecutor.run_many`): with ``max_loaded``,
-        each plugin is loaded once for all of them. ``while_loaded`` is called with each plugin's runner right
-        after its step ran for every input, its context still loaded: more work on that plugin (verify's
-        per-graph check) then needs no load of its own."""
+        each plugin is loaded once for all of them (``capture=True`` keeps each plugin's inputs and outputs)."""
         if self._closed:
             raise BundleError("HybridModel is closed")
-        after = None
-        if while_loaded is not None:
-            hook = while_loaded
-
-            def after(spec: PluginSpec) -> None:
-                hook(self._admit(spec.name))
-
-        return self.executor.run_many(feeds, capture=capture, after_plugin=after)
+        return self.executor.run_many(feeds, capture=capture)
 
     def unload(self) -> None:
         """Free every loaded QNN context now (a later run loads what it needs again), e.g. before other work that
