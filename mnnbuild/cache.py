@@ -168,19 +168,23 @@ class ArtifactCache:
             log.warning("cache: cannot look up %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return False
 
-    def store(self, stage: str, key: str, out_dir: Path) -> int:
+    def store(self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]] | None = None) -> int:
         """Add ``out_dir`` under ``key``; returns the bytes of its new blobs (those already present are skipped),
         whether copied or hard-linked to the files of ``out_dir`` (see `_link`).
+
+        ``known`` is (size, sha256) by relative path for files the stage has just hashed (its manifest's outputs):
+        not hashed again (3.4 GB of context binaries at Qwen3-1.7B size). A wrong one cannot go unnoticed: a
+        restored file is checked against its sha256.
 
         Never raises for a cache problem (read-only, full, unreachable): it is logged and 0 returned.
         """
         try:
-            return self._store(stage, key, out_dir)
+            return self._store(stage, key, out_dir, known or {})
         except Exception as exc:  # a cache is an optimisation: never fail a good build on it
             log.warning("cache: could not store %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return 0
 
-    def _store(self, stage: str, key: str, out_dir: Path) -> int:
+    def _store(self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]]) -> int:
         files: list[CachedFile] = []
         moved = linked = 0
         by_inode: dict[tuple[int, int], str] = {}  # hard links (modellib's shared weights) are hashed once
@@ -189,7 +193,8 @@ class ArtifactCache:
             if rel.endswith(SIDECAR_SUFFIX):
                 continue
             st = path.stat()
-            sha = by_inode.get((st.st_dev, st.st_ino)) or sha256_file(path)
+            size, recorded = known.get(rel, (-1, ""))
+            sha = by_inode.get((st.st_dev, st.st_ino)) or (recorded if size == st.st_size else sha256_file(path))
             by_inode[(st.st_dev, st.st_ino)] = sha
             if path.is_symlink():
                 files.append(CachedFile(path=rel, size=path.stat().st_size, sha256=sha, link=os.readlink(path)))

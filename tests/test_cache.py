@@ -523,3 +523,29 @@ def test_origin_record_is_never_written_in_place(tmp_path: Path) -> None:
     write_origin(out, "io", {"origin": "cache"})
     assert blob.read_text() == "cached content"
     assert json.loads((out / "io.origin.json").read_text()) == {"origin": "cache"}
+
+
+def test_hashes_the_stage_recorded_are_not_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stage's manifest already holds its outputs' sha256: storing them hashes nothing again (3.4 GB of
+    context binaries at Qwen3-1.7B size), and a recorded hash that is wrong never restores a file."""
+    import mnnbuild.cache as cache_module
+
+    src = make_tree(tmp_path / "src")
+    recorded = {rel: ((src / rel).stat().st_size, sha256_file(src / rel)) for rel in ("a.bin", "sub/b.json")}
+    hashed: list[str] = []
+    monkeypatch.setattr(cache_module, "sha256_file", lambda p: hashed.append(Path(p).name) or sha256_file(p))
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("stage", "k", src, recorded)
+    assert hashed == []
+    assert cache.restore("stage", "k", tmp_path / "out") is not None
+    assert (tmp_path / "out" / "a.bin").read_bytes() == (src / "a.bin").read_bytes()
+    # a size that differs from the file's means the record is not this file's: hashed after all
+    cache.store("stage", "k2", src, {"a.bin": (recorded["a.bin"][0] + 1, "0" * 64)})
+    assert "a.bin" in hashed
+    # a recorded hash that lies (same size) is caught when restoring: the entry is dropped, nothing restored
+    other = make_tree(tmp_path / "other")
+    (other / "a.bin").write_bytes(b"x" * (other / "a.bin").stat().st_size)
+    lie = {"a.bin": ((other / "a.bin").stat().st_size, "1" * 64)}
+    fresh = ArtifactCache(str(tmp_path / "cache2"))
+    fresh.store("stage", "k", other, lie)
+    assert fresh.restore("stage", "k", tmp_path / "out2") is None and not fresh.has("stage", "k")

@@ -55,7 +55,7 @@ def run_stage(
     reset_peak_rss()
     started = time.perf_counter()
     try:
-        stage.entry(inputs.model_copy(update={"upstream": read_upstream(upstream)}), params, out_dir)
+        manifest = stage.entry(inputs.model_copy(update={"upstream": read_upstream(upstream)}), params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
@@ -63,7 +63,8 @@ def run_stage(
     moved = 0
     if cache and key:
         try:
-            moved = cache.store(stage.name, key, out_dir)
+            hashed = {r.path: (r.size, r.sha256) for r in manifest.outputs}  # hashed by the stage a moment ago
+            moved = cache.store(stage.name, key, out_dir, hashed)
         except OSError as exc:  # a cache is an optimisation: never fail a good build on it
             log.warning("cache: could not store %s: %s", stage.name, exc)
     origin = {"origin": "built", "key": key, "seconds": round(seconds, 3), "peak_rss": peak, **run_stamp()}
