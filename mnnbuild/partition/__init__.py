@@ -3,8 +3,9 @@
 - ``cut``: the pure graph algorithm (needed ops, folding, break ops, the op schedule, splits, boundaries,
   plugins).
 - ``fold``: per-shape constant values of the folded tensors and the folded copies of the model.
-- ``reference``: run every module in order on one sample (the per-graph reference IO), and
-  ``SourceSubgraphRunner``, a plugin's CPU reference (its source ops) for ``mnnbuild_runtime``'s hybrid executor.
+- ``reference``: run every module in order at every sample shape, each loaded once (the per-graph reference IO),
+  and ``SourceSubgraphRunner``, a plugin's CPU reference (its source ops): for ``mnnbuild_runtime``'s hybrid
+  executor and verify's per-graph check.
 - ``rewrite``: the Plugin ops, their attributes (per shape, then fused), and ``qnn/llm.mnn``.
 - ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graphllm<k>``).
 - ``report``: the partition report (JSON and text).
