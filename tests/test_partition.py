@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -581,3 +582,23 @@ def test_chunk_size_must_match_io(tiny: Built, tmp_path: Path) -> None:
 def test_unknown_skip_name(tiny: Built, tmp_path: Path) -> None:
     with pytest.raises(StageError, match=r"field 'skips' names 'no/such/op'"):
         run_partition(tiny.model_dir, tiny.io_dir, tmp_path / "p", skips=("no/such/op",))
+
+
+def test_a_damaged_graph_file_is_one_line_naming_it(tiny: Built, tmp_path: Path) -> None:
+    """A graph dir's folded values or reference IO that lost a tensor (a damaged or foreign file) say which file
+    and which tensor, not a KeyError (verify's per-graph check reads them)."""
+    graph = next(
+        g for g in sorted(p.name for p in tiny.qnn.iterdir() if p.is_dir()) if (tiny.qnn / g / "folded.mnn").exists()
+    )
+    copy = tmp_path / graph
+    shutil.copytree(tiny.qnn / graph, copy)
+    desc = SubgraphRecord.read(copy)
+    (copy / "folded.mnn").write_bytes(b"garbage")
+    folded = re.escape(str(copy / "folded.mnn"))
+    with pytest.raises(StageError, match=rf"{folded}: tensor '.+' expected with shape \[.*\], found no such tensor"):
+        desc.load_folded(copy)
+    (copy / desc.reference_output).unlink()
+    with pytest.raises(
+        StageError, match=re.escape(f"{copy / desc.reference_output}: missing; run the partition stage")
+    ):
+        desc.load_reference(copy)

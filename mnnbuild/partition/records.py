@@ -8,6 +8,7 @@ re-numbered; the runtime binds the i-th input of the op to the graph tensor name
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,21 +104,18 @@ class SubgraphRecord(BaseModel):
     folded_values: str | None = None
 
     def load_reference(self, graph_dir: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The reference inputs and outputs, in boundary order and with their exact shapes (an MNN
-        variable file stores a scalar as shape [1])."""
-        ins = load_vars(Path(graph_dir) / self.reference_input)
-        outs = load_vars(Path(graph_dir) / self.reference_output)
+        """The reference inputs and outputs, in boundary order and with their exact shapes."""
         return (
-            [ins[t.name].reshape(t.shape) for t in self.inputs],
-            [outs[t.name].reshape(t.shape) for t in self.outputs],
+            _load_tensors(Path(graph_dir) / self.reference_input, self.inputs),
+            _load_tensors(Path(graph_dir) / self.reference_output, self.outputs),
         )
 
     def load_folded(self, graph_dir: Path) -> dict[int, np.ndarray]:
         """Folded values by source tensor index, with their exact shapes."""
         if not self.folded_values:
             return {}
-        arrays = load_vars(Path(graph_dir) / self.folded_values)
-        return {f.index: arrays[f.name].reshape(f.shape) for f in self.folded}
+        arrays = _load_tensors(Path(graph_dir) / self.folded_values, self.folded)
+        return {f.index: a for f, a in zip(self.folded, arrays, strict=True)}
 
     @classmethod
     def read(cls, graph_dir: Path) -> SubgraphRecord:
@@ -128,6 +126,24 @@ class SubgraphRecord(BaseModel):
             raise StageError(f"{path}: graph description missing; run the partition stage") from None
         except ValueError as exc:
             raise StageError(f"{path}: invalid graph description: {exc}") from None
+
+
+def _load_tensors(path: Path, specs: Sequence[TensorSpec]) -> list[np.ndarray]:
+    """The arrays of ``specs`` from an MNN variable file the partition wrote, with their exact shapes (an older
+    file stores a scalar as shape [1]); a missing or misshaped one is a ``StageError`` naming the file."""
+    arrays = load_vars(path) if path.is_file() else None
+    if arrays is None:
+        raise StageError(f"{path}: missing; run the partition stage")
+    found = []
+    for t in specs:
+        a = arrays.get(t.name)
+        if a is None or a.size != int(np.prod(t.shape, dtype=np.int64)):
+            got = "no such tensor" if a is None else f"shape {list(a.shape)}"
+            raise StageError(
+                f"{path}: tensor {t.name!r} expected with shape {t.shape}, found {got}; run the partition stage again"
+            )
+        found.append(a.reshape(t.shape))
+    return found
 
 
 class BoundaryShapes(BaseModel):
