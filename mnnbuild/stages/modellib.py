@@ -80,12 +80,13 @@ def _lower_plugin(
         desc, data = lowered.description, lowered.statics
         if first is None:
             write_graph_dir(dest, desc, data)
-            first = (dest, dict(data))
         else:
             write_graph_dir(dest, desc, data, link_from=first[0], linked_statics=first[1])
         statics = desc.static_tensors
         sizes = [(dest / str(t.raw)).stat() for t in statics]
-        if first[0] != dest:
+        if first is None:
+            first = (dest, dict(data))
+        else:
             saved += sum(st.st_size for st in sizes if st.st_nlink > 1)
         records.append(
             LoweredRecord(

@@ -146,7 +146,8 @@ def _run_bundle(
     the per-graph checks of every graph the pass ran, on the CPU. Returns them by plugin path."""
     t0 = time.perf_counter()
     gen = None
-    if not part.visual and inputs.manifest(FetchManifest, Path(inputs.model_dir)).part.generates:
+    fetched = inputs.manifest(FetchManifest, Path(inputs.model_dir)).part
+    if not part.visual and fetched.generates:
         gen = checks.GenerationRun(
             Path(inputs.model_dir),
             model.bundle.model_dir,
@@ -190,8 +191,7 @@ def _run_bundle(
         timings["generation"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     model.unload()  # the graphs' CPU ops take the memory now (an lm_head is 1.2 GB in float32)
-    fetched = inputs.manifest(FetchManifest, Path(inputs.model_dir)).part
-    source = chain_part(fetched, PartitionManifest.read(part.partition_dir).params.part)
+    source = chain_part(fetched, inputs.manifest(PartitionManifest, part.partition_dir).params.part)
     model_dir = Path(inputs.model_dir)
     with SourceSubgraphRunner(
         model_dir / source.model_file, model_dir / source.weight_file, part.partition_dir / QNN_DIR, params.runtime
