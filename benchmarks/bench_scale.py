@@ -2,11 +2,12 @@
 
 The model is built on demand by ``models/export/make_models.py --qwen3-1.7b-layers N`` into a cache dir
 outside the repo (``--models-cache``, a ``READY`` file marks it complete) and described by a spec written
-into a temp models dir (``MNNBUILD_MODELS_PATH``). Each stage (fetch, io, partition, modellib, config,
-context, bundle, then verify) runs as its own ``doit`` process with a fresh artifact cache, recording its
-wall time, peak RSS (the largest process of its tree), bytes written (``du`` of the artifact and cache dirs
-before and after, hard links counted once, a cache blob linked to an artifact too, and the block-device writes of
-its process tree), and for context the seconds of each plugin (its ``context.origin.json``).
+into a temp models dir (``MNNBUILD_MODELS_PATH``). Each stage (fetch, io, partition, config, context, bundle,
+then twin, verify, and last the model-lib, which no bundle or verify builds) runs as its own ``doit`` process
+with a fresh artifact cache, recording its wall time, peak RSS (the largest process of its tree), bytes written
+(``du`` of the artifact and cache dirs before and after, hard links counted once, a cache blob linked to an
+artifact too, and the block-device writes of its process tree), and for context the seconds of each plugin (its
+``context.origin.json``).
 
 The floor, measured in the same run: per plugin, a weight-shared context (same SoC and settings) of its
 decode and prefill graphs holding only their linear ops (Conv2d / FullyConnected, MatMul with a static
@@ -38,7 +39,9 @@ from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, machine, print_table 
 
 from mnnbuild.layout import LLM_GRAPHS  # noqa: E402
 
-STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "twin", "verify")
+STAGES = ("fetch", "io", "partition", "config", "context", "bundle", "twin", "verify", "modellib")
+BUNDLE_STAGES = STAGES[: STAGES.index("bundle") + 1]
+"""What ``doit bundle`` runs: its wall time over the floor and its bytes over the bundle's are the goals."""
 PER_TARGET = ("config", "context", "bundle", "twin", "verify")
 PER_PLUGIN = ("context", "twin")
 EXPORT_SCRIPT = PROJECT_ROOT / "models" / "export" / "make_models.py"
@@ -139,36 +142,33 @@ def plugin_dirs(target_dir: Path, stage: str) -> list[Path]:
     return sorted((target_dir / stage).glob("graph*"), key=lambda p: int(p.name.removeprefix(LLM_GRAPHS)))
 
 
-def floor_worker(modellib_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
-    """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone."""
+def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
+    """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone
+    (lowered in memory first, not timed: Qualcomm's part only)."""
     from _floor import linear_ops_alone
 
-    from mnnbuild.lowering.graph import GRAPH_JSON, compose_context, read_graph_description, read_graph_dirs
-    from mnnbuild.manifests.partition import read_merge
+    from mnnbuild.lowering.graph import compose_context
+    from mnnbuild.manifests.fetch import FetchManifest
+    from mnnbuild.manifests.partition import PartitionManifest, read_merge
+    from mnnbuild.manifests.plugin import plugin_part
+    from mnnbuild.partition.lowered import PluginGraphs
     from mnnbuild.qnn import HtpTarget, QnnLibrary
     from mnnbuild.targets import soc_for_arch
 
     soc = soc_for_arch(arch)
     lib = QnnLibrary()
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    part = plugin_part(FetchManifest.read(model_dir), PartitionManifest.read(partition_dir))
     results: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for binary, graphs in read_merge(partition_dir).items():
-            nodes = 0
-            for graph in graphs:
-                src = modellib_dir / graph
-                floor_desc = linear_ops_alone(read_graph_description(src))
-                nodes += len(floor_desc.nodes)
-                dest = Path(tmp) / graph
-                dest.mkdir(parents=True)
-                (dest / GRAPH_JSON).write_text(floor_desc.model_dump_json())
-                for t in floor_desc.static_tensors:
-                    os.link(src / str(t.raw), dest / str(t.raw))
-            started = time.perf_counter()
-            data = compose_context(lib, target, read_graph_dirs(Path(tmp), graphs), weight_sharing=True)
-            results[binary] = {"seconds": round(time.perf_counter() - started, 2), "nodes": nodes, "bytes": len(data)}
-            shutil.rmtree(Path(tmp) / "qnn")
-            sys.stderr.write(f"floor {binary}: {results[binary]}\n")
+    for binary, graphs in read_merge(partition_dir).items():
+        lowered = PluginGraphs.of(model_dir, part, partition_dir, graphs)()
+        floor = {name: (linear_ops_alone(desc), statics) for name, (desc, statics) in lowered.items()}
+        nodes = sum(len(desc.nodes) for desc, _ in floor.values())
+        del lowered
+        started = time.perf_counter()
+        data = compose_context(lib, target, floor, weight_sharing=True)
+        results[binary] = {"seconds": round(time.perf_counter() - started, 2), "nodes": nodes, "bytes": len(data)}
+        sys.stderr.write(f"floor {binary}: {results[binary]}\n")
     out_json.write_text(json.dumps(results, indent=1))
 
 
@@ -176,7 +176,7 @@ def measure_floor(artifacts: Path, name: str, arch: str, env: dict[str, str]) ->
     out = artifacts / "floor.json"
     cmd = [
         sys.executable, "-c", RUSAGE_WRAPPER, sys.executable, __file__, "--floor-worker",
-        str(artifacts / name / "modellib"), str(artifacts / name / "partition"), arch, str(out),
+        str(artifacts / name / "model"), str(artifacts / name / "partition"), arch, str(out),
     ]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -207,7 +207,7 @@ def save_result(key: str, result: dict[str, Any]) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--floor-worker", nargs=4, help=argparse.SUPPRESS)  # MODELLIB PARTITION ARCH OUT
+    parser.add_argument("--floor-worker", nargs=4, help=argparse.SUPPRESS)  # MODEL PARTITION ARCH OUT
     parser.add_argument("--layers", type=int, default=4, help="layers of the 28 (default 4)")
     parser.add_argument("--arch", default="v79")
     parser.add_argument("--models-cache", type=Path, default=Path("/work/models-cache"), help="exported models")
@@ -226,8 +226,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.floor_worker:
-        modellib, partition, arch, out = args.floor_worker
-        floor_worker(Path(modellib), Path(partition), arch, Path(out))
+        model, partition, arch, out = args.floor_worker
+        floor_worker(Path(model), Path(partition), arch, Path(out))
         return
 
     name = model_name(args.layers)
@@ -287,12 +287,15 @@ def main() -> None:
                 result["floor"]["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
                 result["context_over_floor"] = round(rec["stage_s"] / result["floor"]["seconds"], 2)
             if stage == "bundle" and "floor" in result:
-                bundle_wall = sum(rows[s]["wall_s"] for s in STAGES[:-1] if s in rows)
+                bundle_wall = sum(rows[s]["wall_s"] for s in BUNDLE_STAGES if s in rows)
                 result["bundle_wall_s"] = round(bundle_wall, 2)
                 result["bundle_over_floor"] = round(bundle_wall / result["floor"]["seconds"], 2)
             save_result(key, {**result, "partial": True})
         result["final_bundle_mb"] = round(disk_bytes(artifacts / name / args.arch / "bundle") / 1e6, 1)
         result["written_mb"] = round(sum(r["artifacts_mb"] + r["cache_mb"] for r in rows.values()), 1)
+        bundle_rows = [r for s, r in rows.items() if s in BUNDLE_STAGES]
+        result["bundle_written_mb"] = round(sum(r["artifacts_mb"] + r["cache_mb"] for r in bundle_rows), 1)
+        result["bundle_written_over_bundle"] = round(result["bundle_written_mb"] / result["final_bundle_mb"], 2)
         if args.jobs and "context" in stages:
             off = {**env, "MNNBUILD_CACHE": "off"}
             speed = {}
@@ -321,7 +324,11 @@ def main() -> None:
         if "bundle_wall_s" in result:
             out(f"; bundle (fetch..bundle) {result['bundle_wall_s']:.1f} s = {result['bundle_over_floor']}x")
         out("\n")
-    out(f"written (artifacts + cache) {result['written_mb']:.0f} MB; final bundle {result['final_bundle_mb']:.0f} MB\n")
+    out(
+        f"written (artifacts + cache) {result['written_mb']:.0f} MB, by fetch..bundle "
+        f"{result['bundle_written_mb']:.0f} MB = {result['bundle_written_over_bundle']}x the final bundle's "
+        f"{result['final_bundle_mb']:.0f} MB\n"
+    )
     if "verify" in rows:
         out("verify checks (s): " + ", ".join(f"{k} {v}" for k, v in rows["verify"]["checks_s"].items()) + "\n")
     if "context_jobs" in result:

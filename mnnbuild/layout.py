@@ -4,7 +4,7 @@
 <artifact root>/<model>/model/            fetch     links to the model files
 <artifact root>/<model>/io/               io        testdir/<seq_len>/{input,output}.mnn
 <artifact root>/<model>/partition/        partition qnn/<llm|embedding>.mnn, qnn/graph*/, npu_postreat.json, partition.*
-<artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws + <graph>.bin
+<artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws (``doit modellib`` only)
 <artifact root>/<model>/visual/{io,partition,modellib}/  the same for a VL model's encoder (qnn/graphvisual*)
 <artifact root>/<model>/<arch>/config/    config    config_qnn.json
 <artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graphllm<k>.bin (what ships)

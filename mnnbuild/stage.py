@@ -51,6 +51,10 @@ class Stage:
     manifest: type[Manifest]
     upstream: tuple[str, ...] = ()
     """Stages whose manifests it reads: its file_dep, by content."""
+    upstream_files: tuple[str, ...] = ()
+    """Those of ``upstream`` whose outputs it reads only in part: its file_dep are the files it reads (each run
+    lists them), not that stage's manifest, so an upstream re-run that leaves them as they were (a reworded
+    partition report) leaves it up to date. Such a stage records the files it read, by hash, as its inputs."""
     outputs: tuple[str, ...] = ()
     """Its main outputs, relative to its directory (besides its manifest)."""
     per_target: bool = False
@@ -65,3 +69,5 @@ class Stage:
     def __post_init__(self) -> None:
         if self.manifest.stage != self.name:
             raise ValueError(f"stage {self.name}: its manifest model is the {self.manifest.stage!r} stage's")
+        if not set(self.upstream_files) <= set(self.upstream):
+            raise ValueError(f"stage {self.name}: upstream_files {self.upstream_files} must be upstream stages")

@@ -55,7 +55,7 @@ def warm_cache(tmp_path: Path, run_doit: RunDoit) -> tuple[Path, list[str]]:
     cache = tmp_path / "cache"
     first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
     built = summary(first.stdout)["built"]
-    assert {"io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3", "bundle:tiny-qwen3-v79"} <= set(built)
+    assert {"io:tiny-qwen3", "partition:tiny-qwen3", "bundle:tiny-qwen3-v79"} <= set(built)
     assert any(t.startswith("context:tiny-qwen3-v79:") for t in built)
     assert "from cache" not in summary(first.stdout)
     return cache, built
@@ -98,7 +98,7 @@ def test_warm_cache_rebuilds_the_bundle_and_restores_every_binary(
     as is every context and twin binary, and no graph is composed."""
     cache, built = warm_cache
     assert not (cache / "bundle").exists()
-    assert (cache / "modellib").is_dir() and (cache / "context").is_dir() and (cache / "twin").is_dir()
+    assert (cache / "partition").is_dir() and (cache / "context").is_dir() and (cache / "twin").is_dir()
     artifacts = tmp_path / "warm-artifacts"
     proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)})
     rows = summary(proc.stdout)
@@ -106,7 +106,7 @@ def test_warm_cache_rebuilds_the_bundle_and_restores_every_binary(
     restored = rows["from cache"]
     assert len([t for t in restored if t.startswith("context:tiny-qwen3-v79:")]) == 4
     assert len([t for t in restored if t.startswith("twin:tiny-qwen3-v79:")]) == 4
-    assert {"modellib:tiny-qwen3", "verify:tiny-qwen3-v79"} <= set(restored)
+    assert {"partition:tiny-qwen3", "verify:tiny-qwen3-v79"} <= set(restored)
     assert FINALIZED not in proc.stdout + proc.stderr
     bundle = artifacts / "tiny-qwen3" / "v79" / "bundle"
     assert json.loads((bundle / "bundle.origin.json").read_text())["origin"] == "built"
@@ -121,7 +121,7 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     are restored and nothing is composed."""
     cache = tmp_path / "cache"
     first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
-    graphs = [d for d in (tmp_path / "artifacts" / "tiny-qwen3" / "modellib" / "qnn").iterdir() if d.is_dir()]
+    graphs = [d for d in (tmp_path / "artifacts" / "tiny-qwen3" / "partition" / "qnn").iterdir() if d.is_dir()]
     assert len(graphs) == 8 and (first.stdout + first.stderr).count(FINALIZED) == 2 * len(graphs)
 
     clone = copy_project(tmp_path / "clone")
@@ -173,7 +173,7 @@ def test_corrupted_entry_is_discarded_and_rebuilt(
     assert cache.has("io", entry.key)
 
 
-CACHED_STAGES = {"io", "partition", "modellib", "config", "context", "twin", "verify", "report"}
+CACHED_STAGES = {"io", "partition", "config", "context", "twin", "verify", "report"}
 
 
 def stage_dirs_by_entry(artifacts: Path, cache: Path) -> dict[Path, CacheEntry]:
@@ -259,12 +259,12 @@ def test_editing_a_stage_reruns_it_and_dependents_only(tmp_path: Path, run_doit:
     src.write_text(src.read_text() + "\n# a comment is not code\n")
     assert executed_tasks(run_doit(project=clone).stdout) == []
     # a code change whose outputs differ (the postreat file's indentation) re-runs the partition and what reads
-    # those outputs; modellib's graphs come out identical, so no context binary is rebuilt (early cutoff)
+    # those outputs; its graph files come out identical, so no context binary is rebuilt (early cutoff)
     text = src.read_text()
     assert "json.dumps(postreat, indent=4)" in text
     src.write_text(text.replace("json.dumps(postreat, indent=4)", "json.dumps(postreat, indent=2)"))
     proc = run_doit(project=clone)
-    downstream = ("partition:", "modellib:", "bundle:", "verify:", "report:")
+    downstream = ("partition:", "bundle:", "verify:", "report:")
     assert sorted(executed_tasks(proc.stdout)) == sorted(t for t in first if t.startswith(downstream))
     assert {"fetch:tiny-qwen3", "io:tiny-qwen3", "config:tiny-qwen3-v79"} <= set(skipped_tasks(proc.stdout))
 
@@ -284,9 +284,7 @@ def test_bumping_a_manifest_schema_reruns_its_stages(tmp_path: Path, run_doit: R
     assert sorted(executed_tasks(proc.stdout)) == sorted(
         t for t in first if t.startswith(("config:", "bundle:", "report:"))
     )
-    assert {"io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3", "verify:tiny-qwen3-v79"} <= set(
-        skipped_tasks(proc.stdout)
-    )
+    assert {"io:tiny-qwen3", "partition:tiny-qwen3", "verify:tiny-qwen3-v79"} <= set(skipped_tasks(proc.stdout))
 
 
 def test_new_target_runs_only_target_stages(tmp_path: Path, run_doit: RunDoit) -> None:

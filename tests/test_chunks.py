@@ -26,8 +26,8 @@ from mnnbuild_runtime import (
 
 from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, QNN_DIR, graph_name
 from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.io import IoManifest
-from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import QnnLibrary, read_binary_info, same_element_order
@@ -123,7 +123,8 @@ def test_two_length_spec_builds_and_verifies(built: Path, name: str) -> None:
     assert partition.seq_lens == [1, *LENGTHS] and partition.plugins
     for p in partition.plugins:
         assert p.graphs == [graph_name(s, p.plugin) for s in range(1 + len(LENGTHS))]
-    lowered = {g.graph for g in ModellibManifest.read(root / "modellib").graphs}
+    contexts = [ContextManifest.read(root / "v79" / "context" / f"graphllm{p.plugin}") for p in partition.plugins]
+    lowered = {g.name for c in contexts for g in c.graphs}
     assert lowered == {g for p in partition.plugins for g in p.graphs}
     config = json.loads((bundle_dir(built, name) / CONFIG_FILE).read_text(encoding="utf-8"))
     assert config["chunk_limits"] == [*LENGTHS, 1]

@@ -1,7 +1,11 @@
-"""modellib, context, twin and bundle (issue 5): real HTP context binaries for the tiny model, read back."""
+"""modellib, context, twin and bundle (issue 5): real HTP context binaries for the tiny model, read back.
+
+The context and twin stages lower the partition graphs themselves; the model-lib is `doit modellib`'s, built
+here on the same root after the bundle (`modellib` fixture) and checked to compose the very same binaries."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -13,7 +17,12 @@ import pytest
 
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import sha256_file
+from mnnbuild.lowering.binary import compose_in_fresh_process
 from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_description, read_graph_dirs
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import load_model, plugin_attributes
 from mnnbuild.partition.records import SubgraphRecord
@@ -55,6 +64,15 @@ def built(bundled: tuple[Path, list[str], list[Path]]) -> Path:
 
 
 @pytest.fixture(scope="module")
+def modellib(bundled: tuple[Path, list[str], list[Path]]) -> Path:
+    """Then `doit modellib:tiny-qwen3` on the same root: the model-lib dir (no bundle or verify builds one)."""
+    root = bundled[0]
+    ran = executed_tasks(run_task(root, "modellib:tiny-qwen3").stdout)
+    assert ran == ["modellib:tiny-qwen3"], ran
+    return root / "tiny-qwen3" / "modellib"
+
+
+@pytest.fixture(scope="module")
 def verified(bundled: tuple[Path, list[str], list[Path]]) -> tuple[Path, list[str]]:
     """Then `doit verify:tiny-qwen3-v79` on the same root: the root and the tasks it ran."""
     root = bundled[0]
@@ -70,7 +88,9 @@ def test_a_bundle_builds_no_twin_and_verify_builds_them(
     assert "bundle:tiny-qwen3-v79" in bundle_ran and any(t.startswith("context:") for t in bundle_ran)
     assert not [t for t in bundle_ran if t.startswith("twin:")], bundle_ran
     assert twin_dirs == [], "no twin dir after a bundle"
+    # the contexts lower the partition graphs themselves: no model-lib is written for a bundle or a verify
     _, verify_ran = verified
+    assert not [t for t in bundle_ran + verify_ran if t.startswith("modellib")], bundle_ran + verify_ran
     twins = sorted(t for t in verify_ran if t.startswith("twin:tiny-qwen3-v79:"))
     assert twins == sorted(f"twin:tiny-qwen3-v79:{Path(a['path']).stem}" for a in plugins(root))
     assert "verify:tiny-qwen3-v79" in verify_ran
@@ -145,16 +165,23 @@ def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(
     verified: tuple[Path, list[str]], lib: QnnLibrary
 ) -> None:
     """The twin stage writes each binary's unshared twin (what the x86 simulator can load) in a dir per plugin
-    and records its sha256: the same graphs, tensors and target, without weight sharing. The bundle ships none."""
+    and records its sha256: the same graphs, tensors and target, without weight sharing, built from the very files
+    the shipped binary was (its graph dirs and the model's weights). The bundle ships none."""
     built = verified[0]
-    modellib = ModellibManifest.read(built / "tiny-qwen3" / "modellib")
+    fetch = FetchManifest.read(built / "tiny-qwen3" / "model")
+    partition = PartitionManifest.read(built / "tiny-qwen3" / "partition")
     for attr in plugins(built):
         where = twin_dir(built, attr["path"])
         manifest = TwinManifest.read(where)
         assert manifest.binary == attr["path"] and manifest.twin == Path(attr["path"]).name
         assert manifest.graphs == attr["allGraphName"] and manifest.target == "v79"
-        graphs = {f"qnn/{g}" for g in attr["allGraphName"]}
-        assert set(manifest.inputs) == {r for r in modellib.outputs if Path(r.path).parent.as_posix() in graphs}
+        graphs = [f"qnn/{g}" for g in attr["allGraphName"]]
+        sources = {r.path for r in manifest.inputs}
+        assert {"fetch/llm.mnn", "fetch/llm.mnn.weight", *(f"partition/{g}/graph.json" for g in graphs)} <= sources
+        own = {Path(p).parent.as_posix() for p in sources if p.startswith("partition/")}
+        assert own == {f"partition/{g}" for g in graphs}, "its own graph dirs only"
+        assert manifest.inputs == plugin_sources(fetch, partition, graphs)
+        assert ContextManifest.read(context_dir(built, attr["path"])).inputs == manifest.inputs
         twin_file = where / manifest.twin
         assert manifest.output(manifest.twin).sha256 == sha256_file(twin_file)
         twin = read_binary_info(lib, twin_file.read_bytes())
@@ -198,9 +225,8 @@ def test_graphs_match_their_references_in_the_simulator(verified: tuple[Path, li
                     assert cos >= 0.999 and err <= 0.02, f"{graph} {t.qnn_name}: cosine {cos}, rel max err {err}"
 
 
-def test_weight_sharing_keeps_one_copy(built: Path, lib: QnnLibrary) -> None:
+def test_weight_sharing_keeps_one_copy(modellib: Path, lib: QnnLibrary) -> None:
     """decode + prefill in one shared context is at most 1.2x the prefill graph alone."""
-    modellib = built / "tiny-qwen3" / "modellib"
     manifest = ModellibManifest.read(modellib)
     biggest = max(manifest.graphs, key=lambda g: g.static_bytes)
     decode, prefill = f"qnn/graphllm{biggest.plugin}", f"qnn/graphllm1_{biggest.plugin}"
@@ -212,8 +238,8 @@ def test_weight_sharing_keeps_one_copy(built: Path, lib: QnnLibrary) -> None:
     assert len(unshared) > len(shared)
 
 
-def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
-    modellib = built / "tiny-qwen3" / "modellib" / "qnn"
+def test_decode_and_prefill_name_weights_alike(modellib: Path) -> None:
+    modellib = modellib / "qnn"
     decode, prefill = read_graph_description(modellib / "graphllm0"), read_graph_description(modellib / "graphllm1_0")
     d = {t.name: t.raw for t in decode.static_tensors}
     p = {t.name: t.raw for t in prefill.static_tensors}
@@ -225,10 +251,9 @@ def test_decode_and_prefill_name_weights_alike(built: Path) -> None:
         assert os.path.samefile(modellib / "graphllm0" / d[name], modellib / "graphllm1_0" / p[name])
 
 
-def test_modellib_writes_each_weight_once(built: Path) -> None:
+def test_modellib_writes_each_weight_once(modellib: Path) -> None:
     """The graph dir (graph.json + raws) is the whole model-lib: no second copy of the weights, each stored in
     fp16 (QNN float32 tensors, widened exactly when composed; the test below shows the binary is the same)."""
-    modellib = built / "tiny-qwen3" / "modellib"
     files = [p for p in modellib.rglob("*") if p.is_file()]
     assert not [p for p in files if p.suffix == ".bin"], "no tar of the raws beside them"
     raws = [p for p in files if p.suffix == ".raw"]
@@ -245,16 +270,26 @@ def test_modellib_writes_each_weight_once(built: Path) -> None:
     assert on_disk < 1.05 * sum(p.stat().st_size for d in decode_graphs for p in d.glob("*.raw"))
 
 
-def test_fp16_stored_weights_give_the_same_binary(built: Path, tmp_path: Path) -> None:
+def test_the_modellib_composes_the_shipped_binaries(built: Path, modellib: Path) -> None:
+    """The model-lib a user hands to QNN tools holds the graphs the bundle ships: every plugin composed from its
+    graph dirs (raws read back) is byte for byte the binary the context stage lowered and composed in memory."""
+    soc = soc_by_name("SM8750")
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    for attr in plugins(built):
+        graphs = [f"qnn/{g}" for g in attr["allGraphName"]]
+        dest = modellib.parent / "from-modellib" / attr["path"]
+        compose_in_fresh_process(target, functools.partial(read_graph_dirs, modellib, graphs), True, dest)
+        assert dest.read_bytes() == (context_dir(built, attr["path"]) / attr["path"]).read_bytes(), attr["path"]
+
+
+def test_fp16_stored_weights_give_the_same_binary(modellib: Path, tmp_path: Path) -> None:
     """Weights stored in fp16 cost the HTP nothing: the context composed from the modellib is byte for byte the
     one composed from the same graphs with every raw widened back to float32 (QNN rounds float32 weights to fp16
     as numpy does). Declared as float16 tensors instead, QNN would prepare other kernels: not what we do."""
     import shutil
 
-    from mnnbuild.lowering.binary import compose_in_fresh_process
     from mnnbuild.lowering.graph import GRAPH_JSON, read_static
 
-    modellib = built / "tiny-qwen3" / "modellib"
     wide = tmp_path / "wide"
     shutil.copytree(modellib, wide)
     graphs = ["qnn/graphllm0", "qnn/graphllm1_0"]
@@ -272,14 +307,15 @@ def test_fp16_stored_weights_give_the_same_binary(built: Path, tmp_path: Path) -
     assert widened >= 2
     soc = soc_by_name("SM8750")
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
-    compose_in_fresh_process(target, modellib, graphs, True, tmp_path / "fp16.bin")
-    compose_in_fresh_process(target, wide, graphs, True, tmp_path / "fp32.bin")
+    compose_in_fresh_process(target, functools.partial(read_graph_dirs, modellib, graphs), True, tmp_path / "fp16.bin")
+    compose_in_fresh_process(target, functools.partial(read_graph_dirs, wide, graphs), True, tmp_path / "fp32.bin")
     assert (tmp_path / "fp16.bin").read_bytes() == (tmp_path / "fp32.bin").read_bytes()
 
 
 def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     soc = soc_by_name("SM8650")
-    inputs = ContextInputs(model="tiny-qwen3", modellib_dir=built / "tiny-qwen3" / "modellib",
+    inputs = ContextInputs(model="tiny-qwen3", model_dir=built / "tiny-qwen3" / "model",
+                           partition_dir=built / "tiny-qwen3" / "partition",
                            binary="qnn/graphllm0.bin", graphs=["qnn/graphllm0", "qnn/graphllm1_0"])  # fmt: skip
     manifest = build_context(inputs, ContextParams(soc=soc), tmp_path / "ctx")
     assert sorted(p.relative_to(tmp_path / "ctx").as_posix() for p in (tmp_path / "ctx").rglob("*.bin")) == [
@@ -296,11 +332,11 @@ def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     assert twin_manifest.target == "v75" and twin_manifest.params.soc == soc
 
 
-def test_refused_graph_names_graph_op_and_qnn_message(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
+def test_refused_graph_names_graph_op_and_qnn_message(modellib: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     import shutil
 
+    shutil.copytree(modellib, tmp_path / "modellib")
     modellib = tmp_path / "modellib"
-    shutil.copytree(built / "tiny-qwen3" / "modellib", modellib)
     graph_json = modellib / "qnn" / "graphllm1_0" / "graph.json"
     desc = json.loads(graph_json.read_text())
     node = next(n for n in desc["nodes"] if n["type"] == "Conv2d")

@@ -342,7 +342,8 @@ def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path)
     soc = soc_by_name("SM8750")
 
     def build(binary: str, out: Path) -> tuple[bytes, bytes]:
-        fields = {"model": "tiny-qwen3", "modellib_dir": model / "modellib", "binary": binary, "graphs": merge[binary]}
+        fields = {"model": "tiny-qwen3", "model_dir": model / "model", "partition_dir": model / "partition",
+                  "binary": binary, "graphs": merge[binary]}  # fmt: skip
         build_context(ContextInputs(**fields), ContextParams(soc=soc), out / "context")
         build_twin(TwinInputs(**fields), TwinParams(soc=soc), out / "twin")
         return (out / "context" / binary).read_bytes(), (out / "twin" / Path(binary).name).read_bytes()
@@ -359,11 +360,18 @@ def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path)
 def test_qnn_numbers_tensors_per_process(built: Path) -> None:
     """The evidence behind the fresh process per binary: composed twice in one process, the same graphs give
     different bytes (QNN serializes tensor ids taken from a process-wide counter)."""
-    from mnnbuild.lowering.graph import compose_context, read_graph_dirs
+    from mnnbuild.lowering.graph import compose_context
+    from mnnbuild.partition.lowered import PluginGraphs
     from mnnbuild.qnn import HtpTarget, QnnLibrary
 
     lib = QnnLibrary()
-    graphs = read_graph_dirs(built / "tiny-qwen3" / "modellib", ["qnn/graphllm0", "qnn/graphllm1_0"])
+    model = built / "tiny-qwen3"
+    graphs = PluginGraphs(
+        model / "model" / "llm.mnn",
+        model / "model" / "llm.mnn.weight",
+        model / "partition",
+        ("qnn/graphllm0", "qnn/graphllm1_0"),
+    )()
     one = compose_context(lib, HtpTarget(69, 79), graphs, weight_sharing=True)
     two = compose_context(lib, HtpTarget(69, 79), graphs, weight_sharing=True)
     assert len(one) == len(two) and one != two
@@ -504,11 +512,11 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
     assert proc.wait(timeout=120) != 0, doit_log(root)
     assert temps_under(root) == [], "SIGTERM left temps behind"
     done = finished_stages(root)
-    assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/modellib" in done
+    assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/partition" in done
     assert not (root / "tiny-qwen3" / "v79" / "context" / interrupted).exists(), "a half artifact"
     rebuilt = executed_tasks(run_in_root(root, "bundle:tiny-qwen3-v79").stdout)
     assert f"context:tiny-qwen3-v79:{interrupted}" in rebuilt
-    for task in ("fetch:tiny-qwen3", "io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3"):
+    for task in ("fetch:tiny-qwen3", "io:tiny-qwen3", "partition:tiny-qwen3"):
         assert task not in rebuilt, f"{task} had finished before SIGTERM but was built again: {rebuilt}"
 
 

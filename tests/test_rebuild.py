@@ -167,8 +167,8 @@ def test_report_formatter_edit_rebuilds_no_context(clone: tuple[Path, Build]) ->
         'f"partition report of {report.model}',
     )
     ran = build()
-    # partition's code changed, so it re-runs; its report differs, its graphs do not: modellib re-runs with
-    # an identical result and no context binary is rebuilt
+    # partition's code changed, so it re-runs; its report differs, its graph files do not: the contexts depend on
+    # those files (not on the partition manifest), so no context binary is rebuilt
     assert "partition:tiny-qwen3" in ran
     assert not [t for t in ran if t.startswith("context:")], ran
     assert not {"fetch:tiny-qwen3", "io:tiny-qwen3", "config:tiny-qwen3-v79"} & set(ran)
@@ -220,7 +220,7 @@ def test_new_twin_manifest_field_rebuilds_twins_and_verify_not_the_bundle(clone:
     assert ran == sorted([*twins, "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"])
 
 
-def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build]) -> None:
+def test_lowering_rule_edit_rebuilds_contexts_onwards(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
     # a lowering change that alters the QNN graphs (node names) but not their results
@@ -234,7 +234,7 @@ def test_lowering_rule_edit_rebuilds_modellib_onwards(clone: tuple[Path, Build])
     twins = [t for t in ran if t.startswith("twin:tiny-qwen3-v79:")]
     assert contexts and len(twins) == len(contexts), ran
     # and the page of verify's new results
-    expected = ["modellib:tiny-qwen3", *contexts, *twins, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"]
+    expected = [*contexts, *twins, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"]
     assert ran == sorted([*expected, "report:tiny-qwen3-v79"])
 
 
@@ -249,7 +249,7 @@ def test_changing_only_chunk_sizes_reruns_io_onward(clone: tuple[Path, Build]) -
     contexts = [t for t in ran if t.startswith("context:tiny-qwen3-v79:")]
     twins = [t for t in ran if t.startswith("twin:tiny-qwen3-v79:")]
     assert contexts and len(twins) == len(contexts), ran
-    after_io = ["io:tiny-qwen3", "partition:tiny-qwen3", "modellib:tiny-qwen3", "config:tiny-qwen3-v79"]
+    after_io = ["io:tiny-qwen3", "partition:tiny-qwen3", "config:tiny-qwen3-v79"]
     assert ran == sorted(
         [*after_io, *contexts, *twins, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"]
     )

@@ -130,7 +130,7 @@ def test_bare_doit_writes_a_self_contained_page(built: Path) -> None:
     prefill = [s for s in verify_report.whole_model if s.seq_len > 1]
     assert prefill and prefill[0].logits_rows is not None and len(prefill[0].logits_rows.max_abs_err) == 128
     # cost: the run that verified built every stage, and says so with time and peak memory
-    for stage in ("io", "partition", "modellib", "bundle", "verify"):
+    for stage in ("io", "partition", "bundle", "verify"):
         assert re.search(rf"<td>{stage}</td><td>built</td><td class=\"num\">\d+\.\d\d</td>", page), stage
     # every plugin's context and twin (verify's build cost) has its row
     assert len(verify_report.plugins) == 4
@@ -148,7 +148,6 @@ def test_the_page_is_deterministic(built: Path, tmp_path: Path) -> None:
         bundle_dir=root / "bundle",
         model_dir=built / TINY / "model",
         io_dir=built / TINY / "io",
-        modellib_dir=built / TINY / "modellib",
         config_dir=root / "config",
         context_dir=root / "context",
         twin_dir=root / "twin",
@@ -169,7 +168,6 @@ def test_bad_verify_json_is_one_line_naming_the_file(built: Path, tmp_path: Path
         bundle_dir=root / "bundle",
         model_dir=built / TINY / "model",
         io_dir=built / TINY / "io",
-        modellib_dir=built / TINY / "modellib",
         config_dir=root / "config",
         context_dir=root / "context",
         twin_dir=root / "twin",

@@ -55,7 +55,6 @@ def inputs_for(root: Path, arch: str = ARCH, bundle_dir: Path | None = None) -> 
     return VerifyInputs(
         model=root.name,
         bundle_dir=bundle_dir or root / arch / "bundle",
-        modellib_dir=root / "modellib",
         partition_dir=root / "partition",
         io_dir=root / "io",
         model_dir=root / "model",

@@ -24,6 +24,7 @@ from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, outputs_intact
 from mnnbuild.errors import MnnbuildError
+from mnnbuild.fsutil import confined
 from mnnbuild.layout import (
     BUNDLE_MODEL_DIR,
     PART_STAGES,
@@ -40,7 +41,7 @@ from mnnbuild.manifests.context import ContextInputs, ContextParams
 from mnnbuild.manifests.fetch import FetchInputs, FetchParams
 from mnnbuild.manifests.io import IoInputs, IoParams
 from mnnbuild.manifests.modellib import ModellibInputs, ModellibParams
-from mnnbuild.manifests.partition import PartitionInputs, PartitionParams, read_merge
+from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, read_merge
 from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
@@ -121,12 +122,22 @@ def upstream_dirs(project: Project, name: str, spec: ModelSpec, arch: str | None
     return [project.stage_dir(name, spec, arch if STAGES[name].per_target else None)]
 
 
+def upstream_task(name: str, spec: ModelSpec, part: str | None) -> str:
+    """The task of model-level (or part) stage ``name`` that a run of ``spec`` (for ``part``) reads."""
+    suffix = f":{part}" if name in PART_STAGES and part not in (None, "llm") else ""
+    return f"{name}:{spec.name}{suffix}"
+
+
 def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
     upstream = [
         (STAGES[u].manifest, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)
     ]
-    file_dep = [*run.file_dep, *(d / cls.filename() for cls, d in upstream)]
+    # upstream_files: the run lists the files read; the manifest is still read, not depended on
+    read_in_part = {
+        str(d) for u in stage.upstream_files for d in upstream_dirs(project, u, run.spec, run.arch, run.part)
+    }
+    file_dep = [*run.file_dep, *(d / cls.filename() for cls, d in upstream if str(d) not in read_in_part)]
     tools = {
         **tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None),
         **run.tools,
@@ -142,6 +153,8 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         "uptodate": [config_changed(key), outputs_intact(dest, stage.manifest), *run.uptodate],
         "clean": [(shutil.rmtree, [str(dest)], {"ignore_errors": True})],
     }
+    if stage.upstream_files:  # no manifest in file_dep orders it after those stages: say so
+        task["task_dep"] = [upstream_task(u, run.spec, run.part) for u in stage.upstream_files]
     if run.teardown:
         task["teardown"] = list(run.teardown)
     target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
@@ -269,27 +282,36 @@ def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
         )
 
 
-def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[str, Soc, str, str, dict[str, Any]]]:
-    """Every (target, plugin) of a model, every part's: the arch, its SoC, the part, the plugin's binary and the
-    input fields the context and twin stages share (model, modellib dir, binary, graphs)."""
+def _plugins(
+    project: Project, spec: ModelSpec
+) -> Iterator[tuple[str, Soc, str, str, tuple[Path, ...], dict[str, Any]]]:
+    """Every (target, plugin) of a model, every part's: the arch, its SoC, the part, the plugin's binary, the
+    partition files of its graphs (what context and twin read of the partition: their file_dep) and the
+    input fields the context and twin stages share (model, model and partition dirs, binary, graphs)."""
     for part in model_parts(spec):
-        merge = read_merge(project.stage_dir("partition", spec, part=part))
-        shared = {"model": spec.name, "modellib_dir": project.stage_dir("modellib", spec, part=part)}
+        partition_dir = project.stage_dir("partition", spec, part=part)
+        merge = read_merge(partition_dir)
+        partition = PartitionManifest.read(partition_dir)
+        shared = {"model": spec.name, "model_dir": project.stage_dir("fetch", spec), "partition_dir": partition_dir}
         for arch in spec.targets:
             for binary, graphs in merge.items():
-                yield arch, spec.soc(arch), part, binary, {**shared, "binary": binary, "graphs": graphs}
+                records = partition.outputs_in(graphs)
+                files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
+                yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}
 
 
 def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch, soc, part, binary, fields in _plugins(project, spec):
+    for arch, soc, part, binary, files, fields in _plugins(project, spec):
         doc = f"HTP context binary {binary} ({', '.join(fields['graphs'])}) for {soc.name}"
-        yield Run(spec, ContextInputs(**fields), ContextParams(soc=soc), doc=doc, arch=arch, binary=binary, part=part)
+        inputs, params = ContextInputs(**fields), ContextParams(soc=soc)
+        yield Run(spec, inputs, params, doc=doc, arch=arch, binary=binary, part=part, file_dep=files)
 
 
 def twin_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch, soc, part, binary, fields in _plugins(project, spec):
+    for arch, soc, part, binary, files, fields in _plugins(project, spec):
         doc = f"unshared twin of {binary} ({', '.join(fields['graphs'])}) for {soc.name}, which verify runs"
-        yield Run(spec, TwinInputs(**fields), TwinParams(soc=soc), doc=doc, arch=arch, binary=binary, part=part)
+        inputs, params = TwinInputs(**fields), TwinParams(soc=soc)
+        yield Run(spec, inputs, params, doc=doc, arch=arch, binary=binary, part=part, file_dep=files)
 
 
 def model_name(spec: ModelSpec) -> str:
@@ -332,7 +354,6 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             VerifyInputs(
                 model=spec.name,
                 bundle_dir=bundle_dir,
-                modellib_dir=project.stage_dir("modellib", spec),
                 partition_dir=project.stage_dir("partition", spec),
                 io_dir=project.stage_dir("io", spec),
                 model_dir=project.stage_dir("fetch", spec),
@@ -342,7 +363,6 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                     {
                         "visual_io_dir": project.stage_dir("io", spec, part=VISUAL),
                         "visual_partition_dir": project.stage_dir("partition", spec, part=VISUAL),
-                        "visual_modellib_dir": project.stage_dir("modellib", spec, part=VISUAL),
                     }
                     if VISUAL in model_parts(spec)
                     else {}
@@ -382,7 +402,6 @@ def report_run(project: Project, spec: ModelSpec, arch: str) -> Run:
             bundle_dir=project.stage_dir("bundle", spec, arch),
             model_dir=project.stage_dir("fetch", spec),
             io_dir=project.stage_dir("io", spec),
-            modellib_dir=project.stage_dir("modellib", spec),
             config_dir=project.stage_dir("config", spec, arch),
             context_dir=project.stage_dir("context", spec, arch),
             twin_dir=project.stage_dir("twin", spec, arch),

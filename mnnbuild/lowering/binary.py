@@ -1,10 +1,14 @@
-"""One HTP context binary composed from modellib graph dirs in a fresh process, and checked once written.
+"""One HTP context binary composed in a fresh process, and checked once written.
 
 The context stage (the shipped, weight-shared binary) and the twin stage (its unshared twin, which the x86
 simulator can load) both compose through :func:`compose_in_fresh_process`: the HTP library numbers graph tensors
 from a counter that lives as long as the process (a new backend and device do not reset it, nor does reloading
 the library), and those ids are serialized, so a second context built in one process gets other bytes than the
 same context built first. One binary per fresh process makes its bytes depend on its inputs only.
+
+What to compose is a :data:`GraphSource`: a picklable callable the fresh process calls for the graphs (name ->
+description and static data, in order), e.g. ``functools.partial(read_graph_dirs, modellib_dir, graphs)``, or the
+stages' `mnnbuild.partition.lowered.PluginGraphs`, which lowers in that process (its statics never cross a pipe).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -19,21 +24,24 @@ from pathlib import Path
 from mnnbuild.errors import QnnError
 from mnnbuild.fsutil import atomic_write_bytes
 from mnnbuild.logs import configure_logging
-from mnnbuild.lowering.graph import LoweringError, composed_context, read_graph_dirs
+from mnnbuild.lowering.graph import GraphDescription, LoweringError, StaticSource, composed_context
 from mnnbuild.qnn import BinaryInfo, HtpTarget, QnnLibrary, read_binary_info
 from mnnbuild.targets import Soc
 
 log = logging.getLogger(__name__)
 
+GraphSource = Callable[[], Mapping[str, tuple[GraphDescription, StaticSource]]]
 
-def compose_to_file(
-    target: HtpTarget, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path, log_level: str
-) -> None:
-    """`composed_context` of ``graphs`` into ``dest``; meant to run in a fresh process (see the module doc)."""
+
+def compose_to_file(target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path, log_level: str) -> None:
+    """`composed_context` of ``source``'s graphs into ``dest``; meant to run in a fresh process (see the module doc)."""
     configure_logging(log_level)  # as in the parent: each finalized graph is logged with its time
-    descriptions = read_graph_dirs(modellib_dir, graphs)
-    with composed_context(QnnLibrary(), target, descriptions, weight_sharing) as ctx, ctx.binary_view() as binary:
-        atomic_write_bytes(dest, binary)  # straight from QNN's buffer: no copy of a GB-sized binary
+    graphs = dict(source())
+    with composed_context(QnnLibrary(), target, graphs, weight_sharing) as ctx:
+        # QNN copied every static when it was created: let go of ours before serializing, QNN's peak
+        graphs.clear()
+        with ctx.binary_view() as binary:
+            atomic_write_bytes(dest, binary)  # straight from QNN's buffer: no copy of a GB-sized binary
 
 
 def _fresh_processes() -> multiprocessing.context.BaseContext:
@@ -48,19 +56,16 @@ def _fresh_processes() -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def compose_in_fresh_process(
-    target: HtpTarget, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path
-) -> None:
-    """Compose ``graphs`` (modellib graph dirs, in order) into the binary ``dest`` in a fresh process; a
-    ``LoweringError`` when that process dies."""
+def compose_in_fresh_process(target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path) -> None:
+    """Compose ``source``'s graphs into the binary ``dest`` in a fresh process; a ``LoweringError`` when that
+    process dies."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         with ProcessPoolExecutor(max_workers=1, mp_context=_fresh_processes()) as pool:
             pool.submit(
                 compose_to_file,
                 target,
-                Path(modellib_dir),
-                list(graphs),
+                source,
                 weight_sharing,
                 dest,
                 logging.getLevelName(log.getEffectiveLevel()),
@@ -85,17 +90,22 @@ def checked_info(lib: QnnLibrary, what: str, data: bytes, names: list[str], soc:
 
 
 def compose_checked(
-    lib: QnnLibrary, soc: Soc, modellib_dir: Path, graphs: list[str], weight_sharing: bool, dest: Path, what: str
+    lib: QnnLibrary,
+    soc: Soc,
+    source: GraphSource,
+    names: list[str],
+    weight_sharing: bool,
+    dest: Path,
+    what: str,
 ) -> tuple[BinaryInfo, int, float]:
-    """:func:`compose_in_fresh_process` for ``soc``, then :func:`checked_info` of what it wrote: the binary's info,
-    its size and the seconds composing it took. A ``LoweringError`` names ``what``."""
+    """:func:`compose_in_fresh_process` for ``soc``, then :func:`checked_info` of what it wrote (it must hold the
+    graphs ``names``, in order): the binary's info, its size and the seconds composing it took. A
+    ``LoweringError`` names ``what``."""
     started = time.perf_counter()
     try:
-        compose_in_fresh_process(HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb), modellib_dir, graphs,
-                                 weight_sharing, dest)  # fmt: skip
+        compose_in_fresh_process(HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb), source, weight_sharing, dest)
     except LoweringError as exc:
         raise LoweringError(f"{what}: {exc}") from None
     seconds = time.perf_counter() - started
     data = dest.read_bytes()
-    names = [Path(g).name for g in graphs]
     return checked_info(lib, what, data, names, soc, weight_sharing), len(data), seconds

@@ -3,8 +3,8 @@
 A lowered subgraph is a :class:`GraphDescription` (tensors and nodes, JSON) plus the data of its
 static tensors (one ``.raw`` file each: the tensor's elements, little-endian, C order, no header, of
 the tensor's data type or of its narrower ``storage`` type, see :class:`QnnTensorDesc`).
-The modellib stage writes both into a graph directory; the context stage reads them back and
-:func:`compose` adds the tensors and nodes to a QNN graph.
+The modellib stage writes both into a graph directory (the model-lib); the context and twin stages keep them in
+memory (`mnnbuild.partition.lowered`); either way :func:`compose` adds the tensors and nodes to a QNN graph.
 """
 
 from __future__ import annotations
@@ -323,6 +323,18 @@ StaticSource = Path | Mapping[str, np.ndarray]
 """Where a graph's STATIC data comes from: its graph directory (``.raw`` files) or the arrays by tensor name."""
 
 
+def _add_finalized(ctx: ContextBuilder, name: str, desc: GraphDescription, statics: StaticSource) -> None:
+    builder = ctx.add_graph(name)
+    where = statics if isinstance(statics, Path) else "in-memory graph"
+    try:
+        compose(desc, statics, builder)
+        started = time.perf_counter()
+        builder.finalize()
+    except QnnError as exc:
+        raise LoweringError(f"{where}: QNN refused graph {name}: {exc}") from None
+    log.info("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
+
+
 @contextlib.contextmanager
 def composed_context(
     lib: QnnLibrary,
@@ -331,18 +343,12 @@ def composed_context(
     weight_sharing: bool,
 ) -> Iterator[ContextBuilder]:
     """One context holding ``graphs`` (name -> description and static data), finalized in order with the upstream
-    HTP settings, for the ``with`` body to serialize. A graph QNN refuses raises ``LoweringError`` naming it."""
+    HTP settings, for the ``with`` body to serialize. A graph QNN refuses raises ``LoweringError`` naming it.
+    QNN copies every static as it is created: the body may free ``graphs``' data before serializing (nothing
+    here keeps a reference to it)."""
     with ContextBuilder(lib, target, weight_sharing=weight_sharing) as ctx:
-        for name, (desc, statics) in graphs.items():
-            builder = ctx.add_graph(name)
-            where = statics if isinstance(statics, Path) else "in-memory graph"
-            try:
-                compose(desc, statics, builder)
-                started = time.perf_counter()
-                builder.finalize()
-            except QnnError as exc:
-                raise LoweringError(f"{where}: QNN refused graph {name}: {exc}") from None
-            log.info("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
+        for name in graphs:  # by name: no loop variable keeps the last graph's data alive
+            _add_finalized(ctx, name, *graphs[name])
         yield ctx
 
 

@@ -13,7 +13,9 @@ from mnnbuild.targets import Soc
 
 class ContextInputs(StageInputs):
     model: str
-    modellib_dir: Path
+    model_dir: Path
+    """fetch output: the model and weight file the graphs are lowered from."""
+    partition_dir: Path
     binary: str
     """The merge entry's key, e.g. ``qnn/graphllm0.bin``."""
     graphs: list[str]

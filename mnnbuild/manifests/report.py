@@ -18,7 +18,6 @@ class ReportInputs(StageInputs):
     bundle_dir: Path
     model_dir: Path
     io_dir: Path
-    modellib_dir: Path
     config_dir: Path
     context_dir: Path
     """context outputs, one subdir per plugin."""

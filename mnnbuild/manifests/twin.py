@@ -16,7 +16,8 @@ class TwinInputs(StageInputs):
     context manifest's code (a new context manifest field rebuilds no twin)."""
 
     model: str
-    modellib_dir: Path
+    model_dir: Path
+    partition_dir: Path
     binary: str
     """The shipped binary it stands in for (the merge entry's key, e.g. ``qnn/graphllm0.bin``)."""
     graphs: list[str]

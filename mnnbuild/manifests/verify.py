@@ -17,7 +17,6 @@ class VerifyInputs(StageInputs):
     model: str
     bundle_dir: Path
     """bundle output (``bundle.manifest.json``, ``model/<name>/``)."""
-    modellib_dir: Path
     partition_dir: Path
     io_dir: Path
     model_dir: Path
@@ -28,9 +27,8 @@ class VerifyInputs(StageInputs):
     """twin outputs (one subdir per plugin): the unshared twins, which run in the simulator in the shipped
     binaries' place."""
     visual_io_dir: Path | None = None
-    """A VL model's encoder (its visual part): io, partition and modellib outputs; None: no encoder."""
+    """A VL model's encoder (its visual part): io and partition outputs; None: no encoder."""
     visual_partition_dir: Path | None = None
-    visual_modellib_dir: Path | None = None
 
 
 class VerifyParams(BaseModel):

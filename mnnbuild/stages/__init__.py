@@ -1,4 +1,6 @@
-"""The eight stages of the chain, one module each: fetch, io, partition, modellib, config, context, bundle, verify.
+"""The stages of the chain, one module each: fetch, io, partition, config, context, bundle; twin and verify, which
+prove the bundle; report; and modellib, the model-lib for QNN tools, which no bundle needs (context and twin lower
+the partition's graphs themselves).
 
 A stage module holds its entry function ``(inputs, params, out_dir) -> Manifest`` and ends with its
 ``STAGE`` declaration (`mnnbuild.stage.Stage`). Stages never import each other: what they share (the

@@ -1,7 +1,8 @@
 """context: one HTP context binary per plugin, holding its decode and prefill graphs.
 
 Each ``merge`` entry of the partition's ``npu_postreat.json`` names the graphs of one plugin
-(``qnn/graphllm<k>``, ``qnn/graphllm1_<k>``). They are composed from the modellib descriptions on
+(``qnn/graphllm<k>``, ``qnn/graphllm1_<k>``). They are lowered from the partition's graph dirs and the model's
+weights (as the modellib stage lowers them, `mnnbuild.partition.lowered`, without writing a model-lib) and composed on
 Qualcomm's HTP backend with the upstream settings (VTCM 8 MB, optimization level 3, fp16
 relaxed precision, 4 HVX threads, the target's SoC id and DSP arch, weight sharing on),
 finalized in ``allGraphName`` order, serialized to ``qnn/graphllm<k>.bin`` and read back through QnnSystem
@@ -22,7 +23,10 @@ from mnnbuild.lowering.binary import compose_checked
 from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
-from mnnbuild.manifests.modellib import ModellibManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.manifests.plugin import plugin_part, plugin_sources
+from mnnbuild.partition.lowered import PluginGraphs
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stage import Stage
 
@@ -31,22 +35,23 @@ log = logging.getLogger(__name__)
 
 def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -> ContextManifest:
     """Build ``inputs.binary`` for ``params.soc`` and check it through QnnSystem's binary info."""
-    modellib = inputs.manifest(ModellibManifest, inputs.modellib_dir)
+    fetch = inputs.manifest(FetchManifest, inputs.model_dir)
+    partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
     lib = QnnLibrary()
     soc = params.soc
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, inputs.binary, "npu_postreat.json field 'merge'")
-        modellib_dir, graphs = Path(inputs.modellib_dir), list(inputs.graphs)
+        source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
         # a one-graph plugin (a VL encoder built for one image size) has nothing to share: QNN marks it unshared
-        sharing = params.weight_sharing and len(graphs) > 1
+        sharing = params.weight_sharing and len(source.graphs) > 1
         try:
-            info, size, seconds = compose_checked(lib, soc, modellib_dir, graphs, sharing, dest, inputs.binary)
+            info, size, seconds = compose_checked(lib, soc, source, source.names, sharing, dest, inputs.binary)
         except LoweringError as exc:
             raise StageError(str(exc)) from None
         manifest = ContextManifest(
             model=inputs.model,
             target=soc.dsp_arch,
-            inputs=modellib.outputs_in(inputs.graphs),
+            inputs=plugin_sources(fetch, partition, inputs.graphs),
             params=params,
             tools=tool_versions(qnn=lib.version.build_id),
             outputs=record_outputs(tmp),
@@ -78,7 +83,8 @@ STAGE = Stage(
     inputs=ContextInputs,
     params=ContextParams,
     manifest=ContextManifest,
-    upstream=("modellib",),
+    upstream=("fetch", "partition"),
+    upstream_files=("partition",),
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),

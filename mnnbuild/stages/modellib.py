@@ -6,7 +6,11 @@ the model-lib, complete on its own (upstream's ``graph.bin`` is ``tar -cf graph.
 it). Every weight is written once: the prefill graphs' raws that equal the decode graph's are hard
 links. Conv weights are float32 QNN tensors stored in fp16 raws (``storage`` in ``graph.json``): the HTP
 prepares in fp16 and rounds them exactly so, so the context binaries are the same bytes at half the disk
-(`mnnbuild.lowering.ops.htp_conv_weights`). The context stage composes QNN graphs from it.
+(`mnnbuild.lowering.ops.htp_conv_weights`).
+
+The model-lib is for a user who hands the graphs to QNN tools: the context and twin stages lower the same graphs
+themselves (`mnnbuild.partition.lowered`) instead of reading 3.4 GB of raws back at Qwen3-1.7B size, so a bundle
+or verify does not build it; ``doit modellib`` does.
 """
 
 from __future__ import annotations
@@ -18,69 +22,40 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from mnnbuild.errors import StageError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import QNN_DIR
-from mnnbuild.lowering.context import TensorMeta
-from mnnbuild.lowering.graph import GRAPH_JSON, LoweringError, write_graph_dir
-from mnnbuild.lowering.lower import lower_subgraph
+from mnnbuild.lowering.graph import GRAPH_JSON, write_graph_dir
 from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
 from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
 from mnnbuild.mnn import MnnModel, load_model
-from mnnbuild.mnn.weights import ConvWeights, WeightFile
+from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.modeldir import chain_part
-from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.partition.lowered import lower_plugin
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
-
-
-def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta]:
-    """Shapes and dtypes of every tensor of one subgraph at its shape, with folded values."""
-    folded = record.load_folded(graph_dir)
-    info: dict[int, TensorMeta] = {}
-    for spec in (*record.inputs, *record.outputs, *record.internal, *record.folded):
-        info[spec.index] = TensorMeta(shape=tuple(spec.shape), dtype=spec.dtype, value=folded.get(spec.index))
-    for const in record.constants:
-        info.setdefault(const.index, TensorMeta(shape=tuple(const.shape), dtype=const.dtype))
-    return info
 
 
 _PLUGINS_AT_ONCE = 2
 
 
 def _lower_plugin(
-    model: MnnModel, weights: WeightFile, src_root: Path, dest_root: Path, plugin: PluginRecord
+    model: MnnModel, weights: WeightFile, partition_dir: Path, dest_root: Path, plugin: PluginRecord
 ) -> tuple[list[LoweredRecord], int]:
-    """Lower one plugin's graphs (decode, then each prefill length); returns their records and the bytes of
-    weights the later graphs link from the first instead of writing again."""
-    # the graphs share the plugin's weights: decoded once, written once (the later graphs' raws are links)
-    conv_weights: dict[str, ConvWeights] = {}
+    """Lower one plugin's graphs (decode, then each prefill length) into ``dest_root``; returns their records and
+    the bytes of weights the later graphs link from the first instead of writing again."""
     records: list[LoweredRecord] = []
     first: tuple[Path, dict[str, np.ndarray]] | None = None
     saved = 0
-    for graph in plugin.graphs:
-        src = src_root / graph
-        record = SubgraphRecord.read(src)
-        try:
-            lowered = lower_subgraph(
-                model,
-                weights,
-                [op.index for op in record.ops],
-                tensor_info(record, src),
-                [t.index for t in record.inputs],
-                [t.index for t in record.outputs],
-                conv_weights,
-            )
-        except LoweringError as exc:
-            raise StageError(f"{src / 'graph.json'}: graph {graph} cannot be lowered: {exc}") from None
-        dest = dest_root / graph
+    graphs = [f"{QNN_DIR}/{g}" for g in plugin.graphs]
+    for src, lowered in lower_plugin(model, weights, partition_dir, graphs):
+        dest = dest_root / src.name
         desc, data = lowered.description, lowered.statics
         if first is None:
             write_graph_dir(dest, desc, data)
-        else:
+        else:  # the later graphs hold the first graph's very arrays: their raws become links
             write_graph_dir(dest, desc, data, link_from=first[0], linked_statics=first[1])
         statics = desc.static_tensors
         sizes = [(dest / str(t.raw)).stat() for t in statics]
@@ -90,14 +65,14 @@ def _lower_plugin(
             saved += sum(st.st_size for st in sizes if st.st_nlink > 1)
         records.append(
             LoweredRecord(
-                graph=graph,
+                graph=src.name,
                 plugin=plugin.plugin,
                 nodes=len(desc.nodes),
                 static_tensors=len(statics),
                 static_bytes=sum(st.st_size for st in sizes),
             )
         )
-        log.debug("modellib: %s -> %d QNN nodes", graph, len(desc.nodes))
+        log.debug("modellib: %s -> %d QNN nodes", src.name, len(desc.nodes))
     return records, saved
 
 
@@ -113,7 +88,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
         bar = tqdm(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph", disable=len(read_dirs) < 8)
 
         def lower_plugin(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
-            done = _lower_plugin(model, weights, Path(inputs.partition_dir) / QNN_DIR, tmp / QNN_DIR, plugin)
+            done = _lower_plugin(model, weights, Path(inputs.partition_dir), tmp / QNN_DIR, plugin)
             bar.update(len(plugin.graphs))
             return done
 

@@ -25,7 +25,6 @@ from mnnbuild.manifests.config import ConfigManifest
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
-from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.report import ReportInputs, ReportManifest, ReportParams
 from mnnbuild.manifests.twin import TwinManifest
@@ -102,7 +101,6 @@ def gather(inputs: ReportInputs, params: ReportParams) -> ReportData:
         ("fetch", "fetch", Path(inputs.model_dir), FetchManifest),
         ("io", "io", Path(inputs.io_dir), IoManifest),
         ("partition", "partition", partition_dir, PartitionManifest),
-        ("modellib", "modellib", Path(inputs.modellib_dir), ModellibManifest),
         ("config", "config", Path(inputs.config_dir), ConfigManifest),
         *(
             ("context", f"context {Path(p.name).stem}", Path(inputs.context_dir) / Path(p.name).stem, ContextManifest)

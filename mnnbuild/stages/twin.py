@@ -1,7 +1,7 @@
 """twin: each plugin's *unshared twin*, the binary verify runs in the shipped one's place.
 
 The x86 HTP simulator cannot load weight-shared context binaries (``mnnbuild/qnn/README.md``), so verify runs,
-for each plugin, the same modellib graphs composed without weight sharing: ``twin/graphllm<k>/graphllm<k>.bin``. It is
+for each plugin, the same graphs composed without weight sharing: ``twin/graphllm<k>/graphllm<k>.bin``. It is
 an output like any other (recorded with its sha256, cached, restored), so verify composes nothing; only verify
 depends on it, so a bundle never waits for it, and the bundle never ships it. It is composed in a fresh process,
 as the context stage composes the shipped binary (``mnnbuild.lowering.binary``), so its bytes depend on its
@@ -19,8 +19,11 @@ from mnnbuild.layout import twin_file
 from mnnbuild.lowering.binary import compose_checked
 from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifest import record_outputs, tool_versions
-from mnnbuild.manifests.modellib import ModellibManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.manifests.plugin import plugin_part, plugin_sources
 from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
+from mnnbuild.partition.lowered import PluginGraphs
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stage import Stage
 
@@ -29,22 +32,23 @@ log = logging.getLogger(__name__)
 
 def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinManifest:
     """Compose the unshared twin of ``inputs.binary`` for ``params.soc`` and check it through its binary info."""
-    modellib = inputs.manifest(ModellibManifest, inputs.modellib_dir)
+    fetch = inputs.manifest(FetchManifest, inputs.model_dir)
+    partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
     lib = QnnLibrary()
     soc = params.soc
     name = twin_file(inputs.binary)
     what = f"unshared twin of {inputs.binary}"
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, name, "npu_postreat.json field 'merge'")
-        modellib_dir, graphs = Path(inputs.modellib_dir), list(inputs.graphs)
+        source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
         try:
-            info, size, seconds = compose_checked(lib, soc, modellib_dir, graphs, False, dest, what)
+            info, size, seconds = compose_checked(lib, soc, source, source.names, False, dest, what)
         except LoweringError as exc:
             raise StageError(str(exc)) from None
         manifest = TwinManifest(
             model=inputs.model,
             target=soc.dsp_arch,
-            inputs=modellib.outputs_in(inputs.graphs),
+            inputs=plugin_sources(fetch, partition, inputs.graphs),
             params=params,
             tools=tool_versions(qnn=lib.version.build_id),
             outputs=record_outputs(tmp),
@@ -72,7 +76,8 @@ STAGE = Stage(
     inputs=TwinInputs,
     params=TwinParams,
     manifest=TwinManifest,
-    upstream=("modellib",),
+    upstream=("fetch", "partition"),
+    upstream_files=("partition",),
     outputs=("graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),

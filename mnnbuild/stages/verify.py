@@ -15,7 +15,7 @@ Checks (tolerances in :class:`VerifyParams`):
   generate: not an embedding model, whose whole-model check compares ``sentence_embeddings`` by cosine and error).
 
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
-built from the same modellib graphs (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
+built from the same graphs and weights (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
 The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
 with at most ``max_loaded_plugins`` contexts loaded, and its executions serve the per-graph checks too. Where a
 prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``).
@@ -45,8 +45,8 @@ from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
-from mnnbuild.manifests.modellib import ModellibManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
+from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.modeldir import DEFAULT_PROMPT, chain_part
 from mnnbuild.partition.reference import SourceSubgraphRunner
@@ -75,26 +75,29 @@ def _expected_hashes(
 
 
 def _context_problems(
-    modellib_dir: Path,
+    inputs: VerifyInputs,
+    part: Part,
     params: VerifyParams,
     merge: dict[str, list[str]],
     contexts: dict[str, ContextManifest],
     twins: dict[str, checks.Twin],
 ) -> list[str]:
     """The twins stand in for the shipped binaries only if the context and twin stages built both from the same
-    modellib files (by hash) for the same SoC; manifests only, nothing is re-hashed."""
-    modellib = ModellibManifest.read(Path(modellib_dir))
+    partition graphs and weights (by hash) for the same SoC; manifests only, nothing is re-hashed."""
+    fetch = inputs.manifest(FetchManifest, Path(inputs.model_dir))
+    partition = inputs.manifest(PartitionManifest, part.partition_dir)
     problems = []
     for binary, graphs in merge.items():
-        expected = set(modellib.outputs_in(graphs))
+        expected = set(plugin_sources(fetch, partition, graphs))
         ctx, twin = contexts.get(binary), twins.get(binary)
         built = [("context stage", ctx.inputs, ctx.params.soc)] if ctx else []
         built += [("twin stage", twin.manifest.inputs, twin.manifest.params.soc)] if twin else []
         for stage, used, soc in built:
             if set(used) != expected:
                 problems.append(
-                    f"plugin {binary}: the {stage} built it from other modellib files than the current "
-                    f"{modellib_dir} ({len(set(used) ^ expected)} differ); the twin would not stand in for it"
+                    f"plugin {binary}: the {stage} built it from other graphs or weights than the current "
+                    f"{part.partition_dir} and {inputs.model_dir} ({len(set(used) ^ expected)} files differ); the "
+                    "twin would not stand in for it"
                 )
             if soc != params.soc:
                 problems.append(f"plugin {binary}: the {stage} built it for {soc.name}, verifying {params.soc.name}")
@@ -116,19 +119,16 @@ class Part:
     """One model file of the bundle, checked on its own: the language model, or a VL model's encoder."""
 
     partition_dir: Path
-    modellib_dir: Path
     io_dir: Path
     visual: bool = False
 
 
 def _parts(inputs: VerifyInputs) -> list[Part]:
-    parts = [Part(Path(inputs.partition_dir), Path(inputs.modellib_dir), Path(inputs.io_dir))]
+    parts = [Part(Path(inputs.partition_dir), Path(inputs.io_dir))]
     if inputs.visual_partition_dir is not None:
-        if inputs.visual_io_dir is None or inputs.visual_modellib_dir is None:
-            raise StageError(f"verify {inputs.model}: a visual partition needs the visual io and modellib dirs too")
-        parts.append(
-            Part(Path(inputs.visual_partition_dir), Path(inputs.visual_modellib_dir), Path(inputs.visual_io_dir), True)
-        )
+        if inputs.visual_io_dir is None:
+            raise StageError(f"verify {inputs.model}: a visual partition needs the visual io dir too")
+        parts.append(Part(Path(inputs.visual_partition_dir), Path(inputs.visual_io_dir), True))
     return parts
 
 
@@ -224,7 +224,7 @@ def _check_part(
     contexts, problems = checks.read_contexts(Path(inputs.context_dir), merge)
     twins, twin_problems = checks.read_twins(Path(inputs.twin_dir), contexts, merge)
     found += [failures.structure(p) for p in problems + twin_problems]
-    found += [failures.structure(p) for p in _context_problems(part.modellib_dir, params, merge, contexts, twins)]
+    found += [failures.structure(p) for p in _context_problems(inputs, part, params, merge, contexts, twins)]
     timings["twins"] = timings.get("twins", 0.0) + time.perf_counter() - t0
 
     hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
@@ -323,7 +323,6 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
         (d, m)
         for part in _parts(inputs)
         for d, m in (
-            (part.modellib_dir, ModellibManifest),
             (part.partition_dir, PartitionManifest),
             (part.io_dir, IoManifest),
         )
@@ -373,7 +372,7 @@ STAGE = Stage(
     inputs=VerifyInputs,
     params=VerifyParams,
     manifest=VerifyManifest,
-    upstream=("fetch", "io", "partition", "modellib", "context", "twin", "bundle"),
+    upstream=("fetch", "io", "partition", "context", "twin", "bundle"),
     outputs=(REPORT_JSON, REPORT_TEXT),
     per_target=True,
     tools=frozenset({"MNN", "QNN"}),

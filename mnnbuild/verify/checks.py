@@ -2,7 +2,7 @@
 a check that cannot run records why, so the report is always complete.
 
 The x86 HTP library cannot load weight-shared context binaries (``mnnbuild/qnn/README.md``), so the
-numbers come from *unshared twins*: the same modellib graphs composed with weight sharing off, which the
+numbers come from *unshared twins*: the same graphs and weights composed with weight sharing off, which the
 twin stage writes, one per plugin (:func:`read_twins`; verify composes nothing). The shipped binaries are
 tied to them by hash (context manifest = bundle manifest = file; the twin's own hash in the twin manifest)
 and by structure (binary info checked against the plugin attributes by the

@@ -96,7 +96,7 @@ def executed_note(plugins: list[PluginCheck]) -> str:
     executed = {p.path: p.executed or "not run" for p in plugins}
     if sorted(set(executed.values())) == ["override"]:
         return (
-            "executed in the simulator: unshared twins built from the same modellib graphs (this x86 QNN library "
+            "executed in the simulator: unshared twins built from the same graphs and weights (this x86 QNN library "
             "cannot load the shipped weight-shared binaries); the shipped binaries were checked by sha256 and "
             "binary info"
         )

@@ -27,7 +27,7 @@ class PluginCheck(BaseModel):
     bundle_sha256: str | None = None
     """The shipped file's hash as the bundle manifest records it."""
     context_sha256: str | None = None
-    """The hash the context stage recorded; the twin was built from the same modellib graphs."""
+    """The hash the context stage recorded; the twin was built from the same graphs and weights."""
     shipped_sha256: str | None = None
     """The file's hash now."""
     shipped_weight_shared: bool | None = None
