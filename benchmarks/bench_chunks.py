@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
 
-BUILD_STAGES = ("fetch", "io", "partition", "modellib", "config", "context", "bundle", "twin")
+BUILD_STAGES = ("fetch", "io", "partition", "config", "context", "bundle", "twin")
 PER_PLUGIN = ("context", "twin")
 
 
@@ -71,7 +71,7 @@ def stage_seconds(artifacts: Path, name: str, arch: str) -> dict[str, float]:
 
     seconds: dict[str, float] = {}
     for stage in BUILD_STAGES:
-        where = stage_dir(artifacts, stage, name, None if stage in ("fetch", "io", "partition", "modellib") else arch)
+        where = stage_dir(artifacts, stage, name, None if stage in ("fetch", "io", "partition") else arch)
         files = sorted(where.glob(f"*/{origin_file(stage)}")) if stage in PER_PLUGIN else [where / origin_file(stage)]
         seconds[stage] = round(sum(json.loads(f.read_text())["seconds"] for f in files), 3)
     return seconds

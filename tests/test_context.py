@@ -354,3 +354,28 @@ def test_missing_qnn_library_is_clear(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("QNN_SDK_ROOT", str(tmp_path / "no-sdk"))
     with pytest.raises(MnnbuildError, match="QNN_SDK_ROOT"):
         QnnLibrary()
+
+
+def test_the_biggest_plugins_are_built_first(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `doit -n 2` a big plugin (a real model's lm_head takes ~10x a layer) should start first rather than
+    run alone after every other: context and twin subtasks are created biggest first, and the tasks that read
+    them (bundle, verify) name their group, whose order doit keeps (the file_dep alone would be taken in set
+    order)."""
+    from mnnbuild import dag
+
+    monkeypatch.setenv("MNNBUILD_ARTIFACTS", str(built))
+    monkeypatch.setenv("MNNBUILD_CACHE", "off")
+    project = dag.Project.load(PROJECT_ROOT)
+    spec = project.specs["tiny-qwen3"]
+    sizes = {p.path: p.parameters for p in PartitionManifest.read(built / "tiny-qwen3" / "partition").plugins}
+    assert len(set(sizes.values())) > 1, "the plugins differ in size"
+    for stage in ("context", "twin"):
+        order = [t["name"] for t in dag.stage_tasks(project, stage, spec)]
+        expected = sorted(sizes, key=lambda path: -sizes[path])
+        assert order == [Path(p).stem for p in expected], (stage, order)
+    for stage, groups in (
+        ("bundle", ["context:tiny-qwen3-v79"]),
+        ("verify", ["context:tiny-qwen3-v79", "twin:tiny-qwen3-v79"]),
+    ):
+        (task,) = dag.stage_tasks(project, stage, spec)
+        assert task["task_dep"] == groups, (stage, task["task_dep"])

@@ -153,8 +153,13 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         "uptodate": [config_changed(key), outputs_intact(dest, stage.manifest), *run.uptodate],
         "clean": [(shutil.rmtree, [str(dest)], {"ignore_errors": True})],
     }
-    if stage.upstream_files:  # no manifest in file_dep orders it after those stages: say so
-        task["task_dep"] = [upstream_task(u, run.spec, run.part) for u in stage.upstream_files]
+    task_dep = [upstream_task(u, run.spec, run.part) for u in stage.upstream_files]  # no manifest in file_dep
+    if run.arch is not None:
+        # the plugin tasks read as a group, whose order is the creation order (biggest first); doit would take
+        # those implied by the file_dep in set order
+        task_dep += [f"{u}:{run.spec.name}-{run.arch}" for u in stage.upstream if u in PLUGIN_STAGES]
+    if task_dep:
+        task["task_dep"] = task_dep
     if run.teardown:
         task["teardown"] = list(run.teardown)
     target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
@@ -293,8 +298,11 @@ def _plugins(
         merge = read_merge(partition_dir)
         partition = PartitionManifest.read(partition_dir)
         shared = {"model": spec.name, "model_dir": project.stage_dir("fetch", spec), "partition_dir": partition_dir}
+        # the biggest first: with `doit -n 2` the lm_head (~10x a layer) overlaps the layers instead of trailing
+        size = {p.path: p.parameters for p in partition.plugins}
+        by_cost = sorted(merge.items(), key=lambda item: -size.get(item[0], 0))
         for arch in spec.targets:
-            for binary, graphs in merge.items():
+            for binary, graphs in by_cost:
                 records = partition.outputs_in(graphs)
                 files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
                 yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}

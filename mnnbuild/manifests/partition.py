@@ -45,6 +45,9 @@ class PluginRecord(BaseModel):
     path: str
     graphs: list[str]
     ops: int
+    parameters: int
+    """Elements of the weights and constants it holds: what its binary costs to prepare (a Qwen3-1.7B lm_head,
+    311M, takes ~10x a layer's time), so the DAG starts the biggest plugins first."""
 
 
 class PartitionManifest(Manifest):

@@ -374,7 +374,8 @@ def partition(
             outputs=record_outputs(tmp),
             seq_lens=seq_lens,
             plugins=[
-                PluginRecord(plugin=p.plugin, path=p.name, graphs=p.graphs, ops=p.op_count) for p in report.plugins
+                PluginRecord(plugin=p.plugin, path=p.name, graphs=p.graphs, ops=p.op_count, parameters=p.parameters)
+                for p in report.plugins
             ],
             cpu_ops=len(report.cpu_ops),
         )
