@@ -8,6 +8,8 @@
   executor and verify's per-graph check.
 - ``rewrite``: the Plugin ops, their attributes (per shape, then fused), and ``qnn/llm.mnn``.
 - ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graphllm<k>``).
+- ``lowered``: a plugin's graph dirs lowered to QNN (``lower_plugin``; ``PluginGraphs``, what the context and twin
+  stages compose from, and the modellib stage writes).
 - ``report``: the partition report (JSON and text).
 
 MNN op semantics (what an op reads, what decides its shape) are ``mnnbuild.mnn.semantics``.
