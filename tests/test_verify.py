@@ -310,6 +310,26 @@ def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: P
     assert {g.binary for g in report.graphs if not g.passed} == {"qnn/graphllm0.bin", "qnn/graphllm1.bin"}
 
 
+def test_a_twin_built_from_other_weights_fails(built: tuple[Path, object], tmp_path: Path) -> None:
+    """A twin stands in for the shipped binary only if both were built from the same partition files and model
+    weights: a twin manifest recording another weight file (as after the model changed and only the twin was kept)
+    fails verify naming the plugin, while the other plugins pass that check."""
+    root = model_root(built)
+    twin_dir = tmp_path / "twin"
+    shutil.copytree(root / ARCH / "twin", twin_dir)
+    manifest = TwinManifest.read(twin_dir / "graphllm1")
+    sources = [
+        r.model_copy(update={"sha256": "0" * 64}) if r.path == "fetch/llm.mnn.weight" else r for r in manifest.inputs
+    ]
+    assert sources != manifest.inputs, "the twin records the weight file it was lowered from"
+    manifest.model_copy(update={"inputs": sources}).write(twin_dir / "graphllm1")
+    out = tmp_path / "verify"
+    with pytest.raises(StageError):
+        verify(inputs_for(root).model_copy(update={"twin_dir": twin_dir}), VerifyParams(soc=soc_for_arch(ARCH)), out)
+    origin = [f for f in read_report(out).failures if "would not stand in" in f]
+    assert len(origin) == 1 and "plugin qnn/graphllm1.bin" in origin[0] and "twin stage" in origin[0], origin
+
+
 def test_swapped_binaries_fail_on_structure(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
     a, b = qnn_file(bundle_copy, "graphllm0.bin"), qnn_file(bundle_copy, "graphllm1.bin")
     da, db = a.read_bytes(), b.read_bytes()
