@@ -379,3 +379,28 @@ def test_the_biggest_plugins_are_built_first(built: Path, monkeypatch: pytest.Mo
     ):
         (task,) = dag.stage_tasks(project, stage, spec)
         assert task["task_dep"] == groups, (stage, task["task_dep"])
+
+
+@pytest.mark.parametrize("edit", ["index out of range", "another model's op"])
+def test_a_graph_dir_not_of_this_model_is_one_line(built: Path, tmp_path: Path, edit: str) -> None:
+    """The context stage lowers from the partition's graph dirs: one whose ops are not the model's (edited, or
+    copied from another model's partition) fails in one line naming graph.json and the field, before QNN runs,
+    and leaves no output dir."""
+    import shutil
+
+    partition = tmp_path / "partition"
+    shutil.copytree(built / "tiny-qwen3" / "partition", partition)
+    graph_json = partition / "qnn" / "graphllm1_0" / "graph.json"
+    desc = json.loads(graph_json.read_text())
+    if edit == "index out of range":
+        desc["ops"][0]["index"] = 10**6
+    else:
+        desc["ops"][0]["name"] = "/some/other/model/op"
+    graph_json.write_text(json.dumps(desc))
+    inputs = ContextInputs(model="tiny-qwen3", model_dir=built / "tiny-qwen3" / "model", partition_dir=partition,
+                           binary="qnn/graphllm0.bin", graphs=["qnn/graphllm0", "qnn/graphllm1_0"])  # fmt: skip
+    with pytest.raises(MnnbuildError) as info:
+        build_context(inputs, ContextParams(soc=soc_by_name("SM8750")), tmp_path / "ctx")
+    message = str(info.value)
+    assert str(graph_json) in message and "field 'ops'" in message and "\n" not in message, message
+    assert not (tmp_path / "ctx").exists()

@@ -47,6 +47,7 @@ def lower_plugin(
     for graph in graphs:
         src = confined(Path(partition_dir), graph, MERGE_FIELD)
         record = SubgraphRecord.read(src)
+        record.check_model(model, src)
         try:
             lowered = lower_subgraph(
                 model,

@@ -25,6 +25,7 @@ from mnnbuild.layout import REFERENCE_INPUT as REFERENCE_INPUT
 from mnnbuild.layout import REFERENCE_OUTPUT as REFERENCE_OUTPUT
 from mnnbuild.layout import binary_path as binary_path
 from mnnbuild.layout import graph_name as graph_name
+from mnnbuild.mnn import MnnModel
 
 INLINE_VALUES_MAX = 256
 """Folded values up to this many elements are written into graph.json too (all are in folded.mnn)."""
@@ -116,6 +117,29 @@ class SubgraphRecord(BaseModel):
             return {}
         arrays = _load_tensors(Path(graph_dir) / self.folded_values, self.folded)
         return {f.index: a for f, a in zip(self.folded, arrays, strict=True)}
+
+    def check_model(self, model: MnnModel, graph_dir: Path) -> None:
+        """That the ops and tensors named here are ``model``'s (same index, name and type): a graph dir copied from
+        another model's partition, or edited, is a ``StageError`` naming the file and field, not an IndexError."""
+        path = Path(graph_dir) / GRAPH_FILE
+        where = model.path.name if model.path is not None else "the source model"
+
+        def fail(field: str, what: str) -> StageError:
+            return StageError(f"{path}: field {field!r}: {what}; run the partition stage again")
+
+        for ref in self.ops:
+            if not 0 <= ref.index < len(model.ops):
+                raise fail("ops", f"op index {ref.index} is not below {where}'s {len(model.ops)} ops")
+            op = model.ops[ref.index]
+            if (op.name, op.type, op.inputs, op.outputs) != (ref.name, ref.type, ref.inputs, ref.outputs):
+                raise fail(
+                    "ops", f"op {ref.index} is {ref.name!r} ({ref.type}) here but {op.name!r} ({op.type}) in {where}"
+                )
+        groups = {"inputs": self.inputs, "outputs": self.outputs, "internal": self.internal, "folded": self.folded}
+        for field, specs in {**groups, "constants": self.constants}.items():
+            for t in specs:
+                if not 0 <= t.index < len(model.tensor_names) or model.tensor_names[t.index] != t.name:
+                    raise fail(field, f"tensor {t.index} {t.name!r} is not {where}'s tensor {t.index}")
 
     @classmethod
     def read(cls, graph_dir: Path) -> SubgraphRecord:
