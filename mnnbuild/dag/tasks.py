@@ -130,14 +130,11 @@ def upstream_task(name: str, spec: ModelSpec, part: str | None) -> str:
 
 def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
-    upstream = [
-        (STAGES[u].manifest, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)
-    ]
-    # upstream_files: the run lists the files read; the manifest is still read, not depended on
-    read_in_part = {
-        str(d) for u in stage.upstream_files for d in upstream_dirs(project, u, run.spec, run.arch, run.part)
-    }
-    file_dep = [*run.file_dep, *(d / cls.filename() for cls, d in upstream if str(d) not in read_in_part)]
+    dirs = [(u, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)]
+    upstream = [(STAGES[u].manifest, d) for u, d in dirs]
+    # of an upstream_files stage the run lists the files read: its manifest is read, not depended on
+    manifests = [d / STAGES[u].manifest.filename() for u, d in dirs if u not in stage.upstream_files]
+    file_dep = [*run.file_dep, *manifests]
     tools = {
         **tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None),
         **run.tools,

@@ -13,6 +13,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from mnnbuild.errors import StageError
 from mnnbuild.fsutil import confined
 from mnnbuild.lowering.context import TensorMeta
@@ -21,7 +23,7 @@ from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
 from mnnbuild.modeldir import ModelPart
-from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.partition.records import GRAPH_FILE, SubgraphRecord
 
 MERGE_FIELD = "npu_postreat.json field 'merge'"
 
@@ -59,7 +61,7 @@ def lower_plugin(
                 conv_weights,
             )
         except LoweringError as exc:
-            raise StageError(f"{src / 'graph.json'}: graph {src.name} cannot be lowered: {exc}") from None
+            raise StageError(f"{src / GRAPH_FILE}: graph {src.name} cannot be lowered: {exc}") from None
         yield src, lowered
 
 
@@ -84,7 +86,7 @@ class PluginGraphs:
     def names(self) -> list[str]:
         return [Path(g).name for g in self.graphs]
 
-    def __call__(self) -> dict[str, tuple[GraphDescription, dict]]:
+    def __call__(self) -> dict[str, tuple[GraphDescription, dict[str, np.ndarray]]]:
         model = load_model(self.model_file)
         with WeightFile(self.weight_file) as weights:
             return {

@@ -135,9 +135,8 @@ class SubgraphRecord(BaseModel):
                 raise fail(
                     "ops", f"op {ref.index} is {ref.name!r} ({ref.type}) here but {op.name!r} ({op.type}) in {where}"
                 )
-        groups = {"inputs": self.inputs, "outputs": self.outputs, "internal": self.internal, "folded": self.folded}
-        for field, specs in {**groups, "constants": self.constants}.items():
-            for t in specs:
+        for field in ("inputs", "outputs", "internal", "folded", "constants"):
+            for t in getattr(self, field):
                 if not 0 <= t.index < len(model.tensor_names) or model.tensor_names[t.index] != t.name:
                     raise fail(field, f"tensor {t.index} {t.name!r} is not {where}'s tensor {t.index}")
 

@@ -53,16 +53,13 @@ def _lower_plugin(
     for src, lowered in lower_plugin(model, weights, partition_dir, graphs):
         dest = dest_root / src.name
         desc, data = lowered.description, lowered.statics
-        if first is None:
-            write_graph_dir(dest, desc, data)
-        else:  # the later graphs hold the first graph's very arrays: their raws become links
-            write_graph_dir(dest, desc, data, link_from=first[0], linked_statics=first[1])
+        # the later graphs hold the first graph's very arrays: their raws become links to its files
+        link_from, linked = first if first is not None else (None, None)
+        write_graph_dir(dest, desc, data, link_from=link_from, linked_statics=linked)
+        first = first or (dest, dict(data))
         statics = desc.static_tensors
         sizes = [(dest / str(t.raw)).stat() for t in statics]
-        if first is None:
-            first = (dest, dict(data))
-        else:
-            saved += sum(st.st_size for st in sizes if st.st_nlink > 1)
+        saved += sum(st.st_size for st in sizes if st.st_nlink > 1)  # the first graph's have one link yet
         records.append(
             LoweredRecord(
                 graph=src.name,
@@ -87,7 +84,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / part.weight_file) as weights:
         bar = tqdm(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph", disable=len(read_dirs) < 8)
 
-        def lower_plugin(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
+        def lower_one(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
             done = _lower_plugin(model, weights, Path(inputs.partition_dir), tmp / QNN_DIR, plugin)
             bar.update(len(plugin.graphs))
             return done
@@ -95,7 +92,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
         # plugins are independent and numpy, file writes and hashing release the GIL: two at a time use both
         # cores of a small box (a third plugin's weights would only add memory)
         with bar, ThreadPoolExecutor(max_workers=_PLUGINS_AT_ONCE) as pool:
-            done = list(pool.map(lower_plugin, partition.plugins))
+            done = list(pool.map(lower_one, partition.plugins))
         records = [r for plugin_records, _ in done for r in plugin_records]
         saved = sum(n for _, n in done)
         manifest = ModellibManifest(
