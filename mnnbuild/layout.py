@@ -113,6 +113,9 @@ REFERENCE_OUTPUT = "output.mnn"
 FOLDED_VALUES = "folded.mnn"
 GRAPH_FILE = "graph.json"
 """One graph dir's description (partition: the MNN subgraph; modellib: the QNN graph)."""
+SPLIT_DIR = "split"
+"""partition: ``split/<model file>``, the source model with its too-big convolutions split by output channels
+(only when one was), which the graphs reading split ops index."""
 
 
 LLM_GRAPHS = "graphllm"

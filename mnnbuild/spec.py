@@ -41,6 +41,9 @@ DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 DEFAULT_CHUNK = 128
 MAX_CHUNK = 4096
+DEFAULT_MAX_PLUGIN_PARAMETERS = 200_000_000
+"""QNN holds ~16 bytes per weight while it serializes a context (a 311M lm_head peaks at 5.0 GB): 200M keeps a
+context build near 3 GB and splits Qwen3-1.7B's (and 4B's) lm_head in two, no layer (50M at 1.7B)."""
 
 IMAGE_SIZE_PATTERN = r"^([0-9]+)x([0-9]+)$"
 
@@ -178,6 +181,12 @@ class ModelSpec(BaseModel):
     skips: list[str] = Field(default_factory=list, description="Op names the partition keeps on the CPU.")
     max_kv_size: int = Field(
         default=0, ge=0, description="KV cache length for NPU Attention; 0 keeps Attention on the CPU."
+    )
+    max_plugin_parameters: int = Field(
+        default=DEFAULT_MAX_PLUGIN_PARAMETERS,
+        ge=0,
+        description="Most convolution weights in one plugin; a bigger convolution (an lm_head) is split by output "
+        "channels over several plugins, so no context build holds it whole (0: no limit).",
     )
     family: Family = Field(default="llm", description="llm (llm.mnn), vl (llm.mnn + visual.mnn) or embedding.")
     visual_encoder: VisualEncoderKind | None = Field(

@@ -381,7 +381,7 @@ def test_the_biggest_plugins_are_built_first(built: Path, monkeypatch: pytest.Mo
         assert task["task_dep"] == groups, (stage, task["task_dep"])
 
 
-@pytest.mark.parametrize("edit", ["index out of range", "another model's op"])
+@pytest.mark.parametrize("edit", ["index out of range", "another model's op", "split model outside", "split model"])
 def test_a_graph_dir_not_of_this_model_is_one_line(built: Path, tmp_path: Path, edit: str) -> None:
     """The context stage lowers from the partition's graph dirs: one whose ops are not the model's (edited, or
     copied from another model's partition) fails in one line naming graph.json and the field, before QNN runs,
@@ -392,15 +392,28 @@ def test_a_graph_dir_not_of_this_model_is_one_line(built: Path, tmp_path: Path, 
     shutil.copytree(built / "tiny-qwen3" / "partition", partition)
     graph_json = partition / "qnn" / "graphllm1_0" / "graph.json"
     desc = json.loads(graph_json.read_text())
+    field = "ops"
     if edit == "index out of range":
         desc["ops"][0]["index"] = 10**6
-    else:
+    elif edit == "another model's op":
         desc["ops"][0]["name"] = "/some/other/model/op"
+    elif edit == "split model":  # the decode graph indexes the source model, this one a split model
+        desc["split_model"] = "split/llm.mnn"
+        field = ""
+    else:  # both graphs name a model outside the partition dir
+        desc["split_model"] = "../../../../etc/passwd"
+        field = "split_model"
+        other = graph_json.parent.parent / "graphllm0" / "graph.json"
+        other.write_text(json.dumps({**json.loads(other.read_text()), "split_model": desc["split_model"]}))
     graph_json.write_text(json.dumps(desc))
     inputs = ContextInputs(model="tiny-qwen3", model_dir=built / "tiny-qwen3" / "model", partition_dir=partition,
                            binary="qnn/graphllm0.bin", graphs=["qnn/graphllm0", "qnn/graphllm1_0"])  # fmt: skip
     with pytest.raises(MnnbuildError) as info:
         build_context(inputs, ContextParams(soc=soc_by_name("SM8750")), tmp_path / "ctx")
     message = str(info.value)
-    assert str(graph_json) in message and "field 'ops'" in message and "\n" not in message, message
+    assert "\n" not in message, message
+    if field:
+        assert f"field '{field}'" in message and str(graph_json.parent.parent) in message, message
+    else:
+        assert "index different models" in message, message
     assert not (tmp_path / "ctx").exists()

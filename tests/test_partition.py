@@ -18,8 +18,10 @@ from mnnbuild_runtime import HybridExecutor, PluginSpec, Segment, parse_plugins
 
 from mnnbuild.cpu import CpuRuntime, load_module, load_vars, save_vars, var_format
 from mnnbuild.errors import StageError
+from mnnbuild.layout import SPLIT_DIR
 from mnnbuild.lowering.support import unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, blob_format, load_model, plugin_attributes
+from mnnbuild.mnn.split import conv_parameters
 from mnnbuild.partition import reference as reference_module
 from mnnbuild.partition.fold import forward
 from mnnbuild.partition.records import SubgraphRecord
@@ -135,6 +137,61 @@ def reference_executor(
 
     plugins = parse_plugins(model, qnn_dir.parent, model_file, binaries=False)
     return HybridExecutor(model_file, model, plugins, src / "llm.mnn.weight", run_plugin)
+
+
+def conv_weights_of(model: MnnModel, ops: list[int]) -> int:
+    return sum(conv_parameters(model.ops[i]) for i in ops if model.ops[i].type == "Convolution")
+
+
+def test_an_lm_head_over_max_plugin_parameters_is_split_over_plugins(
+    built: Callable[[str], Built], tmp_path: Path
+) -> None:
+    base = built("qwen3-untied-int8-b32")  # its lm_head (98304 weights) is bigger than any layer's plugin
+    lm_head = "/lm/lm_head/Linear"
+    limit = 90000
+    out = tmp_path / "p"
+    manifest = run_partition(base.model_dir, base.io_dir, out, max_plugin_parameters=limit)
+    # the lm_head in two plugins, each layer's plugin as it was
+    assert len(manifest.plugins) == len(base.plugins()) + 1
+    split = f"{SPLIT_DIR}/llm.mnn"
+    assert [p.split_model for p in manifest.plugins] == [None] * (len(manifest.plugins) - 2) + [split, split]
+    for p in manifest.plugins[:-2]:  # byte for byte the unsplit partition's graph dirs: no layer context rebuilds
+        for g in p.graphs:
+            for f in ("graph.json", "input.mnn", "output.mnn"):
+                assert (out / "qnn" / g / f).read_bytes() == (base.qnn / g / f).read_bytes(), (g, f)
+    split_model = load_model(out / split)
+    for p in manifest.plugins[-2:]:
+        record = SubgraphRecord.read(out / "qnn" / p.graphs[0])
+        assert record.split_model == split
+        assert 0 < conv_weights_of(split_model, [op.index for op in record.ops]) <= limit
+        assert split in {r.path for r in manifest.plugin_files([f"qnn/{g}" for g in p.graphs])}
+    assert split not in {r.path for r in manifest.plugin_files([f"qnn/{manifest.plugins[0].graphs[0]}"])}
+    result = load_model(out / "qnn" / "llm.mnn")
+    join = result.op_by_name(f"{lm_head}#concat")
+    assert join.type == "Concat" and not result.ops_of_type("Convolution")
+    report = json.loads((out / "partition.json").read_text())
+    assert "joins the 2 parts" in next(c for c in report["cpu_ops"] if c["name"] == join.name)["reason"]
+    # the plugins' source subgraphs (the lm_head's from the split model) chain to the whole model's logits
+    for seq in (1, CHUNK):
+        feeds, expected = base.sample(seq)
+        outputs, calls = run_hybrid(base.src, out / "qnn", feeds)
+        assert len(calls) == len(manifest.plugins)
+        np.testing.assert_allclose(outputs["logits"], expected["logits"], rtol=0, atol=1e-5)
+
+
+def test_no_plugin_holds_more_than_max_plugin_parameters(tiny: Built, tmp_path: Path) -> None:
+    limit = 100000  # below the lm_head (131072) and a layer's plugin (147456): both split
+    out = tmp_path / "p"
+    manifest = run_partition(tiny.model_dir, tiny.io_dir, out, max_plugin_parameters=limit)
+    assert len(manifest.plugins) > len(tiny.plugins()) + 1
+    for p in manifest.plugins:
+        record = SubgraphRecord.read(out / "qnn" / p.graphs[0])
+        model = load_model(out / record.split_model) if record.split_model else tiny.source
+        assert 0 < conv_weights_of(model, [op.index for op in record.ops]) <= limit
+    for seq in (1, CHUNK):
+        feeds, expected = tiny.sample(seq)
+        outputs, _ = run_hybrid(tiny.src, out / "qnn", feeds)
+        np.testing.assert_allclose(outputs["logits"], expected["logits"], rtol=0, atol=1e-5)
 
 
 def run_hybrid(

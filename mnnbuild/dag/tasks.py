@@ -240,7 +240,12 @@ def partition_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
     yield Run(
         spec,
         PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=project.stage_dir("io", spec)),
-        PartitionParams(chunk_sizes=spec.prefill_lengths, skips=tuple(spec.skips), max_kv_size=spec.max_kv_size),
+        PartitionParams(
+            chunk_sizes=spec.prefill_lengths,
+            skips=tuple(spec.skips),
+            max_kv_size=spec.max_kv_size,
+            max_plugin_parameters=spec.max_plugin_parameters,
+        ),
         doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{_lengths(spec)} graphs)",
         part="llm",
     )
@@ -248,7 +253,9 @@ def partition_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
         yield Run(
             spec,
             PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=project.stage_dir("io", spec, part=VISUAL)),
-            PartitionParams(part=VISUAL, image_sizes=tuple(spec.image_sizes)),
+            PartitionParams(
+                part=VISUAL, image_sizes=tuple(spec.image_sizes), max_plugin_parameters=spec.max_plugin_parameters
+            ),
             doc=f"cut the {spec.name} visual encoder into CPU ops and QNN plugins (graphs for {_sizes(spec)})",
             part=VISUAL,
         )
@@ -300,7 +307,7 @@ def _plugins(
         by_cost = sorted(merge.items(), key=lambda item: -size.get(item[0], 0))
         for arch in spec.targets:
             for binary, graphs in by_cost:
-                records = partition.outputs_in(graphs)
+                records = partition.plugin_files(graphs)
                 files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
                 yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}
 

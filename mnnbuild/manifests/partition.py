@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -10,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.errors import StageError
 from mnnbuild.layout import POSTREAT_FILE
-from mnnbuild.manifest import Manifest
+from mnnbuild.manifest import FileRecord, Manifest
 from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.modeldir import ChainPart
 from mnnbuild.stage import StageInputs
@@ -37,6 +38,9 @@ class PartitionParams(BaseModel):
     """Op names forced to stay on the CPU."""
     max_kv_size: int = Field(default=0, ge=0)
     """0 keeps Attention with a KV cache on the CPU (upstream KVCACHE_SIZE_LIMIT)."""
+    max_plugin_parameters: int = Field(default=0, ge=0)
+    """Most convolution weights one plugin holds (0: no limit); a bigger convolution is split by output channels
+    into plugins of its own, joined by a Concat on the CPU."""
     runtime: CpuRuntime = CpuRuntime()
 
 
@@ -48,6 +52,8 @@ class PluginRecord(BaseModel):
     parameters: int
     """Elements of the weights and constants it holds: what its binary costs to prepare (a Qwen3-1.7B lm_head,
     311M, takes ~10x a layer's time), so the DAG starts the biggest plugins first."""
+    split_model: str | None = None
+    """The split model its graphs index (`SubgraphRecord.split_model`), None for the fetched one."""
 
 
 class PartitionManifest(Manifest):
@@ -57,6 +63,14 @@ class PartitionManifest(Manifest):
     """Sample shapes, in graph-name order (decode first)."""
     plugins: list[PluginRecord]
     cpu_ops: int
+
+    def plugin_files(self, graphs: Collection[str]) -> list[FileRecord]:
+        """The output records a plugin's binary is built from: the files of its graph dirs (``qnn/graphllm0`` ...)
+        and, when they index the split model, that model."""
+        names = {Path(g).name for g in graphs}
+        split = {p.split_model for p in self.plugins if p.split_model and names & set(p.graphs)}
+        files = self.outputs_in(graphs)
+        return files + [r for r in self.outputs if r.path in split]
 
 
 def read_merge(partition_dir: Path) -> dict[str, list[str]]:

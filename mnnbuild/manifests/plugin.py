@@ -18,12 +18,13 @@ def plugin_part(fetch: FetchManifest, partition: PartitionManifest) -> ModelPart
 
 
 def plugin_sources(fetch: FetchManifest, partition: PartitionManifest, graphs: list[str]) -> list[FileRecord]:
-    """What a plugin's binary is built from, by hash: the partition's files of its graph dirs and the model and
-    weight file they are lowered from (paths prefixed with the stage that made them). The context and twin stages
-    record it as their inputs; verify compares both against the current upstream manifests."""
+    """What a plugin's binary is built from, by hash: the partition's files of its graph dirs (and the split model
+    they index, if any) and the fetched model and weight file they are lowered from (paths prefixed with the stage
+    that made them). The context and twin stages record it as their inputs; verify compares both against the
+    current upstream manifests."""
     part = plugin_part(fetch, partition)
     model = [r for r in fetch.outputs if r.path in (part.model_file, part.weight_file)]
     return [
-        *(r.model_copy(update={"path": f"partition/{r.path}"}) for r in partition.outputs_in(graphs)),
+        *(r.model_copy(update={"path": f"partition/{r.path}"}) for r in partition.plugin_files(graphs)),
         *(r.model_copy(update={"path": f"fetch/{r.path}"}) for r in model),
     ]

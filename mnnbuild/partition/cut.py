@@ -17,7 +17,9 @@ Pure graph logic on the source model (no MNN runtime, no files), in the order up
    the first NPU op instead of splitting a run in two just because of where the exporter put it;
    in the source order it sits between layer 0's q_proj and k_proj.
 5. *second split*: inside a candidate, an op whose output shape depends on the content of a
-   non-constant input becomes a module of its own (a fixed-shape NPU graph cannot hold it).
+   non-constant input becomes a module of its own (a fixed-shape NPU graph cannot hold it); and a
+   candidate is split before a Convolution that would take its weights past ``max_plugin_parameters``
+   (what QNN holds while it serializes a context grows with them).
 6. *boundaries* from tensor masks (1 consumed, 2 produced, 3 both): inputs are consumed
    non-static tensors made elsewhere, outputs are produced tensors nobody inside reads, plus graph
    outputs; a tensor internal to an earlier module that a later one reads is promoted to an output.
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,6 +41,7 @@ from mnnbuild.errors import StageError
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, needed_ops, reads_content, shape_inputs
+from mnnbuild.mnn.split import conv_parameters
 
 log = logging.getLogger(__name__)
 
@@ -403,9 +406,29 @@ def _break_reasons(
     return reasons
 
 
-def _split_into_modules(model: MnnModel, compute: list[int], reasons: dict[int, str], static: set[int]) -> list[Module]:
+def _weight_split(model: MnnModel, m: Module, max_parameters: int) -> list[Module]:
+    """Split one candidate before each Convolution that would take its weights past ``max_parameters`` (a
+    Convolution bigger than that alone gets a module of its own; the partition splits those first)."""
+    if max_parameters <= 0 or m.reason:
+        return [m]
+    result: list[Module] = []
+    start, held = 0, 0
+    for pos, i in enumerate(m.ops):
+        op = model.ops[i]
+        size = conv_parameters(op) if op.type == CONVOLUTION and op.param_type == "Convolution2D" else 0
+        if size and held and held + size > max_parameters:
+            result.append(Module(ops=m.ops[start:pos]))
+            start, held = pos, 0
+        held += size
+    result.append(Module(ops=m.ops[start:]))
+    return result
+
+
+def _split_into_modules(
+    model: MnnModel, compute: list[int], reasons: dict[int, str], static: set[int], max_parameters: int
+) -> list[Module]:
     """The scheduled compute ops as modules: each break op alone, the runs between them split where a shape
-    cannot be fixed."""
+    cannot be fixed and where a module would hold more than ``max_parameters`` weights (0: no limit)."""
     candidates: list[Module] = []
     group: list[int] = []
     for i in compute:
@@ -420,7 +443,11 @@ def _split_into_modules(model: MnnModel, compute: list[int], reasons: dict[int, 
         candidates.append(Module(ops=group))
     modules: list[Module] = []
     for m in candidates:
-        modules.extend([m] if m.is_break else _shape_split(model, m.ops, static))
+        if m.is_break:
+            modules.append(m)
+            continue
+        for piece in _shape_split(model, m.ops, static):
+            modules.extend(_weight_split(model, piece, max_parameters))
     return modules
 
 
@@ -444,9 +471,13 @@ def plan_cut(
     *,
     skips: Collection[str] = (),
     max_kv_size: int = 0,
+    max_plugin_parameters: int = 0,
+    cpu_ops: Mapping[str, str] | None = None,
     support: SupportCheck = unsupported_reason,
 ) -> Cut:
-    """Partition ``model`` between the named graph inputs and outputs (see the module doc)."""
+    """Partition ``model`` between the named graph inputs and outputs (see the module doc). A plugin holds at most
+    ``max_plugin_parameters`` convolution weights unless one conv alone has more (0: no limit); ``cpu_ops`` names
+    further ops that stay on the CPU, with the reason the report gives."""
     index = {n: i for i, n in enumerate(model.tensor_names)}
     inputs = [index[n] for n in input_names]
     outputs = [index[n] for n in output_names]
@@ -459,6 +490,8 @@ def plan_cut(
     compute = [i for i in needed if i not in folded_set]
 
     reasons = _break_reasons(model, needed, compute, inputs, static, folded_set, skips, max_kv_size, support)
+    named = dict(cpu_ops or {})
+    reasons.update({i: named[model.ops[i].name] for i in compute if model.ops[i].name in named})
 
     # everything that cannot join an NPU run goes as early as it can, so it does not split a run
     # merely by where the exporter placed it
@@ -469,7 +502,7 @@ def plan_cut(
     compute_set = set(compute)
     compute = [i for i in order if i in compute_set]
 
-    modules = _split_into_modules(model, compute, reasons, static)
+    modules = _split_into_modules(model, compute, reasons, static, max_plugin_parameters)
     _boundaries(model, modules, set(inputs), set(outputs), static)
     _number_plugins(model, modules)
 

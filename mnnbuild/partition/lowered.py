@@ -65,6 +65,19 @@ def lower_plugin(
         yield src, lowered
 
 
+def source_model(model_dir: Path, part: ModelPart, partition_dir: Path, graphs: Sequence[str]) -> Path:
+    """The model a plugin's graph dirs index: the fetched one, or the partition's split model (`SPLIT_DIR`)."""
+    found = {SubgraphRecord.read(confined(partition_dir, g, MERGE_FIELD)).split_model for g in graphs}
+    if len(found) > 1:
+        raise StageError(
+            f"{partition_dir}: graphs {list(graphs)} of one plugin index different models; run the partition again"
+        )
+    split = found.pop() if found else None
+    if split is None:
+        return model_dir / part.model_file
+    return confined(partition_dir, split, f"{partition_dir / graphs[0] / GRAPH_FILE}: field 'split_model'")
+
+
 @dataclass(frozen=True)
 class PluginGraphs:
     """The recipe for one plugin's lowered graphs, by graph name in order (decode first), for
@@ -78,9 +91,11 @@ class PluginGraphs:
 
     @classmethod
     def of(cls, model_dir: Path, part: ModelPart, partition_dir: Path, graphs: Sequence[str]) -> PluginGraphs:
-        """The graphs ``graphs`` of a partition of ``part`` (its model and weight file are in ``model_dir``)."""
-        model_dir = Path(model_dir)
-        return cls(model_dir / part.model_file, model_dir / part.weight_file, Path(partition_dir), tuple(graphs))
+        """The graphs ``graphs`` of a partition of ``part`` (its model and weight file are in ``model_dir``; the
+        graphs index the partition's split model instead when their ``graph.json`` says so)."""
+        model_dir, partition_dir = Path(model_dir), Path(partition_dir)
+        model = source_model(model_dir, part, partition_dir, graphs)
+        return cls(model, model_dir / part.weight_file, partition_dir, tuple(graphs))
 
     @property
     def names(self) -> list[str]:

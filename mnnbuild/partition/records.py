@@ -91,6 +91,9 @@ class SubgraphRecord(BaseModel):
     binary: str
     source_model: str
     """The source model file name (in the model dir); op and tensor indexes refer to it."""
+    split_model: str | None = None
+    """When the partition split a convolution and this graph holds ops the split changed or moved: the split
+    model's path in the partition dir (``split/llm.mnn``), which the indexes then refer to."""
     ops: list[OpRef]
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +29,11 @@ from tqdm import tqdm
 
 from mnnbuild.cpu import NCHW, BoundaryValue, CpuRuntime, forward_vars, load_module, to_numpy, var_format
 from mnnbuild.errors import StageError
-from mnnbuild.mnn import load_model
-from mnnbuild.partition.cut import Cut
+from mnnbuild.fsutil import confined
+from mnnbuild.mnn import MnnModel, load_model
+from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.fold import forward, write_folded_model
-from mnnbuild.partition.records import SubgraphRecord, TensorSpec, qnn_name
+from mnnbuild.partition.records import GRAPH_FILE, SubgraphRecord, TensorSpec, qnn_name
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +65,7 @@ def _names(cut: Cut, tensors: list[int]) -> list[str]:
 
 def run_modules(
     cut: Cut,
-    model_path: Path,
+    source_of: Callable[[Module], Path],
     rt: Any,
     shapes: Sequence[tuple[Mapping[str, np.ndarray], Mapping[int, np.ndarray]]],
     label: str,
@@ -72,9 +73,10 @@ def run_modules(
     """Run all modules of ``cut`` at each sample shape, given as (graph input name -> array, folded tensor ->
     value). Returns, per shape, each module's IO and the final tensor values.
 
-    Each module is loaded once from the source model, the folded values it reads fed as inputs next to its data
-    inputs, and run at every shape: MNN prepares a module's weights when it first runs it, so loading a module
-    per shape (from that shape's folded model) paid for a layer's weights twice."""
+    Each module is loaded once from its source model (``source_of``: the fetched one, or the split model for the
+    modules holding split ops; MNN reads the whole file per load), the folded values it reads fed as inputs next
+    to its data inputs, and run at every shape: MNN prepares a module's weights when it first runs it, so loading a
+    module per shape (from that shape's folded model) paid for a layer's weights twice."""
     model = cut.model
     names = model.tensor_names
     frontier = set(cut.frontier)
@@ -91,6 +93,7 @@ def run_modules(
         # an NPU module's internal tensors need specs too: asked for in the same run (a second run of the module
         # for them was 40% of the stage at real size)
         made = sorted(m.produced - set(m.outputs)) if m.graph is not None else []
+        model_path = source_of(m)
         module = load_module(model_path, rt, _names(cut, [*m.inputs, *fixed]), _names(cut, [*m.outputs, *made]))
         if module is None:
             raise StageError(
@@ -120,6 +123,7 @@ class SourceSubgraphRunner:
     def __init__(self, source_model: Path, weight_path: Path, qnn_dir: Path, runtime: CpuRuntime | None = None) -> None:
         self.source = load_model(source_model)
         self.qnn_dir = Path(qnn_dir)
+        self._split: dict[str, MnnModel] = {}  # the partition's split models, by path, for the graphs that index one
         self.rt = (runtime or CpuRuntime()).create(weight_path)
         self._work = tempfile.TemporaryDirectory(prefix="mnnbuild-ref-")
         self._modules: dict[str, Any] = {}
@@ -138,7 +142,13 @@ class SourceSubgraphRunner:
             graph_dir = self.qnn_dir / graph
             desc = SubgraphRecord.read(graph_dir)
             folded = desc.load_folded(graph_dir)
-            path = write_folded_model(self.source, folded, Path(self._work.name) / f"{graph}.mnn")
+            source = self.source
+            if desc.split_model:
+                if desc.split_model not in self._split:
+                    where = f"{graph_dir / GRAPH_FILE} field 'split_model'"
+                    self._split[desc.split_model] = load_model(confined(self.qnn_dir.parent, desc.split_model, where))
+                source = self._split[desc.split_model]
+            path = write_folded_model(source, folded, Path(self._work.name) / f"{graph}.mnn")
             self._modules[graph] = load_module(path, self.rt, list(input_names), list(output_names))
         return self._modules[graph]
 

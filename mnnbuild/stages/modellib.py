@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from mnnbuild.fsutil import staged_dir
+from mnnbuild.fsutil import confined, staged_dir
 from mnnbuild.layout import QNN_DIR
 from mnnbuild.lowering.graph import GRAPH_JSON, write_graph_dir
 from mnnbuild.manifest import record_outputs, tool_versions
@@ -78,14 +78,17 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
     # the language model's (or only) graph as fetch recorded it, or a VL model's encoder
     part = chain_part(inputs.manifest(FetchManifest, Path(inputs.model_dir)).part, partition.params.part)
-    model_path = Path(inputs.model_dir) / part.model_file
-    model = load_model(model_path)
+    partition_dir = Path(inputs.partition_dir)
+    # the fetched model, and the partition's split model for the plugins whose graphs index it
+    models = {None: load_model(Path(inputs.model_dir) / part.model_file)}
+    for split in {p.split_model for p in partition.plugins if p.split_model}:
+        models[split] = load_model(confined(partition_dir, split, f"{partition_dir} manifest field 'split_model'"))
     read_dirs = {f"{QNN_DIR}/{g}" for p in partition.plugins for g in p.graphs}
     with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / part.weight_file) as weights:
         bar = tqdm(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph", disable=len(read_dirs) < 8)
 
         def lower_one(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
-            done = _lower_plugin(model, weights, Path(inputs.partition_dir), tmp / QNN_DIR, plugin)
+            done = _lower_plugin(models[plugin.split_model], weights, partition_dir, tmp / QNN_DIR, plugin)
             bar.update(len(plugin.graphs))
             return done
 
@@ -99,7 +102,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             model=inputs.model,
             # the graph files read, not the partition manifest: a partition re-run with identical graphs
             # (say, a reworded report) must leave this manifest, and so the contexts, unchanged
-            inputs=partition.outputs_in(read_dirs),
+            inputs=partition.plugin_files(read_dirs),
             params=params,
             tools=tool_versions(),
             outputs=record_outputs(tmp),

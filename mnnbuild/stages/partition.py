@@ -13,6 +13,9 @@ length), and writes::
     qnn/graphllm<s>_<k>/           the same at prefill length s (1: the longest, 2: the next, ...)
     npu_postreat.json           {"type": "QNN", "merge": {"qnn/graphllm<k>.bin": [...]}, "cache": "qnn"}
     partition.json, partition.txt, partition.manifest.json
+    split/llm.mnn               only when a convolution holds more than ``max_plugin_parameters`` weights: the
+                                source model with it split by output channels (`mnnbuild.mnn.split`); the graphs
+                                holding its parts index this model (their ``split_model``), the others the source
 
 The cut is in ``mnnbuild.partition.cut``; see ``mnnbuild.partition.records`` for tensor naming.
 ``qnn/llm.mnn`` keeps using the model's ``llm.mnn.weight`` (its part's weight file): its CPU ops are the source ops with
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +44,7 @@ from mnnbuild.layout import (
     QNN_DIR,
     REFERENCE_INPUT,
     REFERENCE_OUTPUT,
+    SPLIT_DIR,
     binary_path,
     graph_name,
     testdir,
@@ -51,6 +56,8 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
+from mnnbuild.mnn.split import conv_parameters, split_bounds, split_convolution, unsplittable
+from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.modeldir import ModelPart, chain_part
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded
@@ -135,6 +142,7 @@ def _graph_description(
     folded: dict[int, np.ndarray],
     folded_file: str | None,
     part: ModelPart,
+    split_model: str | None,
 ) -> SubgraphRecord:
     assert m.graph is not None
     model = cut.model
@@ -183,6 +191,7 @@ def _graph_description(
         shape_index=shape_index,
         binary=binary_path(m.graph, part.graph_prefix),
         source_model=part.model_file,
+        split_model=split_model,
         ops=ops,
         inputs=[io.specs[t] for t in m.inputs],
         outputs=[io.specs[t] for t in m.outputs],
@@ -201,6 +210,7 @@ def _write_graph_dir(
     io: ModuleIO,
     folded: dict[int, np.ndarray],
     part: ModelPart,
+    split_model: str | None,
 ) -> None:
     graph_dir.mkdir(parents=True)
     names = cut.model.tensor_names
@@ -209,7 +219,7 @@ def _write_graph_dir(
     mine = {t: folded[t] for t in sorted(m.consumed) if t in folded}
     if mine:
         save_vars(graph_dir / FOLDED_VALUES, {names[t]: v for t, v in mine.items()})
-    desc = _graph_description(cut, m, shape_index, io, folded, FOLDED_VALUES, part)
+    desc = _graph_description(cut, m, shape_index, io, folded, FOLDED_VALUES, part, split_model)
     atomic_write_text(graph_dir / GRAPH_FILE, desc.model_dump_json(indent=1) + "\n")
 
 
@@ -235,6 +245,51 @@ def _chain_error(env: dict[int, np.ndarray], cut: Cut, expected: dict[str, np.nd
     return worst
 
 
+@dataclass(frozen=True)
+class Split:
+    """The source model with its too-big convolutions split (`mnnbuild.mnn.split`), saved at ``path`` in the
+    partition dir: ops before ``first_op`` and tensors below ``tensors`` are the source's as they were."""
+
+    path: str
+    first_op: int
+    tensors: int
+
+    def model_of(self, m: Module) -> str | None:
+        """The split model's path when module ``m`` holds ops or tensors the split changed, else None."""
+        changed = any(i >= self.first_op for i in m.ops) or any(t >= self.tensors for t in m.consumed | m.produced)
+        return self.path if changed else None
+
+
+def _split_convolutions(model: MnnModel, max_parameters: int, weight_path: Path) -> tuple[int, dict[str, str]]:
+    """Split, in place, each Convolution with more than ``max_parameters`` weights into as many parts by output
+    channels as it takes (`split_convolution`); returns the first changed op index (-1 when none was split) and,
+    by name, the Concat joining each split conv's parts with the reason it stays on the CPU."""
+    if max_parameters <= 0:
+        return -1, {}
+    big = []
+    for i, op in enumerate(model.ops):
+        if op.type == "Convolution" and op.param_type == "Convolution2D" and conv_parameters(op) > max_parameters:
+            why = unsplittable(op)
+            if why is None:
+                big.append(i)
+            else:  # it still builds, as one plugin: only its context build needs more memory
+                log.warning("partition: %s has %d weights but stays whole: %s", op.name, conv_parameters(op), why)
+    if not big:
+        return -1, {}
+    joins: dict[str, str] = {}
+    with WeightFile(weight_path) as weights:
+        for i in reversed(big):  # later ops first, so the earlier indexes hold
+            op = model.ops[i]
+            parts = -(-conv_parameters(op) // max_parameters)
+            new = split_convolution(model, i, split_bounds(int(op.main.common.outputCount), parts), weights)
+            joins[model.ops[new[-1]].name] = (
+                f"joins the {parts} parts of {op.name!r}, split by output channels "
+                f"(more than max_plugin_parameters {max_parameters} weights)"
+            )
+            log.info("partition: %s (%d weights) split into %d plugins", op.name, conv_parameters(op), parts)
+    return big[0], joins
+
+
 def _run_samples(
     model_name: str,
     cut: Cut,
@@ -244,23 +299,31 @@ def _run_samples(
     samples: list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]],
     io_dir: Path,
     qnn: Path,
+    split: Split | None,
 ) -> tuple[list[list[ModuleIO]], list[float]]:
     """Per sample shape: fold the per-shape constants, run every module in order (checking the chain against
     the sample's output) and write each NPU graph's dir; returns each shape's module IO and chain error."""
     model = cut.model
     frontier_names = [model.tensor_names[t] for t in cut.frontier]
+    split_path = qnn.parent / split.path if split else model_path
+
+    def source_of(m: Module) -> Path:  # the small fetched model wherever it serves: MNN parses it per load
+        return split_path if split and split.model_of(m) else model_path
+
     per_shape: list[list[ModuleIO]] = []
     diffs: list[float] = []
-    all_values = compute_folded(model, model_path, rt, [feeds for _, feeds, _ in samples], frontier_names)
+    folded_from = split_path if split and any(t >= split.tensors for t in cut.frontier) else model_path
+    all_values = compute_folded(model, folded_from, rt, [feeds for _, feeds, _ in samples], frontier_names)
     folded_per_shape = [{model.tensor_index(n): v for n, v in values.items()} for values in all_values]
     shapes = [(feeds, folded) for (_, feeds, _), folded in zip(samples, folded_per_shape, strict=True)]
-    ran = run_modules(cut, model_path, rt, shapes, model_name)
+    ran = run_modules(cut, source_of, rt, shapes, model_name)
     for s, ((seq, _, expected), folded, (ios, env)) in enumerate(zip(samples, folded_per_shape, ran, strict=True)):
         diffs.append(_chain_error(env, cut, expected, testdir(io_dir, seq)))
         per_shape.append(ios)
         for m, mio in zip(cut.modules, ios, strict=True):
             if m.graph is not None:
-                _write_graph_dir(qnn / graph_name(s, m.graph, part.graph_prefix), cut, m, s, mio, folded, part)
+                graph_dir = qnn / graph_name(s, m.graph, part.graph_prefix)
+                _write_graph_dir(graph_dir, cut, m, s, mio, folded, part, split.model_of(m) if split else None)
         log.info(
             "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
             model_name,
@@ -318,12 +381,19 @@ def partition(
         raise StageError(str(exc)) from None
     samples = _read_samples(io_dir, io)
     _check_names(model, model_path, io_dir, samples, params.skips)
+    tensors = len(model.tensor_names)
+    try:
+        first_split, joins = _split_convolutions(model, params.max_plugin_parameters, weight_path)
+    except MNNFormatError as exc:
+        raise StageError(f"{model_path}: {exc}") from None
     cut = plan_cut(
         model,
         list(samples[0][1]),
         list(samples[0][2]),
         skips=params.skips,
         max_kv_size=params.max_kv_size,
+        max_plugin_parameters=params.max_plugin_parameters,
+        cpu_ops=joins,
         support=support,
     )
     if not cut.plugins:
@@ -334,7 +404,11 @@ def partition(
     with staged_dir(out_dir) as tmp:
         qnn = tmp / QNN_DIR
         qnn.mkdir()
-        per_shape, diffs = _run_samples(inputs.model, cut, model_path, part, rt, samples, io_dir, qnn)
+        split = None
+        if first_split >= 0:
+            split = Split(f"{SPLIT_DIR}/{part.model_file}", first_split, tensors)
+            save_model(model, tmp / split.path)  # MNN runs it below, its unsplit ops' weights from weight_path
+        per_shape, diffs = _run_samples(inputs.model, cut, model_path, part, rt, samples, io_dir, qnn, split)
         plugin_attrs, boundary = _plugin_attributes(cut, per_shape, part.graph_prefix)
         result = rewrite_model(cut, plugin_attrs, part.graph_prefix)
         save_model(result, tmp / part.result_model)
@@ -355,6 +429,7 @@ def partition(
         atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report, part.result_model))
 
         used = {part.model_file, part.weight_file}
+        by_plugin = {m.graph: m for m in cut.plugins}
         manifest = PartitionManifest(
             model=inputs.model,
             inputs=[
@@ -374,7 +449,14 @@ def partition(
             outputs=record_outputs(tmp),
             seq_lens=seq_lens,
             plugins=[
-                PluginRecord(plugin=p.plugin, path=p.name, graphs=p.graphs, ops=p.op_count, parameters=p.parameters)
+                PluginRecord(
+                    plugin=p.plugin,
+                    path=p.name,
+                    graphs=p.graphs,
+                    ops=p.op_count,
+                    parameters=p.parameters,
+                    split_model=split.model_of(by_plugin[p.plugin]) if split else None,
+                )
                 for p in report.plugins
             ],
             cpu_ops=len(report.cpu_ops),
