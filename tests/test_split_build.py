@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mnnbuild.layout import REPORT_PAGE
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
@@ -32,8 +33,8 @@ def write_spec(specs: Path, limit: int | None) -> None:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], subprocess.CompletedProcess[str]]:
-    """The bundle built without a split, then the spec's limit set and `doit verify` run: (artifacts, the tasks
-    the second run executed, its process)."""
+    """The bundle built without a split, then the spec's limit set and `doit report` (verify and its page) run:
+    (artifacts, the tasks the second run executed, its process)."""
     cwd = tmp_path_factory.mktemp("split")
     specs = cwd / "specs"
     specs.mkdir()
@@ -42,8 +43,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str], su
     first = doit(cwd, f"bundle:{NAME}-{ARCH}", env=env)
     assert first.returncode == 0, f"doit bundle failed:\n{first.stdout}\n{first.stderr}"
     write_spec(specs, LIMIT)
-    proc = doit(cwd, f"verify:{NAME}-{ARCH}", env=env)
-    assert proc.returncode == 0, f"doit verify failed:\n{proc.stdout}\n{proc.stderr}"
+    proc = doit(cwd, f"report:{NAME}-{ARCH}", env=env)  # verify, then its page
+    assert proc.returncode == 0, f"doit report failed:\n{proc.stdout}\n{proc.stderr}"
     return cwd / "artifacts" / NAME, executed_tasks(proc.stdout), proc
 
 
@@ -63,6 +64,8 @@ def test_the_split_lm_head_verifies(built: tuple[Path, list[str], subprocess.Com
     bundled = load_model(next((root / ARCH / "bundle" / "model").glob("*/qnn/llm.mnn")))
     assert bundled.op_by_name("/lm/lm_head/Linear#concat").type == "Concat"
     assert len(bundled.ops_of_type("Plugin")) == len(partition.plugins)
+    page = (root / ARCH / "report" / REPORT_PAGE).read_text(encoding="utf-8")
+    assert 'class="verdict pass"' in page and all(p.path in page for p in parts)
 
 
 def test_only_the_split_plugins_read_the_split_model(

@@ -148,7 +148,10 @@ class SourceSubgraphRunner:
                     where = f"{graph_dir / GRAPH_FILE} field 'split_model'"
                     self._split[desc.split_model] = load_model(confined(self.qnn_dir.parent, desc.split_model, where))
                 source = self._split[desc.split_model]
-            path = write_folded_model(source, folded, Path(self._work.name) / f"{graph}.mnn")
+            if folded or source.path is None:
+                path = write_folded_model(source, folded, Path(self._work.name) / f"{graph}.mnn")
+            else:  # nothing to fold in: MNN reads the source itself (a split model is ~200 MB to copy)
+                path = source.path
             self._modules[graph] = load_module(path, self.rt, list(input_names), list(output_names))
         return self._modules[graph]
 

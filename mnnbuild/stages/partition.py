@@ -283,10 +283,10 @@ def _split_convolutions(model: MnnModel, max_parameters: int, weight_path: Path)
             parts = -(-conv_parameters(op) // max_parameters)
             new = split_convolution(model, i, split_bounds(int(op.main.common.outputCount), parts), weights)
             joins[model.ops[new[-1]].name] = (
-                f"joins the {parts} parts of {op.name!r}, split by output channels "
+                f"joins the {len(new) - 1} parts of {op.name!r}, split by output channels "
                 f"(more than max_plugin_parameters {max_parameters} weights)"
             )
-            log.info("partition: %s (%d weights) split into %d plugins", op.name, conv_parameters(op), parts)
+            log.info("partition: %s (%d weights) split into %d plugins", op.name, conv_parameters(op), len(new) - 1)
     return big[0], joins
 
 
@@ -312,8 +312,12 @@ def _run_samples(
 
     per_shape: list[list[ModuleIO]] = []
     diffs: list[float] = []
-    folded_from = split_path if split and any(t >= split.tensors for t in cut.frontier) else model_path
-    all_values = compute_folded(model, folded_from, rt, [feeds for _, feeds, _ in samples], frontier_names)
+    # folded values come from the graph inputs, before any split op unless one reads a split tensor: the source
+    # model then serves, parsed again so that its segments are planned on the file MNN loads
+    if split and not any(t >= split.tensors for t in cut.frontier):
+        all_values = compute_folded(load_model(model_path), model_path, rt, [f for _, f, _ in samples], frontier_names)
+    else:
+        all_values = compute_folded(model, split_path, rt, [feeds for _, feeds, _ in samples], frontier_names)
     folded_per_shape = [{model.tensor_index(n): v for n, v in values.items()} for values in all_values]
     shapes = [(feeds, folded) for (_, feeds, _), folded in zip(samples, folded_per_shape, strict=True)]
     ran = run_modules(cut, source_of, rt, shapes, model_name)
