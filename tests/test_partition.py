@@ -179,8 +179,14 @@ def test_an_lm_head_over_max_plugin_parameters_is_split_over_plugins(
         np.testing.assert_allclose(outputs["logits"], expected["logits"], rtol=0, atol=1e-5)
 
 
-def test_no_plugin_holds_more_than_max_plugin_parameters(tiny: Built, tmp_path: Path) -> None:
-    limit = 100000  # below the lm_head (131072) and a layer's plugin (147456): both split
+@pytest.mark.parametrize(
+    "limit",
+    [
+        100000,  # below the lm_head (131072) and a layer's plugin (147456): both split, the lm_head at the end
+        30000,  # below each MLP conv (32768): convs split in every layer, every later op index moves
+    ],
+)
+def test_no_plugin_holds_more_than_max_plugin_parameters(tiny: Built, tmp_path: Path, limit: int) -> None:
     out = tmp_path / "p"
     manifest = run_partition(tiny.model_dir, tiny.io_dir, out, max_plugin_parameters=limit)
     assert len(manifest.plugins) > len(tiny.plugins()) + 1

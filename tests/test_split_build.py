@@ -1,6 +1,6 @@
-"""A model whose lm_head is over ``max_plugin_parameters``, through doit: the lm_head is built as two plugins
-(each context holds half its weights), the bundle joins them on the CPU and `doit verify` proves it; turning the
-split on rebuilds the lm_head's plugins only."""
+"""Convolutions over ``max_plugin_parameters``, through doit: a model's lm_head is built as two plugins (each
+context holds half its weights), the bundle joins them on the CPU and `doit verify` proves it; turning the split
+on rebuilds the lm_head's plugins only; convolutions split inside every layer verify too."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.report import VerifyReport
-from tests.conftest import FIXTURE_MODELS, doit, executed_tasks
+from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit, executed_tasks
 
 NAME = "qwen3-untied-int8-b32"  # its lm_head (98304 weights) is bigger than any layer's plugin (< 80000)
 ARCH = "v79"
@@ -87,3 +87,24 @@ def test_turning_the_split_on_rebuilds_only_the_lm_head(
     # the layers' graph dirs came out byte-identical: their contexts are not built again (early cutoff)
     assert contexts == sorted(f"context:{NAME}-{ARCH}:{Path(p.path).stem}" for p in partition.plugins[-2:])
     assert f"partition:{NAME}" in executed and f"bundle:{NAME}-{ARCH}" in executed
+
+
+def test_convolutions_split_inside_every_layer_verify(tmp_path: Path) -> None:
+    """A limit under each MLP conv of the tiny model (32768 weights) splits convolutions inside every layer, so
+    every later op indexes the split model, and CPU Concats sit between plugins mid-layer: still a bundle that
+    `doit verify` passes."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "tiny-split.toml").write_text(
+        f'name = "tiny-split"\nsource = {{ local = "{TINY_MODEL_DIR}" }}\nchunk_size = 128\ntargets = ["{ARCH}"]\n'
+        "max_plugin_parameters = 30000\n"
+    )
+    proc = doit(tmp_path, f"verify:tiny-split-{ARCH}", env={"MNNBUILD_MODELS_PATH": str(specs)})
+    assert proc.returncode == 0, f"doit verify failed:\n{proc.stdout}\n{proc.stderr}"
+    root = tmp_path / "artifacts" / "tiny-split"
+    partition = PartitionManifest.read(root / "partition")
+    split = [p for p in partition.plugins if p.split_model]
+    assert len(split) > len(partition.plugins) // 2  # everything after layer 0's first split conv
+    assert VerifyManifest.read(root / ARCH / "verify").passed
+    joins = [op for op in load_model(root / "partition" / "qnn" / "llm.mnn").ops if op.name.endswith("#concat")]
+    assert len(joins) == 7  # gate, up, down of both layers and the lm_head
