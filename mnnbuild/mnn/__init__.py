@@ -23,6 +23,7 @@ Weights::
     for cw in iter_conv_weights(model):        # one op at a time
         cw.weight  # float32 [out, in];  cw.bias float32 [out];  cw.quant: bits, block, symmetric
     read_embeddings(model_dir, token_ids)      # float32 [n, hidden], tied or embeddings_bf16.bin
+    split_convolution(model, i, [0, 75968, 151936], weight_file)  # mnn.split: conv i as 2 convs + Concat
 
 Parameter classes and enums of the schema (``Convolution2DT``, ``BinaryOpOperation``, ``DataType`` ...)
 are attributes of ``schema`` (the generated module). Every read error is ``MNNFormatError``.
