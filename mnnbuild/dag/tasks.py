@@ -296,8 +296,8 @@ def _plugins(
 ) -> Iterator[tuple[str, Soc, str, str, tuple[Path, ...], dict[str, Any]]]:
     """Every (target, plugin) of a model, every part's: the arch, its SoC, the part, the plugin's binary, the
     partition files of its graphs and of the split model they index, if any (what context and twin read of the
-    partition: their file_dep) and the
-    input fields the context and twin stages share (model, model and partition dirs, binary, graphs)."""
+    partition: their file_dep) and the input fields the context and twin stages share (model, model and partition
+    dirs, binary, graphs)."""
     for part in model_parts(spec):
         partition_dir = project.stage_dir("partition", spec, part=part)
         merge = read_merge(partition_dir)

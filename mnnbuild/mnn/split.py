@@ -24,7 +24,10 @@ CONCAT_AXIS = 1  # output channels of an NCHW / NC4HW4 conv output
 
 
 def conv_parameters(op: Op) -> int:
-    """Weights of a Convolution op (output x input channels x kernel), from its common parameters."""
+    """Weights of a Convolution op (output x input channels x kernel), from its common parameters; 0 for any
+    other op."""
+    if op.type != "Convolution" or op.param_type != "Convolution2D":
+        return 0
     common = op.main.common
     return int(common.outputCount) * int(common.inputCount) * int(common.kernelX or 1) * int(common.kernelY or 1)
 

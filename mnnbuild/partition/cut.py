@@ -414,8 +414,7 @@ def _weight_split(model: MnnModel, m: Module, max_parameters: int) -> list[Modul
     result: list[Module] = []
     start, held = 0, 0
     for pos, i in enumerate(m.ops):
-        op = model.ops[i]
-        size = conv_parameters(op) if op.type == CONVOLUTION and op.param_type == "Convolution2D" else 0
+        size = conv_parameters(model.ops[i])
         if size and held and held + size > max_parameters:
             result.append(Module(ops=m.ops[start:pos]))
             start, held = pos, 0

@@ -67,15 +67,15 @@ def lower_plugin(
 
 def source_model(model_dir: Path, part: ModelPart, partition_dir: Path, graphs: Sequence[str]) -> Path:
     """The model a plugin's graph dirs index: the fetched one, or the partition's split model (`SPLIT_DIR`)."""
-    found = {SubgraphRecord.read(confined(partition_dir, g, MERGE_FIELD)).split_model for g in graphs}
+    found = set()
+    for g in graphs:
+        src = confined(partition_dir, g, MERGE_FIELD)
+        found.add(SubgraphRecord.read(src).model_file(model_dir / part.model_file, partition_dir, src))
     if len(found) > 1:
         raise StageError(
             f"{partition_dir}: graphs {list(graphs)} of one plugin index different models; run the partition again"
         )
-    split = found.pop() if found else None
-    if split is None:
-        return model_dir / part.model_file
-    return confined(partition_dir, split, f"{partition_dir / graphs[0] / GRAPH_FILE}: field 'split_model'")
+    return found.pop()
 
 
 @dataclass(frozen=True)

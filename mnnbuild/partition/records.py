@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.cpu import load_vars
 from mnnbuild.errors import StageError
+from mnnbuild.fsutil import confined
 
 # the naming rules live in the artifact layout; re-exported for the partition's modules
 from mnnbuild.layout import FOLDED_VALUES as FOLDED_VALUES
@@ -142,6 +143,12 @@ class SubgraphRecord(BaseModel):
             for t in getattr(self, field):
                 if not 0 <= t.index < len(model.tensor_names) or model.tensor_names[t.index] != t.name:
                     raise fail(field, f"tensor {t.index} {t.name!r} is not {where}'s tensor {t.index}")
+
+    def model_file(self, fetched: Path, partition_dir: Path, graph_dir: Path) -> Path:
+        """The model this graph's indexes refer to: ``fetched`` (the model dir's), or the partition's split model."""
+        if self.split_model is None:
+            return Path(fetched)
+        return confined(partition_dir, self.split_model, f"{Path(graph_dir) / GRAPH_FILE}: field 'split_model'")
 
     @classmethod
     def read(cls, graph_dir: Path) -> SubgraphRecord:

@@ -29,11 +29,10 @@ from tqdm import tqdm
 
 from mnnbuild.cpu import NCHW, BoundaryValue, CpuRuntime, forward_vars, load_module, to_numpy, var_format
 from mnnbuild.errors import StageError
-from mnnbuild.fsutil import confined
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.fold import forward, write_folded_model
-from mnnbuild.partition.records import GRAPH_FILE, SubgraphRecord, TensorSpec, qnn_name
+from mnnbuild.partition.records import SubgraphRecord, TensorSpec, qnn_name
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +121,9 @@ class SourceSubgraphRunner:
 
     def __init__(self, source_model: Path, weight_path: Path, qnn_dir: Path, runtime: CpuRuntime | None = None) -> None:
         self.source = load_model(source_model)
+        self.source_path = Path(source_model)
         self.qnn_dir = Path(qnn_dir)
-        self._split: dict[str, MnnModel] = {}  # the partition's split models, by path, for the graphs that index one
+        self._split: dict[Path, MnnModel] = {}  # the partition's split models, for the graphs that index one
         self.rt = (runtime or CpuRuntime()).create(weight_path)
         self._work = tempfile.TemporaryDirectory(prefix="mnnbuild-ref-")
         self._modules: dict[str, Any] = {}
@@ -144,10 +144,10 @@ class SourceSubgraphRunner:
             folded = desc.load_folded(graph_dir)
             source = self.source
             if desc.split_model:
-                if desc.split_model not in self._split:
-                    where = f"{graph_dir / GRAPH_FILE} field 'split_model'"
-                    self._split[desc.split_model] = load_model(confined(self.qnn_dir.parent, desc.split_model, where))
-                source = self._split[desc.split_model]
+                split = desc.model_file(self.source_path, self.qnn_dir.parent, graph_dir)
+                if split not in self._split:
+                    self._split[split] = load_model(split)
+                source = self._split[split]
             if folded or source.path is None:
                 path = write_folded_model(source, folded, Path(self._work.name) / f"{graph}.mnn")
             else:  # nothing to fold in: MNN reads the source itself (a split model is ~200 MB to copy)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from mnnbuild.fsutil import confined, staged_dir
+from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import QNN_DIR
 from mnnbuild.lowering.graph import GRAPH_JSON, write_graph_dir
 from mnnbuild.manifest import record_outputs, tool_versions
@@ -32,7 +32,7 @@ from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.modeldir import chain_part
-from mnnbuild.partition.lowered import lower_plugin
+from mnnbuild.partition.lowered import lower_plugin, source_model
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -80,15 +80,17 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     part = chain_part(inputs.manifest(FetchManifest, Path(inputs.model_dir)).part, partition.params.part)
     partition_dir = Path(inputs.partition_dir)
     # the fetched model, and the partition's split model for the plugins whose graphs index it
-    models = {None: load_model(Path(inputs.model_dir) / part.model_file)}
-    for split in {p.split_model for p in partition.plugins if p.split_model}:
-        models[split] = load_model(confined(partition_dir, split, f"{partition_dir} manifest field 'split_model'"))
+    sources = {
+        p.plugin: source_model(Path(inputs.model_dir), part, partition_dir, [f"{QNN_DIR}/{g}" for g in p.graphs])
+        for p in partition.plugins
+    }
+    models = {path: load_model(path) for path in set(sources.values())}
     read_dirs = {f"{QNN_DIR}/{g}" for p in partition.plugins for g in p.graphs}
     with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / part.weight_file) as weights:
         bar = tqdm(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph", disable=len(read_dirs) < 8)
 
         def lower_one(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
-            done = _lower_plugin(models[plugin.split_model], weights, partition_dir, tmp / QNN_DIR, plugin)
+            done = _lower_plugin(models[sources[plugin.plugin]], weights, partition_dir, tmp / QNN_DIR, plugin)
             bar.update(len(plugin.graphs))
             return done
 

@@ -268,7 +268,7 @@ def _split_convolutions(model: MnnModel, max_parameters: int, weight_path: Path)
         return -1, {}
     big = []
     for i, op in enumerate(model.ops):
-        if op.type == "Convolution" and op.param_type == "Convolution2D" and conv_parameters(op) > max_parameters:
+        if conv_parameters(op) > max_parameters:
             why = unsplittable(op)
             if why is None:
                 big.append(i)
