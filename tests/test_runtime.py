@@ -509,6 +509,10 @@ def test_a_wrong_draft_costs_forwards_not_tokens() -> None:
     wrong[5] = (wrong[5] + 1) % embed.vocab
     got = follow_draft(forward, embed, ids, wrong, 12, 128)
     assert got.result.tokens == loop.tokens and got.rejected == 5 and got.forwards == 1 + 6
+    # not followed: the tokens end at the right one for the first wrong guess, after the draft's one forward
+    halt = follow_draft(forward, embed, ids, wrong, 12, 128, redraft=kv_cache_redraft(TINY), follow=False)
+    assert halt.result.tokens == loop.tokens[:6] and halt.rejected == 5 and halt.forwards == 1
+    assert halt.result.stop_reason == "draft_rejected" and len(halt.step_rows) == 12
     short = follow_draft(forward, embed, ids, loop.tokens[:3], 12, 128)  # the loop goes on after a short draft
     assert short.result.tokens == loop.tokens and short.rejected is None and short.forwards == 1 + 8
     stop = follow_draft(forward, embed, ids, loop.tokens, 12, 128, stop_ids=[loop.tokens[2]])

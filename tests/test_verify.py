@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from mnnbuild_runtime import BinaryOverride, HybridModel, Tokenizer, greedy_generate
+from mnnbuild_runtime import BinaryOverride, Bundle, ForwardResult, HybridModel, Tokenizer, greedy_generate
+from mnnbuild_runtime.generate import cpu_forward_fn
 
 from mnnbuild.compare import Tolerance, compare
-from mnnbuild.cpu import load_vars, save_vars
+from mnnbuild.cpu import CpuRuntime, load_vars, save_vars
 from mnnbuild.errors import StageError
 from mnnbuild.layout import REPORT_PAGE as PAGE
 from mnnbuild.manifests.partition import read_merge
@@ -29,7 +30,8 @@ from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.targets import soc_for_arch
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify import checks
+from mnnbuild.verify.report import VerifyReport, format_report
 from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks
 
 TINY = "tiny-qwen3"
@@ -177,6 +179,60 @@ def test_generation_shortcut_equals_the_runtime_greedy_loop(built: tuple[Path, o
         ids = Tokenizer(bundle / "config_qnn.json").encode("hello")
         tokens = greedy_generate(model, ids, max_new_tokens=8).tokens
     assert report.generation is not None and tokens == report.generation.hybrid_tokens[:8]
+
+
+def test_a_tolerated_flip_ends_the_bundles_tokens_unless_followed(built: tuple[Path, object]) -> None:
+    """After the bundle's first own pick (a tolerated near-tie) the check needs no simulator forward: every step is
+    compared on the CPU's sequence. Only ``follow_divergence`` runs the bundle's loop on, for the report's text.
+    The bundle's runs are stood in for by the CPU's forwards with one row's top-2 swapped."""
+    root = model_root(built)
+    bundle = root / ARCH / "bundle" / "model" / TINY
+    limits = Bundle.open(bundle).block_sizes
+    cpu = cpu_forward_fn(root / "model")
+    # every flip counts as a near-tie and the swapped row as close: this test is about what happens after one
+    tol = Tolerance(tie_margin=1.0, max_rel_err=1.0, min_cosine=0.5)
+    flip = 2
+    for follow in (False, True):
+        gen = checks.GenerationRun(root / "model", bundle, limits, "hello", 8, CpuRuntime(), follow)
+        gen.reference()
+        assert gen.check.problem is None, gen.check.problem
+        row = len(gen.check.prompt_ids) - 1 + flip
+        runs = {}
+        for size, feed in gen.feeds().items():
+            logits = np.array(cpu(feed)["logits"], dtype=np.float32)
+            rows = logits.reshape(size, -1)
+            if row < size:
+                top, second = np.argsort(rows[row])[-2:][::-1]
+                rows[row, [top, second]] = rows[row, [second, top]]
+            runs[size] = ForwardResult({"logits": logits}, [])
+        calls: list[int] = []
+
+        def forward(feed: dict[str, np.ndarray], calls: list[int] = calls) -> dict[str, np.ndarray]:
+            calls.append(1)
+            return cpu(feed)
+
+        check = gen.conclude(forward, runs, tol)
+        assert check.problem is None and check.passed and check.first_divergence == flip
+        hybrid, reference = check.hybrid_tokens, check.cpu_tokens
+        assert hybrid[:flip] == reference[:flip] and hybrid[flip] != reference[flip]
+        assert len(check.steps) == len(check.cpu_tokens), "every step compared on the CPU's sequence"
+        if follow:
+            assert check.followed and calls and len(check.hybrid_tokens) == len(check.cpu_tokens)
+        else:
+            assert not check.followed and not calls and len(check.hybrid_tokens) == flip + 1
+            assert "follow_divergence" in format_report(
+                VerifyReport(
+                    model=TINY,
+                    target=ARCH,
+                    soc="x",
+                    bundle="b",
+                    passed=True,
+                    graph_tolerance=tol,
+                    model_tolerance=tol,
+                    executed_note="",
+                    generation=check,
+                )  # fmt: skip
+            )
 
 
 def test_bounded_plugin_loading_is_bit_identical(built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch) -> None:

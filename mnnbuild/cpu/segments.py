@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import NCHW, BoundaryValue, forward_vars, load_module, to_numpy, var_format
+from mnnbuild.cpu import NCHW, BoundaryValue, forward_vars, load_module, return_freed_memory, to_numpy, var_format
 from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.semantics import CONST_OP_TYPES, needed_ops
@@ -117,6 +117,7 @@ def run_segmented(
             for t in [t for t in env if t not in still_read[k]]:
                 del env[t]  # nothing after this segment reads it
         del module
+        return_freed_memory()  # the segment's decoded weights, before the next segment decodes its own
         if len(segments) > 1:  # the runtime has no tqdm: a line per segment instead (each takes seconds at real size)
             log.info(
                 "%s: segment %d/%d in %.1f s",

@@ -43,6 +43,11 @@ class VerifyParams(BaseModel):
     runtime: CpuRuntime = CpuRuntime()
     max_loaded_plugins: int = Field(default=1, ge=1)
     """Plugin contexts loaded at once in the simulator: peak memory follows the largest plugins, not the model."""
+    follow_divergence: bool = False
+    """After the bundle's first greedy token that differs from the CPU's (a tolerated near-tie), run the bundle's
+    own loop on to ``max_new_tokens`` for the report's text. Off: the check is the same (every step is compared on
+    the CPU's sequence either way), the bundle's tokens stop at its own pick; each later token the bundle picks on
+    its own costs a simulator prefill (Qwen3-1.7B: over a minute each)."""
 
 
 class VerifyManifest(Manifest):

@@ -27,7 +27,16 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mnnbuild.cpu import NCHW, BoundaryValue, CpuRuntime, forward_vars, load_module, to_numpy, var_format
+from mnnbuild.cpu import (
+    NCHW,
+    BoundaryValue,
+    CpuRuntime,
+    forward_vars,
+    load_module,
+    return_freed_memory,
+    to_numpy,
+    var_format,
+)
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.partition.cut import Cut, Module
@@ -157,7 +166,8 @@ class SourceSubgraphRunner:
 
     def release(self, graph: str) -> None:
         """Free graph ``graph``'s module (a layer's weights in float32), e.g. once it has run every input it will."""
-        self._modules.pop(graph, None)
+        if self._modules.pop(graph, None) is not None:
+            return_freed_memory()
 
     def run(
         self, graph: str, input_names: Sequence[str], output_names: Sequence[str], inputs: Sequence[np.ndarray]

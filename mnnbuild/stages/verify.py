@@ -155,6 +155,7 @@ def _run_bundle(
             _read_prompt(model.bundle.model_dir, params.prompt),
             params.max_new_tokens,
             params.runtime,
+            params.follow_divergence,
         )
         gen.reference()
     io = IoManifest.read(part.io_dir)

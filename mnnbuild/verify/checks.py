@@ -453,9 +453,11 @@ class GenerationRun:
     loop uses confirms them: ``mnnbuild_runtime.follow_draft``). The bundle then runs once per such length on the
     CPU's sequence (:meth:`feeds`, in the verify pass with the io samples): with the causal mask, row ``i``
     depends only on tokens ``0..i``, so those forwards give the bundle's greedy pick for every CPU prefix and its
-    logits to compare. Where the picks all agree, the bundle's greedy tokens *are* the CPU's; from a first
-    divergence on, the bundle's own loop continues for real (:meth:`conclude`), confirming MNN's KV-cache guesses
-    for its own sequence (a forward per wrong guess, not per token: each is a whole prefill in the simulator).
+    logits to compare. Where the picks all agree, the bundle's greedy tokens *are* the CPU's. A first divergence
+    ends the bundle's tokens (the check needs nothing more: every step is compared on the CPU's sequence), unless
+    ``follow_divergence``: then the bundle's own loop continues for real (:meth:`conclude`), confirming MNN's
+    KV-cache guesses for its own sequence (a forward per wrong guess, not per token: each is a whole prefill in
+    the simulator).
     """
 
     def __init__(
@@ -466,8 +468,10 @@ class GenerationRun:
         prompt: str,
         max_new_tokens: int,
         runtime: CpuRuntime,
+        follow_divergence: bool = False,
     ) -> None:
         self.model_dir, self.bundle_dir, self.limits, self.runtime = model_dir, bundle_dir, limits, runtime
+        self.follow = follow_divergence
         self.check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
         self.tokenizer: Tokenizer | None = None
         self.cpu_rows: list[np.ndarray] = []
@@ -586,7 +590,7 @@ class GenerationRun:
                 return cpu_loop(seq, n)
 
             hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits,
-                               redraft=guess)  # fmt: skip
+                               redraft=guess, follow=self.follow)  # fmt: skip
             hyb_rows = hyb.step_rows
             ok = True
             for i, token in enumerate(cpu_tokens):
@@ -607,6 +611,7 @@ class GenerationRun:
                 ok = ok and step_logits.passed and (not flip or tolerated)
             first = hyb.rejected
             check.hybrid_tokens = list(hyb.result.tokens)
+            check.followed = first is not None and self.follow
             if first is not None:
                 s = check.steps[first]
                 check.divergence_note = (

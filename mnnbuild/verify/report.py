@@ -113,6 +113,10 @@ class GenerationCheck(BaseModel):
     max_new_tokens: int
     cpu_tokens: list[int] = Field(default_factory=list)
     hybrid_tokens: list[int] = Field(default_factory=list)
+    """The bundle's greedy tokens: up to and including its first own pick, or on to the end when the bundle's loop
+    was followed past it (``followed``)."""
+    followed: bool = False
+    """The bundle's loop ran on past a divergence (``VerifyParams.follow_divergence``)."""
     first_divergence: int | None = None
     """Index into the generated tokens of the first difference (None: identical)."""
     divergence_note: str | None = None
@@ -262,6 +266,8 @@ def format_report(r: VerifyReport) -> str:
         ]
         lines.append(f"  cpu    (original model, MNN): {g.cpu_tokens}")
         lines.append(f"  hybrid (bundle):              {g.hybrid_tokens}")
+        if g.first_divergence is not None and not g.followed:
+            lines.append("  (the bundle's tokens stop at its own pick; the verify param follow_divergence runs it on)")
         if g.first_divergence is None:
             lines.append(f"  identical: {_ok(g.passed)}")
         else:

@@ -114,7 +114,7 @@ class GenerationResult:
     prompt: list[int]
     tokens: list[int]
     """The generated tokens only."""
-    stop_reason: str  # "max_new_tokens", "chunk_full" or "stop_token"
+    stop_reason: str  # "max_new_tokens", "chunk_full", "stop_token" or (follow_draft) "draft_rejected"
     chunk: int
     step_seconds: list[float] = field(default_factory=list)
     top2_margins: list[float] = field(default_factory=list)
@@ -275,12 +275,15 @@ def follow_draft(
     *,
     logits: Mapping[int, np.ndarray] | None = None,
     redraft: Redraft | None = None,
+    follow: bool = True,
 ) -> DraftOutcome:
     """:func:`recompute_generate`'s tokens, found from a guess (see the module docstring): one forward per length
     the loop uses over prompt + ``draft`` confirms the draft up to its first wrong token and gives the right one;
     from there (or from the draft's end) the loop runs as usual, or, given ``redraft``, goes on the same way from
     a new guess for the sequence so far (so a wrong token costs one more round, not a forward per later token).
-    ``logits``: those forwards' outputs by length when already computed (of :func:`draft_feeds`)."""
+    ``logits``: those forwards' outputs by length when already computed (of :func:`draft_feeds`).
+    ``follow=False``: stop at the first wrong draft token (the right one is the last token returned, stop reason
+    ``draft_rejected``); no forward past the draft's own."""
     plan = _DraftPlan.of(prompt_ids, draft, max_new_tokens, chunk)
     prompt, guess = plan.prompt, plan.guess
     rows = {size: _logit_rows({"logits": v}, size) for size, v in (logits or {}).items()}
@@ -318,6 +321,9 @@ def follow_draft(
         outcome.step_rows += [
             rows[plan.sizes[j]][len(prompt) - 1 + j] for j in range(i + 1, len(guess)) if plan.sizes[j] in rows
         ]
+        if not follow and outcome.rejected is not None:
+            result.stop_reason = "draft_rejected"
+            break
         seq, left, chunk_arg = prompt + result.tokens, max_new_tokens - len(result.tokens), plan.limits or plan.chunk
         if redraft is None:
             rest = recompute_generate(forward, embed, seq, left, chunk_arg, stop_ids)

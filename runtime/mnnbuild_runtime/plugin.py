@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.cpu import return_freed_memory
 from mnnbuild.errors import QnnError
 from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.mnn import schema
@@ -388,3 +389,4 @@ class PluginRunner:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
+            return_freed_memory()  # a context is up to ~1 GB of the C heap; the next plugin or MNN needs it
