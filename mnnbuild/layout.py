@@ -113,6 +113,10 @@ REFERENCE_OUTPUT = "output.mnn"
 FOLDED_VALUES = "folded.mnn"
 GRAPH_FILE = "graph.json"
 """One graph dir's description (partition: the MNN subgraph; modellib: the QNN graph)."""
+LOWERING_SOURCE = "lowered_from.json"
+"""partition: the fetched model and weight files every graph is lowered from, by hash (copied from the fetch
+manifest): what the context and twin stages depend on of the fetch, so a tokenizer or config edit rebuilds no
+binary."""
 SPLIT_DIR = "split"
 """partition: ``split/<model file>``, the source model with its too-big convolutions split by output channels
 (only when one was), which the graphs reading split ops index."""

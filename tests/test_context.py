@@ -178,8 +178,13 @@ def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(
         graphs = [f"qnn/{g}" for g in attr["allGraphName"]]
         sources = {r.path for r in manifest.inputs}
         assert {"fetch/llm.mnn", "fetch/llm.mnn.weight", *(f"partition/{g}/graph.json" for g in graphs)} <= sources
-        own = {Path(p).parent.as_posix() for p in sources if p.startswith("partition/")}
+        own = {Path(p).parent.as_posix() for p in sources if p.startswith("partition/qnn/")}
         assert own == {f"partition/{g}" for g in graphs}, "its own graph dirs only"
+        assert sources - {p for p in sources if p.startswith("partition/qnn/")} == {
+            "fetch/llm.mnn",
+            "fetch/llm.mnn.weight",
+            "partition/lowered_from.json",
+        }
         assert manifest.inputs == plugin_sources(fetch, partition, graphs)
         assert ContextManifest.read(context_dir(built, attr["path"])).inputs == manifest.inputs
         twin_file = where / manifest.twin

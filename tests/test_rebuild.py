@@ -255,3 +255,15 @@ def test_changing_only_chunk_sizes_reruns_io_onward(clone: tuple[Path, Build]) -
     )
     edit(spec, "chunk_sizes = [128, 32]", "chunk_sizes = [32, 128]")
     assert build() == []
+
+
+def test_a_model_config_edit_rebuilds_no_binary(clone: tuple[Path, Build]) -> None:
+    """The context and twin stages depend on the fetched model and weight files (through the partition's
+    ``lowered_from.json``), not on the whole fetch: a sampler setting in config.json changes the bundle's config,
+    not a graph."""
+    project, build = clone
+    assert build() == []
+    edit(project / "models" / "tiny-qwen3" / "config.json", '"temperature": 0.8', '"temperature": 0.7')
+    ran = build()
+    assert {"fetch:tiny-qwen3", "partition:tiny-qwen3", "config:tiny-qwen3-v79", "bundle:tiny-qwen3-v79"} <= set(ran)
+    assert not [t for t in ran if t.startswith(("context:", "twin:"))], ran

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.errors import StageError
-from mnnbuild.layout import POSTREAT_FILE
+from mnnbuild.layout import LOWERING_SOURCE, POSTREAT_FILE
 from mnnbuild.manifest import FileRecord, Manifest
 from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.modeldir import ChainPart
@@ -65,12 +65,13 @@ class PartitionManifest(Manifest):
     cpu_ops: int
 
     def plugin_files(self, graphs: Collection[str]) -> list[FileRecord]:
-        """The output records a plugin's binary is built from: the files of its graph dirs (``qnn/graphllm0`` ...)
-        and, when they index the split model, that model."""
+        """The output records a plugin's binary is built from: the files of its graph dirs (``qnn/graphllm0`` ...),
+        the split model when they index it, and the hashes of the fetched model they are lowered from
+        (:data:`~mnnbuild.layout.LOWERING_SOURCE`)."""
         names = {Path(g).name for g in graphs}
-        split = {p.split_model for p in self.plugins if p.split_model and names & set(p.graphs)}
+        extra = {LOWERING_SOURCE} | {p.split_model for p in self.plugins if p.split_model and names & set(p.graphs)}
         files = self.outputs_in(graphs)
-        return files + [r for r in self.outputs if r.path in split]
+        return files + [r for r in self.outputs if r.path in extra]
 
 
 def read_merge(partition_dir: Path) -> dict[str, list[str]]:

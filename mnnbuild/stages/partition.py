@@ -38,6 +38,7 @@ from mnnbuild.fsutil import atomic_write_text, staged_dir
 from mnnbuild.layout import (
     FOLDED_VALUES,
     GRAPH_FILE,
+    LOWERING_SOURCE,
     PARTITION_REPORT_JSON,
     PARTITION_REPORT_TEXT,
     POSTREAT_FILE,
@@ -433,15 +434,14 @@ def partition(
         atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report, part.result_model))
 
         used = {part.model_file, part.weight_file}
+        lowered_from = [r for r in fetched.outputs if r.path in used]
+        source = json.dumps([r.model_dump() for r in lowered_from], indent=2)
+        atomic_write_text(tmp / LOWERING_SOURCE, source + "\n")
         by_plugin = {m.graph: m for m in cut.plugins}
         manifest = PartitionManifest(
             model=inputs.model,
             inputs=[
-                *(
-                    FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256)
-                    for r in fetched.outputs
-                    if r.path in used
-                ),
+                *(FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256) for r in lowered_from),
                 *(
                     FileRecord(path=f"io/{r.path}", size=r.size, sha256=r.sha256)
                     for r in io.outputs
@@ -487,6 +487,7 @@ STAGE = Stage(
         f"{QNN_DIR}/<model>.mnn",
         f"{QNN_DIR}/graph*/",
         POSTREAT_FILE,
+        LOWERING_SOURCE,
         PARTITION_REPORT_JSON,
         PARTITION_REPORT_TEXT,
     ),
