@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from mnnbuild_runtime import shape_index
 
-from mnnbuild.cpu import BoundaryValue, to_numpy, var_format
+from mnnbuild.cpu import BoundaryValue, CpuRuntime, to_numpy, var_format
+from mnnbuild.cpu.segments import run_segmented
 from mnnbuild.errors import StageError
 from mnnbuild.lowering.lower import constant_tensors
 from mnnbuild.lowering.support import LOWERED_OP_TYPES, SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, make_blob, schema
 from mnnbuild.mnn.semantics import reads_content, shape_inputs
 from mnnbuild.partition.cut import Cut, plan_cut, schedule_ops
-from mnnbuild.partition.fold import folded_model
+from mnnbuild.partition.fold import compute_folded, folded_model
 from mnnbuild.partition.rewrite import fuse_attributes
+from mnnbuild.stages.io import make_inputs
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 
 MODEL_FILES = {
@@ -404,3 +407,25 @@ def test_boundary_value_layouts() -> None:
     assert var_format(plain.as_var()) == "NCHW" and plain.as_array() is logical
     with pytest.raises(ValueError, match="exactly one"):
         BoundaryValue()
+
+
+@pytest.mark.parametrize("seq_len", [1, 32])
+def test_folded_values_need_no_layer_run(tmp_path: Path, seq_len: int) -> None:
+    """A folded tensor reads the data only for its shape, so its value comes without running a layer: the graph
+    file alone (no weight file beside it) gives every folded value, bit for bit what running the graph's ops on
+    the CPU (weights and all) computes."""
+    model = load_model(TINY_MODEL_DIR / "llm.mnn")
+    cut = plan_cut(model, model.input_names, model.output_names)
+    names = [model.tensor_names[t] for t in cut.frontier]
+    assert len(names) > 5 and any("blocks.1" in n for n in names), "folded tensors in later layers too"
+    alone = tmp_path / "llm.mnn"
+    alone.write_bytes((TINY_MODEL_DIR / "llm.mnn").read_bytes())
+    hidden = json.loads((TINY_MODEL_DIR / "llm_config.json").read_text())["hidden_size"]
+    sample = make_inputs(seq_len, hidden, 0, model.input_dims)
+    (got,) = compute_folded(alone, [sample], names)
+    rt = CpuRuntime().create(TINY_MODEL_DIR / "llm.mnn.weight")
+    (ran,) = run_segmented(TINY_MODEL_DIR / "llm.mnn", rt, model, [sample], names)
+    for n in names:
+        want = to_numpy(ran[n])
+        assert got[n].dtype == want.dtype and np.array_equal(got[n].reshape(want.shape), want), n
+    assert any(got[n].size > 1 for n in names)

@@ -15,8 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import forward_vars, to_numpy, to_var
-from mnnbuild.cpu.segments import run_segmented
+from mnnbuild.cpu import forward_vars, import_mnn, to_numpy, to_var
 from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, make_blob, save_model
 
@@ -36,23 +35,35 @@ def forward(module: Any, arrays: Sequence[np.ndarray]) -> list[Any]:
 
 
 def compute_folded(
-    model: MnnModel,
-    model_path: Path,
-    rt: Any,
-    samples: Sequence[Mapping[str, np.ndarray]],
-    names: Sequence[str],
+    model_path: Path, samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
 ) -> list[dict[str, np.ndarray]]:
-    """Per sample (graph input name -> array), the values of the named folded tensors. They can sit deep in
-    the graph (a reshape target of the last layer), so the graph runs in segments of bounded weight."""
+    """Per sample (graph input name -> array), the values of the named folded tensors.
+
+    A folded tensor reads the graph's data only for its shape (``cut.fold_ops``), so it needs no layer run: MNN's
+    expression API computes a tensor's content only where an op reads it, and a ``Shape`` op reads its input's
+    shape only. A reshape target deep in the last layer of a Qwen3-1.7B-sized model takes 0.01 s that way instead
+    of a forward through the 27 layers before it (7 s per sample shape; values bit for bit the same), and no
+    weight is decoded."""
     if not names:
         return [{} for _ in samples]
+    expr = import_mnn().expr
     per_sample = []
-    for computed in run_segmented(model_path, rt, model, samples, names, label="folded values"):
-        values = {n: to_numpy(computed[n]) for n in names}
-        for n, a in values.items():
-            if a.dtype not in _BLOB_FIELDS:
+    for sample in samples:
+        graph = expr.load_as_dict(str(model_path))  # fresh per sample: its inputs are written in place
+        for name, array in sample.items():
+            if name not in graph:
+                raise StageError(f"{model_path}: the graph has no input {name!r} of the sample")
+            value = np.ascontiguousarray(array)
+            graph[name].resize(list(value.shape))
+            graph[name].write(value)
+        values = {}
+        for n in names:
+            if n not in graph:
+                raise StageError(f"{model_path}: MNN does not expose the folded tensor {n!r}")
+            values[n] = to_numpy(graph[n])
+            if values[n].dtype not in _BLOB_FIELDS:
                 raise StageError(
-                    f"{model_path}: folded tensor {n!r} has type {a.dtype}; expected one of "
+                    f"{model_path}: folded tensor {n!r} has type {values[n].dtype}; expected one of "
                     f"{', '.join(str(d) for d in _BLOB_FIELDS)}"
                 )
         per_sample.append(values)

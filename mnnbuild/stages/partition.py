@@ -313,12 +313,9 @@ def _run_samples(
 
     per_shape: list[list[ModuleIO]] = []
     diffs: list[float] = []
-    # folded values come from the graph inputs, before any split op unless one reads a split tensor: the source
-    # model then serves, parsed again so that its segments are planned on the file MNN loads
-    if split and not any(t >= split.tensors for t in cut.frontier):
-        all_values = compute_folded(load_model(model_path), model_path, rt, [f for _, f, _ in samples], frontier_names)
-    else:
-        all_values = compute_folded(model, split_path, rt, [feeds for _, feeds, _ in samples], frontier_names)
+    # folded values come from the graph inputs, before any split op unless one reads a split tensor
+    folded_source = split_path if split and any(t >= split.tensors for t in cut.frontier) else model_path
+    all_values = compute_folded(folded_source, [feeds for _, feeds, _ in samples], frontier_names)
     folded_per_shape = [{model.tensor_index(n): v for n, v in values.items()} for values in all_values]
     shapes = [(feeds, folded) for (_, feeds, _), folded in zip(samples, folded_per_shape, strict=True)]
     ran = run_modules(cut, source_of, rt, shapes, model_name)
