@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -160,6 +161,11 @@ class VerifySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_new_tokens: int = Field(default=16, ge=1, description="Greedy tokens generation compares, CPU vs bundle.")
+    follow_divergence: StrictBool = Field(
+        default=False,
+        description="After a tolerated near-tie flip, run the bundle's own greedy loop on for the report's text "
+        "(a simulator prefill per wrong guess); the check itself is the same.",
+    )
 
 
 class ModelSpec(BaseModel):

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from mnnbuild.dag.project import Project
+from mnnbuild.dag.tasks import verify_runs
 from mnnbuild.errors import SpecError
+from mnnbuild.fingerprint import DigestMemo
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, LocalSource, discover_specs, load_spec
 from mnnbuild.targets import SOCS, soc_for_arch
@@ -63,6 +66,7 @@ def test_spec_overrides_soc(tmp_path: Path) -> None:
         ("targets = []", "targets", "at least 1 item"),
         ('targets = ["v79"]\nchunk = 12', "chunk", "Extra inputs are not permitted"),
         ('targets = ["v79"]\nsocs = { v79 = "SM8650" }', "socs.v79", "SoC SM8650 is v75, not v79"),
+        ('targets = ["v79"]\nverify = { follow_divergence = "yes" }', "verify.follow_divergence", "valid boolean"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, expected: str) -> None:
@@ -219,3 +223,22 @@ def test_bad_family_fields_name_file_and_field(tmp_path: Path, body: str, field:
     assert "\n" not in message
     assert message.startswith(f"{path}: field {field!r}: ")
     assert expected in message
+
+
+def test_verify_table_reaches_the_verify_task(tmp_path: Path) -> None:
+    """``verify = { ... }`` in a spec sets the verify stage's params (so its key): the generation's length and
+    whether the bundle's own loop runs on after a tolerated divergence (off unless asked)."""
+    asked = load_spec(
+        write_spec(
+            tmp_path,
+            'name = "m"\nsource = { local = "x" }\ntargets = ["v79"]\n'
+            "verify = { max_new_tokens = 8, follow_divergence = true }\n",
+        )
+    )
+    plain = load_spec(write_spec(tmp_path, 'name = "p"\nsource = { local = "x" }\ntargets = ["v79"]\n', "p.toml"))
+    settings = Settings.from_env(tmp_path, {"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})
+    project = Project(settings=settings, specs={"m": asked, "p": plain}, memo=DigestMemo(tmp_path / "memo.json"))
+    (run,) = verify_runs(project, asked)
+    assert run.params.max_new_tokens == 8 and run.params.follow_divergence is True
+    (default,) = verify_runs(project, plain)
+    assert default.params.follow_divergence is False

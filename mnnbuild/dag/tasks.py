@@ -381,7 +381,11 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                     else {}
                 ),
             ),
-            VerifyParams(soc=soc, max_new_tokens=spec.verify.max_new_tokens),
+            VerifyParams(
+                soc=soc,
+                max_new_tokens=spec.verify.max_new_tokens,
+                follow_divergence=spec.verify.follow_divergence,
+            ),
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
             arch=arch,
             # a bundle file replaced after bundling must not pass as verified

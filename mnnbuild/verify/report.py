@@ -267,7 +267,7 @@ def format_report(r: VerifyReport) -> str:
         lines.append(f"  cpu    (original model, MNN): {g.cpu_tokens}")
         lines.append(f"  hybrid (bundle):              {g.hybrid_tokens}")
         if g.first_divergence is not None and not g.followed:
-            lines.append("  (the bundle's tokens stop at its own pick; the verify param follow_divergence runs it on)")
+            lines.append("  (the bundle's tokens stop at its own pick; the spec's verify.follow_divergence runs it on)")
         if g.first_divergence is None:
             lines.append(f"  identical: {_ok(g.passed)}")
         else:
