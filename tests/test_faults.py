@@ -742,6 +742,23 @@ def test_chunk_too_small_for_verify_prompt_is_refused_up_front(
     assert not (tmp_path / "artifacts" / "small" / "io").exists()
 
 
+def test_spec_prompt_too_long_for_the_chunk_is_refused_up_front(
+    tmp_path: Path, run_doit: RunDoit, tiny_model_dir: Path
+) -> None:
+    """The spec's own verify prompt is the one that must fit (here 'hello' would)."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "wordy.toml").write_text(
+        f'name = "wordy"\nsource = {{ local = "{tiny_model_dir}" }}\ntargets = ["v79"]\nchunk_size = 8\n'
+        'verify = { prompt = "the model runs the attention layers with a key value cache" }\n'
+    )
+    proc = run_doit("io:wordy", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert "wordy: spec field 'chunk_size' is 8, but verify's prompt 'the model runs the attention" in out, out
+    assert not (tmp_path / "artifacts" / "wordy" / "io").exists()
+
+
 def test_bundle_manifest_paths_stay_in_the_bundle(tmp_path: Path) -> None:
     """verify's integrity check reads only inside the bundle, whatever its manifest lists."""
     from mnnbuild.manifest import FileRecord
