@@ -189,8 +189,8 @@ def bundle_path(model_dir: Path, name: object, what: str, *, links: bool = False
             at = at / part
             if at.is_symlink():
                 raise BundleError(
-                    f"{what}: {name!r}: {at} is a symlink (to {os.readlink(at)}); a bundle's files are copies, and "
-                    "links are not followed"
+                    f"{what}: {at} is a symlink (to {os.readlink(at)}); a bundle's files are copies, and links are "
+                    "not followed"
                 )
     return path
 
