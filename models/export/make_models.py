@@ -903,6 +903,21 @@ def export_hf_model(spec: ModelSpec, seed: int, hf_dir: Path, work: Path, verify
     return out_dir
 
 
+def parse_export_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments plus the options every export script takes (``--no-verify``, ``--keep-tmp``,
+    ``-v``); logging set up and Hugging Face kept offline for the run."""
+    parser.add_argument("--no-verify", action="store_true", help="skip the tokenizer/logits check against the HF model")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed for tokenizer text and weights")
@@ -919,15 +934,7 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the test models: a Qwen3-1.7B-shaped model (real dims) with N layers, into --out",
     )
     parser.add_argument("--out", type=Path, help="output dir for --qwen3-1.7b-layers (replaced as a whole)")
-    parser.add_argument("--no-verify", action="store_true", help="skip the tokenizer/logits check against the HF model")
-    parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    args = parse_export_args(parser, argv)
 
     if args.qwen3_layers is not None:
         if not 1 <= args.qwen3_layers <= 28:

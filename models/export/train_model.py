@@ -33,7 +33,6 @@ import inspect
 import json
 import logging
 import math
-import os
 import platform
 import re
 import shutil
@@ -481,15 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=make_models.REPO_ROOT / MODEL.dest, help="model dir to write")
     parser.add_argument("--steps", type=int, default=Training.steps, help="training steps")
     parser.add_argument("--threads", type=int, default=Training.threads, help="torch CPU threads (intra and inter op)")
-    parser.add_argument("--no-verify", action="store_true", help="skip the MNN vs HF check of the export")
-    parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    args = make_models.parse_export_args(parser, argv)
     cfg = Training(steps=args.steps, threads=args.threads)
     build(cfg, args.out.resolve(), args.keep_tmp, not args.no_verify)
     return 0
