@@ -1,4 +1,5 @@
-"""Conformance of the tiny model and every fixture model: bundle vs original model in MNN's own Llm engine.
+"""Conformance of the tiny models (random and trained) and every fixture model: bundle vs original model in
+MNN's own Llm engine.
 
 Builds each model's bundle with doit (the fixtures through a temporary spec dir, as tests/test_verify.py
 does), then runs ``python -m mnnbuild conform <model>-<arch>`` for each (MNN built once from ``MNN_SOURCE``,
@@ -36,7 +37,7 @@ def _specs(arch: str, specs_dir: Path) -> list[str]:
         (specs_dir / f"{name}.toml").write_text(
             f'name = "{name}"\nsource = {{ local = "{FIXTURES / name}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
         )
-    return ["tiny-qwen3", *names]
+    return ["tiny-qwen3", "tiny-qwen3-trained", *names]
 
 
 def summaries(reports: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.errors import MNNFormatError, ModelDirError
 from mnnbuild.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
+from mnnbuild.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
 
 MODEL_CONFIG = "config.json"
 LLM_CONFIG = "llm_config.json"
@@ -29,8 +30,14 @@ VISUAL_FILES = (VISUAL_FILE, VISUAL_WEIGHT_FILE)
 ENCODER_MARKERS = {"window_index": "qwen2.5-vl", "idx_tensor": "qwen3-vl"}
 VISUAL_INPUTS = ("patches", "position_ids", "attention_mask", "window_index", "idx_tensor", "weight_tensor")
 """Inputs a visual encoder may take (Qwen2.5-VL: the first four; Qwen3-VL: all but ``window_index``)."""
-#: What run.sh feeds the phone and verify generates from (the bundle's prompt.txt).
-DEFAULT_PROMPT = "hello\n"
+
+
+def prompt_file_text(prompt: str) -> str:
+    """The bundle's prompt.txt for a spec's prompt: what run.sh feeds the phone and verify generates from."""
+    return f"{prompt}\n"
+
+
+DEFAULT_PROMPT = prompt_file_text(DEFAULT_PROMPT_TEXT)
 #: MNN's default weight file when a config names none (llmconfig.hpp ``llm_weight``).
 MNN_DEFAULT_WEIGHT = "llm.mnn.weight"
 #: A file name from config.json: it becomes a path in the artifact tree and on the device, so plain names only.

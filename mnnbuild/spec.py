@@ -48,6 +48,10 @@ context build near 3 GB and splits Qwen3-1.7B's (and 4B's) lm_head in two, no la
 
 IMAGE_SIZE_PATTERN = r"^([0-9]+)x([0-9]+)$"
 
+DEFAULT_PROMPT = "hello"
+"""verify's generation prompt where a spec names none; the bundle ships the prompt as ``prompt.txt`` (what run.sh
+feeds the phone)."""
+
 Family = Literal["llm", "vl", "embedding"]
 VisualEncoderKind = Literal["qwen2.5-vl", "qwen3-vl"]
 
@@ -161,11 +165,23 @@ class VerifySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_new_tokens: int = Field(default=16, ge=1, description="Greedy tokens generation compares, CPU vs bundle.")
+    prompt: str = Field(
+        default=DEFAULT_PROMPT,
+        description="What generation starts from (the bundle's prompt.txt, which run.sh feeds the phone).",
+    )
     follow_divergence: StrictBool = Field(
         default=False,
         description="After a tolerated near-tie flip, run the bundle's own greedy loop on for the report's text "
         "(a simulator prefill per wrong guess); the check itself is the same.",
     )
+
+    @field_validator("prompt")
+    @classmethod
+    def _plain_prompt(cls, prompt: str) -> str:
+        if not prompt.strip() or prompt != prompt.strip():
+            # prompt.txt is read back stripped: the text must be what verify and the phone generate from
+            raise ValueError("expected text that neither is empty nor starts or ends with whitespace")
+        return prompt
 
 
 class ModelSpec(BaseModel):

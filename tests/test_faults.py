@@ -726,20 +726,33 @@ def test_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -
     assert "LEFT []" in out, "a stage that ran out of space left its temp dir behind"
 
 
+@pytest.mark.parametrize(
+    ("chunk", "verify", "expected"),
+    [
+        # 'hello' is 3 tokens for the tiny tokenizer: chunk_size 3 leaves generation no room
+        (3, "", "spec field 'chunk_size' is 3, but verify's prompt 'hello' is 3 tokens"),
+        # the spec's own prompt is the one that must fit (here 'hello' would)
+        (
+            8,
+            'verify = { prompt = "the model runs the attention layers with a key value cache" }\n',
+            "spec field 'chunk_size' is 8, but verify's prompt 'the model runs the attention layers",
+        ),
+    ],
+)
 def test_chunk_too_small_for_verify_prompt_is_refused_up_front(
-    tmp_path: Path, run_doit: RunDoit, tiny_model_dir: Path
+    tmp_path: Path, run_doit: RunDoit, tiny_model_dir: Path, chunk: int, verify: str, expected: str
 ) -> None:
-    """'hello' is 3 tokens for the tiny tokenizer: chunk_size 3 leaves generation no room, refused by io."""
+    """A prompt that leaves generation no room in the longest prefill length is refused by io, before the build."""
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "small.toml").write_text(
-        f'name = "small"\nsource = {{ local = "{tiny_model_dir}" }}\ntargets = ["v79"]\nchunk_size = 3\n'
+        f'name = "small"\nsource = {{ local = "{tiny_model_dir}" }}\ntargets = ["v79"]\nchunk_size = {chunk}\n' + verify
     )
     proc = run_doit("io:small", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
-    assert "small: spec field 'chunk_size' is 3, but verify's prompt 'hello' is 3 tokens" in out, out
-    assert "expected chunk_size >= 4" in out
+    assert f"small: {expected}" in out, out
+    assert "expected chunk_size >= " in out
     assert not (tmp_path / "artifacts" / "small" / "io").exists()
 
 

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from mnnbuild.dag.project import Project
-from mnnbuild.dag.tasks import verify_runs
+from mnnbuild.dag.tasks import bundle_runs, io_runs, verify_runs
 from mnnbuild.errors import SpecError
 from mnnbuild.fingerprint import DigestMemo
+from mnnbuild.layout import POSTREAT_FILE
+from mnnbuild.manifests.bundle import BundleParams
 from mnnbuild.settings import Settings
 from mnnbuild.spec import HfSource, LocalSource, discover_specs, load_spec
 from mnnbuild.targets import SOCS, soc_for_arch
@@ -67,6 +69,9 @@ def test_spec_overrides_soc(tmp_path: Path) -> None:
         ('targets = ["v79"]\nchunk = 12', "chunk", "Extra inputs are not permitted"),
         ('targets = ["v79"]\nsocs = { v79 = "SM8650" }', "socs.v79", "SoC SM8650 is v75, not v79"),
         ('targets = ["v79"]\nverify = { follow_divergence = "yes" }', "verify.follow_divergence", "valid boolean"),
+        ('targets = ["v79"]\nverify = { prompt = "" }', "verify.prompt", "neither is empty nor starts or ends with"),
+        ('targets = ["v79"]\nverify = { prompt = "hi\\n" }', "verify.prompt", "neither is empty nor starts or ends"),
+        ('targets = ["v79"]\nverify = { prompt = 3 }', "verify.prompt", "valid string"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, expected: str) -> None:
@@ -244,3 +249,23 @@ def test_verify_table_reaches_the_verify_task(tmp_path: Path) -> None:
     assert run.params.max_new_tokens == 8 and run.params.follow_divergence is True
     (default,) = verify_runs(project, plain)
     assert default.params.follow_divergence is False
+
+
+def test_verify_prompt_reaches_io_and_the_bundle(tmp_path: Path) -> None:
+    """``verify = { prompt = ... }`` is what the bundle ships as prompt.txt (verify generates from it, run.sh feeds
+    it to the phone) and what io checks fits the prefill length; without it, the bundle's params are as before."""
+    body = 'source = { local = "x" }\ntargets = ["v79"]\n'
+    asked = load_spec(write_spec(tmp_path, f'name = "m"\n{body}verify = {{ prompt = "Computes the" }}\n'))
+    plain = load_spec(write_spec(tmp_path, f'name = "p"\n{body}', "p.toml"))
+    settings = Settings.from_env(tmp_path, {"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})
+    project = Project(settings=settings, specs={"m": asked, "p": plain}, memo=DigestMemo(tmp_path / "memo.json"))
+    for spec in (asked, plain):  # bundle tasks are declared from the partition's plugins: none here
+        partition = project.stage_dir("partition", spec)
+        partition.mkdir(parents=True)
+        (partition / POSTREAT_FILE).write_text('{"merge": {}}', encoding="utf-8")
+    (io,) = io_runs(project, asked)
+    (bundle,) = bundle_runs(project, asked)
+    assert io.params.prompt == "Computes the" and bundle.params.prompt == "Computes the\n"
+    (io,) = io_runs(project, plain)
+    (bundle,) = bundle_runs(project, plain)
+    assert io.params.prompt == "hello" and bundle.params == BundleParams(soc=plain.soc("v79"))

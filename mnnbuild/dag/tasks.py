@@ -44,7 +44,7 @@ from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, Par
 from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
-from mnnbuild.modeldir import VISUAL_FILES, VISUAL_PART, family_files
+from mnnbuild.modeldir import VISUAL_FILES, VISUAL_PART, family_files, prompt_file_text
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.spec import HfSource, ModelSpec
 from mnnbuild.stage import Stage, StageInputs
@@ -228,7 +228,7 @@ def io_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
     yield Run(
         spec,
         inputs,
-        IoParams(chunk_sizes=spec.prefill_lengths, seed=spec.seed),
+        IoParams(chunk_sizes=spec.prefill_lengths, seed=spec.seed, prompt=spec.verify.prompt),
         doc=f"decode and prefill-{_lengths(spec)} reference io of {spec.name} (MNN CPU)",
         part="llm",
     )
@@ -360,7 +360,7 @@ def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 visual_partition_dir=project.stage_dir("partition", spec, part=VISUAL) if VISUAL in parts else None,
                 context_binaries=[context_dir(root, spec.name, arch, b) / b for p in parts for b in binaries[p]],
             ),
-            BundleParams(soc=soc, image_sizes=tuple(spec.image_sizes)),
+            BundleParams(soc=soc, prompt=prompt_file_text(spec.verify.prompt), image_sizes=tuple(spec.image_sizes)),
             doc=f"device bundle of {spec.name} for {soc.name} (HTP {arch})",
             arch=arch,
         )

@@ -10,7 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifest import Manifest
 from mnnbuild.modeldir import ChainPart
-from mnnbuild.spec import VisualEncoderKind
+from mnnbuild.spec import DEFAULT_PROMPT, VisualEncoderKind
 from mnnbuild.stage import StageInputs
 
 DECODE_SEQ = 1
@@ -46,6 +46,8 @@ class IoParams(BaseModel):
     visual_encoder: VisualEncoderKind | None = None
     image_sizes: tuple[str, ...] = ()
     """The encoder's samples, one per size in this order (the visual part only)."""
+    prompt: str = DEFAULT_PROMPT
+    """verify's generation prompt (the spec's): it must leave room in the longest prefill length."""
 
     @model_validator(mode="after")
     def _shapes_of_the_part(self) -> IoParams:

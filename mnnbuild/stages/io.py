@@ -30,7 +30,7 @@ from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.mnn import MnnModel, input_dtypes, load_model
-from mnnbuild.modeldir import DEEPSTACK_INPUT, DEFAULT_PROMPT, LLM_CONFIG, ModelPart, chain_part, read_llm_config
+from mnnbuild.modeldir import DEEPSTACK_INPUT, LLM_CONFIG, ModelPart, chain_part, read_llm_config
 from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
 from mnnbuild.stage import Stage
 from mnnbuild.visual import visual_inputs
@@ -118,7 +118,7 @@ def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> N
     from mnnbuild_runtime import BundleError, Tokenizer
 
     try:
-        prompt_tokens = len(Tokenizer(model_dir / "config.json", links=True).encode(DEFAULT_PROMPT.strip()))
+        prompt_tokens = len(Tokenizer(model_dir / "config.json", links=True).encode(params.prompt))
     except BundleError as exc:
         raise ModelDirError(str(exc)) from None
     longest = max(params.chunk_sizes)
@@ -126,7 +126,7 @@ def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> N
         one = len(params.chunk_sizes) == 1
         field = f"'chunk_size' is {longest}" if one else f"'chunk_sizes' is {list(params.chunk_sizes)}"
         raise ModelDirError(
-            f"{inputs.model}: spec field {field}, but verify's prompt {DEFAULT_PROMPT.strip()!r} is {prompt_tokens} "
+            f"{inputs.model}: spec field {field}, but verify's prompt {params.prompt!r} is {prompt_tokens} "
             f"tokens and generation needs room after it; expected {'chunk_size' if one else 'the longest length'} "
             f">= {prompt_tokens + 1}"
         )

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -310,7 +311,12 @@ def build_corpus(seed: int) -> list[str]:
 
 
 def train_tokenizer(seed: int, vocab_size: int) -> Tokenizer:
-    """Train a Qwen2-style byte-level BPE tokenizer (``tokenizers.Tokenizer``)."""
+    """Train a Qwen2-style byte-level BPE tokenizer (``tokenizers.Tokenizer``) on the text made from ``seed``."""
+    return bpe_tokenizer(build_corpus(seed), vocab_size)
+
+
+def bpe_tokenizer(lines: Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a Qwen2-style byte-level BPE tokenizer (``tokenizers.Tokenizer``) on ``lines``."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
@@ -329,7 +335,7 @@ def train_tokenizer(seed: int, vocab_size: int) -> Tokenizer:
         special_tokens=SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator(build_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(lines, trainer=trainer)
     return tok
 
 
@@ -358,6 +364,26 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path) -> int:
 def build_hf_model(spec: ModelSpec, seed: int, vocab_size: int, out_dir: Path) -> None:
     """Create the random-weight HF model for ``spec`` and save it (fp32 safetensors)."""
     import torch
+
+    config, model_cls = hf_config(spec, vocab_size)
+    torch.manual_seed(seed)
+    model = model_cls(config).to(torch.float32).eval()
+    with torch.no_grad():
+        # RMSNorm weights are initialised to exactly 1; perturb them so a wrong norm weight shows.
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.add_(torch.randn_like(param) * 0.1)
+            # With HF's init (std 0.02) the encoder's attention is nearly uniform, so its output hardly
+            # depends on position_ids, masks or windows; sharper attention makes a wrong input layout show.
+            if spec.vision is not None and ".visual.blocks." in f".{name}" and name.endswith("attn.qkv.weight"):
+                param.mul_(VISION_QKV_GAIN)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    if spec.arch == "qwen2.5-vl":
+        add_legacy_text_fields(spec, out_dir)
+
+
+def hf_config(spec: ModelSpec, vocab_size: int) -> tuple[transformers.PretrainedConfig, type]:
+    """The HF config and model class of ``spec`` with a vocabulary of ``vocab_size``."""
     import transformers
 
     tok_ids = {t: i for i, t in enumerate(SPECIAL_TOKENS)}
@@ -390,21 +416,7 @@ def build_hf_model(spec: ModelSpec, seed: int, vocab_size: int, out_dir: Path) -
         config, model_cls = vl_config(spec, common, vocab_size)
     else:
         raise ValueError(f"unknown arch {spec.arch!r}")
-
-    torch.manual_seed(seed)
-    model = model_cls(config).to(torch.float32).eval()
-    with torch.no_grad():
-        # RMSNorm weights are initialised to exactly 1; perturb them so a wrong norm weight shows.
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.add_(torch.randn_like(param) * 0.1)
-            # With HF's init (std 0.02) the encoder's attention is nearly uniform, so its output hardly
-            # depends on position_ids, masks or windows; sharper attention makes a wrong input layout show.
-            if spec.vision is not None and ".visual.blocks." in f".{name}" and name.endswith("attn.qkv.weight"):
-                param.mul_(VISION_QKV_GAIN)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    if spec.arch == "qwen2.5-vl":
-        add_legacy_text_fields(spec, out_dir)
+    return config, model_cls
 
 
 def vl_config(spec: ModelSpec, common: dict, vocab_size: int) -> tuple[transformers.PretrainedConfig, type]:
@@ -816,26 +828,28 @@ def verify_embedding_export(spec: ModelSpec, hf_dir: Path, out_dir: Path) -> Non
         raise SystemExit(f"{spec.name}: sentence_embeddings differ from the quant-dequant HF reference by {diff}")
 
 
-def copy_outputs(out_dir: Path, dest: Path) -> None:
-    """Replace ``dest``'s model files with the kept files from ``out_dir``."""
+def copy_outputs(out_dir: Path, dest: Path, extra: Sequence[str] = ()) -> None:
+    """Replace ``dest``'s model files with the kept files (and the ``extra`` ones) from ``out_dir``."""
     dest.mkdir(parents=True, exist_ok=True)
-    for name in KEEP_FILES:
+    names = (*KEEP_FILES, *extra)
+    for name in names:
         stale = dest / name
         if stale.exists():
             stale.unlink()
-    for name in KEEP_FILES:
+    for name in names:
         src = out_dir / name
         if src.exists():
             shutil.copyfile(src, dest / name)
             LOG.info("  %-22s %9d bytes", name, (dest / name).stat().st_size)
 
 
-def publish_outputs(out_dir: Path, dest: Path) -> None:
-    """Copy the kept files into a fresh temp dir next to ``dest`` and rename it into place (replacing ``dest``)."""
+def publish_outputs(out_dir: Path, dest: Path, extra: Sequence[str] = ()) -> None:
+    """Copy the kept files (and the ``extra`` ones) into a fresh temp dir next to ``dest`` and rename it into place
+    (replacing ``dest``)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     try:
-        copy_outputs(out_dir, staging)
+        copy_outputs(out_dir, staging, extra)
         staging.chmod(0o755)  # mkdtemp makes it private
         if dest.exists():
             shutil.rmtree(dest)
@@ -853,23 +867,12 @@ def make_model(
     work = Path(tempfile.mkdtemp(prefix=f"mnnbuild-{spec.name}-"))
     try:
         hf_dir = work / (EMBEDDING_HF_DIR if spec.family == "embedding" else "hf")
-        out_dir = work / "mnn"
         hf_dir.mkdir()
         vocab_size = max(
             save_tokenizer(with_vision_tokens(tokenizer) if spec.vision else tokenizer, hf_dir), spec.vocab_size or 0
         )
         build_hf_model(spec, seed, vocab_size, hf_dir)
-        shim = write_mnnconvert_shim(work)
-        run_llmexport(spec, hf_dir, out_dir, work, shim)
-        check_export(spec, out_dir)
-        pin_model_uuid(spec, seed, out_dir / "llm.mnn")
-        adapt_family_outputs(spec, seed, out_dir)
-        if verify and spec.family == "vl":
-            verify_vl_export(spec, hf_dir, out_dir)
-        elif verify and spec.family == "embedding":
-            verify_embedding_export(spec, hf_dir, out_dir)
-        elif verify:
-            verify_export(spec, hf_dir, out_dir)
+        out_dir = export_hf_model(spec, seed, hf_dir, work, verify)
         LOG.info("%s -> %s", spec.name, dest)
         if out is not None:
             publish_outputs(out_dir, dest)
@@ -880,6 +883,39 @@ def make_model(
             LOG.info("kept temporary dir %s", work)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def export_hf_model(spec: ModelSpec, seed: int, hf_dir: Path, work: Path, verify: bool) -> Path:
+    """Export the HF model in ``hf_dir`` with llmexport into ``work/mnn`` (UUID pinned, checked against the HF
+    model unless not ``verify``) and return that dir."""
+    out_dir = work / "mnn"
+    shim = write_mnnconvert_shim(work)
+    run_llmexport(spec, hf_dir, out_dir, work, shim)
+    check_export(spec, out_dir)
+    pin_model_uuid(spec, seed, out_dir / "llm.mnn")
+    adapt_family_outputs(spec, seed, out_dir)
+    if verify and spec.family == "vl":
+        verify_vl_export(spec, hf_dir, out_dir)
+    elif verify and spec.family == "embedding":
+        verify_embedding_export(spec, hf_dir, out_dir)
+    elif verify:
+        verify_export(spec, hf_dir, out_dir)
+    return out_dir
+
+
+def parse_export_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser``'s arguments plus the options every export script takes (``--no-verify``, ``--keep-tmp``,
+    ``-v``); logging set up and Hugging Face kept offline for the run."""
+    parser.add_argument("--no-verify", action="store_true", help="skip the tokenizer/logits check against the HF model")
+    parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
+    )
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -898,15 +934,7 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the test models: a Qwen3-1.7B-shaped model (real dims) with N layers, into --out",
     )
     parser.add_argument("--out", type=Path, help="output dir for --qwen3-1.7b-layers (replaced as a whole)")
-    parser.add_argument("--no-verify", action="store_true", help="skip the tokenizer/logits check against the HF model")
-    parser.add_argument("--keep-tmp", action="store_true", help="keep the temporary HF/export dirs")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (llmexport output)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s"
-    )
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    args = parse_export_args(parser, argv)
 
     if args.qwen3_layers is not None:
         if not 1 <= args.qwen3_layers <= 28:
