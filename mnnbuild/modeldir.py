@@ -90,6 +90,13 @@ class ModelPart(BaseModel):
         """The partitioned model, relative to the partition dir and the device model dir: ``qnn/<model file>``."""
         return f"{QNN_DIR}/{self.model_file}"
 
+    @property
+    def shipped_weight_file(self) -> str:
+        """Where the partition dir and the bundle keep the weights ``result_model`` reads, relative to each: the part's
+        own weight file name (``config_qnn.json``'s ``llm_weight``) for the model's graph; ``qnn/visual.mnn.weight``
+        for a VL encoder (MNN's engine loads ``visual_model`` with ``<file>.weight`` beside it)."""
+        return f"{self.result_model}.weight" if self.family == "visual" else self.weight_file
+
 
 FAMILY_FILES: dict[str, tuple[str, str]] = {
     "llm": ("llm.mnn", MNN_DEFAULT_WEIGHT),
