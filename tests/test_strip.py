@@ -39,6 +39,7 @@ from mnnbuild.mnn import (
     relocate_model,
     save_model,
     schema,
+    tie_embeddings,
     write_weights,
 )
 from mnnbuild.mnn.strip import LEAD
@@ -312,6 +313,48 @@ def test_the_whole_model_moved_computes_the_same_on_mnn(name: str, tmp_path: Pat
         module = load_module(where / "llm.mnn", CpuRuntime().create(where / "llm.mnn.weight"), list(feeds), ["logits"])
         outs.append(to_numpy(module.forward([to_var(v) for v in feeds.values()])[0]))
     np.testing.assert_array_equal(outs[1], outs[0])
+
+
+def engine_logits(config: Path, prompt: Sequence[int]) -> np.ndarray:
+    """The prompt's last logits from MNN's own LLM engine (PyPI ``MNN.llm``: it embeds the tokens itself, from
+    ``tie_embeddings``), on the CPU, one thread."""
+    import MNN.llm  # never MNN.tools
+
+    engine = MNN.llm.create(str(config))
+    engine.set_config({"backend_type": "cpu", "thread_num": 1, "sampler_type": "greedy"})
+    engine.load()
+    logits = engine.forward(list(prompt))
+    values = to_numpy(logits).copy()
+    del logits  # before the engine (freeing its output after the engine crashes)
+    del engine
+    return values
+
+
+def test_mnn_engine_embeds_through_the_moved_tie_embeddings(tmp_path: Path) -> None:
+    """MNN's engine on the tiny model with every offset moved (the ops' and ``tie_embeddings``, `LEAD` bytes in
+    front, as the partition lays the tied embeddings out): the source's logits bit for bit; with ``tie_embeddings``
+    left where they were, other logits."""
+    src = TINY_MODEL_DIR
+    model = load_model(src / "llm.mnn")
+    config = json.loads((src / "llm_config.json").read_text())
+    tie = tie_embeddings(config, src / "llm_config.json")
+    assert tie is not None and (tied := tie.weight_range()) is not None
+    ranges = [*external_ranges(model), tied]
+    plan = plan_weights(src / "llm.mnn.weight", ranges, never_at_zero=[min(r.offset for r in ranges)])
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    for name in ("config.json", "tokenizer.mtok"):
+        shutil.copy(src / name, moved / name)
+    save_model(relocate_model(model, plan), moved / "llm.mnn")
+    write_weights(plan, moved / "llm.mnn.weight")
+    moved_config = tie.moved(config, plan.moved(tied.offset, tied.size))
+    assert moved_config["tie_embeddings"][0] == plan.moved(tie.weight_offset) != tie.weight_offset
+    (moved / "llm_config.json").write_text(json.dumps(moved_config))
+    prompt = [1, 2, 3, 40, 500, 7]
+    want = engine_logits(src / "config.json", prompt)
+    np.testing.assert_array_equal(engine_logits(moved / "config.json", prompt), want)
+    (moved / "llm_config.json").write_text(json.dumps(config))  # the ops moved, the embeddings' offsets not
+    assert not np.array_equal(engine_logits(moved / "config.json", prompt), want)
 
 
 # ---- the bundle ----------------------------------------------------------------------------------------------
