@@ -33,3 +33,7 @@ class UnsafePathError(MnnbuildError):
 
 class OutputError(MnnbuildError):
     """An output cannot be written where it belongs (read-only or full file system, no permission)."""
+
+
+class SettingsError(MnnbuildError):
+    """An ``MNNBUILD_*`` environment variable names no usable place (empty, a URL, a file, the project itself)."""
