@@ -213,9 +213,10 @@ def end_to_end(work: Path, name: str, target: str, arch: str, env: dict[str, str
     return record
 
 
-def save_result(key: str, result: dict[str, Any]) -> Path:
-    """Merge ``result`` into ``scale.json`` under ``key`` (after every stage, so a long run leaves its stages)."""
-    path = RESULTS / "scale.json"
+def save_result(key: str, result: dict[str, Any], results: str = "scale.json") -> Path:
+    """Merge ``result`` into ``results`` (``scale.json``) under ``key`` (after every stage, so a long run leaves its
+    stages)."""
+    path = RESULTS / results
     data = json.loads(path.read_text()) if path.is_file() else {}
     data["machine"] = machine()
     data.setdefault("layers", {})[key] = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **result}
@@ -226,15 +227,44 @@ def save_result(key: str, result: dict[str, Any]) -> Path:
     return path
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--floor-worker", nargs=4, help=argparse.SUPPRESS)  # MODEL PARTITION ARCH OUT
-    parser.add_argument("--layers", type=int, default=4, help="layers of the 28 (default 4)")
+def model_args(parser: argparse.ArgumentParser, layers: int) -> None:
+    """The options naming the model, its target and where it is exported and built."""
+    parser.add_argument("--layers", type=int, default=layers, help=f"layers of the 28 (default {layers})")
     parser.add_argument("--arch", default="v79")
     parser.add_argument("--models-cache", type=Path, default=Path("/work/models-cache"), help="exported models")
     parser.add_argument("--export-python", type=Path, default=Path("/work/export-venv/bin/python"),
                         help="python with the export extra (llmexport, torch)")  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="dir for artifacts and cache (default: a temp dir)")
+
+
+def doit_env(artifacts: Path, cache: Path, models: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MNNBUILD_ARTIFACTS": str(artifacts),
+        "MNNBUILD_CACHE": str(cache),
+        "MNNBUILD_MODELS_PATH": str(models),
+        "MNNBUILD_LOG_LEVEL": "WARNING",
+    }
+
+
+def measure_stage(task: str, env: dict[str, str], artifacts: Path, cache: Path) -> dict[str, Any]:
+    """`run_doit` of one task, with the load beside it and the bytes it added to the artifacts and the cache."""
+    before_a, before_c = written(artifacts, cache)
+    load_before = os.getloadavg()[0]
+    rec = run_doit([task], env)
+    # the box is shared: the load beside the run says how far its times are from an idle machine's
+    rec["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
+    after_a, after_c = written(artifacts, cache)
+    rec["artifacts_mb"] = round((after_a - before_a) / 1e6, 1)
+    rec["cache_mb"] = round((after_c - before_c) / 1e6, 1)
+    rec["io_written_mb"] = round(rec["io_written_mb"], 1)
+    return rec
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--floor-worker", nargs=4, help=argparse.SUPPRESS)  # MODEL PARTITION ARCH OUT
+    model_args(parser, 4)
     parser.add_argument("--stages", default=",".join(STAGES), help="comma list, a prefix of the chain")
     parser.add_argument("--jobs", action="store_true", help="also time context with -n 1 and -n 2 (cache off)")
     parser.add_argument(
@@ -267,13 +297,7 @@ def main() -> None:
         artifacts.mkdir()
         cache.mkdir()
         write_spec(models, name, model_dir, args.arch)
-    env = {
-        **os.environ,
-        "MNNBUILD_ARTIFACTS": str(artifacts),
-        "MNNBUILD_CACHE": str(cache),
-        "MNNBUILD_MODELS_PATH": str(models),
-        "MNNBUILD_LOG_LEVEL": "WARNING",
-    }
+    env = doit_env(artifacts, cache, models)
     rows: dict[str, dict[str, Any]] = {}
     result: dict[str, Any] = {"model": name, "target": target, "stages": rows}
     if args.resume:  # carry the earlier stages' records on
@@ -283,15 +307,7 @@ def main() -> None:
     try:
         for stage in stages:
             task = f"{stage}:{target}" if stage in PER_TARGET else f"{stage}:{name}"
-            before_a, before_c = written(artifacts, cache)
-            load_before = os.getloadavg()[0]
-            rec = run_doit([task], env)
-            # the box is shared: the load beside the run says how far its times are from an idle machine's
-            rec["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
-            after_a, after_c = written(artifacts, cache)
-            rec["artifacts_mb"] = round((after_a - before_a) / 1e6, 1)
-            rec["cache_mb"] = round((after_c - before_c) / 1e6, 1)
-            rec["io_written_mb"] = round(rec["io_written_mb"], 1)
+            rec = measure_stage(task, env, artifacts, cache)
             stage_dir = {"fetch": artifacts / name / "model", "io": artifacts / name / "io"}.get(
                 stage, artifacts / name / stage if stage not in PER_TARGET else artifacts / name / args.arch / stage
             )

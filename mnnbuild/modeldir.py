@@ -97,6 +97,13 @@ class ModelPart(BaseModel):
         """The partitioned model, relative to the partition dir and the device model dir: ``qnn/<model file>``."""
         return f"{QNN_DIR}/{self.model_file}"
 
+    @property
+    def shipped_weight_file(self) -> str:
+        """Where the partition dir and the bundle keep the weights ``result_model`` reads, relative to each: the part's
+        own weight file name (``config_qnn.json``'s ``llm_weight``) for the model's graph; ``qnn/visual.mnn.weight``
+        for a VL encoder (MNN's engine loads ``visual_model`` with ``<file>.weight`` beside it)."""
+        return f"{self.result_model}.weight" if self.family == "visual" else self.weight_file
+
 
 FAMILY_FILES: dict[str, tuple[str, str]] = {
     "llm": ("llm.mnn", MNN_DEFAULT_WEIGHT),
@@ -260,16 +267,21 @@ def validate_model_dir(
     missing = [name for name in required if not (model_dir / name).is_file()]
     if missing:
         raise ModelDirError(f"{label}: required file {missing[0]} is missing (need {', '.join(required)})")
-    read_llm_config(model_dir)
+    llm_config = read_llm_config(model_dir)
     if (model_dir / part.weight_file).stat().st_size == 0:
         raise ModelDirError(f"{model_dir / part.weight_file}: weight file is empty")
     # a truncated or foreign graph, or a weight file of another model, is named here and not met
     # later as an error inside MNN
     try:
-        from mnnbuild.mnn import check_weight_ranges, load_model  # the large schema module: only when checking
+        from mnnbuild.mnn import WeightFile, check_weight_ranges, load_model, tie_embeddings  # the schema: only here
 
         model = load_model(model_dir / part.model_file)
         check_weight_ranges(model, model_dir / part.weight_file)
+        tie = tie_embeddings(llm_config, model_dir / LLM_CONFIG)
+        tied = tie.weight_range() if tie is not None else None
+        if tied is not None:  # MNN's engine reads the embeddings there (the partition keeps them for the bundle)
+            with WeightFile(model_dir / part.weight_file) as weights:
+                weights.read(tied.offset, tied.size, tied.reader)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
     check_part_graph(part, model.input_names, list(model.output_names), model_dir / part.model_file)

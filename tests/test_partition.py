@@ -122,11 +122,10 @@ class PluginCall:
     inputs: list[np.ndarray]
 
 
-def reference_executor(
-    src: Path, qnn_dir: Path, reference: SourceSubgraphRunner, calls: list[PluginCall]
-) -> HybridExecutor:
-    """``mnnbuild_runtime``'s hybrid executor on ``qnn_dir/llm.mnn``, each plugin run by its source subgraph
-    (the context binaries do not exist yet); every plugin call is appended to ``calls``."""
+def reference_executor(qnn_dir: Path, reference: SourceSubgraphRunner, calls: list[PluginCall]) -> HybridExecutor:
+    """``mnnbuild_runtime``'s hybrid executor on ``qnn_dir/llm.mnn`` with the weight file the partition wrote beside
+    it (what the bundle ships), each plugin run by its source subgraph (the context binaries do not exist yet);
+    every plugin call is appended to ``calls``."""
     model_file = qnn_dir / "llm.mnn"
     model = load_model(model_file)
 
@@ -136,7 +135,8 @@ def reference_executor(
         return reference.run(graph, spec.input_tensors, spec.output_tensors, inputs), 0.0
 
     plugins = parse_plugins(model, qnn_dir.parent, model_file, binaries=False)
-    return HybridExecutor(model_file, model, plugins, src / "llm.mnn.weight", run_plugin)
+    weights = qnn_dir.parent / PartitionManifest.read(qnn_dir.parent).weights.file
+    return HybridExecutor(model_file, model, plugins, weights, run_plugin)
 
 
 def conv_weights_of(model: MnnModel, ops: list[int]) -> int:
@@ -206,7 +206,7 @@ def run_hybrid(
     """Run ``qnn_dir/llm.mnn`` with every plugin replaced by its source subgraph; returns outputs and calls."""
     calls: list[PluginCall] = []
     with SourceSubgraphRunner(src / "llm.mnn", src / "llm.mnn.weight", qnn_dir) as reference:
-        return reference_executor(src, qnn_dir, reference, calls).run(feeds).outputs, calls
+        return reference_executor(qnn_dir, reference, calls).run(feeds).outputs, calls
 
 
 # ---- structure ---------------------------------------------------------------------------------------
@@ -347,7 +347,7 @@ def test_executor_converts_layouts_at_plugin_boundaries(tiny: Built, monkeypatch
     feeds, expected = tiny.sample(CHUNK)
     calls: list[PluginCall] = []
     with SourceSubgraphRunner(tiny.src / "llm.mnn", tiny.src / "llm.mnn.weight", tiny.qnn) as reference:
-        executor = reference_executor(tiny.src, tiny.qnn, reference, calls)
+        executor = reference_executor(tiny.qnn, reference, calls)
         outputs = executor.run(feeds).outputs
     np.testing.assert_allclose(outputs["logits"], expected["logits"], rtol=0, atol=1e-5)
     # what each CPU segment was fed, against the o_* layout of the plugin output it reads

@@ -417,7 +417,9 @@ def test_all_graph_name_naming_a_missing_graph_fails(
 
 def test_weight_file_of_another_model_fails(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
     weight = bundle_copy / "model" / TINY / "llm.mnn.weight"
-    weight.write_bytes((FIXTURE_MODELS / "llama-int4-cw" / "llm.mnn.weight").read_bytes())
+    foreign = FIXTURE_MODELS / "qwen3-embedding-tiny" / "embedding.mnn.weight"
+    assert foreign.stat().st_size < weight.stat().st_size  # the shipped file holds only the tied embeddings
+    weight.write_bytes(foreign.read_bytes())
     message, report = run_failing(built, bundle_copy, tmp_path / "verify")
     assert "llm.mnn.weight" in message
     # besides the hash: the file does not even cover the model's external weight ranges

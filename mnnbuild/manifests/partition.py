@@ -56,6 +56,32 @@ class PluginRecord(BaseModel):
     """The split model its graphs index (`SubgraphRecord.split_model`), None for the fetched one."""
 
 
+class KeptBytes(BaseModel):
+    """Source weight file bytes ``[source_offset, source_offset + size)``, at ``offset`` in the shipped one."""
+
+    source_offset: int
+    offset: int
+    size: int
+
+
+class ShippedWeights(BaseModel):
+    """The weight file the bundle ships beside the partitioned model: only the bytes of the source's that its CPU ops
+    and (language model) the tied embeddings read, the offsets in the model and ``llm_config.json`` moved to match."""
+
+    file: str
+    """Relative to the partition dir, and to the bundle's model dir (`ModelPart.shipped_weight_file`)."""
+    source_bytes: int
+    bytes: int
+    cpu_op_bytes: int
+    """Bytes the partitioned model's ops read (their union)."""
+    tie_embedding_bytes: int
+    """Bytes ``tie_embeddings`` points at (0: untied, or in a separate file)."""
+    blocks: list[KeptBytes]
+    llm_config: str | None = None
+    """The model's ``llm_config.json`` with ``tie_embeddings`` moved (a copy when untied), relative to the partition
+    dir; None for a VL model's encoder."""
+
+
 class PartitionManifest(Manifest):
     stage = "partition"
     params: PartitionParams
@@ -63,6 +89,7 @@ class PartitionManifest(Manifest):
     """Sample shapes, in graph-name order (decode first)."""
     plugins: list[PluginRecord]
     cpu_ops: int
+    weights: ShippedWeights
 
     def plugin_files(self, graphs: Collection[str]) -> list[FileRecord]:
         """The output records a plugin's binary is built from: the files of its graph dirs (``qnn/graphllm0`` ...),

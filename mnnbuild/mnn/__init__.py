@@ -23,6 +23,9 @@ Weights::
     for cw in iter_conv_weights(model):        # one op at a time
         cw.weight  # float32 [out, in];  cw.bias float32 [out];  cw.quant: bits, block, symmetric
     read_embeddings(model_dir, token_ids)      # float32 [n, hidden], tied or embeddings_bf16.bin
+    external_ranges(model)                     # what each op reads of the weight file (any kind of op)
+    plan = plan_weights(weight_file, ranges)   # mnn.strip: only those bytes, back to back
+    write_weights(plan, dest); relocate_model(model, plan)  # ... and the model pointing at them
     split_convolution(model, i, [0, 75968, 151936], weight_file)  # mnn.split: conv i as 2 convs + Concat
 
 Parameter classes and enums of the schema (``Convolution2DT``, ``BinaryOpOperation``, ``DataType`` ...)
@@ -54,21 +57,27 @@ from mnnbuild.mnn.model import (
     save_model,
     serialize_model,
 )
+from mnnbuild.mnn.strip import KeptBlock, WeightPlan, plan_weights, relocate_model, write_weights
 from mnnbuild.mnn.summary import input_dtypes, summarize
 from mnnbuild.mnn.weights import (
     ConvWeights,
     EmbeddingInfo,
     QuantInfo,
     QuantizedLinear,
+    TieEmbeddings,
     WeightFile,
+    WeightRange,
     check_weight_ranges,
     conv_ops,
     conv_stored_bytes,
     decode_conv,
     embedding_info,
+    external_ranges,
+    external_tables,
     iter_conv_weights,
     quantize_linear,
     read_embeddings,
+    tie_embeddings,
     unpack_codes,
     weight_path_for,
 )
@@ -81,18 +90,24 @@ __all__ = [
     "PARAM_TYPES",
     "ConvWeights",
     "EmbeddingInfo",
+    "KeptBlock",
     "MNNFormatError",
     "MnnModel",
     "Op",
     "QuantInfo",
     "QuantizedLinear",
+    "TieEmbeddings",
     "WeightFile",
+    "WeightPlan",
+    "WeightRange",
     "attribute_value",
     "check_weight_ranges",
     "conv_ops",
     "conv_stored_bytes",
     "decode_conv",
     "embedding_info",
+    "external_ranges",
+    "external_tables",
     "blob_format",
     "enum_name",
     "get_field",
@@ -103,13 +118,17 @@ __all__ = [
     "make_blob",
     "make_plugin_op",
     "parse_model",
+    "plan_weights",
     "plugin_attributes",
     "quantize_linear",
     "read_embeddings",
+    "relocate_model",
     "save_model",
     "schema",
     "serialize_model",
     "summarize",
+    "tie_embeddings",
     "unpack_codes",
     "weight_path_for",
+    "write_weights",
 ]

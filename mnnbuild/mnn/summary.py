@@ -6,14 +6,13 @@ from typing import Any
 
 from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn.model import MnnModel, Op, enum_name
-from mnnbuild.mnn.weights import conv_ops, conv_stored_bytes, weight_path_for
+from mnnbuild.mnn.weights import conv_ops, conv_stored_bytes, external_tables, weight_path_for
 
 
 def _external_bytes(op: Op) -> int:
-    ext = getattr(op.main, "external", None)
-    if ext is None or len(ext) < 2:
+    if op.main is None:
         return 0
-    return int(sum(int(v) for v in ext[1:]))
+    return sum(int(sum(int(v) for v in table.external[1:])) for table in external_tables(op.main))
 
 
 def _inline_bytes(op: Op) -> int:

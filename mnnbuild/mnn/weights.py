@@ -35,7 +35,7 @@ from numpy.typing import DTypeLike
 
 from mnnbuild.errors import MNNFormatError, UnsafePathError
 from mnnbuild.fsutil import confined
-from mnnbuild.mnn.model import MnnModel, Op
+from mnnbuild.mnn.model import MnnModel, Op, _walk_t
 
 log = logging.getLogger(__name__)
 
@@ -125,14 +125,61 @@ class WeightFile:
         self.close()
 
 
+@dataclass(frozen=True)
+class WeightRange:
+    """Bytes ``[offset, offset + size)`` of a weight file that ``reader`` reads."""
+
+    offset: int
+    size: int
+    reader: str
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+def external_tables(obj: Any) -> Iterator[Any]:
+    """Every parameter table under ``obj`` (an op's ``main``) keeping its data in the external weight file: any table
+    with an ``external`` field of two or more numbers, ``[offset, size, ...]``, its data the sizes' sum of bytes from
+    ``offset``, back to back (MNN's ``USE_EXTERNAL_DATA``). In MNN's schema those are Convolution2D, Convolution3D,
+    Scale, LayerNorm, GroupNorm and Blob (a Const's), also where another op's parameters hold one (FusedLinearParam's
+    convs and norm, RoPEParam's norms)."""
+    for table in _walk_t(obj):
+        ext = getattr(table, "external", None)
+        if ext is not None and len(ext) > 1:
+            yield table
+
+
+def _external_range(table: Any, reader: str) -> WeightRange:
+    ext = [int(v) for v in table.external]
+    if ext[0] < 0 or any(v < 0 for v in ext[1:]):
+        raise MNNFormatError(f"{reader}: external data {ext} holds a negative offset or size")
+    return WeightRange(ext[0], sum(ext[1:]), reader)
+
+
+def external_ranges(model: MnnModel) -> list[WeightRange]:
+    """Every byte range of the model's weight file one of its ops reads (`external_tables`), in op order (a
+    subgraph's ops after the graph's). An op naming its own file (``externalPath``) reads that file, not this one."""
+    found = [
+        _external_range(table, f"op {op.name!r}")
+        for op in model.ops
+        if op.main is not None and not op.external_path
+        for table in external_tables(op.main)
+    ]
+    for sub in model.subgraphs:
+        for node in sub.nodes or []:
+            if node.main is not None and not node.externalPath:
+                reader = f"op {node.name!r} of subgraph {sub.name!r}"
+                found += [_external_range(table, reader) for table in external_tables(node.main)]
+    return found
+
+
 def check_weight_ranges(model: MnnModel, weight_path: str | os.PathLike[str]) -> None:
     """Every op's external data lies inside ``weight_path`` (bounds only, nothing decoded); otherwise
     MNNFormatError naming the weight file and the first op that does not fit."""
     with WeightFile(weight_path) as weights:
-        for op in model.ops:
-            ext = getattr(op.main, "external", None) if op.main is not None else None
-            if ext is not None and len(ext) > 1:
-                weights.read(int(ext[0]), int(sum(int(v) for v in ext[1:])), f"op {op.name!r}")
+        for r in external_ranges(model):
+            weights.read(r.offset, r.size, r.reader)
 
 
 # ---- low-level decoders -----------------------------------------------------------------------------
@@ -457,6 +504,69 @@ def _model_file(model_dir: Path, cfg: dict[str, Any], field: str, default: str) 
         raise MNNFormatError(str(exc)) from None
 
 
+TIE_EMBEDDINGS = "tie_embeddings"
+_TIE_KEYS = ("weight_offset", "alpha_offset", "alpha_size", "quant_bit", "quant_block")
+"""The dict form's names of the list form's five numbers, in order (MNN's ``LlmConfig::tie_embeddings_info``)."""
+
+
+@dataclass(frozen=True)
+class TieEmbeddings:
+    """``llm_config.json``'s ``tie_embeddings``: the embedding rows are the lm_head's codes at ``weight_offset``
+    (rows of ``hidden * bits / 8`` bytes, the vocabulary up to ``alpha_offset``) with its scales at
+    ``alpha_offset``; ``weight_offset == 0`` means a separate ``embedding_file`` holds them."""
+
+    weight_offset: int
+    alpha_offset: int
+    alpha_size: int
+    bits: int
+    block: int
+    alpha_fp16: bool
+
+    def weight_range(self) -> WeightRange | None:
+        """The bytes MNN's engine reads from the model's weight file: the codes and then the scales (None when
+        they are in a separate file)."""
+        if self.weight_offset == 0:
+            return None
+        end = self.alpha_offset + (self.alpha_size if self.bits != 16 else 0)
+        return WeightRange(self.weight_offset, end - self.weight_offset, f"llm_config.json field {TIE_EMBEDDINGS!r}")
+
+    def moved(self, config: dict[str, Any], weight_offset: int) -> dict[str, Any]:
+        """A copy of ``config`` (an ``llm_config.json``) whose ``tie_embeddings`` point at the same bytes moved to
+        ``weight_offset`` (the scales follow the codes as they did), in the form the config had."""
+        shift = weight_offset - self.weight_offset
+        tie = config[TIE_EMBEDDINGS]
+        if isinstance(tie, list):
+            value: Any = [weight_offset, self.alpha_offset + shift, *tie[2:]]
+        else:
+            value = {**tie, "weight_offset": weight_offset, "alpha_offset": self.alpha_offset + shift}
+        return {**config, TIE_EMBEDDINGS: value}
+
+
+def tie_embeddings(config: dict[str, Any], where: str | os.PathLike[str]) -> TieEmbeddings | None:
+    """``config``'s ``tie_embeddings`` (list or dict form), checked; None when the embeddings are not tied.
+    ``where`` names the file in errors."""
+    tie = config.get(TIE_EMBEDDINGS)
+    if not tie:
+        return None
+    what = f"{where}: field {TIE_EMBEDDINGS!r}"
+    if isinstance(tie, list):
+        if len(tie) < 5:
+            raise MNNFormatError(f"{what} {tie} needs 5 numbers: {', '.join(_TIE_KEYS)}")
+        numbers, fp16 = list(tie[:5]), len(tie) > 5 and tie[5]
+    elif isinstance(tie, dict):
+        numbers, fp16 = [tie.get(k, 0) for k in _TIE_KEYS], tie.get("alpha_dtype", "fp32") == "fp16"
+    else:
+        raise MNNFormatError(f"{what} must be a list of numbers or an object, got {tie!r}")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in numbers):
+        raise MNNFormatError(f"{what} {tie}: {', '.join(_TIE_KEYS)} must be non-negative integers")
+    w_off, a_off, a_size, bits, block = numbers
+    if bits not in (2, 3, 4, 8, 16):
+        raise MNNFormatError(f"{what}: quant_bit {bits}, expected 2, 3, 4, 8 or 16")
+    if w_off and a_off <= w_off:
+        raise MNNFormatError(f"{what}: alpha_offset {a_off} must follow weight_offset {w_off} (the codes end there)")
+    return TieEmbeddings(w_off, a_off, a_size, bits, block, bool(fp16))
+
+
 def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
     """Locate the embeddings of an exported LLM dir the way MNN's llm engine does."""
     model_dir = Path(model_dir)
@@ -465,17 +575,11 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
     hidden = int(cfg.get("hidden_size", 0))
     if hidden <= 0:
         raise MNNFormatError(f"{cfg_path}: hidden_size missing or not positive")
-    tie = cfg.get("tie_embeddings")
-    if tie:
-        if isinstance(tie, list):
-            if len(tie) < 5:
-                raise MNNFormatError(f"{cfg_path}: tie_embeddings {tie} needs 5 numbers")
-            w_off, a_off, a_size, bits, block = (int(v) for v in tie[:5])
-            a_fp16 = len(tie) > 5 and bool(tie[5])
-        else:
-            w_off, a_off = int(tie.get("weight_offset", 0)), int(tie.get("alpha_offset", 0))
-            a_size, bits = int(tie.get("alpha_size", 0)), int(tie.get("quant_bit", 0))
-            block, a_fp16 = int(tie.get("quant_block", 0)), tie.get("alpha_dtype", "fp32") == "fp16"
+    tie = tie_embeddings(cfg, cfg_path)
+    if tie is not None:
+        w_off, a_off, a_size, bits, block, a_fp16 = (
+            tie.weight_offset, tie.alpha_offset, tie.alpha_size, tie.bits, tie.block, tie.alpha_fp16,
+        )  # fmt: skip
         if w_off == 0:  # a separate embedding_int4/8.bin
             path = _model_file(model_dir, cfg, "embedding_file", "embeddings_bf16.bin")
         else:
@@ -483,8 +587,6 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
         if bits == 16:
             vocab = (a_off - w_off) // (2 * hidden) if a_off > w_off else 0
             return EmbeddingInfo(path, hidden, vocab, "fp16", w_off, a_off, a_size, 16, 0, a_fp16)
-        if bits not in (2, 3, 4, 8):
-            raise MNNFormatError(f"{cfg_path}: tie_embeddings quant_bit {bits}, expected 2, 3, 4, 8 or 16")
         vocab = (a_off - w_off) * 8 // bits // hidden
         return EmbeddingInfo(path, hidden, vocab, "quant", w_off, a_off, a_size, bits, block, a_fp16)
     path = _model_file(model_dir, cfg, "embedding_file", "embeddings_bf16.bin")

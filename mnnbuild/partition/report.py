@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from mnnbuild.layout import LLM_GRAPHS
+from mnnbuild.manifests.partition import ShippedWeights
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.summary import op_parameter_count, op_weight_bytes
 from mnnbuild.partition.cut import Cut, Module
@@ -99,8 +100,9 @@ def _shapes(b: BoundaryShapes) -> str:
     return " | ".join("x".join(str(d) for d in s) or "scalar" for s in b.shapes)
 
 
-def format_report(report: PartitionReport, result_model: str) -> str:
-    """A plain-text table of the report; ``result_model`` is the partitioned graph's path (``qnn/llm.mnn``)."""
+def format_report(report: PartitionReport, result_model: str, weights: ShippedWeights | None = None) -> str:
+    """A plain-text table of the report; ``result_model`` is the partitioned graph's path (``qnn/llm.mnn``),
+    ``weights`` the weight file shipped with it."""
     seqs = ", ".join(str(s) for s in report.sample_shapes)
     lines = [
         f"partition of {report.model}: sample shapes (seq) {seqs}",
@@ -110,6 +112,15 @@ def format_report(report: PartitionReport, result_model: str) -> str:
         f"{report.npu_weight_bytes} of {report.total_weight_bytes} weight bytes",
         "chained subgraph outputs vs sample output.mnn, max abs diff: "
         + ", ".join(f"{d:.3g}" for d in report.max_abs_diff),
+        *(
+            [
+                f"weight file shipped: {weights.file}, {weights.bytes} of the source's {weights.source_bytes} bytes "
+                f"({weights.bytes / max(1, weights.source_bytes):.1%}): tied embeddings {weights.tie_embedding_bytes}, "
+                f"CPU ops {weights.cpu_op_bytes}"
+            ]
+            if weights is not None
+            else []
+        ),
         f"op order: ops that stay on the CPU run as early as their inputs allow, then the NPU runs are cut "
         f"({report.moved_ops} ops moved ahead of the source order)",
         "",

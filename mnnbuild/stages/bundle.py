@@ -1,13 +1,13 @@
 """bundle: the directory a phone needs, as upstream's adb push commands lay it out.
 
-``<out>/model/<ModelName>/`` holds ``config_qnn.json``, ``llm_config.json``, the tokenizer, the model's weight
-file (``llm.mnn.weight``, ``embedding.mnn.weight``; and ``embeddings_bf16.bin``), the partitioned graph
-(``qnn/llm.mnn``, ``qnn/embedding.mnn``), ``qnn/graph*.bin`` and
-``prompt.txt``. ``push.sh`` and ``run.sh`` push it with the QNN runtime libraries that match
-the target's HTP arch and start ``llm_demo`` on the device. Every file is a copy (a reflink where
-the file system shares blocks), never a link: the bundle is the user's to ship and edit, and an edit
-must not reach the source model, the HF cache or an earlier stage. The scripts quote every value for
-the local shell and again for the device shell that ``adb shell`` hands its command line to.
+``<out>/model/<ModelName>/`` holds ``config_qnn.json``, the tokenizer, ``embeddings_bf16.bin`` (an untied model's),
+``prompt.txt``, and from the partition the partitioned graph (``qnn/llm.mnn``, ``qnn/embedding.mnn``), the weight file
+its CPU ops and the tied embeddings read (``llm.mnn.weight``, ``embedding.mnn.weight``: only those bytes of the
+model's) and ``llm_config.json`` pointing at them; then ``qnn/graph*.bin``. ``push.sh`` and ``run.sh`` push it with
+the QNN runtime libraries that match the target's HTP arch and start ``llm_demo`` on the device. Every file is a copy
+(a reflink where the file system shares blocks), never a link: the bundle is the user's to ship and edit, and an edit
+must not reach the source model, the HF cache or an earlier stage. The scripts quote every value for the local shell
+and again for the device shell that ``adb shell`` hands its command line to.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mnnbuild.errors import StageError
-from mnnbuild.fsutil import atomic_write_text, staged_dir
+from mnnbuild.fsutil import atomic_write_text, confined, staged_dir
 from mnnbuild.layout import (
     BUNDLE_MODEL_DIR,
     BUNDLE_README,
@@ -36,7 +36,8 @@ from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.modeldir import LLM_CONFIG, OPTIONAL_FILES, VISUAL_PART, tokenizer_file
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.modeldir import OPTIONAL_FILES, VISUAL_PART, ModelPart, tokenizer_file
 from mnnbuild.spec import DEVICE_NAME_PATTERN
 from mnnbuild.stage import Stage
 from mnnbuild.targets import Soc
@@ -111,6 +112,22 @@ def visual_readme(model_name: str, image_sizes: tuple[str, ...], encoder: str) -
     )
 
 
+def _partition_files(inputs: BundleInputs, partition_dir: Path, part: ModelPart, dest: Path) -> list[tuple[Path, Path]]:
+    """What the bundle takes of one partition, as (source, destination): the partitioned model, its weight file and
+    (the model's own graph) ``llm_config.json``, each where the partition manifest says."""
+    manifest = inputs.manifest(PartitionManifest, partition_dir)
+    where = partition_dir / PartitionManifest.filename()
+    weights = manifest.weights
+    names = [part.result_model, weights.file, *([weights.llm_config] if weights.llm_config else [])]
+    copies = []
+    for name in names:
+        src = confined(partition_dir, name, f"{where}: field 'weights'")
+        if not src.is_file():
+            raise StageError(f"{src}: file missing; {where} lists it: run the partition again")
+        copies.append((src, dest / name))
+    return copies
+
+
 def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -> BundleManifest:
     """Lay out the device directory and the scripts that push and run it."""
     model_dir = Path(inputs.model_dir)
@@ -133,21 +150,18 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
     with staged_dir(out_dir) as tmp:
         dest = tmp / BUNDLE_MODEL_DIR / inputs.model_name
         copies = [(Path(inputs.config_dir) / CONFIG_FILE, dest / CONFIG_FILE)]
-        for name in (LLM_CONFIG, tokenizer, part.weight_file, *OPTIONAL_FILES):
+        for name in (tokenizer, *OPTIONAL_FILES):
             if (model_dir / name).exists():
                 copies.append((model_dir / name, dest / name))
+        copies += _partition_files(inputs, Path(inputs.partition_dir), part, dest)
         if params.image_sizes:
             encoder = VISUAL_PART
-            weights = model_dir / encoder.weight_file
-            if inputs.visual_partition_dir is None or not weights.is_file():
-                raise StageError(f"{inputs.model}: a VL bundle needs the encoder's partition and {encoder.weight_file}")
-            # MNN loads visual_model with the weights beside it (<model>.weight): the encoder's CPU ops keep their
-            # offsets into the original weight file
-            copies.append((Path(inputs.visual_partition_dir) / encoder.result_model, dest / encoder.result_model))
-            copies.append((weights, dest / f"{encoder.result_model}.weight"))
+            if inputs.visual_partition_dir is None:
+                raise StageError(f"{inputs.model}: a VL bundle needs the encoder's partition")
+            # MNN loads visual_model with the weights beside it (<model>.weight)
+            copies += _partition_files(inputs, Path(inputs.visual_partition_dir), encoder, dest)
             readme = visual_readme(inputs.model_name, params.image_sizes, encoder.result_model)
             atomic_write_text(tmp / BUNDLE_README, readme)
-        copies.append((Path(inputs.partition_dir) / part.result_model, dest / part.result_model))
         copies += [(binary, dest / QNN_DIR / binary.name) for binary in inputs.context_binaries]
         # two copies at a time: a bundle is GBs of weights and context binaries (4.5 GB at Qwen3-1.7B size, in
         # the page cache: 2.7 s on one thread, 1.5 s on two)

@@ -12,14 +12,17 @@ length), and writes::
     qnn/graphllm<k>/               decode graph of plugin k: graph.json, input.mnn, output.mnn, folded.mnn
     qnn/graphllm<s>_<k>/           the same at prefill length s (1: the longest, 2: the next, ...)
     npu_postreat.json           {"type": "QNN", "merge": {"qnn/graphllm<k>.bin": [...]}, "cache": "qnn"}
+    llm.mnn.weight              what the bundle ships of the model's weight file (its part's): only the bytes the
+                                CPU ops of qnn/llm.mnn and the tied embeddings read (`mnnbuild.partition.strip`);
+                                a VL encoder's is qnn/visual.mnn.weight
+    llm_config.json             the model's, ``tie_embeddings`` pointing into that file (not for a VL encoder)
     partition.json, partition.txt, partition.manifest.json
     split/llm.mnn               only when a convolution holds more than ``max_plugin_parameters`` weights: the
                                 source model with it split by output channels (`mnnbuild.mnn.split`); the graphs
                                 holding its parts index this model (their ``split_model``), the others the source
 
 The cut is in ``mnnbuild.partition.cut``; see ``mnnbuild.partition.records`` for tensor naming.
-``qnn/llm.mnn`` keeps using the model's ``llm.mnn.weight`` (its part's weight file): its CPU ops are the source ops with
-their external weight offsets unchanged.
+``qnn/llm.mnn``'s CPU ops are the source ops, their external weight offsets moved into the partition's weight file.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ from mnnbuild.partition.records import (
 from mnnbuild.partition.reference import ModuleIO, run_modules
 from mnnbuild.partition.report import build_report, format_report
 from mnnbuild.partition.rewrite import fuse_attributes, rewrite_model, shape_attributes
+from mnnbuild.partition.strip import strip_weights
 from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
@@ -412,7 +416,7 @@ def partition(
             save_model(model, tmp / split.path)  # MNN runs it below, its unsplit ops' weights from weight_path
         per_shape, diffs = _run_samples(inputs.model, cut, model_path, part, rt, samples, io_dir, qnn, split)
         plugin_attrs, boundary = _plugin_attributes(cut, per_shape, part.graph_prefix)
-        result = rewrite_model(cut, plugin_attrs, part.graph_prefix)
+        result, shipped = strip_weights(rewrite_model(cut, plugin_attrs, part.graph_prefix), model_dir, part, tmp)
         save_model(result, tmp / part.result_model)
 
         merge = {
@@ -428,7 +432,7 @@ def partition(
         seq_lens = [s[0] for s in samples]
         report = build_report(inputs.model, cut, seq_lens, boundary, len(result.ops), diffs, part.graph_prefix)
         atomic_write_text(tmp / PARTITION_REPORT_JSON, report.model_dump_json(indent=2) + "\n")
-        atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report, part.result_model))
+        atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report, part.result_model, shipped))
 
         used = {part.model_file, part.weight_file}
         lowered_from = [r for r in fetched.outputs if r.path in used]
@@ -461,6 +465,7 @@ def partition(
                 for p in report.plugins
             ],
             cpu_ops=len(report.cpu_ops),
+            weights=shipped,
         )
         manifest.write(tmp)
     log.info(
@@ -483,6 +488,7 @@ STAGE = Stage(
     outputs=(
         f"{QNN_DIR}/<model>.mnn",
         f"{QNN_DIR}/graph*/",
+        "<weight file>",
         POSTREAT_FILE,
         LOWERING_SOURCE,
         PARTITION_REPORT_JSON,

@@ -17,7 +17,17 @@ import numpy as np
 
 from mnnbuild.errors import MNNFormatError, UnsafePathError
 from mnnbuild.fsutil import confined
-from mnnbuild.mnn import DATA_TYPES, MnnModel, embedding_info, enum_name, load_model, plugin_attributes, schema
+from mnnbuild.mnn import (
+    DATA_TYPES,
+    MnnModel,
+    WeightRange,
+    embedding_info,
+    enum_name,
+    external_ranges,
+    load_model,
+    plugin_attributes,
+    schema,
+)
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
 from mnnbuild_runtime.errors import BundleError
 
@@ -399,15 +409,19 @@ class Bundle:
             raise BundleError(str(exc)) from exc
         weight_name = config.get("llm_weight", DEFAULT_WEIGHT)
         weight_file = bundle_path(model_dir, weight_name, f"{config_path}: field 'llm_weight'")
+        try:
+            ranges = external_ranges(model)
+        except MNNFormatError as exc:
+            raise BundleError(f"{model_file}: {exc}") from None
         if weight_file is not None and not weight_file.is_file():
-            if _needs_external_weights(model):
+            if ranges:
                 raise BundleError(
                     f"{config_path}: {model_file.name} keeps weights in an external file but "
                     f"{weight_file} does not exist (field 'llm_weight', default {DEFAULT_WEIGHT!r})"
                 )
             weight_file = None
         if weight_file is not None:
-            _check_weight_extent(model, model_dir, weight_file, embeddings=not visual)
+            _check_weight_extent(ranges, model_dir, weight_file, embeddings=not visual)
         plugins = parse_plugins(model, model_dir, model_file)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
         return cls(model_dir, config, model_file, model, weight_file, plugins)
@@ -456,27 +470,19 @@ class Bundle:
         return list(self.model.output_names)
 
 
-def _needs_external_weights(model: MnnModel) -> bool:
-    for op in model.ops:
-        ext = getattr(op.main, "external", None)
-        if ext is not None and len(ext) > 1:
-            return True
-    return False
-
-
-def _check_weight_extent(model: MnnModel, model_dir: Path, weight_file: Path, embeddings: bool = True) -> None:
-    """The weight file must cover every external range ``qnn/llm.mnn`` and (``embeddings``) ``tie_embeddings``
-    point into: a weight file of another model usually fails here instead of producing garbage."""
+def _check_weight_extent(
+    ranges: list[WeightRange], model_dir: Path, weight_file: Path, embeddings: bool = True
+) -> None:
+    """The weight file must cover every external range of ``qnn/llm.mnn`` (``ranges``) and (``embeddings``) the
+    bytes ``tie_embeddings`` points at: a weight file of another model usually fails here instead of producing
+    garbage."""
     size = weight_file.stat().st_size
-    for op in model.ops:
-        ext = getattr(op.main, "external", None)
-        if ext is not None and len(ext) > 1:
-            end = int(ext[0]) + sum(int(v) for v in ext[1:])
-            if end > size:
-                raise BundleError(
-                    f"{weight_file}: op {op.name!r} ({op.type}) reads bytes up to {end} but the file has {size}: "
-                    "not the weight file of this model"
-                )
+    for r in ranges:
+        if r.end > size:
+            raise BundleError(
+                f"{weight_file}: {r.reader} reads bytes up to {r.end} but the file has {size}: "
+                "not the weight file of this model"
+            )
     if embeddings and (model_dir / "llm_config.json").is_file():
         try:
             info = embedding_info(model_dir)
