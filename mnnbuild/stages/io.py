@@ -31,7 +31,15 @@ from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.mnn import MnnModel, input_dtypes, load_model
-from mnnbuild.modeldir import DEEPSTACK_INPUT, DEFAULT_PROMPT, LLM_CONFIG, ModelPart, chain_part, read_llm_config
+from mnnbuild.modeldir import (
+    DEEPSTACK_INPUT,
+    DEFAULT_PROMPT,
+    LLM_CONFIG,
+    ModelPart,
+    chain_part,
+    check_hidden_size,
+    read_llm_config,
+)
 from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
 from mnnbuild.stage import Stage
 from mnnbuild.visual import visual_inputs
@@ -198,6 +206,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         shapes = [(ImageSize.parse(t).patch_count(encoder), t) for t in params.image_sizes]
     else:
         _check_mask(part, model, model_file, config)
+        check_hidden_size(config, model, model_dir, part.model_file)  # fetch checked the source; this, what io reads
         if part.generates:
             _check_prompt_fits(inputs, params, model_dir)
         unknown = sorted(set(names) - set(part.inputs))
