@@ -440,9 +440,19 @@ class EmbeddingInfo:
 def _read_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "llm_config.json"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise MNNFormatError(f"{path}: cannot read llm_config.json: {exc}") from exc
+    if not isinstance(data, dict):
+        raise MNNFormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _integer(value: Any, what: str) -> int:
+    """A JSON integer (not a string, float or bool: int() would take "7", 7.9 and true)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MNNFormatError(f"{what} must be an integer, got {value!r}")
+    return value
 
 
 def _model_file(model_dir: Path, cfg: dict[str, Any], field: str, default: str) -> Path:
@@ -462,20 +472,27 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
     model_dir = Path(model_dir)
     cfg = _read_config(model_dir)
     cfg_path = model_dir / "llm_config.json"
-    hidden = int(cfg.get("hidden_size", 0))
+    hidden = _integer(cfg.get("hidden_size", 0), f"{cfg_path}: field 'hidden_size'")
     if hidden <= 0:
-        raise MNNFormatError(f"{cfg_path}: hidden_size missing or not positive")
+        raise MNNFormatError(f"{cfg_path}: field 'hidden_size' missing or not positive")
     tie = cfg.get("tie_embeddings")
     if tie:
+        what = f"{cfg_path}: field 'tie_embeddings'"
         if isinstance(tie, list):
             if len(tie) < 5:
-                raise MNNFormatError(f"{cfg_path}: tie_embeddings {tie} needs 5 numbers")
-            w_off, a_off, a_size, bits, block = (int(v) for v in tie[:5])
+                raise MNNFormatError(f"{what} {tie} needs 5 numbers")
+            w_off, a_off, a_size, bits, block = (_integer(v, f"{what} entry {i}") for i, v in enumerate(tie[:5]))
             a_fp16 = len(tie) > 5 and bool(tie[5])
+        elif isinstance(tie, dict):
+            w_off, a_off, a_size, bits, block = (
+                _integer(tie.get(key, 0), f"{cfg_path}: field 'tie_embeddings.{key}'")
+                for key in ("weight_offset", "alpha_offset", "alpha_size", "quant_bit", "quant_block")
+            )
+            a_fp16 = tie.get("alpha_dtype", "fp32") == "fp16"
         else:
-            w_off, a_off = int(tie.get("weight_offset", 0)), int(tie.get("alpha_offset", 0))
-            a_size, bits = int(tie.get("alpha_size", 0)), int(tie.get("quant_bit", 0))
-            block, a_fp16 = int(tie.get("quant_block", 0)), tie.get("alpha_dtype", "fp32") == "fp16"
+            raise MNNFormatError(f"{what} must be a list of 5 integers or an object, got {tie!r}")
+        if min(w_off, a_off, a_size, block) < 0:
+            raise MNNFormatError(f"{what} holds a negative offset or size: {tie!r}")
         if w_off == 0:  # a separate embedding_int4/8.bin
             path = _model_file(model_dir, cfg, "embedding_file", "embeddings_bf16.bin")
         else:
