@@ -280,14 +280,17 @@ def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.
     check.passed = ok and check.tokens_equal and check.engine_loop_agrees
 
 
-def _twins(context_dir: Path, twin_dir: Path, merge: dict[str, list[str]]) -> dict[str, bytes]:
-    """The unshared twins the twin stage built (hash checked against its manifests)."""
+def _twins(context_dir: Path, twin_dir: Path, merge: dict[str, list[str]], target: str) -> dict[str, bytes]:
+    """The unshared twins the twin stage built (hash checked against its manifests); a missing one names the doit
+    task that builds it (``target``: ``<model>-<arch>``)."""
     from mnnbuild.verify.checks import read_contexts, read_twins
 
     contexts, problems = read_contexts(context_dir, merge)
+    if problems:
+        raise ConformError(f"{problems[0]}; run `doit bundle:{target}`")
     twins, more = read_twins(twin_dir, contexts, merge)
-    if problems or more:
-        raise ConformError((problems + more)[0])
+    if more:
+        raise ConformError(f"{more[0]}; run `doit twin:{target}` (the unshared twins the simulator runs)")
     try:
         return {path: twin.read() for path, twin in twins.items()}
     except MnnbuildError as exc:
@@ -341,7 +344,7 @@ def conform_model(
         else:
             reason = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
         log.warning("conform: %s; running unshared twins in their place", reason)
-        twins = _twins(context_dir, twin_dir, merge)
+        twins = _twins(context_dir, twin_dir, merge, f"{model}-{arch}")
         binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
         bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
 
