@@ -33,3 +33,7 @@ class UnsafePathError(MnnbuildError):
 
 class OutputError(MnnbuildError):
     """An output cannot be written where it belongs (read-only or full file system, no permission)."""
+
+
+class SettingsError(MnnbuildError):
+    """A setting from the environment (an ``MNNBUILD_*`` variable) has a value mnnbuild cannot use."""
