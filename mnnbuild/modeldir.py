@@ -234,6 +234,8 @@ def validate_visual(model_dir: Path, encoder: str, label: str) -> None:
 
 FAMILY_NAMES: dict[str, str] = {"llm": "a text LLM", "vl": "a vision-language model", "embedding": "an embedding model"}
 EMBEDDING_OUTPUT = "sentence_embeddings"
+OMNI_FIELDS = ("is_audio", "has_talker")
+"""``llm_config.json`` fields that make MNN's engine load an audio encoder or a speech talker (``Llm::createLLM``)."""
 
 
 def model_family(llm_config: dict[str, Any], model_file: str, outputs: list[str]) -> tuple[Family, str]:
@@ -316,6 +318,12 @@ def validate_model_dir(
         check_weight_ranges(model, model_dir / part.weight_file)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
+    omni = [field for field in OMNI_FIELDS if llm_config.get(field) is True]
+    if omni:
+        raise ModelDirError(
+            f"{label}: {LLM_CONFIG} field {omni[0]!r} is true: MNN's engine runs it as an omni model (audio in or "
+            "out), which no spec family builds; expected a text LLM, a vision-language or an embedding model"
+        )
     found, why = model_family(llm_config, part.model_file, list(model.output_names))
     if found != asked:
         raise family_mismatch(model_dir, label, found, why, asked)

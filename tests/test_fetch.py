@@ -218,6 +218,20 @@ def test_the_family_is_read_from_the_model(
     assert not (tmp_path / "artifacts" / "m" / "model").exists()
 
 
+def test_an_audio_model_is_refused_by_every_family(tmp_path: Path) -> None:
+    import json
+
+    src = copy_model(tmp_path)
+    config = json.loads((src / "llm_config.json").read_text())
+    (src / "llm_config.json").write_text(json.dumps({**config, "is_audio": True}))
+    with pytest.raises(ModelDirError) as err:
+        fetch_local(src, tmp_path / "out")
+    assert str(err.value).endswith(
+        "llm_config.json field 'is_audio' is true: MNN's engine runs it as an omni model (audio in or out), which no "
+        "spec family builds; expected a text LLM, a vision-language or an embedding model"
+    )
+
+
 def test_a_wrong_hidden_size_is_named_as_such(run_doit: RunDoit, tmp_path: Path) -> None:
     """hidden_size sizes io's embeddings: a wrong one made MNN fail inside the graph, blamed on the weight file."""
     import json
