@@ -27,6 +27,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
+from mnnbuild.conform.build import SOURCE_ENV, cache_root  # noqa: E402
+
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "models"
 
 
@@ -104,6 +106,19 @@ def summaries(reports: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return boundaries, effects
 
 
+def portable(doc: Any, places: dict[str, str]) -> Any:
+    """``doc`` with this machine's directories (``places``: path -> placeholder) named by placeholders, so a
+    committed result holds no machine paths (the MNN source by its file name)."""
+    if isinstance(doc, dict):
+        return {k: portable(v, places) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [portable(v, places) for v in doc]
+    if isinstance(doc, str):
+        for path, placeholder in sorted(places.items(), key=lambda p: -len(p[0])):
+            doc = doc.replace(path, placeholder)
+    return doc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="v79")
@@ -156,9 +171,12 @@ def main() -> int:
         rows,
     )
     boundaries, effects = summaries(reports)
-    path = write_results(
-        "conformance", {"arch": args.arch, "boundaries": boundaries, "patch_effect": effects, "models": reports}
-    )
+    places = {str(artifacts): "<artifacts>", str(cache_root()): "<conform build>"}
+    source = args.mnn_source or os.environ.get(SOURCE_ENV)
+    if source:
+        places[str(Path(source).expanduser().resolve().parent)] = "<mnn source dir>"
+    doc = {"arch": args.arch, "boundaries": boundaries, "patch_effect": effects, "models": reports}
+    path = write_results("conformance", portable(doc, places))
     sys.stdout.write(f"wrote {path}\n")
     return 0 if all(r.get("passed") for r in reports.values()) else 1
 
