@@ -223,13 +223,16 @@ def replay(case: Case, args: argparse.Namespace) -> dict[str, Any]:
             proc = subprocess.run(
                 run.argv, env={**env, **run.env}, cwd=work, capture_output=True, text=True, timeout=run.timeout
             )
-            code, out = proc.returncode, proc.stdout + proc.stderr
+            # a failure's line is on stderr; a success's last line is its report's, on stdout
+            code, out = proc.returncode, proc.stdout + proc.stderr if proc.returncode else proc.stderr + proc.stdout
         except subprocess.TimeoutExpired as exc:
             code, out = None, f"(no answer after {exc.timeout:.0f} s)"
         seconds = time.perf_counter() - started
+    # this machine's paths by placeholders: the result is committed
+    out = out.replace(str(work), "<tmp>").replace(str(PROJECT_ROOT), "<project>")
     lines = [line for line in out.splitlines() if line.strip()]
     # doit follows a failed task's error line with its own trailer: what the user reads is that error line
-    errors = [line for line in lines if line.startswith(("ERROR: ", "error: ")) or "Error: " in line]
+    errors = [line for line in lines if line.startswith(("ERROR: ", "error: ")) or "Error: " in line] if code else []
     last = (errors or lines or [""])[-1]
     exited = code is not None and (code == 0) == case.succeeds
     held = exited and "Traceback" not in out and case.expected in last
