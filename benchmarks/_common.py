@@ -26,12 +26,13 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: bool = False) -> None:
+    """Rows under their headers, numbers right-aligned (``left``: every column left-aligned, for text)."""
     cells = [[str(h) for h in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     lines = []
     for n, r in enumerate(cells):
-        lines.append("  ".join(c.rjust(w) if n else c.ljust(w) for c, w in zip(r, widths, strict=True)))
+        lines.append("  ".join(c.rjust(w) if n and not left else c.ljust(w) for c, w in zip(r, widths, strict=True)))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     sys.stdout.write("\n".join(lines) + "\n")

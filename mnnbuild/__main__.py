@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from collections.abc import Callable
 
@@ -42,26 +43,37 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """``20G``, ``500M``, ``1048576`` -> bytes."""
+    """``20G``, ``500M``, ``1048576`` -> bytes: a finite size of at least one byte, or a `MnnbuildError`."""
     value = text.strip().upper().removesuffix("B").removesuffix("I")
     unit = value[-1] if value and value[-1] in _UNITS else ""
+    expected = "expected a size above 0 such as 20G, 500M or 1048576"
     try:
-        return int(float(value[: len(value) - len(unit)]) * _UNITS[unit])
+        number = float(value[: len(value) - len(unit)])
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 20G, 500M or 1048576") from None
+        raise MnnbuildError(f"--max-size {text!r}: not a size; {expected}") from None
+    if not math.isfinite(number) or number * _UNITS[unit] >= 1 << 63:
+        raise MnnbuildError(f"--max-size {text!r}: too large; {expected}")
+    size = int(number * _UNITS[unit])
+    if size < 1:
+        raise MnnbuildError(f"--max-size {text!r}: {'negative' if number < 0 else 'zero'}; {expected}")
+    return size
 
 
 def _cache(args: argparse.Namespace) -> int:
     from mnnbuild.cache import ArtifactCache, human_bytes
 
-    cache = ArtifactCache(args.url) if args.url else ArtifactCache.from_env()
+    max_size = parse_size(args.max_size) if args.max_size is not None else None  # before touching the cache
+    cache = ArtifactCache.named(url=args.url)
     if cache is None:
         sys.stderr.write("the artifact cache is off (MNNBUILD_CACHE=off)\n")
         return 1
+    problem = cache.not_a_cache()
+    if problem is not None:
+        raise MnnbuildError(f"{problem}; not an mnnbuild cache, left as it is")
     if args.action == "prune":
-        if args.max_size is None:
+        if max_size is None:
             raise MnnbuildError("cache prune needs --max-size (e.g. --max-size 20G)")
-        removed, freed = cache.prune(args.max_size)
+        removed, freed = cache.prune(max_size)
         sys.stdout.write(f"{cache.url}: removed {removed} entries, freed {human_bytes(freed)}\n")
     usage = cache.usage()
     stages: dict[str, int] = {}
@@ -85,7 +97,7 @@ def _cache(args: argparse.Namespace) -> int:
 def _add_cache(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cache", help="show or prune the artifact cache (MNNBUILD_CACHE)")
     p.add_argument("action", choices=["info", "prune"])
-    p.add_argument("--max-size", type=parse_size, help="prune: keep the most recently used entries within this size")
+    p.add_argument("--max-size", help="prune: keep the most recently used entries within this size (20G, 500M)")
     p.add_argument("--url", help="a cache other than MNNBUILD_CACHE's (a path or fsspec URL)")
     p.set_defaults(handler=_cache)
 

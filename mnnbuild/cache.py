@@ -21,10 +21,12 @@ links, so a file edited in place under one name is never restored as good under 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import posixpath
+import re
 import stat
 import time
 import uuid
@@ -34,9 +36,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from mnnbuild.errors import UnsafePathError
+from mnnbuild.errors import MnnbuildError, UnsafePathError
 from mnnbuild.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
-from mnnbuild.layout import ORIGIN_SUFFIX, origin_file
+from mnnbuild.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,46 @@ SIDECAR_SUFFIX = ORIGIN_SUFFIX
 PARTIAL_MARK = ".tmp-"
 STALE_PARTIAL_SECONDS = 3600.0
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+MARKER = "CACHEDIR.TAG"
+"""Written when a cache is created: what proves a directory is an mnnbuild cache before anything in it is deleted.
+A cache directory tag (https://bford.info/cachedir/), so backup tools skip the cache too."""
+MARKER_TEXT = (
+    "Signature: 8a477f597d28d172789f06886806bc55\n"
+    "# This file is a cache directory tag created by mnnbuild: an mnnbuild artifact cache.\n"
+    "# For information about cache directory tags see https://bford.info/cachedir/\n"
+)
+MARKER_PROOF = "mnnbuild artifact cache"
+# Names the cache writes, relative to its root (nothing else in it is ever deleted): blobs, entries, and the temp
+# names of their writes in progress; the code-digest memo beside them (`layout.CODE_DIGESTS`).
+BLOB_NAME = re.compile(r"^blobs/[0-9a-f]{2}/[0-9a-f]{64}$")
+ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_-]*/[^/]+\.json$")
+PARTIAL_NAME = re.compile(r"^(blobs/[0-9a-f]{2}/[0-9a-f]{64}|[a-z][a-z0-9_-]*/[^/]+\.json)\.tmp-[0-9a-f]{8}$")
+
+
+class CacheError(MnnbuildError):
+    """The cache a command names is unusable or not an mnnbuild cache (commands only: a build warns instead)."""
+
+
+def cache_url(environ: Mapping[str, str]) -> str | None:
+    """The cache ``MNNBUILD_CACHE`` names: its URL or local path (the default when unset), None when it is off.
+
+    A `CacheError` when the value is no cache: empty, or a relative path (relative to which directory? doit runs
+    from anywhere)."""
+    raw = environ.get(CACHE_ENV)
+    if raw is None:
+        return default_cache_url(environ)
+    url = raw.strip()
+    if not url:
+        raise CacheError(f"{CACHE_ENV} is set but empty; unset it for the default cache, name one, or set it to off")
+    if url.lower() in DISABLED:
+        return None
+    if "://" in url and not url.startswith("file://"):
+        return url  # an fsspec filesystem
+    local = Path(url.removeprefix("file://")).expanduser()
+    if not local.is_absolute():
+        raise CacheError(f"{CACHE_ENV}={raw!r} is a relative path; expected an absolute path, an fsspec URL or off")
+    return str(local)
 
 
 class CachedFile(BaseModel):
@@ -76,14 +118,28 @@ def default_cache_url(environ: Mapping[str, str]) -> str:
 
 
 def local_cache_dir(environ: Mapping[str, str]) -> Path | None:
-    """The directory of the cache ``MNNBUILD_CACHE`` names when it is a local one, else None (off or remote)."""
-    url = environ.get(CACHE_ENV, "").strip()
-    if url.lower() in DISABLED:
+    """The directory of the cache ``MNNBUILD_CACHE`` names when it is a local one that is (or may become) an
+    mnnbuild cache, else None (off, remote, unusable or someone else's directory)."""
+    try:
+        url = cache_url(environ)
+    except CacheError:
         return None
-    url = url or default_cache_url(environ)
+    if url is None:
+        return None
     if url.startswith("file://"):
         url = url[len("file://") :]
-    return Path(url) if "://" not in url else None
+    if "://" in url:
+        return None
+    path = Path(url)
+    return path if not path.exists() or cache_problem(path) is None else None
+
+
+def cache_problem(root: Path) -> str | None:
+    """Why the local directory ``root`` is not an mnnbuild cache (None: it is one, or is empty or absent)."""
+    try:
+        return ArtifactCache(str(root)).not_a_cache()
+    except Exception as exc:  # noqa: BLE001 - any backend problem is a reason too
+        return f"{_kind(exc)}: {exc}"
 
 
 class ArtifactCache:
@@ -100,18 +156,88 @@ class ArtifactCache:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ArtifactCache | None:
-        """The cache ``MNNBUILD_CACHE`` names (default: the user cache dir), or None when it is off."""
+        """The cache ``MNNBUILD_CACHE`` names (default: the user cache dir), or None when it is off or unusable
+        (then with a warning: the cache never fails a build)."""
+        try:
+            cache = cls.named(environ)
+            problem = cache.not_a_cache() if cache is not None else None
+        except CacheError as exc:
+            _warn_once(f"cache: {exc}; building without the cache")
+            return None
+        if problem is not None:
+            _warn_once(f"cache: {problem}; not an mnnbuild cache: building without it")
+            return None
+        return cache
+
+    @classmethod
+    def named(cls, environ: Mapping[str, str] | None = None, url: str | None = None) -> ArtifactCache | None:
+        """The cache ``url`` (default: the one ``MNNBUILD_CACHE`` names) or None when it is off; a `CacheError`
+        says what is wrong with an unusable one."""
         env = os.environ if environ is None else environ
-        url = env.get(CACHE_ENV, "").strip()
-        if url.lower() in DISABLED:
+        where = f"--url {url!r}" if url is not None else f"{CACHE_ENV}={env.get(CACHE_ENV, '')!r}"
+        if url is None:
+            url = cache_url(env)
+            if url is None:
+                return None
+        elif not url.strip():
+            raise CacheError("--url is empty; expected a cache directory or fsspec URL")
+        try:
+            return cls(url)
+        except Exception as exc:  # any backend problem means "no cache", never a failed build
+            raise CacheError(f"{where} is unusable ({_kind(exc)}: {exc})") from None
+
+    # -- what proves a directory is an mnnbuild cache ----------------------------------------------------------
+
+    def _marker(self) -> str:
+        return f"{self.root}/{MARKER}"
+
+    def has_marker(self) -> bool:
+        try:
+            return MARKER_PROOF in self.fs.cat_file(self._marker()).decode("utf-8", "replace")
+        except Exception:  # noqa: BLE001 - absent, unreadable, not a file: no proof
+            return False
+
+    def not_a_cache(self) -> str | None:
+        """Why this cache's root is not an mnnbuild cache, or None when it is one (its marker), is absent or empty.
+
+        A cache made before the marker existed is recognised by its contents: only names the cache writes (blobs,
+        entries that parse as entries, the code-digest memo, temps of those). Anything else there means the
+        directory holds someone's files: nothing is stored in it, nothing deleted."""
+        if self.has_marker():
             return None
         try:
-            return cls(url or default_cache_url(env))
-        except Exception as exc:  # any backend problem means "no cache", never a failed build
-            log.warning(
-                "cache: %s=%r is unusable (%s: %s); building without the cache", CACHE_ENV, url, _kind(exc), exc
-            )
-            return None
+            if not self.fs.exists(self.root):
+                return None
+            if not self.fs.isdir(self.root):
+                return f"{self.url} is not a directory"
+            names = self.fs.find(self.root, withdirs=False)
+        except Exception as exc:  # noqa: BLE001 - a backend problem
+            return f"cannot list {self.url} ({_kind(exc)}: {exc})"
+        for path in names:
+            rel = path[len(self.root) :].lstrip("/")
+            if rel == CODE_DIGESTS or rel.startswith(f".{CODE_DIGESTS}.") or BLOB_NAME.match(rel):
+                continue
+            if PARTIAL_NAME.match(rel) or (ENTRY_NAME.match(rel) and self._is_entry(path, rel)):
+                continue
+            return f"{self.url} holds {rel}, which the cache does not write, and no {MARKER} of mnnbuild"
+        return None
+
+    def _is_entry(self, path: str, rel: str) -> bool:
+        try:
+            entry = CacheEntry.model_validate_json(self.fs.cat_file(path))
+        except Exception:  # noqa: BLE001 - unreadable: not an entry
+            return False
+        return f"{entry.stage}/{entry.key}.json" == rel
+
+    def ensure_cache(self) -> None:
+        """Check that the root is an mnnbuild cache (`not_a_cache`) and write its marker if it has none (a new
+        cache, or one made before the marker existed); a `CacheError` otherwise."""
+        problem = self.not_a_cache()
+        if problem is not None:
+            raise CacheError(f"{problem}; not an mnnbuild cache, left as it is")
+        if not self.has_marker():
+            self.fs.makedirs(self.root, exist_ok=True)
+            self._put_atomic(None, MARKER_TEXT.encode(), self._marker())
 
     def _blob(self, sha: str) -> str:
         return f"{self.root}/blobs/{sha[:2]}/{sha}"
@@ -185,6 +311,8 @@ class ArtifactCache:
             return 0
 
     def _store(self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]]) -> int:
+        if not self.has_marker():
+            self.ensure_cache()  # a new cache gets its marker before its first blob
         files: list[CachedFile] = []
         moved = linked = 0
         by_inode: dict[tuple[int, int], str] = {}  # hard links (modellib's shared weights) are hashed once
@@ -233,14 +361,13 @@ class ArtifactCache:
         try:
             entry = CacheEntry.model_validate_json(raw)
         except ValidationError:
-            log.warning("cache: entry %s %s is unreadable; discarding it", stage, key[:12])
-            self.discard(stage, key)
+            log.warning("cache: entry %s %s is unreadable; %s", stage, key[:12], self.discard(stage, key))
             return None
         if (entry.stage, entry.key) != (stage, key):
             log.warning(
-                "cache: entry %s %s describes %s %s; discarding it", stage, key[:12], entry.stage, entry.key[:12]
-            )
-            self.discard(stage, key)
+                "cache: entry %s %s describes %s %s; %s",
+                stage, key[:12], entry.stage, entry.key[:12], self.discard(stage, key),
+            )  # fmt: skip
             return None
         moved = 0
         what = f"cache entry {self._entry(stage, key)}"
@@ -271,9 +398,11 @@ class ArtifactCache:
                         self.fs.get_file(blob, str(dest))
                     # a linked blob is hashed as a copied one: one edited in place under any name is caught here
                     if sha256_file(dest) != rec.sha256:
-                        self._remove(self._blob(rec.sha256))
-                        self.discard(stage, key)
-                        raise _Miss(f"{rec.path} does not match its sha256; entry discarded")
+                        blob_gone = self._remove(self._blob(rec.sha256)) is None
+                        outcome = self.discard(stage, key)
+                        if not blob_gone and outcome.startswith("entry discarded"):
+                            outcome += " (its blob could not be removed)"
+                        raise _Miss(f"{rec.path} does not match its sha256; {outcome}")
                     restored[rec.sha256] = dest
                     moved += rec.size
         except _Miss as miss:
@@ -281,13 +410,12 @@ class ArtifactCache:
             return None
         except UnsafePathError as exc:
             log.warning(
-                "cache: rejected %s %s, which writes outside its stage dir: %s; entry discarded", stage, key[:12], exc
-            )
-            self.discard(stage, key)
+                "cache: rejected %s %s, which writes outside its stage dir: %s; %s",
+                stage, key[:12], exc, self.discard(stage, key),
+            )  # fmt: skip
             return None
         except FileNotFoundError as exc:
-            log.warning("cache: %s %s is incomplete (%s); discarding it", stage, key[:12], exc)
-            self.discard(stage, key)
+            log.warning("cache: %s %s is incomplete (%s); %s", stage, key[:12], exc, self.discard(stage, key))
             return None
         self._touch(self._entry(stage, key))
         log.info("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
@@ -309,19 +437,21 @@ class ArtifactCache:
         entries: list[EntryUsage] = []
         shared = 0
         for path, info in listing.items():
+            # only names the cache writes count (and may be pruned): anything else in the directory is left alone
             rel = path[len(self.root) :].lstrip("/")
-            if PARTIAL_MARK in rel:
+            if PARTIAL_NAME.match(rel):
                 partial[rel] = (int(info.get("size") or 0), _mtime(info))
-                continue
-            if rel.startswith("blobs/"):
+            elif BLOB_NAME.match(rel):
                 blobs[rel.rsplit("/", 1)[1]] = (int(info.get("size") or 0), _changed(info))
                 # a blob with other names is also an artifact file (`_link`): its bytes are on disk once
                 shared += int(info.get("size") or 0) if int(info.get("nlink") or 1) > 1 else 0
-            elif rel.endswith(".json") and "/" in rel:
+            elif ENTRY_NAME.match(rel):
                 try:
                     entry = CacheEntry.model_validate_json(self.fs.cat_file(path))
                 except (ValidationError, OSError):
                     continue
+                if f"{entry.stage}/{entry.key}.json" != rel:
+                    continue  # not where the cache would have written it: not an entry of this cache
                 shas = frozenset(f.sha256 for f in entry.files if f.link is None)
                 entries.append(EntryUsage(stage=entry.stage, key=entry.key, blobs=shas, last_used=_mtime(info)))
         return CacheUsage(entries=entries, blobs=blobs, partial=partial, shared_bytes=shared)
@@ -329,7 +459,11 @@ class ArtifactCache:
     def prune(self, max_bytes: int, *, grace_seconds: float = 3600.0) -> tuple[int, int]:
         """Drop least recently used entries until the blobs still referenced fit in ``max_bytes``, then
         delete unreferenced blobs older than ``grace_seconds`` (younger ones may belong to an entry being
-        written right now). Returns (entries removed, bytes freed)."""
+        written right now). Returns (entries removed, bytes freed).
+
+        Only in a directory that proves to be an mnnbuild cache (`ensure_cache`; a `CacheError` otherwise), and only
+        names the cache writes (`usage`)."""
+        self.ensure_cache()
         usage = self.usage()
         kept = sorted(usage.entries, key=lambda e: e.last_used)
 
@@ -337,18 +471,23 @@ class ArtifactCache:
             return set().union(*(e.blobs for e in entries)) if entries else set()
 
         removed = 0
+        refused: list[str] = []  # why files stay (a read-only cache): counted as nothing freed
         while kept and sum(usage.blobs.get(b, (0, 0.0))[0] for b in referenced(kept)) > max_bytes:
             oldest = kept.pop(0)
-            self.discard(oldest.stage, oldest.key)
-            removed += 1
+            problem = self._remove(self._entry(oldest.stage, oldest.key))
+            removed += problem is None
+            refused += [problem] if problem else []
         live = referenced(kept)
         now = time.time()
         freed = 0
         for sha, (size, mtime) in usage.blobs.items():
             if sha not in live and now - mtime > grace_seconds:
-                self._remove(self._blob(sha))
-                freed += size
+                problem = self._remove(self._blob(sha))
+                freed += size if problem is None else 0
+                refused += [problem] if problem else []
         freed += self.sweep_partial(usage, max_age=grace_seconds)
+        if refused:
+            log.warning("cache: %d files could not be removed (%s)", len(refused), refused[0])
         log.info("cache: pruned %d entries, freed %s", removed, human_bytes(freed))
         return removed, freed
 
@@ -359,22 +498,26 @@ class ArtifactCache:
         now = time.time()
         freed = 0
         for rel, (size, mtime) in usage.partial.items():
-            if now - mtime > max_age:
-                self._remove(f"{self.root}/{rel}")
+            if now - mtime > max_age and self._remove(f"{self.root}/{rel}") is None:
                 freed += size
         return freed
 
-    def discard(self, stage: str, key: str) -> None:
-        self._remove(self._entry(stage, key))
+    def discard(self, stage: str, key: str) -> str:
+        """Remove an entry; returns what became of it, for the warning that says why (``entry discarded``, or why it
+        stays: a read-only cache)."""
+        problem = self._remove(self._entry(stage, key))
+        return "entry discarded" if problem is None else f"entry kept: cannot remove it ({problem})"
 
-    def _remove(self, path: str) -> None:
-        """Delete a cache file; a cache we may not write (read-only share) is logged, not an error."""
+    def _remove(self, path: str) -> str | None:
+        """Delete a cache file; None when it is gone, else why it stays (a read-only share): never an error."""
         try:
             self.fs.rm(path)
         except FileNotFoundError:
             pass
         except Exception as exc:  # e.g. a read-only cache: the entry just stays
-            log.warning("cache: cannot remove %s (%s: %s)", path, _kind(exc), exc)
+            log.debug("cache: cannot remove %s (%s: %s)", path, _kind(exc), exc)
+            return f"{_kind(exc)}: {getattr(exc, 'strerror', None) or exc}"
+        return None
 
 
 class _Miss(Exception):
@@ -401,6 +544,12 @@ class CacheUsage(BaseModel):
     @property
     def total_bytes(self) -> int:
         return sum(size for size, _ in self.blobs.values())
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    """A misconfigured cache is looked up by every task of a run: say what is wrong once per process."""
+    log.warning("%s", message)
 
 
 def _kind(exc: BaseException) -> str:

@@ -36,4 +36,5 @@ class OutputError(MnnbuildError):
 
 
 class SettingsError(MnnbuildError):
-    """A setting from the environment (an ``MNNBUILD_*`` variable) has a value mnnbuild cannot use."""
+    """An ``MNNBUILD_*`` environment variable has a value mnnbuild cannot use (empty, a URL, a file, the project
+    itself, a log level that is none)."""

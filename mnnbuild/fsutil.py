@@ -6,6 +6,7 @@ import contextlib
 import errno
 import functools
 import hashlib
+import json
 import logging
 import os
 import re
@@ -44,11 +45,13 @@ def staged_dir(out_dir: Path) -> Iterator[Path]:
     """Yield an empty temp directory next to ``out_dir``; on success it replaces ``out_dir``.
 
     On any exception the temp directory is removed and an existing ``out_dir`` is left as it
-    was, so a failed or interrupted stage never leaves a half artifact under the final name.
-    What a killed writer of ``out_dir`` left behind (``kill -9``: no exception ran) is removed
+    was, so a failed or interrupted stage never leaves a half artifact under the final name. Only a directory
+    mnnbuild made is ever replaced (`check_replaceable`): anything else at ``out_dir`` stops the stage before it
+    runs. What a killed writer of ``out_dir`` left behind (``kill -9``: no exception ran) is removed
     first (`remove_stale_temps`).
     """
     out_dir = Path(out_dir)
+    check_replaceable(out_dir)  # before the work, not after it
     tmp = temp_path(out_dir)
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -169,8 +172,84 @@ def check_free_space(directory: Path, need: int) -> None:
         )
 
 
+# -- replacing and removing only what mnnbuild made ---------------------------------------------------------
+MANIFEST_SUFFIX = ".manifest.json"
+ORIGIN_SUFFIX = ".origin.json"
+"""What every stage dir holds once made: its manifest (``<stage>.manifest.json``) and, when the DAG made it, how
+(``<stage>.origin.json``). One of them, as mnnbuild writes it, proves a directory is a stage dir of ours."""
+
+
+def _stage_record(path: Path) -> bool:
+    """Whether ``path`` is a manifest or origin record as mnnbuild writes them (a JSON object with its key field)."""
+    field = "schema_version" if path.name.endswith(MANIFEST_SUFFIX) else "origin"
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 << 20:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and field in data
+
+
+def made_by_mnnbuild(directory: Path) -> bool:
+    """Whether ``directory`` is a stage dir mnnbuild made (a manifest or origin record in it) or an empty directory
+    (nothing to lose). A symlink, a file or a directory of anything else is not."""
+    directory = Path(directory)
+    if directory.is_symlink() or not directory.is_dir():
+        return False
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return False
+    return not names or any(
+        n.endswith((MANIFEST_SUFFIX, ORIGIN_SUFFIX)) and _stage_record(directory / n) for n in names
+    )
+
+
+def check_replaceable(out_dir: Path) -> None:
+    """Refuse (`OutputError`, one line naming the path) to replace ``out_dir`` unless it is absent or
+    `made_by_mnnbuild`: a stage's output path that holds someone's files (an artifact root pointed at the wrong
+    place) is never written over."""
+    out_dir = Path(out_dir)
+    if not (out_dir.exists() or out_dir.is_symlink()) or made_by_mnnbuild(out_dir):
+        return
+    kind = "a symlink" if out_dir.is_symlink() else "a directory" if out_dir.is_dir() else "a file"
+    raise OutputError(
+        f"{out_dir}: {kind} mnnbuild did not make (no stage manifest in it) is where this stage writes; left it "
+        "as it was. Move it away, or set MNNBUILD_ARTIFACTS to a directory of its own"
+    )
+
+
+def remove_stage_dir(path: Path) -> None:
+    """``doit clean``: delete the stage dir ``path`` if mnnbuild made it (`made_by_mnnbuild`); anything else there
+    is left as it was, with a warning."""
+    path = Path(path)
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not made_by_mnnbuild(path):
+        log.warning("%s: not removed: mnnbuild did not make it (no stage manifest in it)", path)
+        return
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stage_dirs(group: Path) -> None:
+    """``doit clean`` of a per-plugin stage (``<arch>/context``): each plugin dir mnnbuild made, then the group dir
+    if that left it empty."""
+    group = Path(group)
+    if group.is_symlink() or not group.is_dir():
+        remove_stage_dir(group)
+        return
+    for name in sorted(os.listdir(group)):
+        if (group / name).is_dir() and not name.startswith("."):
+            remove_stage_dir(group / name)
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
 def replace_dir(src: Path, dst: Path) -> None:
-    """Move directory ``src`` to ``dst``, replacing an existing ``dst`` with two renames."""
+    """Move directory ``src`` to ``dst``, replacing an existing ``dst`` (one mnnbuild made: `check_replaceable`)
+    with two renames."""
+    check_replaceable(dst)
     old = None
     if dst.exists() or dst.is_symlink():
         old = temp_path(dst, "old")

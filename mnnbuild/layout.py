@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mnnbuild.fsutil import MANIFEST_SUFFIX, ORIGIN_SUFFIX
+
 # -- stage directories ---------------------------------------------------------------------------------
 MODEL_STAGES = ("fetch", "io", "partition", "modellib")
 """Stages built once per model (``<root>/<model>/<dir>``); the others are built per target."""
@@ -80,10 +82,9 @@ def plugin_dir(artifact_root: Path, stage: str, model: str, arch: str, binary: s
 
 
 def manifest_file(stage: str) -> str:
-    return f"{stage}.manifest.json"
+    return f"{stage}{MANIFEST_SUFFIX}"
 
 
-ORIGIN_SUFFIX = ".origin.json"
 CODE_DIGESTS = "code-digests.json"
 """The code fingerprint's memo, beside a local cache (or in the artifact root when the cache is off or remote)."""
 

@@ -147,13 +147,15 @@ def test_duplicate_model_name_across_spec_dirs(tmp_path: Path) -> None:
 def test_settings_from_environment(tmp_path: Path) -> None:
     env = {
         "MNNBUILD_MODELS_PATH": os.pathsep.join([str(tmp_path / "a"), "rel"]),
-        "MNNBUILD_ARTIFACTS": "out",
+        "MNNBUILD_ARTIFACTS": "../out",
     }
     settings = Settings.from_env(tmp_path / "proj", env)
-    assert settings.artifact_root == tmp_path / "proj" / "out"
+    assert settings.artifact_root == tmp_path / "out"
     assert settings.spec_dirs == (tmp_path / "proj" / "models", tmp_path / "a", tmp_path / "proj" / "rel")
     assert Settings.from_env(tmp_path, {}).artifact_root == tmp_path / "artifacts"
-    assert settings.target_root("m", "v79") == tmp_path / "proj" / "out" / "m" / "v79"
+    inside = Settings.from_env(tmp_path / "proj", {"MNNBUILD_ARTIFACTS": "artifacts/ci"})
+    assert inside.artifact_root == tmp_path / "proj" / "artifacts" / "ci"
+    assert settings.target_root("m", "v79") == tmp_path / "out" / "m" / "v79"
 
 
 def test_family_defaults_to_text_llm(tmp_path: Path) -> None:

@@ -330,7 +330,7 @@ def conform_model(
     orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, "config.json")
     unch_cfg = stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, "config.json")
     prompt_text = (bundle_model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
-    tokenizer = Tokenizer(orig_cfg)
+    tokenizer = Tokenizer(orig_cfg, links=True)  # staged: links to the model's files
     prompts = prompt_ids(tokenizer.encode(prompt_text), tokenizer.encode(FILLER), chunk)
 
     # the shipped binaries first; twins only if the x86 library refuses them
@@ -416,7 +416,7 @@ def measure_patch_effect(
     limits = _read_json(bundle_cfg)["chunk_limits"]
     assert isinstance(limits, list)
     chunk = max(limits)
-    tokenizer = Tokenizer(staged_config(out_dir, "original"))
+    tokenizer = Tokenizer(staged_config(out_dir, "original"), links=True)  # staged: links to the model's files
     base = tokenizer.encode((bundle_cfg.parent / PROMPT_FILE).read_text(encoding="utf-8").strip())
     filler = tokenizer.encode(FILLER)
     work = out_dir / "patch-effect"

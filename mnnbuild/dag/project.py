@@ -25,7 +25,7 @@ from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import DigestMemo
 from mnnbuild.layout import CODE_DIGESTS, stage_dir
 from mnnbuild.settings import Settings
-from mnnbuild.spec import ModelSpec, discover_specs
+from mnnbuild.spec import LocalSource, ModelSpec, discover_specs
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,10 @@ class Project:
 
     @classmethod
     def load(cls, project_root: Path) -> Project:
-        settings = Settings.from_env(project_root)
         try:
+            settings = Settings.from_env(project_root)
             specs = discover_specs(list(settings.spec_dirs))
+            settings.check_artifact_root(s.local_dir() for s in specs.values() if isinstance(s.source, LocalSource))
         except MnnbuildError as exc:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
             raise InvalidDodoFile(str(exc)) from None

@@ -31,6 +31,8 @@ class BuildSummaryReporter(ConsoleReporter):
         elif origin == "built":
             self.built.append(task.name)
             self.bytes_stored += int(task.values.get("bytes", 0))
+        elif origin == "recorded":  # doit had lost its state; the stage dir's own records proved it up to date
+            self.up_to_date.append(task.name)
 
     def skip_uptodate(self, task: Any) -> None:
         super().skip_uptodate(task)

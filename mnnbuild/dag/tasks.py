@@ -8,7 +8,6 @@ model spec becomes its Inputs and Params (`RUNS`).
 from __future__ import annotations
 
 import functools
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,12 +18,12 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 from pydantic import BaseModel
 
-from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify
+from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify, task_identity
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
-from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, outputs_intact
+from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
 from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import confined
+from mnnbuild.fsutil import confined, remove_stage_dir, remove_stage_dirs
 from mnnbuild.layout import (
     BUNDLE_MODEL_DIR,
     PART_STAGES,
@@ -76,6 +75,9 @@ class Run:
     file_dep: tuple[Path, ...] = ()
     """Files read besides the upstream manifests (a local model's source files)."""
     uptodate: tuple[Any, ...] = ()
+    checks: tuple[Callable[[], bool], ...] = ()
+    """The stateless ones among ``uptodate`` (an HF fetch's pinned commit): what must still hold for outputs on
+    record to count when doit has lost its state (`mnnbuild.dag.actions.recorded`)."""
     tools: dict[str, str] = field(default_factory=dict)
     """Versions beyond the declared tools' (verify: the runtime package it runs)."""
     action: Callable[..., TaskFailed | dict[str, Any]] = run_stage
@@ -143,12 +145,18 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     dest = out_dir(project, stage, run)
     task: dict[str, Any] = {
         "doc": run.doc,
-        "actions": [(run.action, [stage, run.inputs, run.params, dest, key, file_dep, upstream])],
+        "actions": [(run.action, [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks])],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(dest / stage.manifest.filename())],
-        # outputs deleted or edited since the manifest was written make the task run (or restore) again
-        "uptodate": [config_changed(key), outputs_intact(dest, stage.manifest), *run.uptodate],
-        "clean": [(shutil.rmtree, [str(dest)], {"ignore_errors": True})],
+        # outputs deleted, edited, or made by another task (swapped plugin dirs) make the task run (or restore) again;
+        # fetch's outputs are links to the model's files
+        "uptodate": [
+            config_changed(key),
+            outputs_intact(dest, stage.manifest, stage.name == "fetch"),
+            origin_matches(dest, stage.name, task_identity(key)),
+            *run.uptodate,
+        ],
+        "clean": [(remove_stage_dir, [dest])],
     }
     task_dep = [upstream_task(u, run.spec, run.part) for u in stage.upstream_files]  # no manifest in file_dep
     if run.arch is not None:
@@ -194,6 +202,7 @@ def fetch_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             params,
             doc=f"link the {spec.name} model files from {where} into {dest}",
             uptodate=(hf_pinned(spec.lock_path, dest),),
+            checks=(hf_pinned(spec.lock_path, dest),),
         )
         return
     source_dir = spec.local_dir()
@@ -523,7 +532,7 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
     return {
         "actions": None,
         "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
-        "clean": [(shutil.rmtree, [str(d)], {"ignore_errors": True}) for d in dirs],
+        "clean": [(remove_stage_dirs if name in PLUGIN_STAGES else remove_stage_dir, [d]) for d in dirs],
     }
 
 
@@ -548,7 +557,7 @@ def verify_all_task(project: Project) -> dict[str, Any]:
         "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
         "actions": None,
         "task_dep": verify_tasks,
-        "clean": [(shutil.rmtree, [str(d)], {"ignore_errors": True}) for d in dirs],
+        "clean": [(remove_stage_dir, [d]) for d in dirs],
     }
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import sha256_file
+from mnnbuild.errors import MnnbuildError, UnsafePathError
+from mnnbuild.fsutil import confined, sha256_file
+from mnnbuild.layout import origin_file
 from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
 
@@ -37,16 +39,29 @@ def _same_content(path: Path, size: int, mtime_ns: int | None, sha256: str) -> b
     return st.st_mtime_ns == mtime_ns or sha256_file(path) == sha256
 
 
+def _in_dir(base: Path, rel: str, links: bool) -> Path | None:
+    """``base / rel`` for a path read from a manifest or doit's state, or None when it leads outside ``base``
+    (``..``, absolute, through a symlink): checked before anything is stat'ed or hashed through it. ``links``: the
+    file itself may be a symlink (fetch's outputs link to the model's files)."""
+    try:
+        return confined(base, rel, f"{base}", follow_last=not links)
+    except UnsafePathError:
+        return None
+
+
 class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
     """doit uptodate: the stage's outputs are still what its manifest recorded (none deleted, edited or replaced).
 
     doit itself only checks that the target (the manifest) exists; an output deleted or edited later would
-    otherwise pass as up to date and break the stages after it. An unreadable manifest is not up to date either.
+    otherwise pass as up to date and break the stages after it. An unreadable manifest is not up to date either,
+    nor one listing a path outside the stage dir (never stat'ed or hashed). ``links``: outputs may be symlinks
+    (fetch's, to the model's files); a link out of any other stage's dir is not its output.
     """
 
-    def __init__(self, out_dir: Path, manifest: type[Manifest]) -> None:
+    def __init__(self, out_dir: Path, manifest: type[Manifest], links: bool = False) -> None:
         self.out_dir = Path(out_dir)
         self.manifest = manifest
+        self.links = links
 
     def _mtimes(self) -> dict[str, int]:
         try:
@@ -55,21 +70,32 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
             return {}
         found = {}
         for rec in records:
+            path = _in_dir(self.out_dir, rec.path, self.links)
             try:
-                found[rec.path] = (self.out_dir / rec.path).stat().st_mtime_ns
+                if path is not None:
+                    found[rec.path] = path.stat().st_mtime_ns
             except OSError:
                 continue
         return found
 
-    def __call__(self, task: Any, values: dict[str, Any]) -> bool:
-        key = f"outputs_intact:{self.out_dir}"
-        task.value_savers.append(lambda: {key: self._mtimes()})
+    def intact(self, known: dict[str, int] | None = None) -> bool:
+        """Whether every output is there with its recorded content (size, then mtime as of ``known`` or the hash)."""
         try:
             records = self.manifest.read(self.out_dir).outputs
         except MnnbuildError:
             return False
-        known = values.get(key) or {}
-        return all(_same_content(self.out_dir / r.path, r.size, known.get(r.path), r.sha256) for r in records)
+        known = known or {}
+        for r in records:
+            path = _in_dir(self.out_dir, r.path, self.links)
+            if path is None or not _same_content(path, r.size, known.get(r.path), r.sha256):
+                return False
+        return True
+
+    def __call__(self, task: Any, values: dict[str, Any]) -> bool:
+        key = f"outputs_intact:{self.out_dir}"
+        task.value_savers.append(lambda: {key: self._mtimes()})
+        known = values.get(key)
+        return self.intact(known if isinstance(known, dict) else None)
 
 
 class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
@@ -90,8 +116,8 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         previous = previous or {}
         found: dict[str, list[Any]] = {}
         for p in sorted(self.root.rglob("*")):
-            if not p.is_file():
-                continue
+            if p.is_symlink() or not p.is_file():
+                continue  # a link is never hashed through: its presence alone makes the check fail (`present`)
             rel, st = p.relative_to(self.root).as_posix(), p.stat()
             old = previous.get(rel)
             same_stat = isinstance(old, list) and len(old) == 3 and old[:2] == [st.st_size, st.st_mtime_ns]
@@ -104,7 +130,32 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         task.value_savers.append(lambda: {key: self.snapshot(known if isinstance(known, dict) else None)})
         if not isinstance(known, dict) or not self.root.is_dir():
             return False
-        present = {p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file()}
+        present = {p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() or p.is_symlink()}
         if present != set(known):
             return False
-        return all(_same_content(self.root / rel, size, mtime, sha) for rel, (size, mtime, sha) in known.items())
+        for rel, record in known.items():  # names from doit's state file: confined before they are stat'ed
+            path = _in_dir(self.root, rel, links=False)
+            if path is None or not isinstance(record, list) or len(record) != 3:
+                return False
+            if path.is_symlink() or not _same_content(path, *record):
+                return False
+        return True
+
+
+class origin_matches:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
+    """doit uptodate: the stage dir's origin record says this task made it (`mnnbuild.dag.actions.task_identity`).
+
+    A plugin dir swapped with another (``twin/graphllm0`` <-> ``twin/graphllm1``) matches its own manifest, so
+    `outputs_intact` passes it; its record names the other plugin's task, so it is built or restored again.
+    (A class, not a closure: ``doit -n`` pickles the tasks created after the partition.)"""
+
+    def __init__(self, out_dir: Path, stage: str, identity: str) -> None:
+        self.path = Path(out_dir) / origin_file(stage)
+        self.identity = identity
+
+    def __call__(self) -> bool:
+        try:
+            origin = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
+        return isinstance(origin, dict) and origin.get("task") == self.identity

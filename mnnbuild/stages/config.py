@@ -48,7 +48,7 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
     fetched = inputs.manifest(FetchManifest, inputs.model_dir)
     tokenizer = tokenizer_file(inputs.model_dir)
     config = qnn_config(read_model_config(inputs.model_dir), fetched.part, params, tokenizer)
-    check_config_files(Path(inputs.model_dir) / MODEL_CONFIG, config.model_dump())
+    check_config_files(Path(inputs.model_dir) / MODEL_CONFIG, config.model_dump(), links=True)  # fetched: links
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / CONFIG_FILE, config.to_json())
         manifest = ConfigManifest(

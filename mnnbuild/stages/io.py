@@ -127,7 +127,7 @@ def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> N
     from mnnbuild_runtime import BundleError, Tokenizer
 
     try:
-        prompt_tokens = len(Tokenizer(model_dir / "config.json").encode(DEFAULT_PROMPT.strip()))
+        prompt_tokens = len(Tokenizer(model_dir / "config.json", links=True).encode(DEFAULT_PROMPT.strip()))
     except BundleError as exc:
         raise ModelDirError(str(exc)) from None
     longest = max(params.chunk_sizes)

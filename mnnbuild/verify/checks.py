@@ -496,7 +496,7 @@ class GenerationRun:
             t0 = time.perf_counter()
             self.guess = redraft = kv_cache_redraft(self.model_dir, self.runtime)
             self.cpu_forward = cpu_forward_fn(self.model_dir, self.runtime)
-            self.cpu_embed = Embeddings(self.model_dir)
+            self.cpu_embed = Embeddings(self.model_dir, links=True)  # the fetched model: links to its files
             draft = redraft(ids, steps)
             cpu = follow_draft(self.cpu_forward, self.cpu_embed, ids, draft, steps, self.limits, redraft=redraft)
             if cpu.rejected is not None:

@@ -5,12 +5,13 @@ Only files a phone receives are read; nothing from the build's intermediate dire
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config_qnn.json"
 DEFAULT_WEIGHT = "llm.mnn.weight"
+DEFAULT_TOKENIZER = "tokenizer.txt"
 PLUGIN_TYPE = "QNN"
 
 #: MNN DataType -> numpy dtype, for the types a plugin output may carry.
@@ -77,6 +79,8 @@ class PluginSpec:
     outputs: tuple[tuple[OutputDesc, ...], ...]
     offset: int = 0
     size: int = 0  # 0: the whole file
+    model_dir: Path | None = None
+    """The bundle's model dir ``path`` belongs to: the file is checked again at every read (`bundle_path`)."""
 
     @property
     def num_shapes(self) -> int:
@@ -102,8 +106,10 @@ class PluginSpec:
 
     def read_binary(self) -> bytes:
         """The bytes of this plugin's context binary (honouring the ``offset``/``size`` attributes)."""
+        if self.model_dir is not None:
+            bundle_path(self.model_dir, self.path, f"{self.where()}: attribute 'path'")
         try:
-            with open(self.file, "rb") as fh:
+            with open_bundle_file(self.file) as fh:
                 if self.size:
                     fh.seek(self.offset)
                     data = fh.read(self.size)
@@ -119,9 +125,22 @@ class PluginSpec:
         return data
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def open_bundle_file(path: Path, links: bool = False) -> BinaryIO:
+    """Open a bundle file for reading without following a link (``links``: a fetched model dir's files are links):
+    a file swapped for a link after it was checked (`bundle_path`) is refused by the open itself."""
+    flags = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | (0 if links else getattr(os, "O_NOFOLLOW", 0))
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return os.fdopen(os.open(path, flags), "rb")
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BundleError(f"{path}: a symlink; a bundle's files are copies, and links are not followed") from None
+        raise
+
+
+def _read_json(path: Path, links: bool = False) -> dict[str, Any]:
+    try:
+        with open_bundle_file(path, links) as fh:
+            data = json.loads(fh.read().decode("utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{path}: file missing; a bundle model dir must have {path.name}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -152,43 +171,71 @@ REFUSED_FIELDS = {
 """Fields naming a directory MNN's engine reads from or writes to, not relative to the model dir."""
 
 
-def bundle_path(model_dir: Path, name: object, what: str) -> Path:
-    """``model_dir / name`` for a file name read from a bundle (``what``: the file and field it came from). It must
-    name a file of the model dir: relative, without ``..``, no symlinked directory on the way out of it (the file
-    itself may be a link: a fetched model dir links its files to the source)."""
+def bundle_path(model_dir: Path, name: object, what: str, *, links: bool = False) -> Path:
+    """``model_dir / name`` for a file name read from a bundle (``what``: the file and field it came from), checked
+    right before the file is read. It must name a file of the model dir: relative, without ``..``, no symlinked
+    directory on the way out of it. A bundle's files are copies, so a symlink anywhere on the way, the file itself
+    included, is refused even when it points inside; ``links=True`` is for a fetched model dir, whose files are
+    links to the source model's (its directories may still not lead out)."""
     if not isinstance(name, str) or not name:
         raise BundleError(f"{what} must be a file name inside {model_dir}, got {name!r}")
     try:
-        return confined(model_dir, name, what, follow_last=False)
+        path = confined(model_dir, name, what, follow_last=False)
     except UnsafePathError as exc:
         raise BundleError(str(exc)) from None
+    if not links:
+        at = Path(model_dir)
+        for part in PurePosixPath(name).parts:
+            at = at / part
+            if at.is_symlink():
+                raise BundleError(
+                    f"{what}: {at} is a symlink (to {os.readlink(at)}); a bundle's files are copies, and links are "
+                    "not followed"
+                )
+    return path
 
 
-def check_config_files(config_path: Path, config: dict[str, Any]) -> None:
+ENGINE_DEFAULTS = {"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight", "tokenizer_file": DEFAULT_TOKENIZER}
+"""Files MNN's engine reads when a config does not name them (``llmconfig.hpp``'s defaults)."""
+
+
+def check_config_files(config_path: Path, config: dict[str, Any], *, links: bool = False) -> None:
     """Every file an LLM config names (`FILE_FIELDS`, in it or in the ``llm_config.json`` it names) must be a file
     of its directory, and `REFUSED_FIELDS` are refused: what MNN's engine reads or writes when it is given this
-    config stays inside the model dir. (An empty name is the model dir itself, MNN's default for some fields.)"""
+    config stays inside the model dir. (An empty name is the model dir itself, MNN's default for some fields.)
+    ``links``: see `bundle_path`."""
     model_dir = config_path.parent
     sources = [(config_path, config)]
     llm_config = bundle_path(
-        model_dir, config.get("llm_config", "llm_config.json"), f"{config_path}: field 'llm_config'"
+        model_dir, config.get("llm_config", "llm_config.json"), f"{config_path}: field 'llm_config'", links=links
     )
     if llm_config.is_file():
-        sources.append((llm_config, _read_json(llm_config)))
+        sources.append((llm_config, _read_json(llm_config, links)))
     for source, values in sources:
         refused = [field for field in REFUSED_FIELDS if field in values]
         if refused:
             raise BundleError(f"{source}: field {refused[0]!r} is not supported: {REFUSED_FIELDS[refused[0]]}")
         for field in FILE_FIELDS:
             if field in values and values[field] != "":
-                bundle_path(model_dir, values[field], f"{source}: field {field!r}")
+                bundle_path(model_dir, values[field], f"{source}: field {field!r}", links=links)
 
 
-def read_config(config_path: Path) -> dict[str, Any]:
+def check_engine_files(config_path: Path, config: dict[str, Any], *, links: bool = False) -> None:
+    """Right before MNN's engine is handed ``config_path`` (it opens the files itself, by name): the files it names
+    (`check_config_files`) and those it reads by default (`ENGINE_DEFAULTS`) are checked again."""
+    check_config_files(config_path, config, links=links)
+    for field, default in ENGINE_DEFAULTS.items():
+        if field not in config and (config_path.parent / default).exists():
+            bundle_path(config_path.parent, default, f"{config_path}: default of field {field!r}", links=links)
+
+
+def read_config(config_path: Path, *, links: bool = False) -> dict[str, Any]:
     """An LLM config (``config.json``, ``config_qnn.json``), read, and checked by `check_config_files`: what it
-    gives MNN's engine to read stays inside its model dir."""
-    config = _read_json(config_path)
-    check_config_files(config_path, config)
+    gives MNN's engine to read stays inside its model dir. ``links``: see `bundle_path`."""
+    config_path = Path(config_path)
+    bundle_path(config_path.parent, config_path.name, f"{config_path}", links=links)
+    config = _read_json(config_path, links)
+    check_config_files(config_path, config, links=links)
     return config
 
 
@@ -275,6 +322,7 @@ def parse_plugin(
     offset = _pair_to_size(attrs["offset"], where, "offset") if "offset" in attrs else 0
     size = _pair_to_size(attrs["size"], where, "size") if "size" in attrs else 0
     return PluginSpec(
+        model_dir=Path(model_dir),
         name=op.name or path,  # unnamed ops are known by their binary
         op_index=op_index,
         path=path,
@@ -399,6 +447,13 @@ class Bundle:
             check_chunk_limits(config_path, chunks, plugins)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
         return cls(model_dir, config, model_file, model, weight_file, plugins)
+
+    def check_files(self) -> None:
+        """The model file and weight file, checked again (`bundle_path`): called right before MNN opens them by name,
+        at every load of a segment, not only when the bundle was opened."""
+        for path in (self.model_file, self.weight_file):
+            if path is not None:
+                bundle_path(self.model_dir, path.relative_to(self.model_dir).as_posix(), f"{self.model_dir}")
 
     @property
     def chunk_limits(self) -> list[int]:

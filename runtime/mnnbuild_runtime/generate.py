@@ -32,7 +32,7 @@ from mnnbuild.cpu.segments import run_segmented
 from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, load_model, read_embeddings
 from mnnbuild.mnn.summary import op_parameter_count
-from mnnbuild_runtime.bundle import bundle_path, read_config
+from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.chunks import block_sizes, fit_block
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hybrid import HybridModel, text_feeds
@@ -47,13 +47,25 @@ class Embeddings:
     ``llm.mnn.weight``, or ``embeddings_bf16.bin``). Rows are cached, so a growing sequence reads each
     token once."""
 
-    def __init__(self, model_dir: str | os.PathLike[str]) -> None:
+    def __init__(self, model_dir: str | os.PathLike[str], *, links: bool = False) -> None:
+        """``links``: a fetched model dir, whose files are links to the source model's (`bundle_path`)."""
         self.model_dir = Path(model_dir)
+        self.links = links
+        self._check_files()
         try:
             self.info = embedding_info(self.model_dir)
         except MNNFormatError as exc:
             raise BundleError(f"{self.model_dir}: cannot locate the token embeddings: {exc}") from exc
+        self._check_files()
         self._rows: dict[int, np.ndarray] = {}
+
+    def _check_files(self) -> None:
+        """``llm_config.json`` and the file the rows are read from, checked right before each read."""
+        bundle_path(self.model_dir, "llm_config.json", f"{self.model_dir}: embeddings", links=self.links)
+        info = getattr(self, "info", None)
+        if info is not None:
+            rel = Path(info.path).relative_to(self.model_dir).as_posix()
+            bundle_path(self.model_dir, rel, f"{self.model_dir}: embeddings", links=self.links)
 
     @property
     def hidden(self) -> int:
@@ -68,6 +80,7 @@ class Embeddings:
         ids = [int(t) for t in tokens]
         todo = sorted({t for t in ids if t not in self._rows})
         if todo:
+            self._check_files()
             try:
                 rows = read_embeddings(self.model_dir, todo)
             except MNNFormatError as exc:
@@ -360,11 +373,12 @@ def _original_model_file(model_dir: Path) -> tuple[Path, Path | None]:
     config_path = model_dir / "config.json"
     llm_model, llm_weight = "llm.mnn", "llm.mnn.weight"
     if config_path.is_file():
-        config = read_config(config_path)
+        config = read_config(config_path, links=True)
         llm_model = config.get("llm_model", llm_model)
         llm_weight = config.get("llm_weight", llm_weight)
-    model_file = bundle_path(model_dir, llm_model, f"{config_path}: field 'llm_model'")
-    weight_file = bundle_path(model_dir, llm_weight, f"{config_path}: field 'llm_weight'")
+    # the original model dir: fetched, its files are links to the source model's
+    model_file = bundle_path(model_dir, llm_model, f"{config_path}: field 'llm_model'", links=True)
+    weight_file = bundle_path(model_dir, llm_weight, f"{config_path}: field 'llm_weight'", links=True)
     if not model_file.is_file():
         raise BundleError(f"{model_dir}: model file {model_file} does not exist")
     return model_file, weight_file if weight_file.is_file() else None
@@ -411,7 +425,8 @@ def kv_cache_draft(
     config = Path(model_dir) / "config.json"
     if n <= 0 or not config.is_file():
         return []
-    read_config(config)  # MNN's engine reads every file it names: a name leading out is an error, not a warning
+    # MNN's engine reads every file it names: a name leading out is an error, not a warning
+    check_engine_files(config, read_config(config, links=True), links=True)
     rt = runtime or CpuRuntime()
     model_file, _ = _original_model_file(Path(model_dir))
     decoded = 4 * sum(op_parameter_count(op) for op in load_model(model_file).ops)
@@ -472,7 +487,7 @@ def cpu_greedy_generate(
     one per token)."""
     prompt, _, largest = _loop_setup(prompt_ids, chunk)
     redraft = kv_cache_redraft(model_dir, runtime)
-    outcome = follow_draft(cpu_forward_fn(model_dir, runtime), Embeddings(model_dir), prompt,
+    outcome = follow_draft(cpu_forward_fn(model_dir, runtime), Embeddings(model_dir, links=True), prompt,
                            redraft(prompt, min(max_new_tokens, largest - len(prompt))), max_new_tokens, chunk,
                            stop_ids, redraft=redraft)  # fmt: skip
     if outcome.rejected is not None:

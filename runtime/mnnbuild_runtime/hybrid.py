@@ -212,7 +212,11 @@ class HybridExecutor:
         run_plugin: PluginFn,
         *,
         runtime: CpuRuntime | None = None,
+        check_files: Callable[[], None] | None = None,
     ) -> None:
+        """``check_files``: called right before MNN opens the model or weight file by name (a bundle's
+        `Bundle.check_files`: no file became a link since it was opened)."""
+        self.check_files = check_files
         self.model_file = Path(model_file)
         self.model = model
         self.plugins = {p.name: p for p in plugins}
@@ -227,6 +231,8 @@ class HybridExecutor:
     def _module(self, seg: Segment) -> Any:
         mod = self._modules.get(seg.name)
         if mod is None:
+            if self.check_files is not None:
+                self.check_files()
             if self._rt is None:
                 self._rt = self.runtime.create(self.weight_file)
             try:
@@ -429,6 +435,7 @@ class HybridModel:
             self.bundle.weight_file,
             self._run_plugin,
             runtime=self.runtime,
+            check_files=self.bundle.check_files,
         )
         self._closed = False
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.cpu import import_mnn
-from mnnbuild_runtime.bundle import bundle_path, read_config
+from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.errors import BundleError
 
 
@@ -22,19 +22,23 @@ class Tokenizer:
     ``qnn/llm.mnn`` has Plugin ops. Only ``tokenizer_encode``/``tokenizer_decode`` are used.
     """
 
-    def __init__(self, config: str | os.PathLike[str]) -> None:
+    def __init__(self, config: str | os.PathLike[str], *, links: bool = False) -> None:
+        """``links``: the config of a fetched model dir, whose files are links to the source model's (`bundle_path`);
+        a bundle's are copies."""
         path = Path(config)
         if not path.is_file():
             raise BundleError(f"{path}: config file missing; expected config.json or config_qnn.json of a model dir")
-        config_data = read_config(path)  # MNN's engine reads every file it names: none may lie outside the model dir
+        # MNN's engine reads every file it names: none may lie outside the model dir
+        config_data = read_config(path, links=links)
         # MNN crashes (SIGSEGV in tokenizer_encode) instead of failing when the tokenizer file is missing
         name = config_data.get("tokenizer_file", "tokenizer.txt")
-        tok_file = bundle_path(path.parent, name, f"{path}: field 'tokenizer_file'")
+        tok_file = bundle_path(path.parent, name, f"{path}: field 'tokenizer_file'", links=links)
         if not tok_file.is_file():
             raise BundleError(
                 f"{path}: tokenizer file {tok_file} (field 'tokenizer_file', default 'tokenizer.txt') does not exist"
             )
         import_mnn()
+        check_engine_files(path, config_data, links=links)  # MNN opens them by name: checked right before
         with contextlib.redirect_stdout(io.StringIO()):  # MNN prints progress on stdout
             import MNN.llm  # never MNN.tools: it installs packages and sends telemetry
 
