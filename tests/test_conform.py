@@ -300,19 +300,51 @@ def _stale_patch(tmp_path: Path) -> Path:
 
 
 def test_stage_dir_links_files_and_writes_replacements(tmp_path: Path) -> None:
+    from mnnbuild.conform.workdir import claim_dir
+
     src = tmp_path / "bundle"
     (src / "qnn").mkdir(parents=True)
     (src / "qnn" / "graph0.bin").write_bytes(b"shipped")
     (src / "qnn" / "llm.mnn").write_bytes(b"graph")
     (src / "config_qnn.json").write_text("{}")
-    config = stage_dir(
-        src, tmp_path / "run", {"qnn/graph0.bin": b"twin"}, {"llm_model": "qnn/llm.mnn"}, "config_qnn.json"
-    )
-    run = tmp_path / "run"
+    out = claim_dir(tmp_path / "out")
+    config = stage_dir(src, out / "run", {"qnn/graph0.bin": b"twin"}, {"llm_model": "qnn/llm.mnn"}, "config_qnn.json")
+    run = out / "run"
     assert (run / "qnn" / "llm.mnn").is_symlink() and (run / "qnn" / "llm.mnn").read_bytes() == b"graph"
     assert not (run / "qnn" / "graph0.bin").is_symlink() and (run / "qnn" / "graph0.bin").read_bytes() == b"twin"
     assert (src / "qnn" / "graph0.bin").read_bytes() == b"shipped"  # the bundle itself is untouched
     assert config == run / "config_qnn.json" and '"llm_model": "qnn/llm.mnn"' in config.read_text()
+    # a second run replaces what the first staged
+    stage_dir(src, out / "run", {}, {}, "config_qnn.json")
+    assert (run / "qnn" / "graph0.bin").is_symlink()
+
+
+def test_conform_writes_only_into_a_report_dir_it_made(tmp_path: Path) -> None:
+    """`--out ~/Documents` used to remove ~/Documents/bundle (and original/, unchunked/, compilefornpu/): conform
+    writes only into a new or empty dir, or one an earlier run wrote (its marker, or its conform.json)."""
+    from mnnbuild.conform.workdir import ConformDirError, claim_dir, fresh_dir
+
+    docs = tmp_path / "Documents"
+    (docs / "bundle").mkdir(parents=True)
+    (docs / "bundle" / "thesis.tex").write_text("mine")
+    with pytest.raises(ConformDirError, match=r"Documents: a directory conform did not make \(no .mnnbuild-conform"):
+        claim_dir(docs)
+    with pytest.raises(ConformDirError, match=r"Documents: not a report dir conform made"):
+        stage_dir(tmp_path / "src", docs / "bundle", {}, {}, "config_qnn.json")
+    with pytest.raises(ConformDirError):
+        fresh_dir(docs / "compilefornpu")
+    assert (docs / "bundle" / "thesis.tex").read_text() == "mine" and sorted(p.name for p in docs.iterdir()) == [
+        "bundle"
+    ]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConformDirError, match="a file or symlink"):
+        claim_dir(tmp_path / "file")
+    # an earlier run's report dir (written before the marker existed) is conform's; so is a new or empty one
+    earlier = tmp_path / "earlier"
+    (earlier / "bundle").mkdir(parents=True)
+    (earlier / "conform.json").write_text('{"model": "m", "mnn_build": "k"}')
+    assert fresh_dir(claim_dir(earlier) / "bundle").is_dir() and not list((earlier / "bundle").iterdir())
+    assert claim_dir(tmp_path / "new").is_dir() and claim_dir(tmp_path / "new") == tmp_path / "new"
 
 
 def test_run_configs_set_the_engine_settings_conform_needs() -> None:

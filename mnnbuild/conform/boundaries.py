@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, computed_field
 
 from mnnbuild.conform.build import MnnBuild, ensure_tools
+from mnnbuild.conform.workdir import fresh_dir
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import atomic_write_text
 from mnnbuild.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, manifest_file
@@ -171,8 +171,8 @@ def run_compilefornpu(
     if llm_config.get("is_mrope") or llm_config.get("is_visual"):
         raise BoundaryError("a model with M-RoPE inputs needs another input.json; only text LLMs are compared")
     ensure_tools(build, UPSTREAM_TOOLS)
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "qnn").mkdir(parents=True)
+    fresh_dir(work)  # conform's own subdir of its report dir: --out may name a directory of the user's
+    (work / "qnn").mkdir()
     log_path = work / "tools.log"
     atomic_write_text(work / "input.json", json.dumps(upstream_io_config(llm_config, chunk), indent=2) + "\n")
     model, weight = (model_dir / TEXT_LLM.model_file).resolve(), (model_dir / TEXT_LLM.weight_file).resolve()

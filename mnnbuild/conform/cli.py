@@ -27,6 +27,7 @@ from mnnbuild.conform.run import (
     measure_patch_effect,
     write_report,
 )
+from mnnbuild.conform.workdir import claim_dir
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.layout import bundle_model_dir, conform_dir, stage_dir
 from mnnbuild.manifests.bundle import BundleManifest
@@ -117,7 +118,7 @@ def run_conform(args: argparse.Namespace) -> int:
     if arch not in spec.targets:
         raise ConformError(f"{spec.spec_path}: field 'targets' does not list {arch!r}")
     paths = locate(settings.artifact_root, model, arch)
-    out_dir = Path(args.out).resolve() if args.out else paths.conform_dir
+    out_dir = claim_dir(Path(args.out).resolve() if args.out else paths.conform_dir)
     source = resolve_source(args.mnn_source)
     headers = resolve_qnn_headers(args.qnn_headers)
     all_patches = load_patches()
