@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild import dag
-from mnnbuild.logs import configure_logging
 
-configure_logging()
+dag.configure_logging()  # MNNBUILD_LOG_LEVEL: a value that is no level is one line
 dag.handle_interrupts()  # SIGTERM cleans up like Ctrl-C; `doit -n` workers die with their parent
 PROJECT = dag.Project.load(Path(__file__).resolve().parent)
 DOIT_CONFIG = PROJECT.doit_config()

@@ -1,9 +1,10 @@
 """Conformance of the tiny models (random and trained) and every fixture model: bundle vs original model in
 MNN's own Llm engine.
 
-Builds each model's bundle with doit (the fixtures through a temporary spec dir, as tests/test_verify.py
-does), then runs ``python -m mnnbuild conform <model>-<arch>`` for each (MNN built once from ``MNN_SOURCE``,
-QNN headers from ``QNN_SDK_ROOT`` or ``--qnn-headers``; see README "Conformance"), prints tables and writes
+Builds each model's bundle and twins with doit (the fixtures through a temporary spec dir, as
+tests/test_verify.py does; the tiny model once more as ``tiny-qwen3-renamed``, from a folder named otherwise),
+then runs ``python -m mnnbuild conform <model>-<arch>`` for each (MNN built once from ``MNN_SOURCE``, QNN headers
+from ``QNN_SDK_ROOT`` or ``--qnn-headers``; see README "Conformance"), prints tables and writes
 ``benchmarks/results/conformance.json``: per model the conform report (verdict, plugin boundaries against MNN's
 ``compilefornpu``, and with ``--patch-effect NAME`` what that patch changes at prompt lengths around the chunk),
 plus a ``boundaries`` and a ``patch_effect`` summary. Not part of CI: the first run builds MNN (~15 minutes on
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,18 +28,30 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
+from mnnbuild.conform.build import SOURCE_ENV, cache_root  # noqa: E402
+
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "models"
+
+
+RENAMED = ("tiny-qwen3-renamed", "qwen3-tiny-folder")
+"""A spec named unlike its model's folder (the bundle names the model dir after the folder): conform must find it."""
 
 
 def _specs(arch: str, specs_dir: Path) -> list[str]:
     specs_dir.mkdir(parents=True, exist_ok=True)
     # text LLMs only: a VL fixture's llm.mnn takes M-RoPE inputs, which the chain does not build yet
     names = sorted(p.name for p in FIXTURES.iterdir() if (p / "llm.mnn").is_file() and not (p / "visual.mnn").exists())
-    for name in names:
+    sources = {name: FIXTURES / name for name in names}
+    spec, folder = RENAMED
+    copy = specs_dir.parent / "conformance-models" / folder
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(PROJECT_ROOT / "models" / "tiny-qwen3", copy)
+    sources[spec] = copy
+    for name, source in sources.items():
         (specs_dir / f"{name}.toml").write_text(
-            f'name = "{name}"\nsource = {{ local = "{FIXTURES / name}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
+            f'name = "{name}"\nsource = {{ local = "{source}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
         )
-    return ["tiny-qwen3", "tiny-qwen3-trained", *names]
+    return ["tiny-qwen3", "tiny-qwen3-trained", *names, spec]
 
 
 def summaries(reports: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -93,6 +107,19 @@ def summaries(reports: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return boundaries, effects
 
 
+def portable(doc: Any, places: dict[str, str]) -> Any:
+    """``doc`` with this machine's directories (``places``: path -> placeholder) named by placeholders, so a
+    committed result holds no machine paths (the MNN source by its file name)."""
+    if isinstance(doc, dict):
+        return {k: portable(v, places) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [portable(v, places) for v in doc]
+    if isinstance(doc, str):
+        for path, placeholder in sorted(places.items(), key=lambda p: -len(p[0])):
+            doc = doc.replace(path, placeholder)
+    return doc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="v79")
@@ -105,7 +132,7 @@ def main() -> int:
     specs_dir = artifacts / "conformance-specs"
     models = _specs(args.arch, specs_dir)
     env = {**os.environ, "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_MODELS_PATH": str(specs_dir)}
-    tasks = [f"bundle:{m}-{args.arch}" for m in models]
+    tasks = [f"{stage}:{m}-{args.arch}" for m in models for stage in ("bundle", "twin")]
     subprocess.run([sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *tasks], env=env, check=True)
     extra = [f"--mnn-source={args.mnn_source}"] * bool(args.mnn_source)
     extra += [f"--qnn-headers={args.qnn_headers}"] * bool(args.qnn_headers)
@@ -145,9 +172,12 @@ def main() -> int:
         rows,
     )
     boundaries, effects = summaries(reports)
-    path = write_results(
-        "conformance", {"arch": args.arch, "boundaries": boundaries, "patch_effect": effects, "models": reports}
-    )
+    places = {str(artifacts): "<artifacts>", str(cache_root()): "<conform build>"}
+    source = args.mnn_source or os.environ.get(SOURCE_ENV)
+    if source:
+        places[str(Path(source).expanduser().resolve().parent)] = "<mnn source dir>"
+    doc = {"arch": args.arch, "boundaries": boundaries, "patch_effect": effects, "models": reports}
+    path = write_results("conformance", portable(doc, places))
     sys.stdout.write(f"wrote {path}\n")
     return 0 if all(r.get("passed") for r in reports.values()) else 1
 

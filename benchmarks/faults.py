@@ -3,7 +3,11 @@
 Each case is a small function registered with ``@case``: it sets up a temp project, artifact root or cache, does
 the bad thing a hostile but fair user (or the OOM killer) would, and returns an `Outcome`: whether the guarantee
 held, the exit code, the last lines the user saw, and whether files outside what mnnbuild owns were touched. The
-tests in ``tests/test_faults_fs.py`` assert the same cases; this script shows them side by side.
+tests in ``tests/test_faults_fs.py`` (files and processes) and ``tests/test_input_faults.py``, ``test_spec.py``,
+``test_fetch.py``, ``test_io.py``, ``test_runtime.py``, ``test_mnn_cli.py``, ``test_conform.py`` (inputs, messages,
+conform) assert the same cases; this script shows them side by side. ``conform-renamed-model`` runs conform whole
+and needs ``MNN_SOURCE`` and QNN headers (``FAULTS_QNN_HEADERS``, a dir holding QnnInterface.h, or
+``QNN_SDK_ROOT``); the MNN build is reused from ``MNNBUILD_CONFORM_CACHE``. Without them its row says "not run".
 
     python benchmarks/faults.py                 # every case -> table + benchmarks/results/faults.json
     python benchmarks/faults.py --only prune    # the cases whose name contains 'prune'
@@ -109,11 +113,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+NEUTRAL_CWD: Path | None = None
+"""An empty directory of this run's for commands without an artifact root to run beside: ``python -m doit`` puts its
+cwd on sys.path, so a shared /tmp holding someone's ``numbers.py`` would break the run, not the case."""
+
+
 def doit(root: Path | None, *args: str, project: Path = PROJECT_ROOT, **env: str) -> subprocess.CompletedProcess[str]:
     """``doit <args>`` on ``project``'s dodo.py into the artifact root ``root`` (None: whatever ``env`` says)."""
     if root is not None:
         env = {"MNNBUILD_ARTIFACTS": str(root), **env}
-    cwd = root.parent if root is not None else Path(tempfile.gettempdir())
+    cwd = root.parent if root is not None else NEUTRAL_CWD or Path(tempfile.gettempdir())
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run([sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args], cwd=cwd,
                           env=clean_env(**env), capture_output=True, text=True, timeout=900)  # fmt: skip
@@ -320,6 +329,89 @@ case("sigterm-doit-n2-mid-compose", "5", "SIGTERM to `doit -n 2` while its worke
 )
 
 
+# -- item 6: bounded requests ------------------------------------------------------------------------------------------
+
+
+def bad_spec(work: Path, body: str, source: Path = TINY_MODEL_DIR, name: str = "bad") -> dict[str, str]:
+    """A spec dir holding ``<name>.toml`` on ``source``: the env that finds it."""
+    specs = work / "specs"
+    specs.mkdir(exist_ok=True)
+    text = f'name = "{name}"\nsource = {{ local = "{source}" }}\ntargets = ["v79"]\n{body}\n'
+    (specs / f"{name}.toml").write_text(text)
+    return {"MNNBUILD_MODELS_PATH": str(specs)}
+
+
+def model_copy(work: Path, source: Path = TINY_MODEL_DIR, folder: str = "model", **llm_config: object) -> Path:
+    """A copy of a model dir with ``llm_config.json`` fields replaced."""
+    dest = work / folder
+    shutil.copytree(source, dest)
+    config = json.loads((dest / "llm_config.json").read_text())
+    (dest / "llm_config.json").write_text(json.dumps({**config, **llm_config}))
+    return dest
+
+
+def error_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The error line a user reads (doit follows a failed task's with its own trailer), else the last line."""
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(("ERROR: ", "error: ")) or "Error: " in line]
+    return (errors or lines or [""])[-1].strip()
+
+
+def refused(proc: subprocess.CompletedProcess[str], expected: str) -> Outcome:
+    """Held when the command failed with no traceback and the line the user read says ``expected``."""
+    line = error_line(proc)
+    held = proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr and expected in line
+    return Outcome(held, proc.returncode, line)
+
+
+def _spec_refused(body: str, expected: str, source: Path = TINY_MODEL_DIR) -> Callable[[Path, Shared], Outcome]:
+    return lambda work, shared: refused(doit(work / "artifacts", "io:bad", **bad_spec(work, body, source)), expected)
+
+
+FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "models"
+case("chunk-sizes-2-to-1024", "6", "chunk_sizes = [2, 3, ..., 1024]; doit io")(
+    _spec_refused(f"chunk_sizes = {list(range(2, 1025))}", "lists 1023 prefill lengths; at most 12")
+)
+case("image-99988x99988", "6", 'image_sizes = ["99988x99988"] (aligned, qwen2.5-vl); doit io')(
+    _spec_refused(
+        'family = "vl"\nvisual_encoder = "qwen2.5-vl"\nimage_sizes = ["99988x99988"]',
+        "9997600144 pixels is more than the 12845056 MNN's engine resizes",
+        FIXTURES / "qwen2.5-vl-tiny",
+    )
+)
+case("chunk-over-max-kv-size", "6", "chunk_size = 256 with max_kv_size = 128; doit io")(
+    _spec_refused("chunk_size = 256\nmax_kv_size = 128", "longer than max_kv_size = 128")
+)
+case("chunk-size-string", "6", 'chunk_size = "128"; doit io')(
+    _spec_refused('chunk_size = "128"', "field 'chunk_size': Input should be a valid integer (got '128')")
+)
+
+
+@case("chunk-over-max-positions", "6", "llm_config.json max_position_embeddings 64, chunk_size 128; doit io")
+def chunk_over_max_positions(work: Path, shared: Shared) -> Outcome:
+    env = bad_spec(work, "chunk_size = 128", model_copy(work, max_position_embeddings=64))
+    return refused(doit(work / "artifacts", "io:bad", **env), "field 'max_position_embeddings' is 64")
+
+
+def _runtime_refused(code: str, expected: str) -> Outcome:
+    """``code`` run as a runtime caller would, a BundleError shown as the one line it is."""
+    script = (
+        "import sys\nfrom mnnbuild_runtime import Bundle, BundleError, Embeddings\n"
+        f"try:\n    {code}\nexcept BundleError as exc:\n    sys.exit(f'BundleError: {{exc}}')"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=clean_env(), timeout=300)
+    return refused(proc, expected)
+
+
+@case("runtime-chunk-limits-1e9", "6", "config_qnn.json chunk_limits [1000000000, 1]; Bundle.open")
+def runtime_chunk_limits(work: Path, shared: Shared) -> Outcome:
+    root = shared.bundle_copy(work / "artifacts")
+    bundle = root / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3"
+    config = json.loads((bundle / "config_qnn.json").read_text())
+    (bundle / "config_qnn.json").write_text(json.dumps({**config, "chunk_limits": [1_000_000_000, 1]}))
+    return _runtime_refused(f"Bundle.open({str(bundle)!r})", "holds 1000000000, but plugin")
+
+
 # -- item 7: self-consistent but misplaced outputs --------------------------------------------------------------------
 
 
@@ -376,6 +468,99 @@ def kill_9_keeps_finished_stages(work: Path, shared: Shared) -> Outcome:
     return Outcome(len(kept) == 3 and again.returncode == 0, again.returncode, saw)
 
 
+# -- item 9: the family is read from the model ---------------------------------------------------------------------
+
+case("vl-model-as-llm", "9", "Qwen2.5-VL model, spec without family = 'vl'; doit io")(
+    _spec_refused("", "set spec field family = 'vl', visual_encoder = 'qwen2.5-vl'", FIXTURES / "qwen2.5-vl-tiny")
+)
+case("embedding-model-as-llm", "9", "embedding model, spec without family = 'embedding'; doit io")(
+    _spec_refused("", "set spec field family = 'embedding'", FIXTURES / "qwen3-embedding-tiny")
+)
+case("text-llm-as-vl", "9", "the tiny text LLM, spec family = 'vl'; doit io")(
+    _spec_refused(
+        'family = "vl"\nvisual_encoder = "qwen3-vl"\nimage_sizes = ["64x64"]',
+        "the model is a text LLM, but its spec says family = 'vl'",
+    )
+)
+
+
+# -- item 10: wrong blame ----------------------------------------------------------------------------------------------
+
+
+@case("wrong-hidden-size", "10", "llm_config.json hidden_size 64 (the model's is 128); doit io")
+def wrong_hidden_size(work: Path, shared: Shared) -> Outcome:
+    env = bad_spec(work, "", model_copy(work, hidden_size=64))
+    return refused(doit(work / "artifacts", "io:bad", **env), "field 'hidden_size' is 64, but llm.mnn takes")
+
+
+# -- item 11: tracebacks ----------------------------------------------------------------------------------------------
+
+case("seed-negative", "11", "seed = -1; doit io")(
+    _spec_refused("seed = -1", "field 'seed': Input should be greater than or equal to 0")
+)
+
+
+@case("log-level-bogus", "11", "MNNBUILD_LOG_LEVEL=bogus doit list")
+def log_level_bogus(work: Path, shared: Shared) -> Outcome:
+    proc = doit(work / "artifacts", "list", MNNBUILD_LOG_LEVEL="bogus")
+    return refused(proc, "MNNBUILD_LOG_LEVEL='bogus': expected one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+
+
+@case("doit-db-a-directory", "11", "artifacts/.doit.db is a directory; doit list")
+def doit_db_directory(work: Path, shared: Shared) -> Outcome:
+    (work / "artifacts" / ".doit.db").mkdir(parents=True)
+    return refused(doit(work / "artifacts", "list"), "doit's state file is a directory")
+
+
+def _embeddings_refused(field: str, value: object, expected: str) -> Callable[[Path, Shared], Outcome]:
+    def run(work: Path, shared: Shared) -> Outcome:
+        model = model_copy(work, **{field: value})
+        return _runtime_refused(f"Embeddings({str(model)!r})", expected)
+
+    return run
+
+
+case("runtime-hidden-size-x", "11", 'llm_config.json hidden_size "x"; the runtime\'s Embeddings')(
+    _embeddings_refused("hidden_size", "x", "field 'hidden_size' must be an integer, got 'x'")
+)
+case("runtime-tie-embeddings-float", "11", "llm_config.json tie_embeddings with a float offset; Embeddings")(
+    _embeddings_refused(
+        "tie_embeddings", [190794, 256330.5, 16384, 4, 64], "field 'tie_embeddings' entry 1 must be an integer"
+    )
+)
+
+
+def _inspect_refused(make: Callable[[Path], object], expected: str) -> Callable[[Path, Shared], Outcome]:
+    def run(work: Path, shared: Shared) -> Outcome:
+        path = work / "x.mnn"
+        make(path)
+        try:  # a FIFO used to hang inspect, waiting for a writer
+            proc = subprocess.run([sys.executable, "-m", "mnnbuild", "inspect", str(path)], capture_output=True,
+                                  text=True, env=clean_env(), timeout=60)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return Outcome(False, None, "no answer after 60 s")
+        return refused(proc, expected)
+
+    return run
+
+
+def _sparse(size: int) -> Callable[[Path], None]:
+    def make(path: Path) -> None:
+        with path.open("wb") as f:
+            f.truncate(size)
+
+    return make
+
+
+case("inspect-fifo", "11", "python -m mnnbuild inspect <a FIFO>")(_inspect_refused(os.mkfifo, "is a FIFO"))
+case("inspect-dev-zero", "11", "python -m mnnbuild inspect /dev/zero (a link to it)")(
+    _inspect_refused(lambda p: p.symlink_to("/dev/zero"), "is a character device")
+)
+case("inspect-sparse-3g", "11", "python -m mnnbuild inspect <a 3 GB sparse file>")(
+    _inspect_refused(_sparse(3 << 30), "3221225472 bytes is more than any flatbuffer holds")
+)
+
+
 # -- item 12: what the cache says ------------------------------------------------------------------------------------
 
 
@@ -393,6 +578,53 @@ def cache_info_unusable(work: Path, shared: Shared) -> Outcome:
     return Outcome(held, proc.returncode, last_lines(proc))
 
 
+# -- item 13: conform on any model ------------------------------------------------------------------------------------
+
+
+def _renamed(work: Path) -> dict[str, str]:
+    """Spec ho-x on a copy of the tiny model in a folder named otherwise, and its artifact root."""
+    env = bad_spec(work, "", model_copy(work, folder="qwen3-tiny-folder"), name="ho-x")
+    return {**env, "MNNBUILD_ARTIFACTS": str(work / "artifacts")}
+
+
+@case("conform-without-a-bundle", "13", "python -m mnnbuild conform ho-x-v79 before its bundle is built")
+def conform_without_bundle(work: Path, shared: Shared) -> Outcome:
+    return refused(cli("conform", "ho-x-v79", **_renamed(work)), "no finished bundle; run `doit bundle:ho-x-v79`")
+
+
+@case("conform-out-a-users-dir", "13", "conform --out <a folder of the user's holding bundle/>")
+def conform_out_users_dir(work: Path, shared: Shared) -> Outcome:
+    env = _renamed(work)
+    doit(work / "artifacts", "bundle:ho-x-v79", **env)
+    mine = work / "Documents" / "bundle" / "thesis.tex"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("mine")
+    proc = cli("conform", "ho-x-v79", "--out", str(work / "Documents"), **env)
+    outcome = refused(proc, "a directory conform did not make")
+    outcome.outside_touched = mine.read_text() != "mine"
+    outcome.held = outcome.held and not outcome.outside_touched
+    return outcome
+
+
+@case("conform-renamed-model", "13", "conform ho-x-v79 whole (MNN build included) on folder qwen3-tiny-folder")
+def conform_renamed_model(work: Path, shared: Shared) -> Outcome:
+    """Needs MNN_SOURCE and QNN headers (QNN_SDK_ROOT or FAULTS_QNN_HEADERS); the MNN build is reused from
+    MNNBUILD_CONFORM_CACHE. Without them it is reported as not run."""
+    source, headers = os.environ.get("MNN_SOURCE"), os.environ.get("FAULTS_QNN_HEADERS")
+    if not source or not (headers or os.environ.get("QNN_SDK_ROOT")):
+        return Outcome(False, None, "not run: set MNN_SOURCE and FAULTS_QNN_HEADERS (or QNN_SDK_ROOT)")
+    env = _renamed(work)
+    doit(work / "artifacts", "bundle:ho-x-v79", "twin:ho-x-v79", **env)
+    conform_env = {k: os.environ[k] for k in ("MNN_SOURCE", "QNN_SDK_ROOT") if k in os.environ}
+    if "MNNBUILD_CONFORM_CACHE" in os.environ:
+        conform_env["MNNBUILD_CONFORM_CACHE"] = os.environ["MNNBUILD_CONFORM_CACHE"]
+    argv = ["conform", "ho-x-v79", *([f"--qnn-headers={headers}"] if headers else [])]
+    proc = subprocess.run([sys.executable, "-m", "mnnbuild", *argv], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, env=clean_env(**env, **conform_env), timeout=7200)  # fmt: skip
+    verdict = next((line for line in proc.stdout.splitlines() if line.startswith("conform ho-x-v79")), "")
+    return Outcome(proc.returncode == 0 and "PASSED" in verdict, proc.returncode, verdict or error_line(proc))
+
+
 # -- running the table ------------------------------------------------------------------------------------------
 
 
@@ -406,7 +638,9 @@ def main() -> int:
         print_table(["case", "item", "the bad thing"], [(c.name, c.item, c.bad_thing) for c in chosen], left=True)
         return 0
     results = []
+    global NEUTRAL_CWD
     with tempfile.TemporaryDirectory(prefix="mnnbuild-faults-") as tmp:
+        NEUTRAL_CWD = Path(tmp) / "cwd"
         shared = Shared(Path(tmp) / "shared")
         for n, c in enumerate(chosen):
             work = Path(tmp) / f"{n:02d}-{c.name}"

@@ -36,4 +36,5 @@ class OutputError(MnnbuildError):
 
 
 class SettingsError(MnnbuildError):
-    """An ``MNNBUILD_*`` environment variable names no usable place (empty, a URL, a file, the project itself)."""
+    """An ``MNNBUILD_*`` environment variable has a value mnnbuild cannot use (empty, a URL, a file, the project
+    itself, a log level that is none)."""

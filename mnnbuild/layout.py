@@ -12,6 +12,7 @@
 <artifact root>/<model>/<arch>/bundle/    bundle    model/<name>/ (what goes to the device) + scripts
 <artifact root>/<model>/<arch>/verify/    verify    verify.{json,txt}
 <artifact root>/<model>/<arch>/report/    report    index.html
+<artifact root>/<model>/<arch>/conform/   (``python -m mnnbuild conform``, not a stage) conform.{json,txt}
 ```
 
 Every stage directory also holds ``<stage>.manifest.json`` (what it read and wrote) and
@@ -150,6 +151,14 @@ CONFIG_FILE = "config_qnn.json"
 DEFAULT_TOKENIZER = "tokenizer.txt"
 BUNDLE_MODEL_DIR = "model"
 """The bundle's device tree: ``model/<model name>/``."""
+
+
+def bundle_model_dir(bundle_dir: Path, model_name: str) -> Path:
+    """The model's device dir in a bundle: ``model/<model name>/``, named after the source folder or HF repo (the
+    bundle manifest's ``model_name``), not the spec."""
+    return Path(bundle_dir) / BUNDLE_MODEL_DIR / model_name
+
+
 PROMPT_FILE = "prompt.txt"
 PUSH_SCRIPT = "push.sh"
 RUN_SCRIPT = "run.sh"
@@ -158,3 +167,9 @@ BUNDLE_README = "README.txt"
 VERIFY_REPORT_JSON = "verify.json"
 VERIFY_REPORT_TEXT = "verify.txt"
 REPORT_PAGE = "index.html"
+CONFORM_DIR = "conform"
+
+
+def conform_dir(artifact_root: Path, model: str, arch: str) -> Path:
+    """``<model>/<arch>/conform/``: the report of ``python -m mnnbuild conform`` (a command, not a stage)."""
+    return Path(artifact_root) / model / arch / CONFORM_DIR

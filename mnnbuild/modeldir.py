@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 from mnnbuild.errors import MNNFormatError, ModelDirError
 from mnnbuild.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 from mnnbuild.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
+from mnnbuild.spec import Family
 
 MODEL_CONFIG = "config.json"
 LLM_CONFIG = "llm_config.json"
@@ -245,6 +246,51 @@ def validate_visual(model_dir: Path, encoder: str, label: str) -> None:
         )
 
 
+FAMILY_NAMES: dict[str, str] = {"llm": "a text LLM", "vl": "a vision-language model", "embedding": "an embedding model"}
+EMBEDDING_OUTPUT = "sentence_embeddings"
+OMNI_FIELDS = ("is_audio", "has_talker")
+"""``llm_config.json`` fields that make MNN's engine load an audio encoder or a speech talker (``Llm::createLLM``)."""
+
+
+def model_family(llm_config: dict[str, Any], model_file: str, outputs: list[str]) -> tuple[Family, str]:
+    """The spec family the model's own files say it is, and the evidence, as MNN's engine decides: ``is_visual``
+    in ``llm_config.json`` makes it load the visual encoder (``Llm::createLLM``); an embedding engine loads a graph
+    with the output ``sentence_embeddings`` (``embedding.cpp``), which upstream's export script also takes
+    ``is_embedding`` as a sign of."""
+    if llm_config.get("is_visual") is True:
+        return "vl", f"{LLM_CONFIG} field 'is_visual' is true"
+    if EMBEDDING_OUTPUT in outputs:
+        return "embedding", f"{model_file} outputs {EMBEDDING_OUTPUT!r}"
+    if llm_config.get("is_embedding") is True:
+        return "embedding", f"{LLM_CONFIG} field 'is_embedding' is true"
+    return "llm", f"{model_file} outputs {outputs[:2]} and {LLM_CONFIG} has no 'is_visual': true"
+
+
+def family_mismatch(model_dir: Path, label: str, found: Family, why: str, asked: Family) -> ModelDirError:
+    """The one line saying which family the model is and the spec field to set."""
+    setting = f"family = {found!r}"
+    if found == "vl":
+        kind = encoder_kind(model_dir) if (model_dir / VISUAL_FILE).is_file() else None
+        setting += f", visual_encoder = {kind!r}" if kind else ", visual_encoder"
+        setting += " and image_sizes"
+    return ModelDirError(
+        f"{label}: {why}: the model is {FAMILY_NAMES[found]}, but its spec says family = {asked!r}; set spec "
+        f"field {setting}"
+    )
+
+
+def check_hidden_size(llm_config: dict[str, Any], model: Any, model_dir: Path, model_file: str) -> None:
+    """``llm_config.json``'s ``hidden_size`` sizes every sample's embeddings: it must be the width of the graph's
+    ``input_ids`` (the embeddings MNN's engine feeds), or MNN fails deep inside the graph."""
+    dims = model.input_dims.get("input_ids") or []
+    width = dims[-1] if dims else 0
+    if width > 0 and llm_config["hidden_size"] != width:
+        raise ModelDirError(
+            f"{model_dir / LLM_CONFIG}: field 'hidden_size' is {llm_config['hidden_size']}, but {model_file} takes "
+            f"input_ids of width {width} (its hidden size); expected hidden_size = {width}"
+        )
+
+
 def validate_model_dir(
     model_dir: Path, where: str | None = None, family: PartFamily = "llm", visual_encoder: str | None = None
 ) -> tuple[ModelPart, list[str]]:
@@ -265,6 +311,13 @@ def validate_model_dir(
         part = ModelPart(family=family, model_file=FAMILY_FILES[family][0], weight_file=FAMILY_FILES[family][1])
     required = (*configs, part.model_file, part.weight_file)
     missing = [name for name in required if not (model_dir / name).is_file()]
+    asked: Family = "vl" if visual_encoder is not None else family
+    if part.model_file in missing:  # another family's graph in its place says which family the model is
+        for other, (graph, _) in FAMILY_FILES.items():
+            if other in ("llm", "embedding") and other != family and (model_dir / graph).is_file():
+                found: Family = "embedding" if other == "embedding" else "llm"
+                why = f"it holds {graph}, not {part.model_file}"
+                raise family_mismatch(model_dir, label, found, why, asked)
     if missing:
         raise ModelDirError(f"{label}: required file {missing[0]} is missing (need {', '.join(required)})")
     llm_config = read_llm_config(model_dir)
@@ -284,7 +337,17 @@ def validate_model_dir(
                 weights.read(tied.offset, tied.size, tied.reader)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
+    omni = [field for field in OMNI_FIELDS if llm_config.get(field) is True]
+    if omni:
+        raise ModelDirError(
+            f"{label}: {LLM_CONFIG} field {omni[0]!r} is true: MNN's engine runs it as an omni model (audio in or "
+            "out), which no spec family builds; expected a text LLM, a vision-language or an embedding model"
+        )
+    found, why = model_family(llm_config, part.model_file, list(model.output_names))
+    if found != asked:
+        raise family_mismatch(model_dir, label, found, why, asked)
     check_part_graph(part, model.input_names, list(model.output_names), model_dir / part.model_file)
+    check_hidden_size(llm_config, model, model_dir, part.model_file)
     try:
         tokenizer_file(model_dir)
     except ModelDirError:

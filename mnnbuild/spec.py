@@ -11,6 +11,7 @@ each listed image size) or an embedding model (``embedding.mnn``).
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -42,6 +43,16 @@ DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 DEFAULT_CHUNK = 128
 MAX_CHUNK = 4096
+"""mnnbuild's ceiling on one prefill length (README "Bounded requests"); the model's ``max_position_embeddings`` and
+the spec's ``max_kv_size`` may bound it lower."""
+MAX_PREFILL_LENGTHS = 12
+"""At most this many prefill lengths (each is one more graph in every plugin's context binary). MNN's engine pads a
+prompt's remainder up to the smallest length holding it, so the 12 powers of two from 2 to 4096 already keep that
+padding below the remainder itself; more lengths buy less than they cost."""
+MAX_IMAGE_SIZES = MAX_PREFILL_LENGTHS
+"""At most this many image sizes: each is one more graph in every encoder plugin's binary, like a prefill length."""
+QNN_MAX_TENSOR_BYTES = (1 << 32) - 1
+"""The most bytes one QNN graph input or output can hold: ``Qnn_ClientBuffer_t.dataSize`` is a ``uint32_t``."""
 DEFAULT_MAX_PLUGIN_PARAMETERS = 200_000_000
 """QNN holds ~16 bytes per weight while it serializes a context (a 311M lm_head peaks at 5.0 GB): 200M keeps a
 context build near 3 GB and splits Qwen3-1.7B's (and 4B's) lm_head in two, no layer (50M at 1.7B)."""
@@ -65,6 +76,7 @@ class VisualEncoder(BaseModel):
     patch_size: int  # pixels per patch side
     merge_size: int  # patches per merged token side (the patch merger)
     patch_dim: int  # floats per patch row: channels * temporal patch * patch_size**2
+    max_pixels: int  # MNN's engine resizes every image to at most this many pixels (omni.cpp, image_max_pixels)
 
     @property
     def alignment(self) -> int:
@@ -88,9 +100,20 @@ class VisualEncoder(BaseModel):
 
 
 VISUAL_ENCODERS: dict[str, VisualEncoder] = {
-    "qwen2.5-vl": VisualEncoder(kind="qwen2.5-vl", patch_size=14, merge_size=2, patch_dim=3 * 2 * 14 * 14),
-    "qwen3-vl": VisualEncoder(kind="qwen3-vl", patch_size=16, merge_size=2, patch_dim=3 * 2 * 16 * 16),
+    "qwen2.5-vl": VisualEncoder(
+        kind="qwen2.5-vl", patch_size=14, merge_size=2, patch_dim=3 * 2 * 14 * 14, max_pixels=12_845_056
+    ),
+    "qwen3-vl": VisualEncoder(
+        kind="qwen3-vl", patch_size=16, merge_size=2, patch_dim=3 * 2 * 16 * 16, max_pixels=16_777_216
+    ),
 }
+
+
+def largest_input(shapes: dict[str, list[int]]) -> tuple[str, int]:
+    """The graph input with the most bytes (every input of these graphs is 4-byte float or int32), and its bytes."""
+    sizes = {name: 4 * math.prod(dims) for name, dims in shapes.items()}
+    name = max(sizes, key=lambda n: sizes[n])
+    return name, sizes[name]
 
 
 class ImageSize(BaseModel):
@@ -124,7 +147,7 @@ class ImageSize(BaseModel):
 class LocalSource(BaseModel):
     """A model directory on this machine, relative to the spec file or absolute."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     local: str
 
     @property
@@ -135,7 +158,7 @@ class LocalSource(BaseModel):
 class HfSource(BaseModel):
     """A Hugging Face model repo holding an exported MNN LLM."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     hf: Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]
     revision: str = "main"
 
@@ -156,13 +179,25 @@ def _aligned_image_size(text: str, info: ValidationInfo) -> str:
                 f"{side} {value} is not a positive multiple of {encoder.alignment} "
                 f"(one {encoder.kind} merged patch: {encoder.merge_size} x {encoder.patch_size} px)"
             )
+    pixels = size.width * size.height
+    if pixels > encoder.max_pixels:
+        raise ValueError(
+            f"{pixels} pixels is more than the {encoder.max_pixels} MNN's engine resizes a {encoder.kind} image to "
+            "at most (image_max_pixels), so a graph for it would never run"
+        )
+    name, nbytes = largest_input(encoder.input_shapes(size))
+    if nbytes > QNN_MAX_TENSOR_BYTES:
+        raise ValueError(
+            f"its encoder input {name!r} would be {nbytes} bytes, more than one QNN tensor holds "
+            f"({QNN_MAX_TENSOR_BYTES}: a uint32 byte count)"
+        )
     return text
 
 
 class VerifySpec(BaseModel):
     """The ``verify`` table: how much the generation check asks of a bundle (its tolerances are fixed)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     max_new_tokens: int = Field(default=16, ge=1, description="Greedy tokens generation compares, CPU vs bundle.")
     prompt: str = Field(
@@ -187,7 +222,7 @@ class VerifySpec(BaseModel):
 class ModelSpec(BaseModel):
     """One model to build bundles for, as written in ``models/<name>.toml``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
     source: LocalSource | HfSource
@@ -199,7 +234,7 @@ class ModelSpec(BaseModel):
     )
     targets: Annotated[list[str], Field(min_length=1)]
     socs: dict[str, str] = Field(default_factory=dict, description="Per-arch SoC override, e.g. {v79 = 'SM8735'}.")
-    seed: int = Field(default=0, description="Seed of the random io samples.")
+    seed: int = Field(default=0, ge=0, description="Seed of the random io samples (numpy takes no negative seed).")
     skips: list[str] = Field(default_factory=list, description="Op names the partition keeps on the CPU.")
     max_kv_size: int = Field(
         default=0, ge=0, description="KV cache length for NPU Attention; 0 keeps Attention on the CPU."
@@ -237,6 +272,11 @@ class ModelSpec(BaseModel):
     @field_validator("chunk_sizes")
     @classmethod
     def _distinct_chunks(cls, sizes: list[int] | None) -> list[int] | None:
+        if sizes is not None and len(sizes) > MAX_PREFILL_LENGTHS:
+            raise ValueError(
+                f"lists {len(sizes)} prefill lengths; at most {MAX_PREFILL_LENGTHS} (each is one more graph in every "
+                "plugin's binary, and the powers of two from 2 to 4096 are 12)"
+            )
         if sizes is not None and len(set(sizes)) != len(sizes):
             # two graphs of one shape: MNN's plugin picks a graph by input shape and would never reach the second
             raise ValueError(f"lists a length twice ({sizes}); every prefill length gets its own graph")
@@ -260,6 +300,11 @@ class ModelSpec(BaseModel):
             raise ValueError(f"only a family = 'vl' model has a visual encoder (family is {family!r})")
         if family == "vl" and not sizes:
             raise ValueError("family = 'vl' needs at least one '<width>x<height>' size, e.g. ['448x448']")
+        if len(sizes) > MAX_IMAGE_SIZES:
+            raise ValueError(
+                f"lists {len(sizes)} image sizes; at most {MAX_IMAGE_SIZES} (each is one more graph in every encoder "
+                "plugin's binary)"
+            )
         encoder = VISUAL_ENCODERS.get(info.data.get("visual_encoder") or "")
         if encoder is not None:
             seen: dict[int, str] = {}
@@ -292,6 +337,18 @@ class ModelSpec(BaseModel):
         if self.chunk_size is not None and self.chunk_sizes is not None:
             raise SpecFieldError(
                 "chunk_sizes", f"give either chunk_size = {self.chunk_size} (one length) or chunk_sizes, not both"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _prefill_fits_the_kv_cache(self) -> ModelSpec:
+        longest = max(self.prefill_lengths)
+        if self.max_kv_size and longest > self.max_kv_size:
+            field = "chunk_sizes" if self.chunk_sizes is not None else "chunk_size"
+            raise SpecFieldError(
+                field,
+                f"prefill length {longest} is longer than max_kv_size = {self.max_kv_size}: a chunk writes all its "
+                "tokens into the NPU's KV cache, which holds max_kv_size; expected lengths <= max_kv_size",
             )
         return self
 
@@ -357,7 +414,10 @@ def _describe(err: dict[str, Any]) -> str:
         field, _, problem = msg.partition("\0")
         return f"field {field!r}: {problem}"
     loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    got = f" (got {err['input']!r})" if err["type"] not in ("missing",) and "input" in err and err["loc"] else ""
+    shown = repr(err.get("input"))
+    if len(shown) > 60:  # a list of a thousand lengths stays one readable line
+        shown = shown[:57] + "..."
+    got = f" (got {shown})" if err["type"] not in ("missing",) and "input" in err and err["loc"] else ""
     return f"field {loc!r}: {msg}{got}"
 
 

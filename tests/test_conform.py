@@ -60,6 +60,7 @@ from mnnbuild.conform.run import (
 )
 from mnnbuild.mnn.model import MnnModel, Op, make_blob, make_plugin_op
 from mnnbuild.verify.compare import Tolerance
+from tests.conftest import PROJECT_ROOT
 
 PATCHES = load_patches()
 
@@ -299,19 +300,51 @@ def _stale_patch(tmp_path: Path) -> Path:
 
 
 def test_stage_dir_links_files_and_writes_replacements(tmp_path: Path) -> None:
+    from mnnbuild.conform.workdir import claim_dir
+
     src = tmp_path / "bundle"
     (src / "qnn").mkdir(parents=True)
     (src / "qnn" / "graph0.bin").write_bytes(b"shipped")
     (src / "qnn" / "llm.mnn").write_bytes(b"graph")
     (src / "config_qnn.json").write_text("{}")
-    config = stage_dir(
-        src, tmp_path / "run", {"qnn/graph0.bin": b"twin"}, {"llm_model": "qnn/llm.mnn"}, "config_qnn.json"
-    )
-    run = tmp_path / "run"
+    out = claim_dir(tmp_path / "out")
+    config = stage_dir(src, out / "run", {"qnn/graph0.bin": b"twin"}, {"llm_model": "qnn/llm.mnn"}, "config_qnn.json")
+    run = out / "run"
     assert (run / "qnn" / "llm.mnn").is_symlink() and (run / "qnn" / "llm.mnn").read_bytes() == b"graph"
     assert not (run / "qnn" / "graph0.bin").is_symlink() and (run / "qnn" / "graph0.bin").read_bytes() == b"twin"
     assert (src / "qnn" / "graph0.bin").read_bytes() == b"shipped"  # the bundle itself is untouched
     assert config == run / "config_qnn.json" and '"llm_model": "qnn/llm.mnn"' in config.read_text()
+    # a second run replaces what the first staged
+    stage_dir(src, out / "run", {}, {}, "config_qnn.json")
+    assert (run / "qnn" / "graph0.bin").is_symlink()
+
+
+def test_conform_writes_only_into_a_report_dir_it_made(tmp_path: Path) -> None:
+    """`--out ~/Documents` used to remove ~/Documents/bundle (and original/, unchunked/, compilefornpu/): conform
+    writes only into a new or empty dir, or one an earlier run wrote (its marker, or its conform.json)."""
+    from mnnbuild.conform.workdir import ConformDirError, claim_dir, fresh_dir
+
+    docs = tmp_path / "Documents"
+    (docs / "bundle").mkdir(parents=True)
+    (docs / "bundle" / "thesis.tex").write_text("mine")
+    with pytest.raises(ConformDirError, match=r"Documents: a directory conform did not make \(no .mnnbuild-conform"):
+        claim_dir(docs)
+    with pytest.raises(ConformDirError, match=r"Documents: not a report dir conform made"):
+        stage_dir(tmp_path / "src", docs / "bundle", {}, {}, "config_qnn.json")
+    with pytest.raises(ConformDirError):
+        fresh_dir(docs / "compilefornpu")
+    assert (docs / "bundle" / "thesis.tex").read_text() == "mine" and sorted(p.name for p in docs.iterdir()) == [
+        "bundle"
+    ]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConformDirError, match="a file or symlink"):
+        claim_dir(tmp_path / "file")
+    # an earlier run's report dir (written before the marker existed) is conform's; so is a new or empty one
+    earlier = tmp_path / "earlier"
+    (earlier / "bundle").mkdir(parents=True)
+    (earlier / "conform.json").write_text('{"model": "m", "mnn_build": "k"}')
+    assert fresh_dir(claim_dir(earlier) / "bundle").is_dir() and not list((earlier / "bundle").iterdir())
+    assert claim_dir(tmp_path / "new").is_dir() and claim_dir(tmp_path / "new") == tmp_path / "new"
 
 
 def test_run_configs_set_the_engine_settings_conform_needs() -> None:
@@ -534,3 +567,135 @@ def test_upstream_samples_follow_the_export_script(tmp_path: Path) -> None:
     assert qnn_json(["a"], 0)["graph_name"] == "graphllm"
     with pytest.raises(BoundaryError, match="field 'hidden_size'"):
         upstream_io_config({}, 128)
+
+
+# ---- locating a bundle and comparing cuts, on real build outputs (no MNN build) ----------------------------
+
+UPSTREAM_CUT = PROJECT_ROOT / "tests" / "fixtures" / "conform" / "tiny-qwen3-compilefornpu.mnn"
+SOURCE_FOLDER = "qwen3-tiny-folder"
+"""The tiny model's copy is named unlike its spec (ho-x): the bundle names its model dir after the folder."""
+
+
+@pytest.fixture(scope="module")
+def renamed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Spec ``ho-x`` on a copy of the tiny model named ``qwen3-tiny-folder``, two prefill lengths, partitioned."""
+    import shutil
+
+    from tests.conftest import TINY_MODEL_DIR, doit
+
+    root = tmp_path_factory.mktemp("renamed")
+    shutil.copytree(TINY_MODEL_DIR, root / SOURCE_FOLDER)
+    (root / "specs").mkdir()
+    (root / "specs" / "ho-x.toml").write_text(
+        f'name = "ho-x"\nsource = {{ local = "{root / SOURCE_FOLDER}" }}\ntargets = ["v79"]\nchunk_sizes = [128, 32]\n'
+    )
+    env = {"MNNBUILD_MODELS_PATH": str(root / "specs")}
+    proc = doit(root, "partition:ho-x", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"root": root, "artifacts": root / "artifacts", "specs": root / "specs"}
+
+
+def _finished_bundle(artifacts: Path, model_name: str) -> Path:
+    """A bundle dir as the bundle stage leaves it: its manifest (the real class) and the model dir it names."""
+    from mnnbuild.layout import bundle_model_dir, stage_dir
+    from mnnbuild.manifests.bundle import BundleManifest, BundleParams
+    from mnnbuild.targets import soc_by_name
+
+    bundle_dir = stage_dir(artifacts, "bundle", "ho-x", "v79")
+    bundle_dir.mkdir(parents=True, exist_ok=True)
+    params = BundleParams(soc=soc_by_name("SM8750"))
+    BundleManifest(model="ho-x", target="v79", params=params, model_name=model_name, qnn_build="b").write(bundle_dir)
+    if model_name == SOURCE_FOLDER:
+        (bundle_model_dir(bundle_dir, model_name)).mkdir(parents=True, exist_ok=True)
+        (bundle_model_dir(bundle_dir, model_name) / "config_qnn.json").write_text("{}")
+    return bundle_dir
+
+
+def test_the_bundle_is_found_under_its_source_folders_name(renamed: dict[str, Path], tmp_path: Path) -> None:
+    """conform built the bundle's model path by hand under the spec name (``model/ho-x``), while the bundle names it
+    after the source folder: every path now comes from the layout module and the bundle manifest."""
+    from mnnbuild.conform.cli import locate
+
+    artifacts = tmp_path / "artifacts"
+    with pytest.raises(ConformError, match=r"bundle: no finished bundle; run `doit bundle:ho-x-v79` first$"):
+        locate(artifacts, "ho-x", "v79")
+    bundle_dir = _finished_bundle(artifacts, SOURCE_FOLDER)
+    paths = locate(artifacts, "ho-x", "v79")
+    assert paths.bundle_model_dir == bundle_dir / "model" / SOURCE_FOLDER
+    assert (
+        paths.original_dir == artifacts / "ho-x" / "model" and paths.partition_dir == artifacts / "ho-x" / "partition"
+    )
+    assert (paths.context_dir, paths.twin_dir) == (
+        artifacts / "ho-x" / "v79" / "context",
+        artifacts / "ho-x" / "v79" / "twin",
+    )
+    assert paths.conform_dir == artifacts / "ho-x" / "v79" / "conform"
+    _finished_bundle(artifacts, "../../../elsewhere")
+    with pytest.raises(ConformError, match=r"field 'model_name' is '../../../elsewhere', not a plain directory name"):
+        locate(artifacts, "ho-x", "v79")
+
+
+def test_conform_gets_past_locating_on_a_renamed_model(
+    renamed: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command itself, on the spec whose folder is named otherwise: with the bundle in place it stops only at
+    the next thing it needs (an MNN source), in one line."""
+    monkeypatch.setenv("MNNBUILD_MODELS_PATH", str(renamed["specs"]))
+    monkeypatch.setenv("MNNBUILD_ARTIFACTS", str(renamed["artifacts"]))
+    monkeypatch.delenv("MNN_SOURCE", raising=False)
+    _finished_bundle(renamed["artifacts"], SOURCE_FOLDER)
+    assert main(["conform", "ho-x-v79"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "conform needs an MNN source: set MNN_SOURCE" in err, err
+
+
+def test_cut_settings_are_read_from_the_partition_manifest(renamed: dict[str, Path], tmp_path: Path) -> None:
+    """The boundary comparison crashed on PartitionParams.chunk_size (renamed chunk_sizes for several lengths): it
+    compiles upstream's one chunk at our longest length and reads our graphs in their shape order."""
+    from mnnbuild.conform.boundaries import cut_settings
+
+    cut = cut_settings(renamed["artifacts"] / "ho-x" / "partition")
+    assert (cut.chunk, cut.seq_lens, cut.skips, cut.max_kv_size) == (128, [1, 128, 32], [], 0)
+    with pytest.raises(BoundaryError, match=r"partition.manifest.json: manifest missing"):
+        cut_settings(tmp_path)
+
+
+def test_our_cut_against_upstreams_recorded_cut(renamed: dict[str, Path]) -> None:
+    """compilefornpu's own cut of the tiny model (recorded from a conform run, tests/fixtures/conform) against our
+    partition of it: the findings the README lists, from the comparison code conform runs."""
+    from mnnbuild.conform.boundaries import compare_cuts, cut_settings
+
+    partition = renamed["artifacts"] / "ho-x" / "partition"
+    report = compare_cuts(renamed["artifacts"] / "ho-x" / "model", partition, UPSTREAM_CUT, cut_settings(partition))
+    assert report.ours is not None and report.upstream is not None
+    assert len(report.ours.plugins) == len(report.upstream.plugins) == 4
+    assert [d.same_cut for d in report.plugins] == [False, True, True, False]
+    rotary = ["Cast /rotary/Cast_output_0", "Reshape /rotary/Reshape_output_0", "BinaryOp /rotary/Mul_output_0",
+              "UnaryOp /rotary/Cos_output_0", "UnaryOp /rotary/Sin_output_0"]  # fmt: skip
+    assert report.cpu_only_ours == rotary and report.cpu_only_upstream == []
+    assert all("rotary phase" in report.cpu_reasons[op] for op in rotary)
+    assert report.plugins[0].inputs_only_upstream == ["t0 position_ids"]
+    assert report.plugins[3].outputs_only_ours == ["t232 hidden_states"]
+    assert report.upstream.dangling_outputs == ["hidden_states"] and report.upstream.unused_constants == 134
+    # our three shapes against upstream's two: the shared lengths (1, 128) compare, shape for shape
+    assert report.ours.plugins[1].seq_order == [1, 128, 32] and report.upstream.plugins[1].seq_order == [128, 1]
+    assert not any(d.shape_mismatches for d in report.plugins)
+    assert report.settings == qnn_json([], 0)
+
+
+def test_a_missing_twin_names_the_doit_task(tmp_path: Path) -> None:
+    from mnnbuild.conform.run import _twins
+    from mnnbuild.manifests.context import ContextManifest, ContextParams
+    from mnnbuild.targets import soc_by_name
+
+    merge = {"qnn/graphllm0.bin": ["qnn/graphllm0", "qnn/graphllm1_0"]}
+    with pytest.raises(ConformError, match=r"context.manifest.json: manifest missing.*; run `doit bundle:ho-x-v79`$"):
+        _twins(tmp_path / "context", tmp_path / "twin", merge, "ho-x-v79")
+    ContextManifest(
+        model="ho-x", params=ContextParams(soc=soc_by_name("SM8750")), binary="qnn/graphllm0.bin", graphs=[],
+        weight_shared=True, soc_type=None, qnn={},
+    ).write(tmp_path / "context" / "graphllm0")  # fmt: skip
+    with pytest.raises(ConformError) as err:
+        _twins(tmp_path / "context", tmp_path / "twin", merge, "ho-x-v79")
+    assert str(err.value).endswith("; run `doit twin:ho-x-v79` (the unshared twins the simulator runs)")
+    assert "twin.manifest.json: manifest missing" in str(err.value)

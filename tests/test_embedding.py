@@ -135,16 +135,19 @@ def test_bundle_is_what_upstream_writes(built: Path, arch: str) -> None:
 
 
 def test_embedding_spec_on_a_text_llm_is_refused(run_doit: RunDoit, tmp_path: Path) -> None:
-    """The tiny text LLM has a logits_index input: as an embedding model it would build a bundle MNN's embedding
-    engine cannot load, so fetch refuses it in one line naming the graph file and the input."""
+    """The tiny text LLM outputs logits: as an embedding model it would build a bundle MNN's embedding engine cannot
+    load, so fetch refuses it in one line saying which family the model is and the field to set."""
     specs = embedding_spec(tmp_path / "specs", "not-embedding", TINY_MODEL_DIR).parent
     proc = run_doit("fetch:not-embedding", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
-    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "logits_index" in line]
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "the model is" in line]
     assert len(lines) == 1, proc.stdout + proc.stderr
-    assert f"{TINY_MODEL_DIR / 'llm.mnn'}: graph input 'logits_index' is not an embedding model's" in lines[0]
-    assert "spec field 'family' is 'embedding'" in lines[0]
+    assert lines[0].endswith(
+        f"model directory {TINY_MODEL_DIR} (source of not-embedding): llm.mnn outputs ['logits', 'hidden_states'] "
+        "and llm_config.json has no 'is_visual': true: the model is a text LLM, but its spec says family = "
+        "'embedding'; set spec field family = 'llm'"
+    ), lines[0]
     assert not (tmp_path / "artifacts" / "not-embedding" / "model" / FetchManifest.filename()).exists()
 
 

@@ -162,3 +162,91 @@ def test_update_moves_the_pin(tmp_path: Path, run_doit: RunDoit) -> None:
     assert HfLock.model_validate_json(spec.with_suffix(".lock.json").read_text()).commit == second
     assert executed_tasks(run_doit("fetch:fake-hf", env=env).stdout) == ["fetch:fake-hf"]
     assert FetchManifest.read(tmp_path / "artifacts" / "fake-hf" / "model").source.commit == second
+
+
+FIXTURES = TINY_MODEL_DIR.parent.parent / "tests" / "fixtures" / "models"
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "expected"),
+    [
+        pytest.param(
+            FIXTURES / "qwen2.5-vl-tiny",
+            "",
+            "llm_config.json field 'is_visual' is true: the model is a vision-language model, but its spec says "
+            "family = 'llm'; set spec field family = 'vl', visual_encoder = 'qwen2.5-vl' and image_sizes",
+            id="vl-built-as-llm",
+        ),
+        pytest.param(
+            FIXTURES / "qwen3-embedding-tiny",
+            "",
+            "embedding.mnn outputs 'sentence_embeddings': the model is an embedding model, but its spec says "
+            "family = 'llm'; set spec field family = 'embedding'",
+            id="embedding-built-as-llm",
+        ),
+        pytest.param(
+            TINY_MODEL_DIR,
+            'family = "vl"\nvisual_encoder = "qwen3-vl"\nimage_sizes = ["64x64"]',
+            "llm.mnn outputs ['logits', 'hidden_states'] and llm_config.json has no 'is_visual': true: the model is "
+            "a text LLM, but its spec says family = 'vl'; set spec field family = 'llm'",
+            id="llm-built-as-vl",
+        ),
+        pytest.param(
+            FIXTURES / "qwen3-vl-tiny",
+            'family = "embedding"',
+            "llm_config.json field 'is_visual' is true: the model is a vision-language model, but its spec says "
+            "family = 'embedding'; set spec field family = 'vl', visual_encoder = 'qwen3-vl' and image_sizes",
+            id="vl-built-as-embedding",
+        ),
+    ],
+)
+def test_the_family_is_read_from_the_model(
+    run_doit: RunDoit, tmp_path: Path, model: Path, body: str, expected: str
+) -> None:
+    """A VL model built as a text LLM shipped without its encoder and passed verify; an embedding model built as one
+    failed in io on its mask. The model's files say which family it is: fetch says so, in one line, before anything
+    is built."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "m.toml").write_text(f'name = "m"\nsource = {{ local = "{model}" }}\ntargets = ["v79"]\n{body}\n')
+    proc = run_doit("io:m", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out, out
+    lines = [line for line in out.splitlines() if "the model is" in line]
+    assert len(lines) == 1, out
+    assert lines[0] == f"ModelDirError: model directory {model} (source of m): {expected}", lines[0]
+    assert not (tmp_path / "artifacts" / "m" / "model").exists()
+
+
+def test_an_audio_model_is_refused_by_every_family(tmp_path: Path) -> None:
+    import json
+
+    src = copy_model(tmp_path)
+    config = json.loads((src / "llm_config.json").read_text())
+    (src / "llm_config.json").write_text(json.dumps({**config, "is_audio": True}))
+    with pytest.raises(ModelDirError) as err:
+        fetch_local(src, tmp_path / "out")
+    assert str(err.value).endswith(
+        "llm_config.json field 'is_audio' is true: MNN's engine runs it as an omni model (audio in or out), which no "
+        "spec family builds; expected a text LLM, a vision-language or an embedding model"
+    )
+
+
+def test_a_wrong_hidden_size_is_named_as_such(run_doit: RunDoit, tmp_path: Path) -> None:
+    """hidden_size sizes io's embeddings: a wrong one made MNN fail inside the graph, blamed on the weight file."""
+    import json
+
+    src = copy_model(tmp_path)
+    config = json.loads((src / "llm_config.json").read_text())
+    (src / "llm_config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "m.toml").write_text(f'name = "m"\nsource = {{ local = "{src}" }}\ntargets = ["v79"]\n')
+    proc = run_doit("io:m", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out and "weight file" not in out, out
+    lines = [line for line in out.splitlines() if line.startswith("ModelDirError")]
+    assert lines == [
+        f"ModelDirError: {src / 'llm_config.json'}: field 'hidden_size' is 64, but llm.mnn takes input_ids of width "
+        "128 (its hidden size); expected hidden_size = 128"
+    ], out

@@ -96,3 +96,64 @@ def test_chunk_sizes_must_exceed_decode_and_differ() -> None:
     # a VL encoder's io (the visual part) takes image sizes instead, never prefill lengths
     with pytest.raises(ValueError, match="the visual part takes a visual_encoder and image_sizes, no chunk_sizes"):
         IoParams(part="visual", visual_encoder="qwen3-vl", image_sizes=("64x64",), chunk_sizes=(16,))
+
+
+def test_each_sample_is_written_before_the_next_is_made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """io holds one sample at a time: a sample's inputs and outputs are on disk before the next sample's inputs are
+    made (it used to build every sample first: 4 GB and nothing written for chunk_sizes [2 ... 1024])."""
+    import mnnbuild.stages.io as io_stage
+
+    events: list[str] = []
+    make, save = io_stage.make_inputs, io_stage.save_vars
+
+    def making(seq_len: int, *args, **kwargs):
+        events.append(f"make {seq_len}")
+        return make(seq_len, *args, **kwargs)
+
+    def saving(path: Path, *args, **kwargs) -> None:
+        events.append(f"write {path.parent.name}/{path.name}")
+        save(path, *args, **kwargs)
+
+    monkeypatch.setattr(io_stage, "make_inputs", making)
+    monkeypatch.setattr(io_stage, "save_vars", saving)
+    model_dir = fetched(TINY_MODEL_DIR, tmp_path / "model")
+    manifest = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(16, 8)), tmp_path / "io")
+    assert [s.seq_len for s in manifest.samples] == [1, 16, 8]
+    assert events == [
+        step for seq in (1, 16, 8) for step in (f"make {seq}", f"write {seq}/input.mnn", f"write {seq}/output.mnn")
+    ]
+    assert sorted(p.name for p in (tmp_path / "io").iterdir()) == ["io.manifest.json", "testdir"], "no spill dir left"
+
+
+def test_prefill_longer_than_the_models_positions_is_refused(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(TINY_MODEL_DIR, src)
+    config = json.loads((src / "llm_config.json").read_text())
+    (src / "llm_config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    model_dir = fetched(src, tmp_path / "model")
+    with pytest.raises(ModelDirError) as err:
+        generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(128, 32)), tmp_path / "io")
+    assert str(err.value) == (
+        f"{model_dir / 'llm_config.json'}: field 'max_position_embeddings' is 64: the model has no positions beyond "
+        "it, but spec field 'chunk_sizes' asks for a prefill length of 128; expected lengths <= 64"
+    )
+    assert not (tmp_path / "io").exists()
+    assert generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(64,)), tmp_path / "io").samples
+
+
+def test_image_larger_than_the_models_pixel_cap_is_refused(tmp_path: Path) -> None:
+    from tests.conftest import FIXTURE_MODELS
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURE_MODELS / "qwen3-vl-tiny", src)
+    config = json.loads((src / "llm_config.json").read_text())
+    (src / "llm_config.json").write_text(json.dumps({**config, "image_max_pixels": 4096}))
+    from mnnbuild.modeldir import VISUAL_FILES, family_files
+
+    params = FetchParams(files=(*family_files("llm"), *VISUAL_FILES), visual_encoder="qwen3-vl")
+    fetch(FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src), params, tmp_path / "model")
+    io_params = IoParams(part="visual", visual_encoder="qwen3-vl", image_sizes=("64x64", "128x64"))
+    with pytest.raises(ModelDirError, match=r"llm_config.json: field 'image_max_pixels' is 4096: MNN's engine resizes "
+                       r"every image to at most that many pixels, so spec field 'image_sizes' entry '128x64' \(8192 "
+                       r"pixels\) would never run"):  # fmt: skip
+        generate_io(IoInputs(model="m", model_dir=tmp_path / "model"), io_params, tmp_path / "io")

@@ -63,3 +63,34 @@ def test_inspect_bad_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert main(["inspect", str(bad)]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "MNN model" in err
+
+
+def _inspect_cli(path: Path) -> subprocess.CompletedProcess[str]:
+    # a child process with a timeout: a FIFO used to block `inspect` forever, waiting for a writer
+    return subprocess.run(
+        [sys.executable, "-m", "mnnbuild", "inspect", str(path)], capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda p: os.mkfifo(p), "is a FIFO, not an MNN model file"),
+        (lambda p: os.symlink("/dev/zero", p), "is a character device, not an MNN model file"),
+        (lambda p: p.mkdir(), "is a directory, not an MNN model file"),
+        # 3 GB of holes: refused from its size, never read (it used to be read whole first)
+        (lambda p: os.truncate(p.open("wb").name, 3 << 30), "3221225472 bytes is more than any flatbuffer holds"),
+        (
+            lambda p: os.truncate(p.open("wb").name, 1 << 30),
+            "not an MNN model: root table offset 0 is outside the file",
+        ),
+    ],
+    ids=["fifo", "dev-zero", "directory", "sparse-3g", "sparse-1g"],
+)
+def test_inspect_refuses_what_is_no_model_file_without_reading_it(tmp_path: Path, make, expected: str) -> None:
+    path = tmp_path / "x.mnn"
+    make(path)
+    proc = _inspect_cli(path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith(f"error: {path}: ") and expected in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1

@@ -361,6 +361,49 @@ def test_bad_config(bundle_copy: Path) -> None:
         Bundle.open(bundle_copy)
 
 
+@pytest.mark.parametrize("limits", [[1_000_000_000, 1], [PREFILL, 3, DECODE]])
+def test_chunk_limits_must_be_compiled_lengths(bundle_copy: Path, limits: list[int]) -> None:
+    """A caller sizes its inputs by chunk_limits: [1000000000, 1] was accepted and the next call asked for 477 GiB.
+    Every length must be one of the plugins' compiled shapes (allInputShape)."""
+    config = json.loads((bundle_copy / "config_qnn.json").read_text())
+    (bundle_copy / "config_qnn.json").write_text(json.dumps({**config, "chunk_limits": limits}))
+    with pytest.raises(BundleError) as info:
+        Bundle.open(bundle_copy)
+    bad = max(n for n in limits if n not in (PREFILL, DECODE))
+    assert str(info.value) == (
+        f"{bundle_copy.resolve() / 'config_qnn.json'}: field 'chunk_limits' {limits} holds {bad}, but plugin 'qnn0' "
+        f"(qnn/graphllm0.bin) was compiled for {sorted({DECODE, PREFILL})} tokens (attribute 'allInputShape'); "
+        "expected lengths among them"
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("hidden_size", "x", "field 'hidden_size' must be an integer, got 'x'"),
+        ("hidden_size", 128.0, "field 'hidden_size' must be an integer, got 128.0"),
+        ("tie_embeddings", [190794, "a", 16384, 4, 64], "field 'tie_embeddings' entry 1 must be an integer, got 'a'"),
+        (
+            "tie_embeddings",
+            [190794, 256330.5, 16384, 4, 64],
+            "field 'tie_embeddings' entry 1 must be an integer, got 256330.5",
+        ),
+        ("tie_embeddings", {"weight_offset": "1"}, "field 'tie_embeddings.weight_offset' must be an integer"),
+        ("tie_embeddings", "yes", "field 'tie_embeddings' must be a list of 5 integers or an object, got 'yes'"),
+    ],
+)
+def test_llm_config_numbers_are_checked_not_converted(tmp_path: Path, field: str, value: object, expected: str) -> None:
+    """A string or float where llm_config.json needs an integer was a bare ValueError from int() (or, for a float
+    offset, silently truncated): one line naming the file and field."""
+    model = tmp_path / "m"
+    shutil.copytree(TINY, model)
+    config = json.loads((model / "llm_config.json").read_text())
+    (model / "llm_config.json").write_text(json.dumps({**config, field: value}))
+    with pytest.raises(BundleError) as info:
+        Embeddings(model)
+    assert f"{model / 'llm_config.json'}: {expected}" in str(info.value) and "\n" not in str(info.value)
+
+
 def test_unknown_override_path(synthetic: Synthetic) -> None:
     with pytest.raises(BundleError, match=r"binary_overrides name \['qnn/graphllm7.bin'\]"):
         HybridModel(synthetic.bundle, binary_overrides={"qnn/graphllm7.bin": b"x"})

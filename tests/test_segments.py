@@ -102,3 +102,39 @@ def test_freed_heap_memory_goes_back_to_the_os() -> None:
     return_freed_memory()
     assert _rss_bytes() < held - 100_000_000
     assert len(kept) == 100
+
+
+@pytest.mark.parametrize("budget", [1 << 40, 64 << 10], ids=["one segment", "several segments"])
+def test_samples_are_made_when_needed_and_given_back_when_done(tmp_path, budget: int) -> None:
+    """iter_segmented makes each sample when its first segment runs and yields its outputs when its last one ran:
+    with one segment the next sample is made only after the previous one was given back (io writes it, so one
+    sample is in memory at a time); with several, what crosses a cut waits on disk (spill_dir), and the outputs are
+    still the whole graph's, bit for bit."""
+    from mnnbuild.cpu.segments import iter_segmented
+
+    model_dir = TINY_MODEL_DIR
+    model = load_model(model_dir / "llm.mnn")
+    names, outs = model.input_names, model.output_names
+    seqs = (1, 24, 7)
+    rt = CpuRuntime().create(model_dir / "llm.mnn.weight")
+    events: list[str] = []
+
+    def sample(i: int) -> dict[str, np.ndarray]:
+        events.append(f"make {i}")
+        return {n: make_inputs(seqs[i], 128, 5)[n] for n in names}
+
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    got = {}
+    for i, res in iter_segmented(model_dir / "llm.mnn", rt, model, 3, sample, outs, budget, spill_dir=spill):
+        events.append(f"done {i}")
+        got[i] = {n: to_numpy(v) for n, v in res.items()}
+    if budget == 1 << 40:
+        assert events == ["make 0", "done 0", "make 1", "done 1", "make 2", "done 2"]
+    else:
+        assert events == ["make 0", "make 1", "make 2", "done 0", "done 1", "done 2"]
+    assert list(spill.iterdir()) == [], "spilled values are removed once mapped"
+    whole = run_segmented(model_dir / "llm.mnn", rt, model, [sample(i) for i in range(3)], outs)
+    for i in range(3):
+        for n in outs:
+            assert np.array_equal(got[i][n], to_numpy(whole[i][n])), (i, n)

@@ -72,6 +72,26 @@ def test_spec_overrides_soc(tmp_path: Path) -> None:
         ('targets = ["v79"]\nverify = { prompt = "" }', "verify.prompt", "neither is empty nor starts or ends with"),
         ('targets = ["v79"]\nverify = { prompt = "hi\\n" }', "verify.prompt", "neither is empty nor starts or ends"),
         ('targets = ["v79"]\nverify = { prompt = 3 }', "verify.prompt", "valid string"),
+        # strict types: TOML says what the user wrote; a string or a float is not a length
+        ('targets = ["v79"]\nchunk_size = "128"', "chunk_size", "Input should be a valid integer (got '128')"),
+        ('targets = ["v79"]\nchunk_size = 128.0', "chunk_size", "Input should be a valid integer (got 128.0)"),
+        ('targets = ["v79"]\nchunk_sizes = ["64"]', "chunk_sizes.0", "valid integer (got '64')"),
+        ('targets = ["v79"]\nmax_kv_size = "5"', "max_kv_size", "valid integer"),
+        ('targets = ["v79"]\nverify = { max_new_tokens = "4" }', "verify.max_new_tokens", "valid integer"),
+        ('targets = ["v79"]\nseed = -1', "seed", "greater than or equal to 0 (got -1)"),
+        # bounded requests
+        ('targets = ["v79"]\nchunk_size = 4097', "chunk_size", "less than or equal to 4096"),
+        (
+            f'targets = ["v79"]\nchunk_sizes = {list(range(2, 1025))}',
+            "chunk_sizes",
+            "lists 1023 prefill lengths; at most 12 (each is one more graph in every plugin's binary",
+        ),
+        (
+            'targets = ["v79"]\nchunk_sizes = [256, 64]\nmax_kv_size = 128',
+            "chunk_sizes",
+            "prefill length 256 is longer than max_kv_size = 128",
+        ),
+        ('targets = ["v79"]\nchunk_size = 256\nmax_kv_size = 128', "chunk_size", "longer than max_kv_size = 128"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, expected: str) -> None:
@@ -82,6 +102,24 @@ def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, ex
     assert str(path) in message
     assert f"field {field!r}" in message
     assert expected in message
+
+
+def test_the_largest_requests_within_the_bounds_are_accepted(tmp_path: Path) -> None:
+    """The bounds refuse only what is over them: 12 lengths up to 4096, within max_kv_size; an image whose encoder
+    mask just fits one QNN tensor."""
+    twelve = [2**i for i in range(1, 13)]
+    spec = load_spec(
+        write_spec(tmp_path, f'name = "m"\nsource = {{ local = "x" }}\ntargets = ["v79"]\nchunk_sizes = {twelve}\n')
+    )
+    assert spec.prefill_lengths[0] == 4096 and len(spec.prefill_lengths) == 12
+    kv = 'name = "k"\nsource = { local = "x" }\ntargets = ["v79"]\nchunk_size = 128\nmax_kv_size = 128\n'
+    assert load_spec(write_spec(tmp_path, kv, "k.toml")).max_kv_size == 128
+    # qwen2.5-vl: 2128 x 2128 px = 23104 patches, mask 2 x 23104^2 floats = 4.27e9 bytes < 2^32
+    vl = (
+        'name = "v"\nsource = { local = "x" }\ntargets = ["v79"]\nfamily = "vl"\nvisual_encoder = "qwen2.5-vl"\n'
+        'image_sizes = ["2128x2128"]\n'
+    )
+    assert load_spec(write_spec(tmp_path, vl, "v.toml")).image_sizes == ["2128x2128"]
 
 
 def test_prefill_lengths_longest_first_whatever_the_form(tmp_path: Path) -> None:
@@ -215,6 +253,26 @@ VL = 'targets = ["v79"]\nfamily = "vl"\n'
         ),
         (VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = 448', "image_sizes", "valid list"),
         ('targets = ["v79"]\nimage_sizes = ["448x448"]', "image_sizes", "only a family = 'vl' model has a visual"),
+        (
+            VL + 'visual_encoder = "qwen2.5-vl"\nimage_sizes = ["99988x99988"]',
+            "image_sizes.0",
+            "9997600144 pixels is more than the 12845056 MNN's engine resizes a qwen2.5-vl image to at most",
+        ),
+        (
+            VL + 'visual_encoder = "qwen2.5-vl"\nimage_sizes = ["2240x2240"]',
+            "image_sizes.0",
+            "its encoder input 'attention_mask' would be 5242880000 bytes, more than one QNN tensor holds",
+        ),
+        (
+            VL + 'visual_encoder = "qwen3-vl"\nimage_sizes = ["4096x4096"]',
+            "image_sizes.0",
+            "'attention_mask' would be 17179869184 bytes",
+        ),
+        (
+            VL + f'visual_encoder = "qwen3-vl"\nimage_sizes = {[f"{32 * i}x32" for i in range(1, 14)]}',
+            "image_sizes",
+            "lists 13 image sizes; at most 12",
+        ),
         (
             'targets = ["v79"]\nfamily = "embedding"\nvisual_encoder = "qwen3-vl"',
             "visual_encoder",

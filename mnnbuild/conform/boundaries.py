@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from pydantic import BaseModel, computed_field
 
 from mnnbuild.conform.build import MnnBuild, ensure_tools
+from mnnbuild.conform.workdir import fresh_dir
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import atomic_write_text
 from mnnbuild.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, manifest_file
@@ -171,8 +171,8 @@ def run_compilefornpu(
     if llm_config.get("is_mrope") or llm_config.get("is_visual"):
         raise BoundaryError("a model with M-RoPE inputs needs another input.json; only text LLMs are compared")
     ensure_tools(build, UPSTREAM_TOOLS)
-    shutil.rmtree(work, ignore_errors=True)
-    (work / "qnn").mkdir(parents=True)
+    fresh_dir(work)  # conform's own subdir of its report dir: --out may name a directory of the user's
+    (work / "qnn").mkdir()
     log_path = work / "tools.log"
     atomic_write_text(work / "input.json", json.dumps(upstream_io_config(llm_config, chunk), indent=2) + "\n")
     model, weight = (model_dir / TEXT_LLM.model_file).resolve(), (model_dir / TEXT_LLM.weight_file).resolve()
@@ -377,30 +377,65 @@ def _cpu_reasons(partition_dir: Path) -> dict[str, str]:
         return {}
 
 
+class CutSettings(BaseModel):
+    """What our partition was cut with, as its manifest records it: what compilefornpu is given too."""
+
+    chunk: int
+    """The longest prefill length: the one chunk upstream's export script compiles."""
+    seq_lens: list[int]
+    """Our graphs' sample lengths in shape-index order (decode first, then every prefill length)."""
+    skips: list[str]
+    max_kv_size: int
+
+
+def cut_settings(partition_dir: Path) -> CutSettings:
+    """Our partition's settings from its manifest; a language model's partition only (its prefill lengths)."""
+    try:
+        manifest = PartitionManifest.read(partition_dir)
+    except MnnbuildError as exc:
+        raise BoundaryError(str(exc)) from None
+    params = manifest.params
+    if not params.chunk_sizes:
+        raise BoundaryError(
+            f"{partition_dir / manifest_file('partition')}: field 'params.chunk_sizes' is empty: not a language "
+            "model's partition"
+        )
+    return CutSettings(
+        chunk=max(params.chunk_sizes),
+        seq_lens=list(manifest.seq_lens),
+        skips=list(params.skips),
+        max_kv_size=params.max_kv_size,
+    )
+
+
+def compare_cuts(original_dir: Path, partition_dir: Path, upstream_model: Path, cut: CutSettings) -> BoundaryReport:
+    """Our partition next to the model upstream's compilefornpu wrote (``upstream_model``, its ``qnn/llm.mnn``), both
+    read against the original model."""
+    source = load_model(original_dir / TEXT_LLM.model_file)
+    # compilefornpu keeps output names it cut away (no tensor carries them): read its model leniently
+    upstream = read_side(load_model(upstream_model, check_outputs=False), source, [cut.chunk, 1])
+    ours = read_side(load_model(partition_dir / TEXT_LLM.result_model), source, cut.seq_lens)
+    report = compare_sides(ours, upstream, _cpu_reasons(partition_dir))
+    report.settings = qnn_json(cut.skips, cut.max_kv_size)
+    return report
+
+
 def compare_boundaries(
     build: MnnBuild, original_dir: Path, partition_dir: Path, work: Path, env: dict[str, str]
 ) -> BoundaryReport:
     """Run compilefornpu on the original model with our partition's settings and compare. A failure of the
     upstream tools is recorded in the report (``problem``), not raised: the comparison is not a gate."""
-    manifest = PartitionManifest.model_validate_json(
-        (partition_dir / manifest_file("partition")).read_text(encoding="utf-8")
-    )
-    params = manifest.params
-    chunk = params.chunk_size
-    settings = qnn_json(list(params.skips), params.max_kv_size)
     tool = str(build.tool("compilefornpu"))
+    settings: dict[str, Any] = {}
     try:
-        run_compilefornpu(build, original_dir, work, chunk, list(params.skips), params.max_kv_size, env)
-        source = load_model(original_dir / TEXT_LLM.model_file)
-        # compilefornpu keeps output names it cut away (no tensor carries them): read its model leniently
-        upstream = read_side(load_model(work / TEXT_LLM.result_model, check_outputs=False), source, [chunk, 1])
-        ours = read_side(load_model(partition_dir / TEXT_LLM.result_model), source, list(manifest.seq_lens))
-    except (BoundaryError, MnnbuildError) as exc:
+        cut = cut_settings(partition_dir)
+        settings = qnn_json(cut.skips, cut.max_kv_size)
+        run_compilefornpu(build, original_dir, work, cut.chunk, cut.skips, cut.max_kv_size, env)
+        report = compare_cuts(original_dir, partition_dir, work / TEXT_LLM.result_model, cut)
+    except MnnbuildError as exc:
         log.warning("conform: no boundary comparison: %s", exc)
         return BoundaryReport(tool=tool, settings=settings, problem=str(exc))
-    report = compare_sides(ours, upstream, _cpu_reasons(partition_dir))
     report.tool = tool
-    report.settings = settings
     return report
 
 

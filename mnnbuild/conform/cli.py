@@ -9,7 +9,9 @@ says which ``doit`` task to run when one is missing.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from mnnbuild.conform.boundaries import compare_boundaries
@@ -17,6 +19,7 @@ from mnnbuild.conform.build import ensure_build, ensure_driver, resolve_qnn_head
 from mnnbuild.conform.effect import default_lengths
 from mnnbuild.conform.patches import Patch, load_patches
 from mnnbuild.conform.run import (
+    BUNDLE_CONFIG,
     ConformError,
     conform_model,
     engine_env,
@@ -24,8 +27,12 @@ from mnnbuild.conform.run import (
     measure_patch_effect,
     write_report,
 )
+from mnnbuild.conform.workdir import claim_dir
+from mnnbuild.errors import MnnbuildError
+from mnnbuild.layout import bundle_model_dir, conform_dir, stage_dir
+from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.settings import Settings
-from mnnbuild.spec import discover_specs
+from mnnbuild.spec import DEVICE_NAME_PATTERN, discover_specs
 from mnnbuild.targets import known_archs
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -56,6 +63,49 @@ def parse_lengths(text: str) -> list[int]:
     return lengths
 
 
+@dataclass(frozen=True)
+class ConformPaths:
+    """What a conform run reads of the DAG's outputs for one model and target."""
+
+    bundle_model_dir: Path
+    """The bundle's model dir, ``model/<name>/``, named as the bundle manifest says (after the source folder)."""
+    original_dir: Path
+    partition_dir: Path
+    context_dir: Path
+    twin_dir: Path
+    conform_dir: Path
+    """The default report dir."""
+
+
+def locate(artifact_root: Path, model: str, arch: str) -> ConformPaths:
+    """The DAG's outputs conform reads (the layout module's dirs, the bundle manifest's model dir name); a missing
+    or unreadable bundle names the doit task that makes it."""
+    task = f"doit bundle:{model}-{arch}"
+    bundle_dir = stage_dir(artifact_root, "bundle", model, arch)
+    if not (bundle_dir / BundleManifest.filename()).is_file():
+        raise ConformError(f"{bundle_dir}: no finished bundle; run `{task}` first")
+    try:
+        manifest = BundleManifest.read(bundle_dir)
+    except MnnbuildError as exc:
+        raise ConformError(f"{exc}; run `{task}` again") from None
+    if not re.fullmatch(DEVICE_NAME_PATTERN, manifest.model_name):
+        raise ConformError(
+            f"{bundle_dir / BundleManifest.filename()}: field 'model_name' is {manifest.model_name!r}, not a plain "
+            f"directory name; run `{task}` again"
+        )
+    model_dir = bundle_model_dir(bundle_dir, manifest.model_name)
+    if not (model_dir / BUNDLE_CONFIG).is_file():
+        raise ConformError(f"{model_dir / BUNDLE_CONFIG}: missing from the finished bundle; run `{task}` again")
+    return ConformPaths(
+        bundle_model_dir=model_dir,
+        original_dir=stage_dir(artifact_root, "fetch", model),
+        partition_dir=stage_dir(artifact_root, "partition", model),
+        context_dir=stage_dir(artifact_root, "context", model, arch),
+        twin_dir=stage_dir(artifact_root, "twin", model, arch),
+        conform_dir=conform_dir(artifact_root, model, arch),
+    )
+
+
 def run_conform(args: argparse.Namespace) -> int:
     model, arch = split_target(args.target)
     settings = Settings.from_env(PROJECT_ROOT)
@@ -67,12 +117,8 @@ def run_conform(args: argparse.Namespace) -> int:
     spec = specs[model]
     if arch not in spec.targets:
         raise ConformError(f"{spec.spec_path}: field 'targets' does not list {arch!r}")
-    target_root = settings.target_root(model, arch)
-    model_root = settings.model_root(model)
-    bundle_dir = target_root / "bundle"
-    if not (bundle_dir / "bundle.manifest.json").is_file():
-        raise ConformError(f"{bundle_dir}: no finished bundle; run `doit bundle:{model}-{arch}` first")
-    out_dir = Path(args.out).resolve() if args.out else target_root / "conform"
+    paths = locate(settings.artifact_root, model, arch)
+    out_dir = claim_dir(Path(args.out).resolve() if args.out else paths.conform_dir)
     source = resolve_source(args.mnn_source)
     headers = resolve_qnn_headers(args.qnn_headers)
     all_patches = load_patches()
@@ -88,11 +134,11 @@ def run_conform(args: argparse.Namespace) -> int:
         model=model,
         arch=arch,
         soc=spec.soc(arch),
-        bundle_model_dir=bundle_dir / "model" / model,
-        original_dir=model_root / "model",
-        context_dir=target_root / "context",
-        twin_dir=target_root / "twin",
-        partition_dir=model_root / "partition",
+        bundle_model_dir=paths.bundle_model_dir,
+        original_dir=paths.original_dir,
+        context_dir=paths.context_dir,
+        twin_dir=paths.twin_dir,
+        partition_dir=paths.partition_dir,
         out_dir=out_dir,
         build=build,
         driver=driver,
@@ -100,7 +146,7 @@ def run_conform(args: argparse.Namespace) -> int:
     )
     if not args.no_boundaries:
         report.boundaries = compare_boundaries(
-            build, model_root / "model", model_root / "partition", out_dir / "compilefornpu", engine_env(build)
+            build, paths.original_dir, paths.partition_dir, out_dir / "compilefornpu", engine_env(build)
         )
     if effect_patch:
         without = ensure_build(source, headers, jobs=args.jobs, patches=[p for p in patches if p.name != effect_patch])

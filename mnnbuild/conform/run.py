@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from mnnbuild.compare import TensorCheck, Tolerance, compare
 from mnnbuild.conform.boundaries import BoundaryReport, format_boundaries
 from mnnbuild.conform.build import MnnBuild
 from mnnbuild.conform.effect import PatchEffect, RunTokens, format_effect, length_effect, padding, summarize
+from mnnbuild.conform.workdir import claim_dir, fresh_dir
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from mnnbuild.layout import PROMPT_FILE
@@ -139,8 +139,9 @@ def engine_env(build: MnnBuild) -> dict[str, str]:
 
 
 def stage_dir(src: Path, dest: Path, replace: dict[str, bytes], config: dict[str, object], config_name: str) -> Path:
-    """``dest``: symlinks to every file of ``src`` but the replaced ones (written) and the config (ours)."""
-    shutil.rmtree(dest, ignore_errors=True)
+    """``dest``: symlinks to every file of ``src`` but the replaced ones (written) and the config (ours). ``dest`` is
+    one of conform's subdirs of its report dir (:func:`~mnnbuild.conform.workdir.fresh_dir`)."""
+    fresh_dir(dest)
     for path in sorted(src.rglob("*")):
         rel = path.relative_to(src).as_posix()
         if not path.is_file() or rel in replace or rel == config_name:
@@ -280,14 +281,17 @@ def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.
     check.passed = ok and check.tokens_equal and check.engine_loop_agrees
 
 
-def _twins(context_dir: Path, twin_dir: Path, merge: dict[str, list[str]]) -> dict[str, bytes]:
-    """The unshared twins the twin stage built (hash checked against its manifests)."""
+def _twins(context_dir: Path, twin_dir: Path, merge: dict[str, list[str]], target: str) -> dict[str, bytes]:
+    """The unshared twins the twin stage built (hash checked against its manifests); a missing one names the doit
+    task that builds it (``target``: ``<model>-<arch>``)."""
     from mnnbuild.verify.checks import read_contexts, read_twins
 
     contexts, problems = read_contexts(context_dir, merge)
+    if problems:
+        raise ConformError(f"{problems[0]}; run `doit bundle:{target}`")
     twins, more = read_twins(twin_dir, contexts, merge)
-    if problems or more:
-        raise ConformError((problems + more)[0])
+    if more:
+        raise ConformError(f"{more[0]}; run `doit twin:{target}` (the unshared twins the simulator runs)")
     try:
         return {path: twin.read() for path, twin in twins.items()}
     except MnnbuildError as exc:
@@ -322,7 +326,7 @@ def conform_model(
     chunk = max(limits)
     original_json = _read_json(original_dir / "config.json")
     bundle_config, original_config, unchunked_config = run_configs(bundle_config, original_json)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    claim_dir(out_dir)
 
     orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, "config.json")
     unch_cfg = stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, "config.json")
@@ -341,7 +345,7 @@ def conform_model(
         else:
             reason = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
         log.warning("conform: %s; running unshared twins in their place", reason)
-        twins = _twins(context_dir, twin_dir, merge)
+        twins = _twins(context_dir, twin_dir, merge, f"{model}-{arch}")
         binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
         bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,22 +89,54 @@ def run_segmented(
 ) -> list[dict[str, Any]]:
     """The named outputs of the graph for each sample (graph input name -> array), as MNN Vars, computed
     segment by segment; with one segment this is one module over the whole graph."""
-    input_idx = [model.tensor_index(n) for n in samples[0]]
+    results = dict(
+        iter_segmented(model_path, rt, model, len(samples), samples.__getitem__, output_names, budget, label)
+    )
+    return [results[i] for i in range(len(samples))]
+
+
+def iter_segmented(
+    model_path: Path,
+    rt: Any,
+    model: MnnModel,
+    count: int,
+    sample: Callable[[int], Mapping[str, np.ndarray]],
+    output_names: Sequence[str],
+    budget: int = SEGMENT_BYTES,
+    label: str = "",
+    spill_dir: Path | None = None,
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """:func:`run_segmented` for ``count`` samples made one at a time by ``sample(i)``, each sample's outputs
+    yielded (``(i, outputs)``) as soon as its last segment ran, so a caller that writes and drops them holds one
+    sample's arrays at a time: with one segment, ``sample(i + 1)`` is made only after sample ``i`` was yielded.
+    With several, what crosses a cut is kept for every sample until the next segment reads it: in ``spill_dir``
+    (memory-mapped ``.npy`` files, removed as they are used) when given, else in memory."""
+    if count == 0:
+        return
+    first = sample(0)
+    input_names = list(first)
+    input_idx = [model.tensor_index(n) for n in input_names]
     out_idx = [model.tensor_index(n) for n in output_names]
     segments = plan_segments(model, input_idx, out_idx, budget)
     names = model.tensor_names
-    envs: list[dict[int, BoundaryValue]] = [
-        {model.tensor_index(n): BoundaryValue(array=np.asarray(a), fmt=NCHW) for n, a in s.items()} for s in samples
-    ]
-    results: list[dict[str, Any]] = [{} for _ in samples]
+    envs: list[dict[int, BoundaryValue]] = [{} for _ in range(count)]
+    made: list[dict[str, Any]] = [{} for _ in range(count)]
+    """Requested outputs a segment before the last made, until the sample's last segment ran."""
     still_read = [{t for seg in segments[k + 1 :] for t in seg.inputs} for k in range(len(segments))]
     log.debug("%s: %d segment(s) of at most %d MB", label or model_path.name, len(segments), budget >> 20)
     for k, seg in enumerate(segments):
         started = time.perf_counter()
+        last = k == len(segments) - 1
         module = load_module(model_path, rt, [names[t] for t in seg.inputs], [names[t] for t in seg.outputs])
         if module is None:
             raise MNNFormatError(f"{model_path}: MNN could not load the ops {names[seg.inputs[0]]!r} ... onwards")
-        for env, res in zip(envs, results, strict=True):
+        for i, env in enumerate(envs):
+            if k == 0:
+                feed = first if i == 0 else sample(i)
+                env.update(
+                    {model.tensor_index(n): BoundaryValue(array=np.asarray(a), fmt=NCHW) for n, a in feed.items()}
+                )
+                del feed
             out_vars = forward_vars(module, [env[t].as_var() for t in seg.inputs])
             if len(out_vars) != len(seg.outputs):  # MNN failed inside forward (it prints why)
                 raise MNNFormatError(
@@ -112,10 +144,19 @@ def run_segmented(
                 )
             for t, var in zip(seg.outputs, out_vars, strict=True):
                 if t in out_idx:
-                    res[names[t]] = var
-                env[t] = BoundaryValue(array=to_numpy(var), fmt=var_format(var))
+                    made[i][names[t]] = var
+                if t in still_read[k]:
+                    env[t] = _kept(to_numpy(var), var_format(var), spill_dir, f"{i}-{t}")
             for t in [t for t in env if t not in still_read[k]]:
                 del env[t]  # nothing after this segment reads it
+            if k == 0:
+                first = {}  # sample 0's arrays live on in its env only as long as a segment reads them
+                if spill_dir is not None:  # and graph inputs that later segments read (the mask) go to disk too
+                    for t in [t for t in input_idx if t in env]:
+                        env[t] = _kept(env[t].as_array(), NCHW, spill_dir, f"{i}-{t}")
+            if last:
+                envs[i], res, made[i] = {}, made[i], {}
+                yield i, res
         del module
         return_freed_memory()  # the segment's decoded weights, before the next segment decodes its own
         if len(segments) > 1:  # the runtime has no tqdm: a line per segment instead (each takes seconds at real size)
@@ -126,4 +167,15 @@ def run_segmented(
                 len(segments),
                 time.perf_counter() - started,
             )
-    return results
+
+
+def _kept(array: np.ndarray, fmt: str, spill_dir: Path | None, name: str) -> BoundaryValue:
+    """A value a later segment reads: in memory, or written to ``spill_dir`` and mapped back (the page cache, not
+    this process, then holds it between segments)."""
+    if spill_dir is None:
+        return BoundaryValue(array=array, fmt=fmt)
+    path = Path(spill_dir) / f"{name}.npy"
+    np.save(path, array, allow_pickle=False)
+    mapped = np.load(path, mmap_mode="r", allow_pickle=False)
+    path.unlink()  # the mapping keeps the data until it is dropped
+    return BoundaryValue(array=mapped, fmt=fmt)

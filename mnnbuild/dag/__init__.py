@@ -16,13 +16,14 @@ re-run leaves its manifest byte-identical leaves the stages after it up to date.
 """
 
 from mnnbuild.dag.interrupts import handle_interrupts
-from mnnbuild.dag.project import DEFAULT_MODEL, Project, doit_runs_tasks
+from mnnbuild.dag.project import DEFAULT_MODEL, Project, configure_logging, doit_runs_tasks
 from mnnbuild.dag.tasks import STAGES, late_stage_group, npu_task_creators, stage_tasks, update_tasks, verify_all_task
 
 __all__ = [
     "DEFAULT_MODEL",
     "STAGES",
     "Project",
+    "configure_logging",
     "doit_runs_tasks",
     "handle_interrupts",
     "late_stage_group",

@@ -18,6 +18,7 @@ from doit.cmdparse import CmdOption, CmdParse, CmdParseError
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
+from mnnbuild import logs
 from mnnbuild.cache import local_cache_dir
 from mnnbuild.dag.reporter import BuildSummaryReporter
 from mnnbuild.errors import MnnbuildError
@@ -33,6 +34,15 @@ DOIT_STATE = ".doit.db"
 
 # What a bare `doit` builds: the shipped tiny model, so a fresh clone proves the whole chain.
 DEFAULT_MODEL = "tiny-qwen3"
+
+
+def configure_logging() -> None:
+    """mnnbuild's logging for a doit run (``MNNBUILD_LOG_LEVEL``); a value that is no level is one line, for every
+    doit command (doit prints InvalidDodoFile so, instead of a traceback)."""
+    try:
+        logs.configure_logging()
+    except MnnbuildError as exc:
+        raise InvalidDodoFile(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -81,9 +91,16 @@ class Project:
                 f"{root}: the artifact root is not writable ({exc.strerror}); set MNNBUILD_ARTIFACTS to a writable "
                 "directory"
             ) from None
-        set_aside_corrupt_state(root / DOIT_STATE)
+        state = root / DOIT_STATE
+        if state.exists() and not state.is_file():  # not doit's file: nothing mnnbuild made, so not moved aside
+            kind = "a directory" if state.is_dir() else "not a regular file"
+            raise InvalidDodoFile(
+                f"{state}: doit's state file is {kind}; expected the sqlite file doit writes there (move it away, or "
+                "set MNNBUILD_ARTIFACTS to another artifact root)"
+            )
+        set_aside_corrupt_state(state)
         return {
-            "dep_file": str(root / DOIT_STATE),
+            "dep_file": str(state),
             "backend": "sqlite3",
             "check_file_uptodate": "md5",
             "subtasks": True,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import logging
 import os
+import stat
 import struct
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -381,21 +382,30 @@ class _StrictBytes(bytes):
 _READ_ERRORS = (struct.error, IndexError, ValueError, TypeError, OverflowError, UnicodeDecodeError)
 
 
-def _check_root(data: bytes, where: str) -> None:
-    size = len(data)
+FLATBUFFER_MAX_BYTES = (1 << 31) - 1
+"""No flatbuffer is larger: its offsets are signed 32-bit (``FLATBUFFERS_MAX_BUFFER_SIZE``)."""
+
+
+def _check_root(read: Callable[[int, int], bytes], size: int, where: str) -> None:
+    """The flatbuffer header of a ``size``-byte model, read through ``read(offset, n)``: a file that cannot be an
+    MNN model is refused from a few bytes, before it is read whole."""
     if size < 16:
         raise MNNFormatError(f"{where}: {size} bytes is too small for an MNN model (a flatbuffer Net)")
+    if size > FLATBUFFER_MAX_BYTES:
+        raise MNNFormatError(
+            f"{where}: {size} bytes is more than any flatbuffer holds ({FLATBUFFER_MAX_BYTES}): not an MNN model"
+        )
     if size % 4:
         # the flatbuffers builder pads a finished buffer to a multiple of its alignment (>= 4)
         raise MNNFormatError(f"{where}: truncated MNN model: {size} bytes is not a multiple of 4")
-    (root,) = struct.unpack_from("<I", data, 0)
+    (root,) = struct.unpack("<I", read(0, 4))
     if not 4 <= root <= size - 4:
         raise MNNFormatError(f"{where}: not an MNN model: root table offset {root} is outside the file ({size} bytes)")
-    (soff,) = struct.unpack_from("<i", data, root)
+    (soff,) = struct.unpack("<i", read(root, 4))
     vtable = root - soff
     if not 0 <= vtable <= size - 4:
         raise MNNFormatError(f"{where}: not an MNN model: vtable offset {vtable} outside the file ({size})")
-    vt_size, table_size = struct.unpack_from("<HH", data, vtable)
+    vt_size, table_size = struct.unpack("<HH", read(vtable, 4))
     if vt_size < 4 or vt_size % 2 or vtable + vt_size > size or root + table_size > size:
         raise MNNFormatError(
             f"{where}: not an MNN model or truncated: root vtable (size {vt_size}, table {table_size}) "
@@ -437,7 +447,7 @@ def _op_from_t(op_t: Any, index: int, where: str) -> Op:
 def parse_model(data: bytes, where: str = "<bytes>", check_outputs: bool = True) -> MnnModel:
     """Decode a ``.mnn`` flatbuffer held in memory (``where`` names it in errors). ``check_outputs=False``
     accepts output names that name no tensor (MNN's ``compilefornpu`` leaves such names behind)."""
-    _check_root(data, where)
+    _check_root(lambda offset, n: data[offset : offset + n], len(data), where)
     buf = _StrictBytes(data)
     try:
         (root,) = struct.unpack_from("<I", buf, 0)
@@ -482,11 +492,42 @@ def parse_model(data: bytes, where: str = "<bytes>", check_outputs: bool = True)
     return model
 
 
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}  # fmt: skip
+
+
+def _read_model_file(path: Path) -> bytes:
+    """A model file's bytes, once it is known to be a regular file whose flatbuffer header fits its size: a FIFO
+    (opened without waiting for a writer), a device such as ``/dev/zero`` or a huge sparse file is refused
+    without being read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        os.close(fd)
+        raise
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise MNNFormatError(
+            f"{path}: is {_FILE_KINDS.get(stat.S_IFMT(mode), 'not a regular file')}, not an MNN model file"
+        )
+    with os.fdopen(fd, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+
+        def read(offset: int, n: int) -> bytes:
+            fh.seek(offset)
+            return fh.read(n)
+
+        _check_root(read, size, str(path))
+        fh.seek(0)
+        return fh.read()
+
+
 def load_model(path: str | os.PathLike[str], check_outputs: bool = True) -> MnnModel:
     """Read a ``.mnn`` file (only that file: the external weight file is not opened)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = _read_model_file(path)
     except OSError as exc:
         raise MNNFormatError(f"{path}: cannot read MNN model: {exc}") from exc
     model = parse_model(data, str(path), check_outputs)

@@ -487,9 +487,19 @@ class EmbeddingInfo:
 def _read_config(model_dir: Path) -> dict[str, Any]:
     path = model_dir / "llm_config.json"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise MNNFormatError(f"{path}: cannot read llm_config.json: {exc}") from exc
+    if not isinstance(data, dict):
+        raise MNNFormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _integer(value: Any, what: str) -> int:
+    """A JSON integer (not a string, float or bool: int() would take "7", 7.9 and true)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise MNNFormatError(f"{what} must be an integer, got {value!r}")
+    return value
 
 
 def _model_file(model_dir: Path, cfg: dict[str, Any], field: str, default: str) -> Path:
@@ -572,9 +582,9 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
     model_dir = Path(model_dir)
     cfg = _read_config(model_dir)
     cfg_path = model_dir / "llm_config.json"
-    hidden = int(cfg.get("hidden_size", 0))
+    hidden = _integer(cfg.get("hidden_size", 0), f"{cfg_path}: field 'hidden_size'")
     if hidden <= 0:
-        raise MNNFormatError(f"{cfg_path}: hidden_size missing or not positive")
+        raise MNNFormatError(f"{cfg_path}: field 'hidden_size' missing or not positive")
     tie = tie_embeddings(cfg, cfg_path)
     if tie is not None:
         w_off, a_off, a_size, bits, block, a_fp16 = (

@@ -16,13 +16,14 @@ model's own. A VL model's encoder (``visual.mnn``, the ``visual`` chain) gets on
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mnnbuild.cpu import save_vars, to_numpy
-from mnnbuild.cpu.segments import run_segmented
+from mnnbuild.cpu.segments import iter_segmented
 from mnnbuild.errors import MNNFormatError, ModelDirError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
@@ -30,7 +31,7 @@ from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.mnn import MnnModel, input_dtypes, load_model
-from mnnbuild.modeldir import DEEPSTACK_INPUT, LLM_CONFIG, ModelPart, chain_part, read_llm_config
+from mnnbuild.modeldir import DEEPSTACK_INPUT, LLM_CONFIG, ModelPart, chain_part, check_hidden_size, read_llm_config
 from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
 from mnnbuild.stage import Stage
 from mnnbuild.visual import visual_inputs
@@ -132,8 +133,38 @@ def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> N
         )
 
 
-def _visual_feeds(params: IoParams, model: MnnModel, model_file: Path, config: dict[str, Any]) -> list[Feed]:
-    """A VL encoder's samples: one per image size, in spec order."""
+def _config_limit(config: dict[str, Any], field: str, config_path: Path) -> int | None:
+    limit = config.get(field)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0):
+        raise ModelDirError(f"{config_path}: field {field!r} must be a positive integer, got {limit!r}")
+    return limit
+
+
+def _check_model_bounds(params: IoParams, config: dict[str, Any], config_path: Path) -> None:
+    """What the model itself bounds (the spec checked mnnbuild's own bounds): no prefill length beyond the positions
+    it was trained for (``max_position_embeddings``, which llmexport writes and MNN's engine warns past), no image
+    larger than MNN's engine resizes the model's images to (``image_max_pixels``)."""
+    positions = _config_limit(config, "max_position_embeddings", config_path)
+    if positions is not None and params.chunk_sizes and max(params.chunk_sizes) > positions:
+        field = "chunk_size" if len(params.chunk_sizes) == 1 else "chunk_sizes"
+        raise ModelDirError(
+            f"{config_path}: field 'max_position_embeddings' is {positions}: the model has no positions beyond it, "
+            f"but spec field {field!r} asks for a prefill length of {max(params.chunk_sizes)}; expected lengths "
+            f"<= {positions}"
+        )
+    pixels = _config_limit(config, "image_max_pixels", config_path)
+    for text in params.image_sizes:
+        size = ImageSize.parse(text)
+        if pixels is not None and size.width * size.height > pixels:
+            raise ModelDirError(
+                f"{config_path}: field 'image_max_pixels' is {pixels}: MNN's engine resizes every image to at most "
+                f"that many pixels, so spec field 'image_sizes' entry {text!r} ({size.width * size.height} pixels) "
+                "would never run"
+            )
+
+
+def _visual_feed(params: IoParams, model: MnnModel, model_file: Path, config: dict[str, Any]) -> Callable[[int], Feed]:
+    """A VL encoder's samples, one per image size in spec order, each made when asked for."""
     assert params.visual_encoder is not None
     encoder = VISUAL_ENCODERS[params.visual_encoder]
     expected = list(encoder.input_shapes(ImageSize(width=encoder.alignment, height=encoder.alignment)))
@@ -142,12 +173,13 @@ def _visual_feeds(params: IoParams, model: MnnModel, model_file: Path, config: d
             f"{model_file}: inputs {list(model.input_names)}; a {encoder.kind} encoder takes {expected} "
             "(spec field 'visual_encoder')"
         )
-    return [visual_inputs(encoder.kind, ImageSize.parse(t), config, params.seed) for t in params.image_sizes]
+    return lambda i: visual_inputs(encoder.kind, ImageSize.parse(params.image_sizes[i]), config, params.seed)
 
 
 def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
     """Run the whole graph on each sample (a language model: decode and every prefill length; a VL encoder: every
-    image size) and save inputs and outputs."""
+    image size) and save inputs and outputs. Samples are made one at a time and written as soon as MNN computed
+    them (:func:`~mnnbuild.cpu.segments.iter_segmented`): memory follows the largest sample, not their sum."""
     model_dir = Path(inputs.model_dir)
     fetched = inputs.manifest(FetchManifest, model_dir)
     part = chain_part(fetched.part, params.part)
@@ -157,13 +189,16 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         model = load_model(model_file)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
+    _check_model_bounds(params, config, model_dir / LLM_CONFIG)
     names, out_names = list(model.input_names), list(model.output_names)
+    feed: Callable[[int], Feed]
     if part.family == "visual":
-        feeds = _visual_feeds(params, model, model_file, config)
+        feed = _visual_feed(params, model, model_file, config)
         encoder = VISUAL_ENCODERS[str(params.visual_encoder)]
         shapes = [(ImageSize.parse(t).patch_count(encoder), t) for t in params.image_sizes]
     else:
         _check_mask(part, model, model_file, config)
+        check_hidden_size(config, model, model_dir, part.model_file)  # fetch checked the source; this, what io reads
         if part.generates:
             _check_prompt_fits(inputs, params, model_dir)
         unknown = sorted(set(names) - set(part.inputs))
@@ -174,42 +209,56 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                 f"expected inputs among {', '.join(part.inputs)}"
             )
         shapes = [(seq_len, None) for seq_len in (DECODE_SEQ, *params.chunk_sizes)]
-        declared = model.input_dims
-        hidden = config["hidden_size"]
-        feeds = [make_inputs(seq_len, hidden, params.seed, declared) for seq_len, _ in shapes]
-    feeds = [{n: feed[n] for n in names} for feed in feeds]
+        declared, hidden = model.input_dims, config["hidden_size"]
+
+        def llm_feed(i: int) -> Feed:
+            return make_inputs(shapes[i][0], hidden, params.seed, declared)
+
+        feed = llm_feed
     rt = params.runtime.create(weight_file)
-    try:
-        computed = run_segmented(model_file, rt, model, feeds, out_names, label=inputs.model)
-    except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
-        raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
-    samples = []
+    samples: list[IoSample] = []
     with staged_dir(out_dir) as tmp:
-        for (seq_len, image_size), feed, outputs in zip(shapes, feeds, computed, strict=True):
-            what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
-            results = {n: to_numpy(outputs[n]) for n in out_names}
-            for n, a in results.items():
-                if a.dtype.kind == "f" and not np.isfinite(a).all():
-                    raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at {what}")
-            sample_dir = testdir(tmp, seq_len)
+        spill = tmp / ".spill"
+        spill.mkdir()
+        fed: dict[int, list[TensorInfo]] = {}
+
+        def sample(i: int) -> Feed:
+            """Sample ``i``'s inputs, written to its testdir as they are made."""
+            arrays = {n: a for n, a in feed(i).items() if n in names}
+            arrays = {n: arrays[n] for n in names}
+            sample_dir = testdir(tmp, shapes[i][0])
             sample_dir.mkdir(parents=True)
-            save_vars(sample_dir / REFERENCE_INPUT, feed, nhwc=("logits_index",))
-            save_vars(sample_dir / REFERENCE_OUTPUT, results)
-            samples.append(
-                IoSample(
-                    seq_len=seq_len,
-                    image_size=image_size,
-                    dir=f"{TESTDIR}/{seq_len}",
-                    inputs=_info(feed),
-                    outputs=_info(results),
+            save_vars(sample_dir / REFERENCE_INPUT, arrays, nhwc=("logits_index",))
+            fed[i] = _info(arrays)
+            return arrays
+
+        try:
+            for i, outputs in iter_segmented(
+                model_file, rt, model, len(shapes), sample, out_names, label=inputs.model, spill_dir=spill
+            ):
+                seq_len, image_size = shapes[i]
+                what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
+                results = {n: to_numpy(outputs[n]) for n in out_names}
+                del outputs
+                for n, a in results.items():
+                    if a.dtype.kind == "f" and not np.isfinite(a).all():
+                        raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at {what}")
+                save_vars(testdir(tmp, seq_len) / REFERENCE_OUTPUT, results)
+                samples.append(
+                    IoSample(
+                        seq_len=seq_len,
+                        image_size=image_size,
+                        dir=f"{TESTDIR}/{seq_len}",
+                        inputs=fed.pop(i),
+                        outputs=_info(results),
+                    )
                 )
-            )
-            log.info(
-                "io %s: %s -> %s",
-                inputs.model,
-                what,
-                ", ".join(f"{n}{list(a.shape)}" for n, a in results.items()),
-            )
+                log.info(
+                    "io %s: %s -> %s", inputs.model, what, ", ".join(f"{n}{list(a.shape)}" for n, a in results.items())
+                )
+        except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
+            raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
+        spill.rmdir()
         used = {part.model_file, part.weight_file, LLM_CONFIG}
         manifest = IoManifest(
             model=inputs.model,

@@ -369,6 +369,40 @@ def parse_plugins(
     return plugins
 
 
+def compiled_lengths(spec: PluginSpec) -> set[int] | None:
+    """The token counts a plugin's graphs were compiled for, read from ``allInputShape``: the dims that are 1 in
+    the smallest shape and vary between shapes are its sequence dims, and each shape's value there is its length.
+    None when that cannot be told (no such dim, or a shape whose sequence dims disagree): the plugin takes every
+    length alike (an lm_head after the ``logits_index`` slice) or is laid out otherwise."""
+    per_shape = len(spec.all_input_shape) // spec.num_shapes
+    blocks = [spec.all_input_shape[s * per_shape : (s + 1) * per_shape] for s in range(spec.num_shapes)]
+    base = [min(b[i] for b in blocks) for i in range(per_shape)]
+    seq_dims = [i for i in range(per_shape) if base[i] == 1 and any(b[i] != 1 for b in blocks)]
+    if not seq_dims:
+        return None
+    lengths = set()
+    for block in blocks:
+        values = {block[i] for i in seq_dims}
+        if len(values) != 1:
+            return None
+        lengths |= values
+    return lengths
+
+
+def check_chunk_limits(config_path: Path, chunk_limits: list[int], plugins: tuple[PluginSpec, ...]) -> None:
+    """Every length of ``chunk_limits`` (a forward MNN's engine may run) must be one the plugins were compiled for:
+    the plugin picks its graph by input shape, so any other length has no graph (and a caller sizing its inputs
+    by ``chunk_limits [1000000000, 1]`` would ask for hundreds of GiB before finding out)."""
+    for spec in plugins:
+        lengths = compiled_lengths(spec)
+        missing = sorted(set(chunk_limits) - lengths) if lengths is not None else []
+        if missing:
+            raise BundleError(
+                f"{config_path}: field 'chunk_limits' {chunk_limits} holds {missing[-1]}, but {spec.where()} was "
+                f"compiled for {sorted(lengths or ())} tokens (attribute 'allInputShape'); expected lengths among them"
+            )
+
+
 @dataclass
 class Bundle:
     """A bundle's model directory, opened and validated: config, the plugin graph and its plugins."""
@@ -423,6 +457,8 @@ class Bundle:
         if weight_file is not None:
             _check_weight_extent(ranges, model_dir, weight_file, embeddings=not visual)
         plugins = parse_plugins(model, model_dir, model_file)
+        if chunks is not None and not visual:  # an encoder's graphs are per image size, not per chunk
+            check_chunk_limits(config_path, chunks, plugins)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
         return cls(model_dir, config, model_file, model, weight_file, plugins)
 
