@@ -562,12 +562,14 @@ def tie_embeddings(config: dict[str, Any], where: str | os.PathLike[str]) -> Tie
     if isinstance(tie, list):
         if len(tie) < 5:
             raise MNNFormatError(f"{what} {tie} needs 5 numbers: {', '.join(_TIE_KEYS)}")
-        numbers, fp16 = list(tie[:5]), len(tie) > 5 and tie[5]
+        numbers = [_integer(v, f"{what} entry {i}") for i, v in enumerate(tie[:5])]
+        fp16 = len(tie) > 5 and tie[5]
     elif isinstance(tie, dict):
-        numbers, fp16 = [tie.get(k, 0) for k in _TIE_KEYS], tie.get("alpha_dtype", "fp32") == "fp16"
+        numbers = [_integer(tie.get(k, 0), f"{where}: field '{TIE_EMBEDDINGS}.{k}'") for k in _TIE_KEYS]
+        fp16 = tie.get("alpha_dtype", "fp32") == "fp16"
     else:
-        raise MNNFormatError(f"{what} must be a list of numbers or an object, got {tie!r}")
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in numbers):
+        raise MNNFormatError(f"{what} must be a list of 5 integers or an object, got {tie!r}")
+    if min(numbers) < 0:
         raise MNNFormatError(f"{what} {tie}: {', '.join(_TIE_KEYS)} must be non-negative integers")
     w_off, a_off, a_size, bits, block = numbers
     if bits not in (2, 3, 4, 8, 16):
