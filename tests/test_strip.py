@@ -428,7 +428,10 @@ def test_bundle_ships_the_stripped_file_and_never_touches_the_source(
     [
         ([190794, 256330, 16384], r"llm_config.json: field 'tie_embeddings' \[.*\] needs 5 numbers"),
         ("190794", r"llm_config.json: field 'tie_embeddings' must be a list of 5 integers or an object"),
-        ([190794, 256330, 16384, 4, "64"], r"llm_config.json: field 'tie_embeddings' entry 4 must be an integer, got '64'"),
+        (
+            [190794, 256330, 16384, 4, "64"],
+            r"llm_config.json: field 'tie_embeddings' entry 4 must be an integer, got '64'",
+        ),
         ([256330, 190794, 16384, 4, 64], r"alpha_offset 190794 must follow weight_offset 256330"),
         ([190794, 256330, 16384, 5, 64], r"field 'tie_embeddings': quant_bit 5, expected"),
         (
