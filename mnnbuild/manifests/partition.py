@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -14,14 +15,14 @@ from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.model.modeldir import ChainPart
 from mnnbuild.pipeline.layout import LOWERING_SOURCE, POSTREAT_FILE
 from mnnbuild.pipeline.manifest import FileRecord, Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class PartitionInputs(StageInputs):
     model: str
-    model_dir: Path
+    model_dir: Annotated[Path, From("fetch")]
     """The fetch stage's output directory."""
-    io_dir: Path
+    io_dir: Annotated[Path, From("io")]
     """The io stage's output directory."""
 
 

@@ -118,6 +118,13 @@ VISUAL_PART = ModelPart(family="visual", model_file=VISUAL_FILE, weight_file=VIS
 ChainPart = Literal["llm", "visual"]
 """Which chain of a model a part stage builds: the model's own graph (``llm``: a text LLM, a VL model's language
 model or an embedding model, as fetch recorded it) or a VL model's encoder (``visual``: :data:`VISUAL_PART`)."""
+VISUAL: ChainPart = "visual"
+
+
+def chain_parts(family: str) -> tuple[ChainPart, ...]:
+    """The chains a model of spec family ``family`` is built in, each with its own io, partition and modellib: the
+    language model (``llm``) and, for a VL model, its encoder (``visual``)."""
+    return ("llm", VISUAL) if family == "vl" else ("llm",)
 
 
 def chain_part(fetched: ModelPart, chain: ChainPart) -> ModelPart:

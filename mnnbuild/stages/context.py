@@ -24,10 +24,11 @@ from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextPa
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import plugin_part, plugin_sources
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.lowered import PluginGraphs
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import QnnLibrary
 
 log = logging.getLogger(__name__)
@@ -77,16 +78,24 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
     return manifest
 
 
+def context_params(spec: ModelSpec, at: At) -> ContextParams:
+    return ContextParams(soc=spec.soc(str(at.arch)))
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"HTP context binary {at.binary} ({', '.join(at.graphs)}) for {spec.soc(str(at.arch)).name}"
+
+
 STAGE = Stage(
     name="context",
     entry=build_context,
     inputs=ContextInputs,
     params=ContextParams,
     manifest=ContextManifest,
-    upstream=("fetch", "partition"),
-    upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    params_of=context_params,
+    describe=describe,
+    placement="plugin",
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
-    per_target=True,
     tools=frozenset({"QNN"}),
     doc="HTP context binaries, one per plugin (created once the model's partition ran).",
 )

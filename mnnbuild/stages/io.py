@@ -32,16 +32,17 @@ from mnnbuild.mnn import MnnModel, input_dtypes, load_model
 from mnnbuild.model.modeldir import (
     DEEPSTACK_INPUT,
     LLM_CONFIG,
+    VISUAL,
     ModelPart,
     chain_part,
     check_hidden_size,
     read_llm_config,
 )
-from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize
+from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize, ModelSpec
 from mnnbuild.model.visual import visual_inputs
 from mnnbuild.pipeline.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
 
@@ -283,13 +284,38 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
     return manifest
 
 
+def _lengths(spec: ModelSpec) -> str:
+    return "/".join(str(n) for n in spec.prefill_lengths)
+
+
+def io_params(spec: ModelSpec, at: At) -> IoParams:
+    """The language model's samples: decode and one per prefill length; a VL encoder's: one per image size."""
+    if at.part == VISUAL:
+        return IoParams(
+            part=VISUAL,
+            visual_encoder=spec.visual_encoder,
+            image_sizes=tuple(spec.image_sizes),
+            seed=spec.seed,
+        )
+    return IoParams(chunk_sizes=spec.prefill_lengths, seed=spec.seed, prompt=spec.verify.prompt)
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    if at.part == VISUAL:
+        sizes = "/".join(spec.image_sizes)
+        return f"reference io of the {spec.name} visual encoder at image sizes {sizes} (MNN CPU)"
+    return f"decode and prefill-{_lengths(spec)} reference io of {spec.name} (MNN CPU)"
+
+
 STAGE = Stage(
     name="io",
     entry=generate_io,
     inputs=IoInputs,
     params=IoParams,
     manifest=IoManifest,
-    upstream=("fetch",),
+    params_of=io_params,
+    describe=describe,
+    placement="part",
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
     doc="Generate each model's decode/prefill reference inputs and outputs.",

@@ -46,7 +46,8 @@ from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.split import conv_parameters, split_bounds, split_convolution, unsplittable
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.model.modeldir import ModelPart, chain_part
+from mnnbuild.model.modeldir import VISUAL, ModelPart, chain_part
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded
 from mnnbuild.partition.records import (
@@ -78,7 +79,7 @@ from mnnbuild.pipeline.layout import (
     testdir,
 )
 from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
 
@@ -478,13 +479,37 @@ def partition(
     return manifest
 
 
+def partition_params(spec: ModelSpec, at: At) -> PartitionParams:
+    """The language model's graphs per prefill length (and its CPU-bound ops); a VL encoder's per image size."""
+    if at.part == VISUAL:
+        return PartitionParams(
+            part=VISUAL, image_sizes=tuple(spec.image_sizes), max_plugin_parameters=spec.max_plugin_parameters
+        )
+    return PartitionParams(
+        chunk_sizes=spec.prefill_lengths,
+        skips=tuple(spec.skips),
+        max_kv_size=spec.max_kv_size,
+        max_plugin_parameters=spec.max_plugin_parameters,
+    )
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    if at.part == VISUAL:
+        sizes = "/".join(spec.image_sizes)
+        return f"cut the {spec.name} visual encoder into CPU ops and QNN plugins (graphs for {sizes})"
+    lengths = "/".join(str(n) for n in spec.prefill_lengths)
+    return f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{lengths} graphs)"
+
+
 STAGE = Stage(
     name="partition",
     entry=partition,
     inputs=PartitionInputs,
     params=PartitionParams,
     manifest=PartitionManifest,
-    upstream=("fetch", "io"),
+    params_of=partition_params,
+    describe=describe,
+    placement="part",
     outputs=(
         f"{QNN_DIR}/<model>.mnn",
         f"{QNN_DIR}/graph*/",

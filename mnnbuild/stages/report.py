@@ -25,13 +25,14 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.report import ReportInputs, ReportManifest, ReportParams
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.manifests.verify import VerifyManifest
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
 from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, origin_file
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
 from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
-from mnnbuild.report import OpCell, ReportData, StageCost
+from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.report import OpCell, ReportData, StageCost, renderer_fingerprint
 from mnnbuild.report.data import op_strip
 from mnnbuild.verify.report import VerifyReport
 
@@ -150,15 +151,31 @@ def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportM
     return manifest
 
 
+def report_params(spec: ModelSpec, at: At) -> ReportParams:
+    return ReportParams(target=str(at.arch))
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"the {spec.name} {at.arch} bundle's page report: verdict, partition, numbers, cost ({REPORT_PAGE})"
+
+
+def renderer_versions() -> dict[str, str]:
+    """The template and the libraries that draw the page are not Python modules of ours: keyed explicitly."""
+    return {"report_renderer": renderer_fingerprint()}
+
+
 STAGE = Stage(
     name="report",
     entry=report,
     inputs=ReportInputs,
     params=ReportParams,
     manifest=ReportManifest,
-    # verify's manifest orders it after a passing verify; partition and bundle hold what the page reads
-    upstream=("partition", "bundle", "verify"),
+    params_of=report_params,
+    describe=describe,
+    placement="target",
+    default=True,
     outputs=(REPORT_PAGE,),
-    per_target=True,
-    doc="The page report of each verified bundle (created once the partition ran).",
+    versions=renderer_versions,
+    after_failure_of="verify",
+    doc="Page reports: report:<model>-<arch>, one HTML page per verified bundle (created after the model's partition).",
 )

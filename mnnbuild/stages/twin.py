@@ -21,10 +21,11 @@ from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import plugin_part, plugin_sources
 from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.lowered import PluginGraphs
 from mnnbuild.pipeline.layout import twin_file
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import QnnLibrary
 
 log = logging.getLogger(__name__)
@@ -70,16 +71,25 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
     return manifest
 
 
+def twin_params(spec: ModelSpec, at: At) -> TwinParams:
+    return TwinParams(soc=spec.soc(str(at.arch)))
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    soc = spec.soc(str(at.arch))
+    return f"unshared twin of {at.binary} ({', '.join(at.graphs)}) for {soc.name}, which verify runs"
+
+
 STAGE = Stage(
     name="twin",
     entry=build_twin,
     inputs=TwinInputs,
     params=TwinParams,
     manifest=TwinManifest,
-    upstream=("fetch", "partition"),
-    upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    params_of=twin_params,
+    describe=describe,
+    placement="plugin",
     outputs=("graphllm<k>.bin",),
-    per_target=True,
     tools=frozenset({"QNN"}),
     doc="Unshared twins of the context binaries, one per plugin, which verify runs (created once the partition ran).",
 )

@@ -45,12 +45,13 @@ from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.modeldir import DEFAULT_PROMPT, chain_part
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as REPORT_JSON
 from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
 from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.verify import checks, failures
 from mnnbuild.verify.report import GraphCheck, VerifyReport, format_report
@@ -367,15 +368,33 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     return manifest
 
 
+def verify_params(spec: ModelSpec, at: At) -> VerifyParams:
+    return VerifyParams(
+        soc=spec.soc(str(at.arch)),
+        max_new_tokens=spec.verify.max_new_tokens,
+        follow_divergence=spec.verify.follow_divergence,
+    )
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"check the {spec.name} bundle for {spec.soc(str(at.arch)).name}: CPU in MNN, plugins in the HTP simulator"
+
+
 STAGE = Stage(
     name="verify",
     entry=verify,
     inputs=VerifyInputs,
     params=VerifyParams,
     manifest=VerifyManifest,
-    upstream=("fetch", "io", "partition", "context", "twin", "bundle"),
+    params_of=verify_params,
+    describe=describe,
+    placement="target",
+    default=True,
     outputs=(REPORT_JSON, REPORT_TEXT),
-    per_target=True,
     tools=frozenset({"MNN", "QNN"}),
-    doc="Verify each bundle: CPU in MNN, plugins in the HTP simulator (created once the partition ran).",
+    guards={"bundle_dir": BUNDLE_MODEL_DIR},
+    leaves_on_failure=REPORT_JSON,
+    group_default_only=True,
+    doc="Build and verify the default bundles (the shipped tiny model): what a bare `doit` runs. "
+    "verify:<model>-<arch> verifies any other bundle (created after the model's partition).",
 )
