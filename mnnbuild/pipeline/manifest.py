@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import mnnbuild
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import ManifestMissing, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from mnnbuild.pipeline.layout import manifest_file
 
@@ -105,18 +105,18 @@ class Manifest(BaseModel):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise StageError(f"{path}: manifest missing; run the {cls.stage} stage first") from None
+            raise ManifestMissing(f"{path}: manifest missing; run the {cls.stage} stage first") from None
         except json.JSONDecodeError as exc:
-            raise StageError(f"{path}: manifest is not valid JSON: {exc}") from None
+            raise UpstreamError(f"{path}: manifest is not valid JSON: {exc}") from None
         if data.get("schema_version") != cls.schema_hash():
-            raise StageError(
+            raise UpstreamError(
                 f"{path}: field 'schema_version' is {data.get('schema_version')!r}, expected "
                 f"{cls.schema_hash()!r}; the {cls.stage} stage must be re-run"
             )
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise StageError(f"{path}: invalid {cls.stage} manifest: {exc}") from None
+            raise UpstreamError(f"{path}: invalid {cls.stage} manifest: {exc}") from None
 
     def output(self, rel_path: str) -> FileRecord:
         """The output record for a path relative to the output dir."""

@@ -16,10 +16,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mnnbuild.base.errors import StageError
 from mnnbuild.base.fsutil import confined, staged_dir
 from mnnbuild.lowering.binary import compose_checked
-from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
@@ -45,10 +43,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
         source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
         # a one-graph plugin (a VL encoder built for one image size) has nothing to share: QNN marks it unshared
         sharing = params.weight_sharing and len(source.graphs) > 1
-        try:
-            info, size, seconds = compose_checked(lib, soc, source, source.names, sharing, dest, inputs.binary)
-        except LoweringError as exc:
-            raise StageError(str(exc)) from None
+        info, size, seconds = compose_checked(lib, soc, source, source.names, sharing, dest, inputs.binary)
         manifest = ContextManifest(
             model=inputs.model,
             target=soc.dsp_arch,

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.base.errors import MNNFormatError, StageError
+from mnnbuild.base.errors import MNNFormatError, StageError, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.cpu import load_vars, save_vars
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
@@ -95,7 +95,7 @@ def _read_samples(io_dir: Path, io: IoManifest) -> list[tuple[int, dict[str, np.
         for file in (REFERENCE_INPUT, REFERENCE_OUTPUT):
             path = sample_dir / file
             if not path.is_file():
-                raise StageError(
+                raise UpstreamError(
                     f"{path}: sample file missing; expected the io stage's testdir/{sample.seq_len}/{file}"
                 )
             try:
@@ -382,17 +382,14 @@ def partition(
             )
     part = chain_part(fetched.part, params.part)
     model_path, weight_path = model_dir / part.model_file, model_dir / part.weight_file
-    try:
-        model = load_model(model_path)
-    except MNNFormatError as exc:
-        raise StageError(str(exc)) from None
+    model = load_model(model_path)
     samples = _read_samples(io_dir, io)
     _check_names(model, model_path, io_dir, samples, params.skips)
     tensors = len(model.tensor_names)
     try:
         first_split, joins = _split_convolutions(model, params.max_plugin_parameters, weight_path)
-    except MNNFormatError as exc:
-        raise StageError(f"{model_path}: {exc}") from None
+    except MNNFormatError as exc:  # the same type, naming the model whose weights it read
+        raise type(exc)(f"{model_path}: {exc}") from None
     cut = plan_cut(
         model,
         list(samples[0][1]),

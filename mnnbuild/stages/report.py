@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import StageError, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.config import ConfigManifest
@@ -63,7 +63,7 @@ def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run
     outputs: list[FileRecord] = []
     try:
         outputs = manifest.read(stage_dir).outputs
-    except StageError:
+    except UpstreamError:  # no manifest (not built, or a failed verify), or one that is no longer valid
         if origin.get("origin") != "failed":
             return StageCost(stage=stage, label=label, status="missing")
     how = {"built": "built", "cache": "from cache", "failed": "failed"}.get(str(origin.get("origin")), "unknown")

@@ -13,10 +13,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mnnbuild.base.errors import StageError
 from mnnbuild.base.fsutil import confined, staged_dir
 from mnnbuild.lowering.binary import compose_checked
-from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import plugin_part, plugin_sources
@@ -42,10 +40,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, name, "npu_postreat.json field 'merge'")
         source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
-        try:
-            info, size, seconds = compose_checked(lib, soc, source, source.names, False, dest, what)
-        except LoweringError as exc:
-            raise StageError(str(exc)) from None
+        info, size, seconds = compose_checked(lib, soc, source, source.names, False, dest, what)
         manifest = TwinManifest(
             model=inputs.model,
             target=soc.dsp_arch,

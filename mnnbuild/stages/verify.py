@@ -22,7 +22,7 @@ prefill sample has the generation's length, one run serves both checks (``Genera
 
 Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
 the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:
-a failed verify never looks done, and the stage raises a ``StageError`` naming the worst failure.
+a failed verify never looks done, and the stage raises a ``ToleranceError`` naming the worst failure.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from mnnbuild_runtime import Bundle, HybridModel
 
-from mnnbuild.base.errors import MnnbuildError, StageError
+from mnnbuild.base.errors import MnnbuildError, StageError, ToleranceError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
@@ -318,7 +318,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
 
 
 def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyManifest:
-    """Run every check and write the report; raise ``StageError`` (after writing it) when a check failed."""
+    """Run every check and write the report; raise ``ToleranceError`` (after writing it) when a check failed."""
     out_dir = Path(out_dir)
     bundle = inputs.manifest(BundleManifest, inputs.bundle_dir)
     upstream = [
@@ -359,7 +359,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     text = out_dir / REPORT_TEXT
     if manifest is None:
         more = len(report.failures) - len(report.headline)
-        raise StageError(
+        raise ToleranceError(
             f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {' | '.join(report.headline)}"
             + (f" (+{more} more)" if more else "")
             + f"; report: {text}"

@@ -40,7 +40,7 @@ from mnnbuild_runtime import (
 from mnnbuild_runtime.generate import ForwardFn, Redraft
 
 from mnnbuild.base.compare import Tolerance, compare
-from mnnbuild.base.errors import MnnbuildError, StageError, UnsafePathError
+from mnnbuild.base.errors import MnnbuildError, SpecError, ToleranceError, UnsafePathError, UpstreamError
 from mnnbuild.base.fsutil import confined, sha256_bytes, sha256_file
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.manifests.context import ContextManifest
@@ -131,10 +131,10 @@ class Twin:
         try:
             data = self.path.read_bytes()
         except OSError as exc:
-            raise StageError(f"plugin {self.binary}: cannot read its twin {self.path}: {exc}") from None
+            raise UpstreamError(f"plugin {self.binary}: cannot read its twin {self.path}: {exc}") from None
         digest = sha256_bytes(data)
         if digest != self.sha256:
-            raise StageError(
+            raise UpstreamError(
                 f"plugin {self.binary}: twin {self.path} has sha256 {digest[:12]}…, the twin manifest records "
                 f"{self.sha256[:12]}…: changed after the twin stage built it"
             )
@@ -157,7 +157,7 @@ def read_contexts(context_dir: Path, merge: Mapping[str, list[str]]) -> tuple[di
     for binary in merge:
         try:
             contexts[binary] = ContextManifest.read(plugin_context_dir(context_dir, binary))
-        except StageError as exc:
+        except UpstreamError as exc:
             problems.append(f"plugin {binary}: {exc}")
     return contexts, problems
 
@@ -177,7 +177,7 @@ def read_twins(
         where = plugin_context_dir(twin_dir, binary)
         try:
             manifest = TwinManifest.read(where)
-        except StageError as exc:
+        except UpstreamError as exc:
             problems.append(f"plugin {binary}: {exc}")
             continue
         if manifest.binary != binary:
@@ -492,7 +492,7 @@ class GenerationRun:
             steps = min(check.max_new_tokens, chunk - len(ids))
             check.prompt_ids = ids
             if steps <= 0:
-                raise StageError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
+                raise SpecError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
             t0 = time.perf_counter()
             self.guess = redraft = kv_cache_redraft(self.model_dir, self.runtime)
             self.cpu_forward = cpu_forward_fn(self.model_dir, self.runtime)
@@ -574,7 +574,7 @@ class GenerationRun:
             if failed:
                 raise failed[0]
             if not runs:
-                raise StageError("the bundle did not run")
+                raise ToleranceError("the bundle did not run: nothing to compare")
             assert self.tokenizer is not None and self.embed is not None
             ids, cpu_tokens, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
             t0 = time.perf_counter()
