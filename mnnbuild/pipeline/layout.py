@@ -116,7 +116,6 @@ def twin_file(binary: str) -> str:
 
 # -- config / bundle / verify --------------------------------------------------------------------------
 CONFIG_FILE = "config_qnn.json"
-DEFAULT_TOKENIZER = "tokenizer.txt"
 BUNDLE_MODEL_DIR = "model"
 """The bundle's device tree: ``model/<model name>/``."""
 

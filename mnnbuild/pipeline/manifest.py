@@ -45,6 +45,11 @@ class FileRecord(BaseModel):
     size: int
     sha256: str
 
+    def under(self, stage_dir: str) -> FileRecord:
+        """This record re-rooted onto ``stage_dir`` (an upstream stage dir's name, ``model``, ``partition``...): how a
+        stage records, relative to the artifact root's model dir, a file it read of another stage."""
+        return self.model_copy(update={"path": f"{stage_dir}/{self.path}"})
+
     @classmethod
     def of(cls, path: Path, base: Path) -> FileRecord:
         path = Path(path)

@@ -78,7 +78,7 @@ from mnnbuild.pipeline.layout import (
     graph_name,
     testdir,
 )
-from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
@@ -440,12 +440,8 @@ def partition(
         manifest = PartitionManifest(
             model=inputs.model,
             inputs=[
-                *(FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256) for r in lowered_from),
-                *(
-                    FileRecord(path=f"io/{r.path}", size=r.size, sha256=r.sha256)
-                    for r in io.outputs
-                    if r.path.endswith(".mnn")
-                ),
+                *(r.under("model") for r in lowered_from),
+                *(r.under("io") for r in io.outputs if r.path.endswith(".mnn")),
             ],
             params=params,
             tools=tool_versions(mnn=True),

@@ -28,7 +28,7 @@ from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
-from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, origin_file
+from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, origin_file, plugin_context_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
 from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
@@ -104,13 +104,13 @@ def gather(inputs: ReportInputs, params: ReportParams) -> ReportData:
         ("partition", "partition", partition_dir, PartitionManifest),
         ("config", "config", Path(inputs.config_dir), ConfigManifest),
         *(
-            ("context", f"context {Path(p.name).stem}", Path(inputs.context_dir) / Path(p.name).stem, ContextManifest)
+            ("context", f"context {Path(p.name).stem}", plugin_context_dir(inputs.context_dir, p.name), ContextManifest)
             for p in partition_report.plugins
         ),
         ("bundle", "bundle", Path(inputs.bundle_dir), BundleManifest),
         # verify's unshared twins: a build cost of verifying, not of the bundle
         *(
-            ("twin", f"twin {Path(p.name).stem}", Path(inputs.twin_dir) / Path(p.name).stem, TwinManifest)
+            ("twin", f"twin {Path(p.name).stem}", plugin_context_dir(inputs.twin_dir, p.name), TwinManifest)
             for p in partition_report.plugins
         ),
         ("verify", "verify", verify_dir, VerifyManifest),

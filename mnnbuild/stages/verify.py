@@ -47,10 +47,10 @@ from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.modeldir import DEFAULT_PROMPT, chain_part
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.reference import SourceSubgraphRunner
-from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR, bundle_model_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as REPORT_JSON
 from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
-from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.verify import checks, failures
@@ -219,7 +219,7 @@ def _check_part(
     """Plugins, per-graph and whole-model checks of one part (and generation, for the language model); adds them
     to ``report`` and returns the failures found."""
     model_prefix = f"model/{bundle.model_name}/"
-    bundle_model_dir = Path(inputs.bundle_dir) / BUNDLE_MODEL_DIR / bundle.model_name
+    bundle_model = bundle_model_dir(inputs.bundle_dir, bundle.model_name)
     found: list[failures.Failure] = []
     merge = read_merge(part.partition_dir)
     t0 = time.perf_counter()
@@ -234,7 +234,7 @@ def _check_part(
     model = None
     try:
         model = HybridModel(
-            Bundle.open(bundle_model_dir, visual=part.visual),
+            Bundle.open(bundle_model, visual=part.visual),
             binary_overrides={path: twin.override() for path, twin in twins.items()},
             expected_target=target,
             qnn_lib=lib,
@@ -242,7 +242,7 @@ def _check_part(
             max_loaded=params.max_loaded_plugins,
         )
     except MnnbuildError as exc:
-        found.append(failures.structure(f"bundle {bundle_model_dir}: {exc}"))
+        found.append(failures.structure(f"bundle {bundle_model}: {exc}"))
     try:
         if model is not None:
             plugins = checks.plugin_checks(model, hashes)
@@ -288,13 +288,13 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
-    bundle_model_dir = Path(inputs.bundle_dir) / BUNDLE_MODEL_DIR / bundle.model_name
+    bundle_model = bundle_model_dir(inputs.bundle_dir, bundle.model_name)
     soc = params.soc
     report = VerifyReport(
         model=inputs.model,
         target=soc.dsp_arch,
         soc=soc.name,
-        bundle=str(bundle_model_dir),
+        bundle=str(bundle_model),
         passed=False,
         graph_tolerance=params.graph_tolerance,
         model_tolerance=params.model_tolerance,
@@ -341,11 +341,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             manifest = VerifyManifest(
                 model=inputs.model,
                 target=params.soc.dsp_arch,
-                inputs=[
-                    FileRecord(path=f"bundle/{r.path}", size=r.size, sha256=r.sha256)
-                    for r in bundle.outputs
-                    if r.path.startswith("model/")
-                ],
+                inputs=[r.under("bundle") for r in bundle.outputs if r.path.startswith("model/")],
                 params=params,
                 tools=tool_versions(mnn=True, qnn=report.qnn.get("build_id")),
                 outputs=record_outputs(tmp),
