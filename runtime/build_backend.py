@@ -18,7 +18,7 @@ from typing import Any
 
 from setuptools import build_meta
 
-RUNTIME_MODULES = ("__init__.py", "errors.py", "fsutil.py", "cpu", "mnn", "qnn")
+RUNTIME_MODULES = ("__init__.py", "base/__init__.py", "base/errors.py", "base/fsutil.py", "cpu", "mnn", "qnn")
 """What of package ``mnnbuild`` the runtime imports (``tests/test_layers.py`` keeps it to these)."""
 
 _HERE = Path(__file__).resolve().parent
@@ -44,7 +44,7 @@ def _staged() -> Iterator[Path]:
             if (src / name).is_dir():
                 shutil.copytree(src / name, stage / "mnnbuild" / name, ignore=shutil.ignore_patterns(*_SKIP_NAMES))
             else:
-                (stage / "mnnbuild").mkdir(exist_ok=True)
+                (stage / "mnnbuild" / name).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / name, stage / "mnnbuild" / name)
         cwd = os.getcwd()
         os.chdir(stage)  # setuptools builds in the cwd; PEP 517 frontends call hooks in the source dir

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import UnsafePathError
-from mnnbuild.fsutil import MANIFEST_SUFFIX, confined, sha256_bytes
+from mnnbuild.base.errors import UnsafePathError
+from mnnbuild.base.fsutil import MANIFEST_SUFFIX, confined, sha256_bytes
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.plugin import BinaryOverride
 
