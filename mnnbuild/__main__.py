@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 
@@ -41,12 +42,13 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from mnnbuild.pipeline.cache import ArtifactCache
+    from mnnbuild.pipeline.cache import CACHE_ENV, ArtifactCache
 
     max_size = parse_size(args.max_size) if args.max_size is not None else None  # before touching the cache
     cache = ArtifactCache.named(url=args.url)
     if cache is None:
-        sys.stderr.write("the artifact cache is off (MNNBUILD_CACHE=off)\n")
+        off = f"{CACHE_ENV}={os.environ.get(CACHE_ENV, '')!r}"
+        sys.stderr.write(f"the artifact cache is off ({off}); --url names one\n")
         return 1
     problem = cache.not_a_cache()
     if problem is not None:

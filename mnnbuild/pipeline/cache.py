@@ -184,6 +184,10 @@ class ArtifactCache:
             raise CacheError("--url is empty; expected a cache directory or fsspec URL")
         try:
             return cls(url)
+        except ImportError as exc:  # fsspec knows the scheme; its backend package is not installed
+            scheme = url.partition("://")[0]
+            missing = f"its {scheme}:// file system needs a package that is not installed ({exc})"
+            raise CacheError(f"{where}: {missing}") from None
         except Exception as exc:  # any backend problem means "no cache", never a failed build
             raise CacheError(f"{where} is unusable ({_kind(exc)}: {exc})") from None
 

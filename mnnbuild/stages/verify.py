@@ -357,11 +357,12 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             manifest.write(tmp)
     text = out_dir / REPORT_TEXT
     if manifest is None:
-        more = len(report.failures) - len(report.headline)
+        # one line: the worst failure of the first kind that failed (integrity, structure, graphs, model, generation)
+        more = len(report.failures) - 1
         raise StageError(
-            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {' | '.join(report.headline)}"
-            + (f" (+{more} more)" if more else "")
-            + f"; report: {text}"
+            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {report.headline[0]}"
+            + (f" (and {more} more failed check{'s' if more > 1 else ''})" if more else "")
+            + f"; read {text}"
         )
     log.info("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
     return manifest

@@ -269,7 +269,9 @@ def format_report(r: VerifyReport) -> str:
         if g.first_divergence is not None and not g.followed:
             lines.append("  (the bundle's tokens stop at its own pick; the spec's verify.follow_divergence runs it on)")
         if g.first_divergence is None:
-            lines.append(f"  identical: {_ok(g.passed)}")
+            bad = sum(not s.logits.passed for s in g.steps)
+            off = f"; the logits of {bad} of {len(g.steps)} steps out of tolerance" if bad else ""
+            lines.append(f"  tokens identical{off}: {_ok(g.passed)}")
         else:
             lines.append(f"  first divergence at new token {g.first_divergence}: {g.divergence_note} {_ok(g.passed)}")
         if g.problem:
@@ -278,7 +280,7 @@ def format_report(r: VerifyReport) -> str:
             worst = max(g.steps, key=lambda s: s.logits.severity(r.model_tolerance))
             lines.append(
                 f"  per step (same prefix): min cpu top-2 margin {min(s.cpu_margin for s in g.steps):.3g}; "
-                f"worst: {worst.logits.describe()}"
+                f"worst: {worst.logits.describe(r.model_tolerance)}"
             )
         lines.append(
             f"  time: cpu {_f(g.cpu_seconds, '.3f')} s, hybrid {_f(g.hybrid_seconds, '.3f')} s "
