@@ -51,6 +51,9 @@ class ReportData(BaseModel):
     plugin_binaries: dict[str, int] = Field(default_factory=dict)
     """Shipped context binary size by plugin path (``qnn/graphllm<k>.bin``)."""
     bundle_files: list[FileRecord] = Field(default_factory=list)
+    """Every file of the bundle stage's manifest (the device dir and the scripts), as the integrity check counts."""
+    bundle_path: str = ""
+    """The bundle's model dir relative to the page (``../bundle/model/<name>/``)."""
     bundle_qnn_build: str | None = None
     costs: list[StageCost] = Field(default_factory=list)
 

@@ -138,6 +138,7 @@ class VerifyReport(BaseModel):
     target: str
     soc: str
     bundle: str
+    """The bundle's model dir, relative to the verify dir (``../bundle/model/<name>``)."""
     passed: bool
     failures: list[str] = Field(default_factory=list)
     """One line per failed check, the worst first."""
@@ -190,7 +191,7 @@ def format_report(r: VerifyReport) -> str:
     """verify.txt: verdict and failures first, then one table per check."""
     lines = [
         f"verify {r.model} for {r.soc} ({r.target}): {'PASSED' if r.passed else 'FAILED'}",
-        f"bundle {r.bundle}",
+        f"bundle {r.bundle} (relative to this file's directory)",
         f"tolerance per graph: cosine >= {r.graph_tolerance.min_cosine}, max abs err <= "
         f"{r.graph_tolerance.max_rel_err:.1%} of ref max abs; whole model: cosine >= {r.model_tolerance.min_cosine}, "
         f"<= {r.model_tolerance.max_rel_err:.1%}; top-1 flips tolerated only on near-ties (lead <= "
