@@ -124,9 +124,7 @@ def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> Report
         ops=op_strip(partition_report, plugin_cells),
         plugin_binaries=binaries,
         bundle_files=list(bundle.outputs),  # every file the integrity check counts, the scripts included
-        bundle_path=os.path.relpath(
-            os.path.abspath(Path(inputs.bundle_dir) / prefix), os.path.abspath(page_dir)
-        ),
+        bundle_path=os.path.relpath(os.path.abspath(Path(inputs.bundle_dir) / prefix), os.path.abspath(page_dir)),
         bundle_qnn_build=bundle.qnn_build,
         costs=[_cost(stage, label, d, m, run) for stage, label, d, m in stages],
     )
