@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mnnbuild.base.errors import StageError
 from mnnbuild.base.fsutil import atomic_write_text, confined, staged_dir
+from mnnbuild.base.sizes import human_bytes
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
@@ -231,7 +232,7 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
         )
         manifest.write(tmp)
     total = sum(r.size for r in outputs)
-    log.info("bundle %s-%s: %d files, %.1f MB", inputs.model, params.soc.dsp_arch, len(outputs), total / 1e6)
+    log.info("bundle %s-%s: %d files, %s", inputs.model, params.soc.dsp_arch, len(outputs), human_bytes(total))
     return manifest
 
 
