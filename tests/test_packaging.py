@@ -63,3 +63,25 @@ def test_version_flag() -> None:
     script = Path(sys.executable).parent / "mnnbuild"
     proc = subprocess.run([str(script), "--version"], capture_output=True, text=True, check=True)
     assert proc.stdout == f"mnnbuild {mnnbuild.__version__}\n" == f"mnnbuild {metadata.version('mnnbuild')}\n"
+
+
+def test_library_helpers_replace_the_hand_written_ones(tmp_path: Path) -> None:
+    """Sizes through pydantic's ByteSize (one unit family), the user cache dir through platformdirs (the build's
+    cache and conform's share it), file hashes through hashlib.file_digest."""
+    import hashlib
+
+    import platformdirs
+
+    from mnnbuild.base.fsutil import sha256_file
+    from mnnbuild.base.sizes import human_bytes, parse_size
+    from mnnbuild.base.userdirs import user_cache_dir
+    from mnnbuild.conform.build import cache_root
+    from mnnbuild.pipeline.cache import default_cache_url
+
+    assert human_bytes(3 << 20) == "3.0 MiB" and human_bytes(1536) == "1.5 KiB" and parse_size("2GiB") == 2 << 30
+    assert user_cache_dir({}) == Path(platformdirs.user_cache_dir("mnnbuild", appauthor=False))
+    assert default_cache_url({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "mnnbuild")
+    assert cache_root({"XDG_CACHE_HOME": str(tmp_path)}) == (tmp_path / "mnnbuild" / "conform").resolve()
+    data = tmp_path / "f.bin"
+    data.write_bytes(b"x" * (9 << 20))  # more than one of the fallback's chunks
+    assert sha256_file(data) == hashlib.sha256(data.read_bytes()).hexdigest()
