@@ -395,6 +395,5 @@ STAGE = Stage(
     guards={"bundle_dir": BUNDLE_MODEL_DIR},
     leaves_on_failure=REPORT_JSON,
     group_default_only=True,
-    doc="Build and verify the default bundles (the shipped tiny model): what a bare `doit` runs. "
-    "verify:<model>-<arch> verifies any other bundle (created after the model's partition).",
+    doc="Verify the default bundles (what a bare `doit` runs); verify:<model>-<arch> verifies any other bundle",
 )
