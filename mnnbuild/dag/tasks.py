@@ -130,6 +130,16 @@ def upstream_task(name: str, spec: ModelSpec, part: str | None) -> str:
     return f"{name}:{spec.name}{suffix}"
 
 
+def task_name(stage: Stage, run: Run) -> str:
+    """The full doit name of a run's task (`stage_task`): ``io:<model>``, ``twin:<model>-<arch>:graphllm0`` ..."""
+    target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
+    if not plugin_dependent(stage.name):
+        return f"{stage.name}:{target}" if run.part in (None, "llm") else f"{stage.name}:{target}:{run.part}"
+    if run.binary is not None:
+        return f"{stage.name}:{target}:{Path(run.binary).stem}"
+    return f"{stage.name}:{target}"
+
+
 def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
     dirs = [(u, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)]
@@ -143,16 +153,21 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     }
     key = stage_key(stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo)
     dest = out_dir(project, stage, run)
+    read = stage.upstream if stage.reads is None else stage.reads
+    reads = tuple((STAGES[u], d) for u, d in dirs if u in read)  # fetched first if restored without their files
+    name = task_name(stage, run)
+    wanted = project.wants(name)  # named on the command line: its files, not only its manifest
+    args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, reads, wanted]
     task: dict[str, Any] = {
         "doc": run.doc,
-        "actions": [(run.action, [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks])],
+        "actions": [(run.action, args)],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(dest / stage.manifest.filename())],
         # outputs deleted, edited, or made by another task (swapped plugin dirs) make the task run (or restore) again;
         # fetch's outputs are links to the model's files
         "uptodate": [
             config_changed(key),
-            outputs_intact(dest, stage.manifest, stage.name == "fetch"),
+            outputs_intact(dest, stage.manifest, stage.name == "fetch", deferred_ok=not wanted),
             origin_matches(dest, stage.name, task_identity(key)),
             *run.uptodate,
         ],

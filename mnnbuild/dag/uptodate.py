@@ -49,6 +49,18 @@ def _in_dir(base: Path, rel: str, links: bool) -> Path | None:
         return None
 
 
+def deferred_origin(out_dir: Path, stage: str) -> dict[str, Any] | None:
+    """The origin record of a stage dir that a cache hit restored without its files (only its manifest and this
+    record: `mnnbuild.dag.actions.run_stage`), or None."""
+    try:
+        origin = json.loads((Path(out_dir) / origin_file(stage)).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(origin, dict) or origin.get("origin") != "cache" or origin.get("deferred") is not True:
+        return None
+    return origin
+
+
 class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
     """doit uptodate: the stage's outputs are still what its manifest recorded (none deleted, edited or replaced).
 
@@ -56,12 +68,17 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
     otherwise pass as up to date and break the stages after it. An unreadable manifest is not up to date either,
     nor one listing a path outside the stage dir (never stat'ed or hashed). ``links``: outputs may be symlinks
     (fetch's, to the model's files); a link out of any other stage's dir is not its output.
+
+    A dir restored without its files (`deferred_origin`) is intact, when ``deferred_ok``, while its manifest is the
+    one restored (by sha256) and none of its outputs is there: they are in the cache, checked when fetched. Not
+    ``deferred_ok`` (the task is asked for by name): it needs its files.
     """
 
-    def __init__(self, out_dir: Path, manifest: type[Manifest], links: bool = False) -> None:
+    def __init__(self, out_dir: Path, manifest: type[Manifest], links: bool = False, deferred_ok: bool = True) -> None:
         self.out_dir = Path(out_dir)
         self.manifest = manifest
         self.links = links
+        self.deferred_ok = deferred_ok
 
     def _mtimes(self) -> dict[str, int]:
         try:
@@ -84,11 +101,27 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
             records = self.manifest.read(self.out_dir).outputs
         except MnnbuildError:
             return False
+        deferred = deferred_origin(self.out_dir, self.manifest.stage)
+        if deferred is not None:
+            return self.deferred_ok and self._deferred_intact(records, deferred)
         known = known or {}
         for r in records:
             path = _in_dir(self.out_dir, r.path, self.links)
             if path is None or not _same_content(path, r.size, known.get(r.path), r.sha256):
                 return False
+        return True
+
+    def _deferred_intact(self, records: list[Any], origin: dict[str, Any]) -> bool:
+        try:
+            manifest_sha = sha256_file(self.out_dir / self.manifest.filename())
+        except OSError:
+            return False
+        if manifest_sha != origin.get("manifest_sha256"):
+            return False
+        for r in records:
+            path = _in_dir(self.out_dir, r.path, self.links)
+            if path is None or path.exists() or path.is_symlink():
+                return False  # a file in a dir without its files: not what the cache restored
         return True
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool:

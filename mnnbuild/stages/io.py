@@ -283,6 +283,7 @@ STAGE = Stage(
     params=IoParams,
     manifest=IoManifest,
     upstream=("fetch",),
+    deferrable=True,
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
     doc="Generate each model's decode/prefill reference inputs and outputs.",

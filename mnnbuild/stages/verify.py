@@ -374,6 +374,7 @@ STAGE = Stage(
     params=VerifyParams,
     manifest=VerifyManifest,
     upstream=("fetch", "io", "partition", "context", "twin", "bundle"),
+    reads=("fetch", "io", "partition", "twin", "bundle"),  # of the contexts, their manifests only
     outputs=(REPORT_JSON, REPORT_TEXT),
     per_target=True,
     tools=frozenset({"MNN", "QNN"}),
