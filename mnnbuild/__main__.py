@@ -13,10 +13,10 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from mnnbuild.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError
 
 if TYPE_CHECKING:
-    from mnnbuild.cache import CacheUsage
+    from mnnbuild.pipeline.cache import CacheUsage
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -66,7 +66,7 @@ def parse_size(text: str) -> int:
 def _cache(args: argparse.Namespace) -> int:
     import os
 
-    from mnnbuild.cache import (
+    from mnnbuild.pipeline.cache import (
         READONLY_ENV,
         REMOTE_ENV,
         ArtifactCache,
@@ -107,7 +107,7 @@ def _cache(args: argparse.Namespace) -> int:
 def format_usage(url: str, usage: CacheUsage) -> str:
     """``cache info``: entries per stage, the cache's size, and what each stage costs in it (the bytes of the blobs
     its entries reference; a blob two stages share, such as a context binary the bundle ships, counts for both)."""
-    from mnnbuild.cache import human_bytes
+    from mnnbuild.pipeline.cache import human_bytes
 
     stages: dict[str, int] = {}
     for entry in usage.entries:

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from moto.server import ThreadedMotoServer
 
-from mnnbuild.cache import ArtifactCache, CacheEntry
-from mnnbuild.fsutil import sha256_file
+from mnnbuild.base.fsutil import sha256_file
+from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
 from tests.conftest import PROJECT_ROOT, copy_project, doit
 from tests.test_cache import guard_env, summary
 
@@ -149,7 +149,7 @@ def test_two_runners_writing_the_same_entries_at_once_stay_consistent(
     dirs = [(p.parent, p.name.removesuffix(".origin.json")) for p in (work / "artifacts").rglob("*.origin.json")]
     dirs = [(d, s, json.loads((d / f"{s}.origin.json").read_text())["key"]) for d, s in dirs if s != "fetch"]
     code = (
-        "import sys, json, pathlib; from mnnbuild.cache import ArtifactCache; c = ArtifactCache(sys.argv[1]);"
+        "import sys, json, pathlib; from mnnbuild.pipeline.cache import ArtifactCache; c = ArtifactCache(sys.argv[1]);"
         "[c.store(s, k, pathlib.Path(d)) for d, s, k in json.loads(sys.argv[2])]"
     )
     args = [sys.executable, "-c", code, url, json.dumps([(str(d), s, k) for d, s, k in dirs])]
@@ -168,7 +168,7 @@ def test_two_runners_writing_the_same_entries_at_once_stay_consistent(
 
 KILL_AFTER_SECOND_BLOB = """
 import os, pathlib, signal, sys
-from mnnbuild.cache import ArtifactCache
+from mnnbuild.pipeline.cache import ArtifactCache
 put = ArtifactCache._put_atomic
 done = []
 def dying_put(self, local, data, dest):
@@ -182,7 +182,7 @@ ArtifactCache(sys.argv[1]).store("stage", "k", pathlib.Path(sys.argv[2]))
 
 KILL_BEFORE_ENTRY_RENAME = """
 import os, pathlib, signal, sys
-from mnnbuild.cache import ArtifactCache
+from mnnbuild.pipeline.cache import ArtifactCache
 cache = ArtifactCache(sys.argv[1])
 mv = cache.fs.mv
 def dying_mv(src, dest, **kw):

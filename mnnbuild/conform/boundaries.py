@@ -24,15 +24,15 @@ from typing import Any
 
 from pydantic import BaseModel, computed_field
 
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import atomic_write_text
 from mnnbuild.conform.build import MnnBuild, ensure_tools
 from mnnbuild.conform.workdir import fresh_dir
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import atomic_write_text
-from mnnbuild.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, manifest_file
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import schema
 from mnnbuild.mnn.model import MnnModel, Op, blob_format, enum_name, load_model, plugin_attributes
-from mnnbuild.modeldir import ModelPart, read_llm_config
+from mnnbuild.model.modeldir import ModelPart, read_llm_config
+from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, manifest_file
 
 log = logging.getLogger(__name__)
 

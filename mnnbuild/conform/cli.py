@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.conform.boundaries import compare_boundaries
 from mnnbuild.conform.build import ensure_build, ensure_driver, resolve_qnn_headers, resolve_source
 from mnnbuild.conform.effect import default_lengths
@@ -28,12 +29,11 @@ from mnnbuild.conform.run import (
     write_report,
 )
 from mnnbuild.conform.workdir import claim_dir
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.layout import bundle_model_dir, conform_dir, stage_dir
 from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.settings import Settings
-from mnnbuild.spec import DEVICE_NAME_PATTERN, discover_specs
-from mnnbuild.targets import known_archs
+from mnnbuild.model.spec import DEVICE_NAME_PATTERN, discover_specs
+from mnnbuild.model.targets import known_archs
+from mnnbuild.pipeline.layout import bundle_model_dir, conform_dir, stage_dir
+from mnnbuild.pipeline.settings import Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.errors import MNNFormatError
-from mnnbuild.fsutil import check_free_space, remove_stale_temps, temp_path
+from mnnbuild.base.errors import MNNFormatError
+from mnnbuild.base.fsutil import check_free_space, remove_stale_temps, temp_path
 
 
 class CpuRuntime(BaseModel):

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import NCHW, BoundaryValue, forward_vars, load_module, return_freed_memory, to_numpy, var_format
-from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.semantics import CONST_OP_TYPES, needed_ops
 from mnnbuild.mnn.summary import op_parameter_count

@@ -26,12 +26,12 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import QnnError
-from mnnbuild.fsutil import atomic_write_bytes
-from mnnbuild.logs import configure_logging
+from mnnbuild.base.errors import QnnError
+from mnnbuild.base.fsutil import atomic_write_bytes
+from mnnbuild.base.logs import configure_logging
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, StaticSource, composed_context
+from mnnbuild.model.targets import Soc
 from mnnbuild.qnn import BinaryInfo, HtpTarget, QnnLibrary, read_binary_info
-from mnnbuild.targets import Soc
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mnnbuild.errors import MnnbuildError, QnnError
-from mnnbuild.fsutil import confined, sha256_bytes
-from mnnbuild.layout import GRAPH_FILE
+from mnnbuild.base.errors import MnnbuildError, QnnError
+from mnnbuild.base.fsutil import confined, sha256_bytes
+from mnnbuild.pipeline.layout import GRAPH_FILE
 from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Scalar
 from mnnbuild.qnn import dtypes as qdt
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn.model import MnnModel, Op
 from mnnbuild.mnn.weights import QUANT_IDST, WeightFile

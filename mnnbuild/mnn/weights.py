@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from mnnbuild.errors import MNNFormatError, UnsafePathError
-from mnnbuild.fsutil import confined
+from mnnbuild.base.errors import MNNFormatError, UnsafePathError
+from mnnbuild.base.fsutil import confined
 from mnnbuild.mnn.model import MnnModel, Op, _walk_t
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import forward_vars, import_mnn, to_numpy, to_var
-from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, make_blob, save_model
 
 # numpy dtype -> (MNN DataType name, BlobT field holding the values)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import confined
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import confined
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError
 from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
-from mnnbuild.modeldir import ModelPart
+from mnnbuild.model.modeldir import ModelPart
 from mnnbuild.partition.records import GRAPH_FILE, SubgraphRecord
 
 MERGE_FIELD = "npu_postreat.json field 'merge'"

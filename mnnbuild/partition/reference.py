@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import (
     NCHW,
     BoundaryValue,
@@ -37,7 +38,6 @@ from mnnbuild.cpu import (
     to_numpy,
     var_format,
 )
-from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.fold import forward, write_folded_model

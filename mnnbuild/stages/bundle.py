@@ -21,9 +21,16 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import atomic_write_text, confined, staged_dir
-from mnnbuild.layout import (
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import atomic_write_text, confined, staged_dir
+from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.model.modeldir import OPTIONAL_FILES, VISUAL_PART, ModelPart, tokenizer_file
+from mnnbuild.model.spec import DEVICE_NAME_PATTERN
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.layout import (
     BUNDLE_MODEL_DIR,
     BUNDLE_README,
     CONFIG_FILE,
@@ -32,15 +39,8 @@ from mnnbuild.layout import (
     QNN_DIR,
     RUN_SCRIPT,
 )
-from mnnbuild.manifest import record_outputs, tool_versions
-from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
-from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.manifests.partition import PartitionManifest
-from mnnbuild.modeldir import OPTIONAL_FILES, VISUAL_PART, ModelPart, tokenizer_file
-from mnnbuild.spec import DEVICE_NAME_PATTERN
-from mnnbuild.stage import Stage
-from mnnbuild.targets import Soc
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 

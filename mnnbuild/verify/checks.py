@@ -39,11 +39,15 @@ from mnnbuild_runtime import (
 )
 from mnnbuild_runtime.generate import ForwardFn, Redraft
 
-from mnnbuild.compare import Tolerance, compare
+from mnnbuild.base.compare import Tolerance, compare
+from mnnbuild.base.errors import MnnbuildError, StageError, UnsafePathError
+from mnnbuild.base.fsutil import confined, sha256_bytes, sha256_file
 from mnnbuild.cpu import CpuRuntime, load_vars
-from mnnbuild.errors import MnnbuildError, StageError, UnsafePathError
-from mnnbuild.fsutil import confined, sha256_bytes, sha256_file
-from mnnbuild.layout import (
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.twin import TwinManifest
+from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.layout import (
     CONFIG_FILE,
     QNN_DIR,
     REFERENCE_INPUT,
@@ -52,11 +56,7 @@ from mnnbuild.layout import (
     origin_file,
     plugin_context_dir,
 )
-from mnnbuild.manifest import FileRecord
-from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.manifests.twin import TwinManifest
-from mnnbuild.partition.records import SubgraphRecord
-from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.manifest import FileRecord
 from mnnbuild.qnn import ContextRunner, QnnLibrary, read_binary_info
 from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
 from mnnbuild.verify.report import (

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, to_numpy
 from mnnbuild.cpu.segments import run_segmented
-from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, load_model, read_embeddings
 from mnnbuild.mnn.summary import op_parameter_count
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config

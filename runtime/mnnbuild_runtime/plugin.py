@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import QnnError
+from mnnbuild.base.fsutil import sha256_bytes
 from mnnbuild.cpu import return_freed_memory
-from mnnbuild.errors import QnnError
-from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.mnn import schema
 from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info, same_element_order
 from mnnbuild_runtime.bundle import PluginSpec

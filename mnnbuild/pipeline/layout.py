@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mnnbuild.fsutil import MANIFEST_SUFFIX, ORIGIN_SUFFIX
+from mnnbuild.base.fsutil import MANIFEST_SUFFIX, ORIGIN_SUFFIX
 
 # -- stage directories ---------------------------------------------------------------------------------
 MODEL_STAGES = ("fetch", "io", "partition", "modellib")
@@ -105,7 +105,7 @@ def testdir(io_dir: Path, seq_len: int) -> Path:
 
 # -- partition -----------------------------------------------------------------------------------------
 QNN_DIR = "qnn"
-# the partitioned model with Plugin ops is qnn/<the model's graph file>: mnnbuild.modeldir.ModelPart.result_model
+# the partitioned model with Plugin ops is qnn/<the model's graph file>: mnnbuild.model.modeldir.ModelPart.result_model
 POSTREAT_FILE = "npu_postreat.json"
 PARTITION_REPORT_JSON = "partition.json"
 PARTITION_REPORT_TEXT = "partition.txt"

@@ -38,9 +38,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from mnnbuild.errors import MnnbuildError, UnsafePathError
-from mnnbuild.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
-from mnnbuild.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
+from mnnbuild.base.errors import MnnbuildError, UnsafePathError
+from mnnbuild.base.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.pipeline.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
 

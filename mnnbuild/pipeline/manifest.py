@@ -18,9 +18,9 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import mnnbuild
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
-from mnnbuild.layout import manifest_file
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from mnnbuild.pipeline.layout import manifest_file
 
 M = TypeVar("M", bound="Manifest")
 

@@ -29,8 +29,8 @@ from pydantic import (
     model_validator,
 )
 
-from mnnbuild.errors import SpecError
-from mnnbuild.targets import Soc, known_archs, soc_for_arch
+from mnnbuild.base.errors import SpecError
+from mnnbuild.model.targets import Soc, known_archs, soc_for_arch
 
 if sys.version_info >= (3, 11):
     import tomllib
