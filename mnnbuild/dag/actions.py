@@ -20,7 +20,7 @@ from mnnbuild.dag.uptodate import deferred_origin, outputs_intact
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.spec import HfSource
-from mnnbuild.pipeline.cache import CacheTiers, cache_key, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, cache_key, stamps, trusted_hashes, write_origin
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON, origin_file
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss, run_id
@@ -95,8 +95,11 @@ def run_stage(
         hit = tiers.restore(stage.name, key, out_dir, paths=manifest_only, link=stage.links)
         if hit is not None:
             origin = {"origin": "cache", "key": key, "task": identity, "cache": hit.url, "tier": hit.tier}
+            origin["bytes"] = hit.bytes
             if hit.deferred:
                 origin |= {"deferred": True, "manifest_sha256": sha256_file(Path(out_dir) / stage.manifest.filename())}
+            else:
+                origin["stamps"] = output_stamps(stage, out_dir)  # every file checked against its sha256 just now
             write_origin(out_dir, stage.name, {**origin, **run_stamp()})
             return {"origin": "cache", "tier": hit.tier, "bytes": hit.bytes, "deferred": hit.deferred}
     try:
@@ -117,6 +120,8 @@ def run_stage(
         stored = tiers.store(stage.name, key, out_dir, hashed, link=stage.links)
     origin = {"origin": "built", "key": key, "task": identity, "seconds": round(seconds, 3), "peak_rss": peak}
     origin.update(run_stamp())
+    if stage.name != "fetch":  # fetch's outputs are links to the model's files, which it does not hash
+        origin["stamps"] = stamps(Path(out_dir), [r.path for r in manifest.outputs])
     write_origin(out_dir, stage.name, origin)
     return {
         "origin": "built",
@@ -149,9 +154,18 @@ def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[
         )
     assert hit is not None
     fetched = {k: v for k, v in origin.items() if k not in ("deferred", "manifest_sha256")}
-    write_origin(out_dir, stage.name, {**fetched, "fetched": {"tier": hit.tier, "bytes": hit.bytes, **run_stamp()}})
+    fetched["fetched"] = {"tier": hit.tier, "bytes": hit.bytes, **run_stamp()}
+    write_origin(out_dir, stage.name, {**fetched, "stamps": output_stamps(stage, out_dir)})
     log.info("cache: fetched the files of %s from the %s tier", out_dir, hit.tier)
     return hit.tier, hit.bytes
+
+
+def output_stamps(stage: Stage, out_dir: Path) -> dict[str, list[int]]:
+    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.cache.stamps`) by its manifest."""
+    try:
+        return stamps(Path(out_dir), [r.path for r in stage.manifest.read(Path(out_dir)).outputs])
+    except MnnbuildError:
+        return {}
 
 
 def materialize_all(reads: tuple[tuple[Stage, Path], ...]) -> dict[str, int]:
@@ -200,7 +214,8 @@ def run_verify(
         # restored without its files: they are the cache's, checked against their sha256 when fetched
         if deferred_origin(Path(inputs.bundle_dir), "bundle") is not None:
             return True
-        return check_integrity(Path(inputs.bundle_dir), bundle.outputs).passed
+        trusted = trusted_hashes(Path(inputs.bundle_dir), "bundle")  # unchanged since hashed: not hashed again
+        return check_integrity(Path(inputs.bundle_dir), bundle.outputs, trusted).passed
 
     result: TaskFailed | dict[str, Any] | None = None
     if CacheTiers.from_env() is not None and not intact():

@@ -24,7 +24,7 @@ from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, ru
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.manifests.bundle import BundleInputs, BundleParams
+from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
 from mnnbuild.manifests.context import ContextInputs, ContextParams
 from mnnbuild.manifests.fetch import FetchInputs, FetchParams
@@ -413,7 +413,7 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
             arch=arch,
             # a bundle file replaced after bundling must not pass as verified
-            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR),),
+            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR, (bundle_dir, BundleManifest)),),
             # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
             tools={"mnnbuild_runtime": runtime_fingerprint()},
             action=run_verify,

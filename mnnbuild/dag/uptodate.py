@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
-from mnnbuild.base.fsutil import confined, sha256_file
+from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
+from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 
@@ -137,16 +138,38 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
     For tasks whose file_dep are manifests but which must re-check the files themselves (verify: a bundle
     file replaced after bundling must not pass as verified). Size and mtime first; a file whose mtime moved
     is hashed, so a stage upstream that rewrote the same bytes does not force a re-run.
+
+    ``made_by``: the stage dir ``root`` lies in and its manifest: a file with the stamp its origin record gave it
+    when that stage hashed it (`mnnbuild.pipeline.cache.trusted_hashes`) takes the manifest's sha256, not hashed
+    again on the first snapshot.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, made_by: tuple[Path, type[Manifest]] | None = None) -> None:
         self.root = Path(root)
+        self.made_by = made_by
+
+    def _trusted(self) -> dict[str, tuple[list[int], str]]:
+        """rel path under ``root`` -> (stamp, sha256) of the files the stage that made them hashed."""
+        if self.made_by is None:
+            return {}
+        stage_dir, manifest = self.made_by
+        try:
+            records = {r.path: r.sha256 for r in manifest.read(stage_dir).outputs}
+        except MnnbuildError:
+            return {}
+        prefix = self.root.relative_to(stage_dir).as_posix() + "/" if self.root != stage_dir else ""
+        return {
+            rel[len(prefix) :]: (stamp, records[rel])
+            for rel, stamp in trusted_hashes(stage_dir, manifest.stage).items()
+            if rel.startswith(prefix) and rel in records
+        }
 
     def snapshot(self, previous: dict[str, list[Any]] | None = None) -> dict[str, list[Any]]:
         """path -> [size, mtime_ns, sha256]; hashes only files whose size or mtime differ from ``previous``."""
         if not self.root.is_dir():
             return {}
         previous = previous or {}
+        trusted = self._trusted() if not previous else {}
         found: dict[str, list[Any]] = {}
         for p in sorted(self.root.rglob("*")):
             if p.is_symlink() or not p.is_file():
@@ -154,6 +177,8 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
             rel, st = p.relative_to(self.root).as_posix(), p.stat()
             old = previous.get(rel)
             same_stat = isinstance(old, list) and len(old) == 3 and old[:2] == [st.st_size, st.st_mtime_ns]
+            if not same_stat and rel in trusted and trusted[rel][0] == file_stamp(p):
+                old, same_stat = [st.st_size, st.st_mtime_ns, trusted[rel][1]], True
             found[rel] = [st.st_size, st.st_mtime_ns, old[2] if same_stat else sha256_file(p)]
         return found
 

@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
-from mnnbuild.base.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.base.fsutil import atomic_write_text, confined, file_stamp, sha256_bytes, sha256_file, staged_dir
 from mnnbuild.pipeline.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
@@ -54,6 +54,8 @@ SIDECAR_SUFFIX = ORIGIN_SUFFIX
 PARTIAL_MARK = ".tmp-"
 STALE_PARTIAL_SECONDS = 3600.0
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+"""Object stores whose uploads appear whole or not at all: written in place, not to a temp name and renamed."""
 _COPY_CHUNK = 8 << 20
 
 MARKER = "CACHEDIR.TAG"
@@ -160,6 +162,10 @@ class ArtifactCache:
         self.root = root.rstrip("/")
         # a cache on this machine's file system: blobs can be hard links to artifacts (`_link`)
         self.local = getattr(self.fs, "local_file", False) or type(self.fs).__name__ == "LocalFileSystem"
+        # an object store shows an object only once its upload completed (a multipart one too): written under its
+        # name, no temp name and server-side copy (a copy of every byte on S3)
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.atomic_put = bool(protocols & ATOMIC_PUT_PROTOCOLS)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ArtifactCache | None:
@@ -270,6 +276,12 @@ class ArtifactCache:
         return f"{self.root}/{stage}/{key}.json"
 
     def _put_atomic(self, local: Path | None, data: bytes | None, dest: str) -> None:
+        if self.atomic_put:
+            if local is not None:
+                self.fs.put_file(str(local), dest)
+            else:
+                self.fs.pipe_file(dest, data)
+            return
         parent = dest.rsplit("/", 1)[0]
         self.fs.makedirs(parent, exist_ok=True)
         tmp = f"{dest}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}"
@@ -783,6 +795,34 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GB"
+
+
+def read_origin(out_dir: Path, stage: str) -> dict[str, Any]:
+    """A stage dir's origin record (`write_origin`), or {} when it has none that parses."""
+    try:
+        origin = json.loads((Path(out_dir) / origin_file(stage)).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return origin if isinstance(origin, dict) else {}
+
+
+def stamps(out_dir: Path, paths: list[str]) -> dict[str, list[int]]:
+    """The `file_stamp` of each output just hashed (built, or restored and checked), for the origin record: a file
+    with the same stamp later still has the recorded sha256 (`trusted_hashes`), so verify need not hash it again."""
+    found = {}
+    for rel in paths:
+        stamp = file_stamp(Path(out_dir) / rel)
+        if stamp is not None:
+            found[rel] = stamp
+    return found
+
+
+def trusted_hashes(out_dir: Path, stage: str) -> dict[str, list[int]]:
+    """The stamps the origin record holds: outputs hashed when the stage dir was made (`stamps`)."""
+    found = read_origin(out_dir, stage).get("stamps")
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, list) and len(v) == 4}
 
 
 def write_origin(out_dir: Path, stage: str, origin: dict[str, Any]) -> None:
