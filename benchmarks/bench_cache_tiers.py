@@ -100,11 +100,12 @@ def main() -> None:
     parser.add_argument("--arch", default="v79")
     parser.add_argument("--work", type=Path, default=None, help="dir for artifacts and caches (default: a temp dir)")
     parser.add_argument("--label", default=None)
+    parser.add_argument("--name", default=None, help="the spec's name (default: the model dir's, lower case)")
     args = parser.parse_args()
     if args.model_dir is None or not (args.model_dir / "llm.mnn").is_file():
         raise SystemExit("--model-dir: expected an exported model dir (llm.mnn, llm.mnn.weight, ...)")
     model_dir = args.model_dir.resolve()
-    name = model_dir.name.lower().replace(".", "-").replace("_", "-")
+    name = args.name or model_dir.name.lower().replace(".", "-").replace("_", "-")
     task = f"{name}-{args.arch}"
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-cache-tiers-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -190,11 +191,11 @@ def main() -> None:
         bundle_dir = work / "warm-bundle" / name / args.arch / "bundle"
         started = time.perf_counter()
         shutil.copytree(bundle_dir, work / "bundle-copy")
-        copy_s = round(time.perf_counter() - started, 2)
+        copy_s = round(time.perf_counter() - started, 3)
         result["warm_bundle"] = {
             "wall_s": seconds,
             "copy_s": copy_s,
-            "ratio": round(seconds / copy_s, 2),
+            "ratio": round(seconds / max(copy_s, 1e-3), 2),
             "bundle_bytes": sum(p.stat().st_size for p in bundle_dir.rglob("*") if p.is_file()),
             **moved(work / "warm-bundle", local_cache),
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import logging
@@ -73,7 +74,7 @@ def run_stage(
     """doit action: keep what the stage dir already holds for this key (`recorded`), restore the stage's outputs
     from the cache, or run the stage and store them.
 
-    A hit of a `Stage.deferrable` stage restores only its manifest and origin record ("without the bytes") unless
+    A hit of a stage with `Stage.defer` patterns leaves those outputs in the cache ("without the bytes") unless
     the task is ``wanted`` (named on the command line): no task that runs reads its files until one must run, and
     that one fetches them first (``reads``: the upstream dirs whose files its entry reads, `materialize`).
 
@@ -91,17 +92,18 @@ def run_stage(
         return {"origin": "recorded"}
     tiers = CacheTiers.from_env() if stage.cacheable else None
     if tiers:
-        manifest_only = frozenset({stage.manifest.filename()}) if stage.deferrable and not wanted else None
-        hit = tiers.restore(stage.name, key, out_dir, paths=manifest_only, link=stage.links)
+        keep = deferred_keep(stage) if stage.defer and not wanted else None
+        hit = tiers.restore(stage.name, key, out_dir, keep=keep, link=stage.links)
         if hit is not None:
             origin = {"origin": "cache", "key": key, "task": identity, "cache": hit.url, "tier": hit.tier}
             origin["bytes"] = hit.bytes
             if hit.deferred:
-                origin |= {"deferred": True, "manifest_sha256": sha256_file(Path(out_dir) / stage.manifest.filename())}
-            else:
-                origin["stamps"] = output_stamps(stage, out_dir)  # every file checked against its sha256 just now
+                manifest_sha = sha256_file(Path(out_dir) / stage.manifest.filename())
+                origin |= {"deferred": True, "deferred_files": list(hit.deferred), "manifest_sha256": manifest_sha}
+            # the files restored were checked against their sha256 just now
+            origin["stamps"] = output_stamps(stage, out_dir)
             write_origin(out_dir, stage.name, {**origin, **run_stamp()})
-            return {"origin": "cache", "tier": hit.tier, "bytes": hit.bytes, "deferred": hit.deferred}
+            return {"origin": "cache", "tier": hit.tier, "bytes": hit.bytes, "deferred": bool(hit.deferred)}
     try:
         fetched = materialize_all(reads)
     except MnnbuildError as exc:
@@ -153,17 +155,25 @@ def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[
             f"{out_dir}: restored without its files, which {problem}; run the build again to rebuild it"
         )
     assert hit is not None
-    fetched = {k: v for k, v in origin.items() if k not in ("deferred", "manifest_sha256")}
+    fetched = {k: v for k, v in origin.items() if k not in ("deferred", "deferred_files", "manifest_sha256")}
     fetched["fetched"] = {"tier": hit.tier, "bytes": hit.bytes, **run_stamp()}
     write_origin(out_dir, stage.name, {**fetched, "stamps": output_stamps(stage, out_dir)})
     log.info("cache: fetched the files of %s from the %s tier", out_dir, hit.tier)
     return hit.tier, hit.bytes
 
 
+def deferred_keep(stage: Stage) -> Callable[[str], bool]:
+    """Which files of the stage's cache entry a hit restores when nobody reads them: the manifest, and the outputs
+    its `Stage.defer` patterns do not name."""
+    manifest = stage.manifest.filename()
+    return lambda path: path == manifest or not any(fnmatch.fnmatchcase(path, pat) for pat in stage.defer)
+
+
 def output_stamps(stage: Stage, out_dir: Path) -> dict[str, list[int]]:
     """The stamps of a stage dir's outputs (`mnnbuild.pipeline.cache.stamps`) by its manifest."""
     try:
-        return stamps(Path(out_dir), [r.path for r in stage.manifest.read(Path(out_dir)).outputs])
+        outputs = stage.manifest.read(Path(out_dir)).outputs
+        return stamps(Path(out_dir), [r.path for r in outputs if (Path(out_dir) / r.path).is_file()])
     except MnnbuildError:
         return {}
 

@@ -8,6 +8,7 @@ model spec becomes its Inputs and Params (`RUNS`).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,14 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify, task_identity
+from mnnbuild.dag.actions import (
+    materialize_all,
+    report_failed_verify,
+    run_stage,
+    run_update,
+    run_verify,
+    task_identity,
+)
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
@@ -51,6 +59,8 @@ from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
 from mnnbuild.verify import runtime_fingerprint
+
+log = logging.getLogger(__name__)
 
 STAGES: dict[str, Stage] = {
     s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, twin, bundle, verify, report)
@@ -334,6 +344,11 @@ def _plugins(
             for binary, graphs in by_cost:
                 records = partition.plugin_files(graphs)
                 files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
+                if not all(f.exists() for f in files):  # depended on by name: one the cache left out comes now
+                    try:
+                        materialize_all(((STAGES["partition"], partition_dir),))
+                    except MnnbuildError as exc:
+                        log.warning("%s", exc)  # doit then names the missing file
                 yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}
 
 

@@ -103,10 +103,15 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
         except MnnbuildError:
             return False
         deferred = deferred_origin(self.out_dir, self.manifest.stage)
+        left: set[str] = set()
         if deferred is not None:
-            return self.deferred_ok and self._deferred_intact(records, deferred)
+            if not self.deferred_ok or not self._deferred_intact(records, deferred):
+                return False
+            left = set(deferred.get("deferred_files") or [r.path for r in records])
         known = known or {}
         for r in records:
+            if r.path in left:
+                continue  # in the cache, absent here (`_deferred_intact`)
             path = _in_dir(self.out_dir, r.path, self.links)
             if path is None or not _same_content(path, r.size, known.get(r.path), r.sha256):
                 return False
@@ -119,10 +124,11 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
             return False
         if manifest_sha != origin.get("manifest_sha256"):
             return False
+        left = set(origin.get("deferred_files") or [r.path for r in records])
         for r in records:
             path = _in_dir(self.out_dir, r.path, self.links)
-            if path is None or path.exists() or path.is_symlink():
-                return False  # a file in a dir without its files: not what the cache restored
+            if r.path in left and (path is None or path.exists() or path.is_symlink()):
+                return False  # a file the cache left out is here: not what it restored
         return True
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool:

@@ -31,7 +31,7 @@ import re
 import stat
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,8 @@ SIDECAR_SUFFIX = ORIGIN_SUFFIX
 PARTIAL_MARK = ".tmp-"
 STALE_PARTIAL_SECONDS = 3600.0
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+Keep = Callable[[str], bool]
+"""Which of an entry's files (by path) a restore writes; the others stay in the cache."""
 ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 """Object stores whose uploads appear whole or not at all: written in place, not to a temp name and renamed."""
 _COPY_CHUNK = 8 << 20
@@ -389,12 +391,13 @@ class ArtifactCache:
         return moved
 
     def restore(
-        self, stage: str, key: str, out_dir: Path, *, paths: frozenset[str] | None = None, link: bool = True
+        self, stage: str, key: str, out_dir: Path, *, keep: Keep | None = None, link: bool = True
     ) -> int | None:
         """Recreate ``out_dir`` from the entry; returns bytes restored, or None on a miss or a bad entry.
 
-        ``paths``: restore only these of the entry's files (a stage dir "without the bytes": its manifest), after
-        checking that every blob of the entry is there. ``link``: a local cache may restore by hard links.
+        ``keep``: restore only the entry's files it is true for (a stage dir "without the bytes": its manifest and
+        small files), after checking that the blobs of the others are there. ``link``: a local cache may restore by
+        hard links.
         Never raises for a cache problem: anything the backend throws is logged and treated as a miss.
         """
         try:
@@ -402,14 +405,14 @@ class ArtifactCache:
         except Exception as exc:  # a cache problem degrades to "no cache", never a failed build
             log.warning("cache: %s %s not restored (%s: %s); building it", stage, key[:12], _kind(exc), exc)
             return None
-        return None if entry is None else self.restore_entry(entry, out_dir, paths=paths, link=link)
+        return None if entry is None else self.restore_entry(entry, out_dir, keep=keep, link=link)
 
     def restore_entry(
-        self, entry: CacheEntry, out_dir: Path, *, paths: frozenset[str] | None = None, link: bool = True
+        self, entry: CacheEntry, out_dir: Path, *, keep: Keep | None = None, link: bool = True
     ) -> int | None:
         """`restore` of an entry `read_entry` returned."""
         try:
-            return self._restore(entry, out_dir, paths, link)
+            return self._restore(entry, out_dir, keep, link)
         except Exception as exc:  # a cache problem degrades to "no cache", never a failed build
             log.warning("cache: %s %s not restored (%s: %s); building it", entry.stage, entry.key[:12], _kind(exc), exc)
             return None
@@ -434,7 +437,7 @@ class ArtifactCache:
             return None
         return entry
 
-    def _restore(self, entry: CacheEntry, out_dir: Path, paths: frozenset[str] | None, link: bool) -> int | None:
+    def _restore(self, entry: CacheEntry, out_dir: Path, keep: Keep | None, link: bool) -> int | None:
         stage, key = entry.stage, entry.key
         moved = 0
         what = f"cache entry {self._entry(stage, key)}"
@@ -447,7 +450,7 @@ class ArtifactCache:
                         raise UnsafePathError(f"{what}: path {rec.path!r} is listed twice")
                     seen.add(rec.path)
                     dest = confined(tmp, rec.path, what)
-                    if paths is not None and rec.path not in paths:
+                    if keep is not None and not keep(rec.path):
                         # left in the cache until a task reads it: its blob must be there, or the entry is incomplete
                         if rec.link is None and not self.fs.exists(self._blob(rec.sha256)):
                             raise FileNotFoundError(f"blob {rec.sha256[:12]} of {rec.path}")
@@ -621,13 +624,13 @@ class Tier:
 
 @dataclass(frozen=True)
 class Restored:
-    """A cache hit: the tier it came from, the bytes restored, and whether the files stayed in the cache (only the
-    manifest was restored: "without the bytes")."""
+    """A cache hit: the tier it came from, the bytes restored, and the files left in the cache ("without the
+    bytes")."""
 
     tier: str
     url: str
     bytes: int
-    deferred: bool
+    deferred: tuple[str, ...] = ()
 
 
 def remote_readonly(environ: Mapping[str, str]) -> bool:
@@ -698,10 +701,10 @@ class CacheTiers:
         return cls(tiers) if tiers else None
 
     def restore(
-        self, stage: str, key: str, out_dir: Path, *, paths: frozenset[str] | None = None, link: bool = True
+        self, stage: str, key: str, out_dir: Path, *, keep: Keep | None = None, link: bool = True
     ) -> Restored | None:
-        """Restore ``out_dir`` from the first tier holding a good entry (``paths``: only those files, the others
-        left in the cache); None on a miss in every tier."""
+        """Restore ``out_dir`` from the first tier holding a good entry (``keep``: only the files it is true for, the
+        others left in the cache); None on a miss in every tier."""
         for i, tier in enumerate(self.tiers):
             try:
                 entry = tier.cache.read_entry(stage, key)
@@ -709,14 +712,15 @@ class CacheTiers:
                 log.warning("cache: cannot look up %s %s in the %s tier (%s: %s)", stage, key[:12], tier.name,
                             _kind(exc), exc)  # fmt: skip
                 continue
-            moved = None if entry is None else tier.cache.restore_entry(entry, out_dir, paths=paths, link=link)
+            moved = None if entry is None else tier.cache.restore_entry(entry, out_dir, keep=keep, link=link)
             if entry is None or moved is None:
                 continue
-            if paths is None:
+            left = tuple(f.path for f in entry.files if keep is not None and not keep(f.path))
+            if not left:
                 known = {f.path: (f.size, f.sha256) for f in entry.files}
                 for upper in self.tiers[:i]:
                     upper.cache.store(stage, key, out_dir, known, link=link)
-            return Restored(tier.name, tier.cache.url, moved, paths is not None)
+            return Restored(tier.name, tier.cache.url, moved, left)
         return None
 
     def store(

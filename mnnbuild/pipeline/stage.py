@@ -62,10 +62,11 @@ class Stage:
     cacheable: bool = True
     """Whether the artifact cache stores its outputs: not when a rebuild costs about what a restore does (fetch
     links files, bundle copies them); the stages after it are restored all the same, its manifest being identical."""
-    deferrable: bool = False
-    """Whether a cache hit may restore only its manifest and origin record when no task of the run reads its files
-    ("without the bytes"): big outputs that only the entries of later stages read. The files are fetched (and
-    hash-checked) when a task that reads them must run, or when the task is asked for by name."""
+    defer: tuple[str, ...] = ()
+    """Outputs (fnmatch patterns of their paths; ``*``: all) that a cache hit may leave in the cache when no task of
+    the run reads its files ("without the bytes"): big outputs that only the entries of later stages read, never a
+    file another task depends on by name or reads to be declared. The files are fetched (and hash-checked) when a
+    task that reads them must run, or when the task is asked for by name."""
     links: bool = True
     """Whether the cache may hard-link its outputs to blobs: not for a stage whose outputs are copies a user may
     edit (the bundle ships them)."""

@@ -200,7 +200,7 @@ STAGE = Stage(
     tools=frozenset({"QNN"}),
     # cached although a rebuild copies what a restore would: a warm verify or report then needs only its manifest
     # (the binaries' blobs are the context stage's; the entry adds the shipped weight file); restored as copies
-    deferrable=True,
+    defer=("*",),
     links=False,
     doc="Device bundle per target (created once the model's partition ran).",
 )
