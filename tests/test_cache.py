@@ -109,7 +109,7 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     assert len([t for t in restored if t.startswith("context:tiny-qwen3-v79:")]) == 4
     assert len([t for t in restored if t.startswith("twin:tiny-qwen3-v79:")]) == 4
     assert {"partition:tiny-qwen3", "verify:tiny-qwen3-v79", "bundle:tiny-qwen3-v79"} <= set(restored)
-    deferred = {t for t in restored if t.startswith(("io:", "context:", "twin:", "bundle:"))}
+    deferred = {t for t in restored if t.startswith(("io:", "partition:", "context:", "twin:", "bundle:"))}
     assert sorted(rows["no bytes"]) == sorted(deferred), proc.stdout
     assert FINALIZED not in proc.stdout + proc.stderr
     bundle = artifacts / "tiny-qwen3" / "v79" / "bundle"
@@ -169,7 +169,7 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
         assert twin.binary == p.path and p.executed == "override"
         assert p.twin_sha256 == twin.output(twin.twin).sha256 == sha256_file(twin_dir / twin.twin)
     assert sorted(rows["no bytes"]) == sorted(
-        t for t in rows["from cache"] if t.startswith(("io:", "context:", "twin:", "bundle:"))
+        t for t in rows["from cache"] if t.startswith(("io:", "partition:", "context:", "twin:", "bundle:"))
     )
 
     # a twin blob corrupted in the cache (its bytes changed, not its size) before a runner whose verify needs it:
@@ -275,12 +275,12 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     assert {e.stage for e in restored.values()} == CACHED_STAGES
     for out_dir, entry in restored.items():
         origin = json.loads((out_dir / f"{entry.stage}.origin.json").read_text())
-        if origin.get("deferred"):
-            names = {p.name for p in out_dir.rglob("*")}
-            assert names == {f"{entry.stage}.manifest.json", f"{entry.stage}.origin.json"}, out_dir
-            continue
+        left = set(origin.get("deferred_files", []))
+        assert bool(left) == bool(origin.get("deferred")), out_dir
         for f in entry.files:
-            if f.link is None:
+            if f.path in left:
+                assert not (out_dir / f.path).exists(), f"{out_dir / f.path} was left in the cache"
+            elif f.link is None:
                 assert os.path.samefile(out_dir / f.path, cache._blob(f.sha256)), out_dir / f.path
     # the bundle asked for: copies (never links) of what it ships, so editing it never reaches the cache
     run_doit("bundle", env={**env, **guard_env(tmp_path)})

@@ -126,7 +126,8 @@ def test_second_clone_restores_from_the_remote_byte_for_byte(
     assert origin["tier"] == "remote" and origin["cache"] == REMOTE
 
     # every output with its files: `cache materialize` of the stages restored without them
-    tasks = ["io:tiny-qwen3", "context:tiny-qwen3-v79", "twin:tiny-qwen3-v79", "bundle:tiny-qwen3-v79"]
+    tasks = ["io:tiny-qwen3", "partition:tiny-qwen3", "context:tiny-qwen3-v79", "twin:tiny-qwen3-v79",
+             "bundle:tiny-qwen3-v79"]  # fmt: skip
     cli = [sys.executable, "-m", "mnnbuild", "cache", "materialize", *tasks]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
     got = subprocess.run([*cli, "--project", str(clone)], env={**full_env, **env, "HF_HUB_OFFLINE": "1"},
