@@ -1,7 +1,7 @@
 """Conformance tooling that runs without the 15-minute MNN build: patches, the build key, prompts, comparison.
 
 The conformance run itself (MNN built from source, bundles through its Llm engine) is `python -m mnnbuild
-conform`, recorded in benchmarks/results/conformance.json; it is not part of CI (see README "Conformance").
+conform`, recorded in benchmarks/results/conformance.json; it is not part of CI (see docs/conformance.md).
 """
 
 from __future__ import annotations
@@ -662,7 +662,7 @@ def test_cut_settings_are_read_from_the_partition_manifest(renamed: dict[str, Pa
 
 def test_our_cut_against_upstreams_recorded_cut(renamed: dict[str, Path]) -> None:
     """compilefornpu's own cut of the tiny model (recorded from a conform run, tests/fixtures/conform) against our
-    partition of it: the findings the README lists, from the comparison code conform runs."""
+    partition of it: the findings docs/conformance.md lists, from the comparison code conform runs."""
     from mnnbuild.conform.boundaries import compare_cuts, cut_settings
 
     partition = renamed["artifacts"] / "ho-x" / "partition"

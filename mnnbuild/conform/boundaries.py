@@ -11,7 +11,7 @@ build's QNN backend is the plugin runtime; the submodules' test runs fall back t
 Both results are read the same way, from their ``qnn/llm.mnn``: per Plugin op its binary, graph names, boundary
 tensors (``t<index>`` of the source model, which both keep), per-shape output dims and layouts, the source ops
 it computes (walked back from its outputs to its inputs in the source graph), and the ops left on the CPU.
-Not a gate: the report lists the differences, the README says which matter.
+Not a gate: the report lists the differences, docs/conformance.md says which matter.
 """
 
 from __future__ import annotations

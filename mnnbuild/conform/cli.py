@@ -1,7 +1,7 @@
 """``python -m mnnbuild conform <model>-<arch>``: build MNN's runtime (once) and run the conformance check.
 
 A command, not a doit task: it needs inputs the DAG does not have (an MNN source and QNN headers named by
-the user), a per-machine build outside the artifact root, and ~15 minutes the first time; it must stay out of
+the user), a per-machine build outside the artifact root, and a long first build; it must stay out of
 a bare ``doit`` and of CI. It reads the DAG's outputs (bundle, partition, the fetched model) and
 says which ``doit`` task to run when one is missing.
 """

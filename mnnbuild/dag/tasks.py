@@ -337,7 +337,7 @@ def _plugins(
         merge = read_merge(partition_dir)
         partition = PartitionManifest.read(partition_dir)
         shared = {"model": spec.name, "model_dir": project.stage_dir("fetch", spec), "partition_dir": partition_dir}
-        # the biggest first: with `doit -n 2` the lm_head (~10x a layer) overlaps the layers instead of trailing
+        # the biggest first: with `doit -n 2` the lm_head (many layers' worth) overlaps the layers instead of trailing
         size = {p.path: p.parameters for p in partition.plugins}
         by_cost = sorted(merge.items(), key=lambda item: -size.get(item[0], 0))
         for arch in spec.targets:

@@ -55,7 +55,7 @@ def _fresh_processes(source: GraphSource) -> multiprocessing.context.BaseContext
 
     Not a plain fork: this process may have loaded QNN (its tensor id counter would be inherited). A forked
     child of the server is as fresh as a spawned interpreter for QNN, without importing numpy, pydantic and
-    mnnbuild again for every binary (~0.5 s each; the generated MNN schema alone is 0.14 s). The server starts
+    mnnbuild again for every binary (a cost docs/benchmarks.md gives). The server starts
     with the first binary a process composes, with that one's preloads.
     """
     ctx = multiprocessing.get_context("forkserver")

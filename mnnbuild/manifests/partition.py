@@ -51,7 +51,7 @@ class PluginRecord(BaseModel):
     ops: int
     parameters: int
     """Elements of the weights and constants it holds: what its binary costs to prepare (a Qwen3-1.7B lm_head,
-    311M, takes ~10x a layer's time), so the DAG starts the biggest plugins first."""
+    311M, takes many layers' time), so the DAG starts the biggest plugins first."""
     split_model: str | None = None
     """The split model its graphs index (`SubgraphRecord.split_model`), None for the fetched one."""
 

@@ -345,7 +345,7 @@ class ArtifactCache:
         whether copied or hard-linked to the files of ``out_dir`` (see `_link`; ``link=False``: always copied).
 
         ``known`` is (size, sha256) by relative path for files the stage has just hashed (its manifest's outputs):
-        not hashed again (3.4 GB of context binaries at Qwen3-1.7B size). A wrong one cannot go unnoticed: a
+        not hashed again (GBs of context binaries at real size). A wrong one cannot go unnoticed: a
         restored file is checked against its sha256.
 
         Never raises for a cache problem (read-only, full, unreachable): it is logged and 0 returned.

@@ -163,8 +163,8 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
             readme = visual_readme(inputs.model_name, params.image_sizes, encoder.result_model)
             atomic_write_text(tmp / BUNDLE_README, readme)
         copies += [(binary, dest / QNN_DIR / binary.name) for binary in inputs.context_binaries]
-        # two copies at a time: a bundle is GBs of weights and context binaries (4.5 GB at Qwen3-1.7B size, in
-        # the page cache: 2.7 s on one thread, 1.5 s on two)
+        # two copies at a time: a bundle is GBs of weights and context binaries, and copying lets go of the GIL
+        # (measured: docs/benchmarks.md, "Numbers behind the code")
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(lambda pair: place(*pair), copies))
         atomic_write_text(dest / PROMPT_FILE, params.prompt)

@@ -9,7 +9,7 @@ prepares in fp16 and rounds them exactly so, so the context binaries are the sam
 (`mnnbuild.lowering.ops.htp_conv_weights`).
 
 The model-lib is for a user who hands the graphs to QNN tools: the context and twin stages lower the same graphs
-themselves (`mnnbuild.partition.lowered`) instead of reading 3.4 GB of raws back at Qwen3-1.7B size, so a bundle
+themselves (`mnnbuild.partition.lowered`) instead of reading GBs of raws back at real size, so a bundle
 or verify does not build it; ``doit modellib`` does.
 """
 

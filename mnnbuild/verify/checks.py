@@ -11,8 +11,8 @@ runtime's ``check_structure``, for the shipped binary and the twin alike).
 The simulator work is one pass (see ``mnnbuild.stages.verify``): the bundle runs every io sample and the
 generation sequence in lockstep, one plugin context loaded at a time. The per-graph check uses that pass's
 executions (:func:`check_graph_runs`): each graph's outputs against its source ops run on the CPU on the
-same inputs, so a graph's own error is measured without a simulator run of its own (at Qwen3-1.7B size a
-prefill through every plugin is ~150 s in the simulator; its graphs' CPU ops ~15 s). Only a graph no pass
+same inputs, so a graph's own error is measured without a simulator run of its own (the simulator is the slow
+part of verify, its graphs' CPU ops a fraction of it: docs/benchmarks.md). Only a graph no pass
 ran is run alone, on the partition's reference inputs (:func:`check_plugin_graphs`).
 """
 

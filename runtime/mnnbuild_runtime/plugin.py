@@ -389,4 +389,4 @@ class PluginRunner:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
-            return_freed_memory()  # a context is up to ~1 GB of the C heap; the next plugin or MNN needs it
+            return_freed_memory()  # a freed context's C heap goes back: the next plugin or MNN needs it
