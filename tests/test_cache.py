@@ -122,7 +122,7 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     assert (artifacts / "tiny-qwen3" / "v79" / "verify" / "verify.json").is_file()
     assert executed_tasks(run_doit(env=env).stdout) in ([], ["verify:tiny-qwen3-v79"])
 
-    named = run_doit("bundle", env=env)
+    named = run_doit("bundle:tiny-qwen3-v79", env=env)
     assert summary(named.stdout)["from cache"] == ["bundle:tiny-qwen3-v79"], named.stdout
     assert "no bytes" not in summary(named.stdout)
     files = {p.relative_to(cold).as_posix() for p in cold.rglob("*") if p.is_file() and "origin" not in p.name}
@@ -283,7 +283,7 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
             elif f.link is None:
                 assert os.path.samefile(out_dir / f.path, cache._blob(f.sha256)), out_dir / f.path
     # the bundle asked for: copies (never links) of what it ships, so editing it never reaches the cache
-    run_doit("bundle", env={**env, **guard_env(tmp_path)})
+    run_doit("bundle:tiny-qwen3-v79", env={**env, **guard_env(tmp_path)})
     shipped = fresh / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3" / "qnn" / "graphllm0.bin"
     assert shipped.stat().st_nlink == 1
 
@@ -298,7 +298,9 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     assert blob.read_bytes() != good, "the blob shares the artifact's inode"
 
     again = tmp_path / "again"
-    proc = run_doit("context", *DEFAULT, env={"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(again)})
+    proc = run_doit(
+        "context:tiny-qwen3-v79", *DEFAULT, env={"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(again)}
+    )
     rows = summary(proc.stdout)
     assert "does not match its sha256; entry discarded" in proc.stderr
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"context:tiny-qwen3-v79:graphllm0"}), proc.stdout
