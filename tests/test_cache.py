@@ -164,7 +164,8 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
         origin = json.loads((twin_dir / "twin.origin.json").read_text())
         # restored without its file, which verify then needed: fetched, and checked against the entry's sha256
         assert origin["origin"] == "cache" and "deferred" not in origin and origin["fetched"]["tier"] == "local"
-        assert origin["fetched"]["bytes"] == (twin_dir / Path(p.path).name).stat().st_size
+        fetched = (twin_dir / Path(p.path).name).stat().st_size + (twin_dir / "twin.manifest.json").stat().st_size
+        assert origin["fetched"]["bytes"] == fetched
         twin = TwinManifest.read(twin_dir)
         assert twin.binary == p.path and p.executed == "override"
         assert p.twin_sha256 == twin.output(twin.twin).sha256 == sha256_file(twin_dir / twin.twin)
@@ -269,7 +270,8 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     # their files hold their manifest and origin record only
     fresh = tmp_path / "fresh"
     env = {"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(fresh)}
-    proc = run_doit(env={**env, **guard_env(tmp_path)})
+    guard = guard_env(tmp_path)
+    proc = run_doit(env={**env, **guard})
     assert sorted(summary(proc.stdout)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
     restored = stage_dirs_by_entry(fresh, cache_dir)
     assert {e.stage for e in restored.values()} == CACHED_STAGES
@@ -280,10 +282,11 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
         for f in entry.files:
             if f.path in left:
                 assert not (out_dir / f.path).exists(), f"{out_dir / f.path} was left in the cache"
-            elif f.link is None:
-                assert os.path.samefile(out_dir / f.path, cache._blob(f.sha256)), out_dir / f.path
+            elif f.link is None:  # the bundle's are copies, the others the blobs
+                linked = os.path.samefile(out_dir / f.path, cache._blob(f.sha256))
+                assert linked == (entry.stage != "bundle"), out_dir / f.path
     # the bundle asked for: copies (never links) of what it ships, so editing it never reaches the cache
-    run_doit("bundle:tiny-qwen3-v79", env={**env, **guard_env(tmp_path)})
+    run_doit("bundle:tiny-qwen3-v79", env={**env, **guard})
     shipped = fresh / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3" / "qnn" / "graphllm0.bin"
     assert shipped.stat().st_nlink == 1
 
@@ -615,3 +618,31 @@ def test_hashes_the_stage_recorded_are_not_computed_again(tmp_path: Path, monkey
     fresh = ArtifactCache(str(tmp_path / "cache2"))
     fresh.store("stage", "k", other, lie)
     assert fresh.restore("stage", "k", tmp_path / "out2") is None and not fresh.has("stage", "k")
+
+
+def test_verify_trusts_the_stamps_of_files_the_bundle_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's integrity check hashes no bundle file whose stamp (size, mtime, ctime, inode) is the one recorded when
+    the bundle stage (or a checked restore) hashed it; an edit, even one that puts the old mtime back, is hashed and
+    caught."""
+    from mnnbuild.pipeline.cache import stamps
+    from mnnbuild.pipeline.manifest import record_outputs
+    from mnnbuild.verify import checks
+
+    bundle = make_tree(tmp_path / "bundle")
+    records = record_outputs(bundle)
+    trusted = stamps(bundle, [r.path for r in records])
+    hashed: list[str] = []
+    monkeypatch.setattr(checks, "sha256_file", lambda p: hashed.append(Path(p).name) or sha256_file(p))
+    result = checks.check_integrity(bundle, records, trusted)
+    assert result.passed and result.hashed == 0 and hashed == []
+    assert checks.check_integrity(bundle, records).hashed == len(records), "no stamps: every file hashed"
+
+    target = bundle / "a.bin"
+    before = target.stat()
+    time.sleep(0.01)
+    with open(target, "r+b") as fh:
+        fh.write(b"X")
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # the old mtime back: the ctime still moved
+    hashed.clear()
+    result = checks.check_integrity(bundle, records, trusted)
+    assert not result.passed and hashed == ["a.bin"] and "changed after bundling" in result.problems[0]
