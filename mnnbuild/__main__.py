@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
+import os
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import mnnbuild
 from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.sizes import human_bytes, parse_size
 
 if TYPE_CHECKING:
     from mnnbuild.pipeline.cache import CacheUsage
@@ -43,35 +45,13 @@ def _add_inspect(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_inspect)
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``20G``, ``500M``, ``1048576`` -> bytes: a finite size of at least one byte, or a `MnnbuildError`."""
-    value = text.strip().upper().removesuffix("B").removesuffix("I")
-    unit = value[-1] if value and value[-1] in _UNITS else ""
-    expected = "expected a size above 0 such as 20G, 500M or 1048576"
-    try:
-        number = float(value[: len(value) - len(unit)])
-    except ValueError:
-        raise MnnbuildError(f"--max-size {text!r}: not a size; {expected}") from None
-    if not math.isfinite(number) or number * _UNITS[unit] >= 1 << 63:
-        raise MnnbuildError(f"--max-size {text!r}: too large; {expected}")
-    size = int(number * _UNITS[unit])
-    if size < 1:
-        raise MnnbuildError(f"--max-size {text!r}: {'negative' if number < 0 else 'zero'}; {expected}")
-    return size
-
-
 def _cache(args: argparse.Namespace) -> int:
-    import os
-
     from mnnbuild.pipeline.cache import (
+        CACHE_ENV,
         READONLY_ENV,
         REMOTE_ENV,
         ArtifactCache,
         CacheError,
-        human_bytes,
         remote_readonly,
         remote_url,
     )
@@ -89,7 +69,8 @@ def _cache(args: argparse.Namespace) -> int:
     else:
         cache = ArtifactCache.named(url=args.url)
     if cache is None:
-        sys.stderr.write("the artifact cache is off (MNNBUILD_CACHE=off)\n")
+        off = f"{CACHE_ENV}={os.environ.get(CACHE_ENV, '')!r}"
+        sys.stderr.write(f"the artifact cache is off ({off}); --url names one\n")
         return 1
     problem = cache.probe()
     if problem is not None:
@@ -107,8 +88,6 @@ def _cache(args: argparse.Namespace) -> int:
 def format_usage(url: str, usage: CacheUsage) -> str:
     """``cache info``: entries per stage, the cache's size, and what each stage costs in it (the bytes of the blobs
     its entries reference; a blob two stages share, such as a context binary the bundle ships, counts for both)."""
-    from mnnbuild.pipeline.cache import human_bytes
-
     stages: dict[str, int] = {}
     for entry in usage.entries:
         stages[entry.stage] = stages.get(entry.stage, 0) + 1
@@ -175,6 +154,7 @@ SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect,
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnbuild", description="Build MNN LLM bundles for Qualcomm NPUs.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"mnnbuild {mnnbuild.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in SUBCOMMANDS:
         register(sub)

@@ -449,7 +449,8 @@ def test_cache_cli(tmp_path: Path) -> None:
 
     from mnnbuild.__main__ import parse_size
 
-    assert parse_size("20G") == 20 << 30 and parse_size("1.5M") == int(1.5 * (1 << 20)) and parse_size("512") == 512
+    assert parse_size("20GiB") == 20 << 30 and parse_size("1.5MiB") == int(1.5 * (1 << 20)) and parse_size("512") == 512
+    assert parse_size("20G") == parse_size("20GB") == 20 * 10**9, "pydantic's ByteSize: G and GB are decimal"
     cache = ArtifactCache(str(tmp_path / "cache"))
     cache.store("io", "k", make_tree(tmp_path / "src"))
     proc = subprocess.run([sys.executable, "-m", "mnnbuild", "cache", "info", "--url", str(tmp_path / "cache")],

@@ -40,6 +40,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
 from mnnbuild.base.fsutil import atomic_write_text, confined, file_stamp, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.base.sizes import human_bytes
+from mnnbuild.base.userdirs import user_cache_dir
 from mnnbuild.pipeline.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
@@ -122,8 +124,7 @@ def cache_key(stage: str, config: str, input_files: list[Path]) -> str:
 
 
 def default_cache_url(environ: Mapping[str, str]) -> str:
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "mnnbuild")
+    return str(user_cache_dir(environ))
 
 
 def local_cache_dir(environ: Mapping[str, str]) -> Path | None:
@@ -198,6 +199,10 @@ class ArtifactCache:
             raise CacheError("--url is empty; expected a cache directory or fsspec URL")
         try:
             return cls(url)
+        except ImportError as exc:  # fsspec knows the scheme; its backend package is not installed
+            scheme = url.partition("://")[0]
+            missing = f"its {scheme}:// file system needs a package that is not installed ({exc})"
+            raise CacheError(f"{where}: {missing}") from None
         except Exception as exc:  # any backend problem means "no cache", never a failed build
             raise CacheError(f"{where} is unusable ({_kind(exc)}: {exc})") from None
 
@@ -791,14 +796,6 @@ def _changed(info: Mapping[str, Any]) -> float:
     """When a blob entered the cache: the newest of its times. A hard link keeps the artifact's mtime but sets the
     ctime (a local file's ``created``), so a blob linked just now to an older artifact is young for prune's grace."""
     return max(_stamps(info), default=0.0)
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def read_origin(out_dir: Path, stage: str) -> dict[str, Any]:

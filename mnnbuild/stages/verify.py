@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,8 +286,10 @@ def _check_part(
     return found
 
 
-def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
-    """Every check, in order; returns the report (never raises for a failed check)."""
+def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyReport:
+    """Every check, in order; returns the report (never raises for a failed check). It names the bundle relative
+    to ``out_dir`` (where the report goes), so a report restored from the cache into another artifact root names
+    that root's bundle."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
@@ -296,7 +299,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
         model=inputs.model,
         target=soc.dsp_arch,
         soc=soc.name,
-        bundle=str(bundle_model_dir),
+        bundle=os.path.relpath(os.path.abspath(bundle_model_dir), os.path.abspath(out_dir)),
         passed=False,
         graph_tolerance=params.graph_tolerance,
         model_tolerance=params.model_tolerance,
@@ -340,7 +343,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     ]
     for d, m in upstream:
         inputs.manifest(m, Path(d))  # a missing or stale upstream manifest is an error, not a failed check
-    report = run_checks(inputs, params)
+    report = run_checks(inputs, params, out_dir)
     graph_checks = [t for g in report.graphs for t in g.outputs]
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
@@ -367,11 +370,12 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             manifest.write(tmp)
     text = out_dir / REPORT_TEXT
     if manifest is None:
-        more = len(report.failures) - len(report.headline)
+        # one line: the worst failure of the first kind that failed (integrity, structure, graphs, model, generation)
+        more = len(report.failures) - 1
         raise StageError(
-            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {' | '.join(report.headline)}"
-            + (f" (+{more} more)" if more else "")
-            + f"; report: {text}"
+            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {report.headline[0]}"
+            + (f" (and {more} more failed check{'s' if more > 1 else ''})" if more else "")
+            + f"; read {text}"
         )
     log.info("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
     return manifest
