@@ -161,6 +161,7 @@ STAGE = Stage(
     manifest=ReportManifest,
     # verify's manifest orders it after a passing verify; partition and bundle hold what the page reads
     upstream=("partition", "bundle", "verify"),
+    reads=("partition", "verify"),  # of the bundle, its manifest only
     outputs=(REPORT_PAGE,),
     per_target=True,
     doc="The page report of each verified bundle (created once the partition ran).",
