@@ -34,6 +34,16 @@ def sha256_file(path: Path) -> str:
         return digest.hexdigest()
 
 
+def file_stamp(path: Path) -> list[int] | None:
+    """What changes whenever a file's content may have: size, mtime, ctime and inode (a write, a replacement, a
+    ``touch -d`` all move one of them); None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
 def sha256_bytes(*parts: bytes) -> str:
     """Hex sha256 of the concatenated ``parts`` (the one content hash of mnnbuild and its runtime)."""
     digest = hashlib.sha256()

@@ -8,6 +8,7 @@ per-plugin fan-out reads the partition's ``merge``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import run_after_failure, run_stage, run_update, task_identity
+from mnnbuild.dag.actions import materialize_all, run_after_failure, run_stage, run_update, task_identity
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
@@ -29,6 +30,8 @@ from mnnbuild.model.spec import HfSource, ModelSpec
 from mnnbuild.pipeline.layout import plugin_context_dir, plugin_dir
 from mnnbuild.pipeline.manifest import tool_versions
 from mnnbuild.pipeline.stage import At, From, Stage, StageInputs
+
+log = logging.getLogger(__name__)
 
 PLUGINS_FROM = "partition"
 """The stage whose ``merge`` (``npu_postreat.json``) says which plugins a model part has."""
@@ -87,6 +90,11 @@ def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[Path
             for binary, graphs in by_cost:
                 records = partition.plugin_files(graphs)
                 files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
+                if not all(f.exists() for f in files):  # depended on by name: one the cache left out comes now
+                    try:
+                        materialize_all(((project.chain[PLUGINS_FROM], partition_dir),))
+                    except MnnbuildError as exc:
+                        log.warning("%s", exc)  # doit then names the missing file
                 yield At(arch=arch, part=part, binary=binary, graphs=tuple(graphs)), files
 
 
@@ -177,10 +185,12 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     upstream: list[tuple[type[Any], Path]] = []
     manifests: list[Path] = []
     extra: list[Path] = []
+    read_dirs: list[tuple[str, Path]] = []
     for edge in stage.edges.values():
         found = edge_dir(project, edge, run.spec, run.at)
         behind = edge_deps(project, edge, run.spec, run.at) if edge.reads != "dir" else []
         upstream += [(chain[edge.stage].manifest, d) for d in behind]
+        read_dirs += [(edge.stage, d) for d in behind]
         # of a "files" edge the run lists the files read: its manifest is read, not depended on
         if edge.reads == "manifest":
             manifests += [d / chain[edge.stage].manifest.filename() for d in behind]
@@ -197,19 +207,24 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         (Path(getattr(run.inputs, field)), chain[stage.edges[field].stage].manifest, sub)
         for field, sub in stage.guards.items()
     ]
+    # the upstream dirs whose files its entry reads: fetched first if restored without them
+    reads = tuple(dict.fromkeys((chain[u], d) for u, d in read_dirs if u in stage.reads))
+    name = task_name(project, stage.name, run.spec, run.at)
+    wanted = project.wants(name)  # named on the command line: its files, not only its manifest
+    args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, guards, reads, wanted]
     task: dict[str, Any] = {
         "doc": run.doc,
-        "actions": [(run_stage, [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, guards])],
+        "actions": [(run_stage, args)],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(dest / stage.manifest.filename())],
         # outputs deleted, edited, or made by another task (swapped plugin dirs) make the task run (or restore) again
         "uptodate": [
             config_changed(key),
-            outputs_intact(dest, stage.manifest, stage.links),
+            outputs_intact(dest, stage.manifest, stage.symlinks, deferred_ok=not wanted),
             origin_matches(dest, stage.name, task_identity(key)),
             *run.checks,
             # a guarded file replaced after its stage wrote it must not pass as checked
-            *(files_unchanged(d / sub) for d, _, sub in guards),
+            *(files_unchanged(d / sub, (d, cls)) for d, cls, sub in guards),
         ],
         "clean": [(remove_stage_dir, [dest])],
     }
@@ -223,7 +238,6 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     teardown = [after_failure(project, later, stage, run) for later in chain if later.after_failure_of == stage.name]
     if teardown:
         task["teardown"] = teardown
-    name = task_name(project, stage.name, run.spec, run.at)
     if not chain.plugin_dependent(stage.name):
         task["name"] = name.partition(":")[2]  # a subtask of its stage: io:<model>, config:<model>-<arch>
     elif run.binary is not None:

@@ -17,7 +17,7 @@ class ReportInputs(StageInputs):
     verify_dir: Annotated[Path, From("verify", files=(VERIFY_REPORT_JSON,))]
     """verify's output: ``verify.json`` (its manifest only when it passed)."""
     partition_dir: Annotated[Path, From("partition")]
-    bundle_dir: Annotated[Path, From("bundle")]
+    bundle_dir: Annotated[Path, From("bundle", contents=False)]  # of the bundle, its manifest only
     # the stages whose cost the page shows, and nothing of their outputs: their directories only
     model_dir: Annotated[Path, From("fetch", reads="dir")]
     io_dir: Annotated[Path, From("io", reads="dir")]

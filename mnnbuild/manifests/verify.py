@@ -22,7 +22,7 @@ class VerifyInputs(StageInputs):
     io_dir: Annotated[Path, From("io")]
     model_dir: Annotated[Path, From("fetch")]
     """fetch output: the original model, run whole in MNN for the references."""
-    context_dir: Annotated[Path, From("context")]
+    context_dir: Annotated[Path, From("context", contents=False)]  # of the contexts, their manifests only
     """context outputs (one subdir per plugin): each shipped binary must have its recorded hash."""
     twin_dir: Annotated[Path, From("twin")]
     """twin outputs (one subdir per plugin): the unshared twins, which run in the simulator in the shipped

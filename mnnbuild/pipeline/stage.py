@@ -55,6 +55,9 @@ class From:
     files: tuple[str, ...] = ()
     """Files in that directory the run depends on besides (the page report: ``verify.json``, which a failed verify
     leaves without a manifest)."""
+    contents: bool = True
+    """Whether the run reads the upstream's files, not only its manifest: restored from the cache without the bytes
+    (`Stage.defer`), they are fetched before it runs (verify reads the contexts' manifests only)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +133,14 @@ class Stage:
     cacheable: bool = True
     """Whether the artifact cache stores its outputs: not when a rebuild costs about what a restore does (fetch
     links files, bundle copies them); the stages after it are restored all the same, its manifest being identical."""
+    defer: tuple[str, ...] = ()
+    """Outputs (fnmatch patterns of their paths; ``*``: all) that a cache hit may leave in the cache when no task of
+    the run reads its files ("without the bytes"): big outputs that only the entries of later stages read, never a
+    file another task depends on by name or reads to be declared. The files are fetched (and hash-checked) when a
+    task that reads them must run, or when the task is asked for by name."""
+    links: bool = True
+    """Whether the cache may hard-link its outputs to blobs: not for a stage whose outputs are copies a user may
+    edit (the bundle ships them)."""
     tools: frozenset[Tool] = frozenset()
     """External tools it calls; their versions enter its key."""
     versions: Callable[[], Mapping[str, str]] | None = None
@@ -138,7 +149,7 @@ class Stage:
     reads_source: bool = False
     """Reads the model from outside the artifact root (fetch): a local source's files are its file_dep, an HF
     source's lock its up-to-date check."""
-    links: bool = False
+    symlinks: bool = False
     """Its outputs are links to files elsewhere (fetch: to the model's files), checked as links."""
     guards: Mapping[str, str] = field(default_factory=dict)
     """Inputs directory field -> a subdirectory of it whose files must still be the ones the upstream manifest
@@ -225,6 +236,12 @@ class Stage:
     def upstream_files(self) -> tuple[str, ...]:
         """Those of ``upstream`` it depends on only through the files it reads (`From.reads` ``"files"``)."""
         return tuple(dict.fromkeys(e.stage for e in self.edges.values() if e.reads == "files"))
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """Those of ``upstream`` whose files, not only manifests, its entry reads (`From.contents`): what must be
+        fetched before it runs when they were restored without the bytes."""
+        return tuple(dict.fromkeys(e.stage for e in self.edges.values() if e.reads != "dir" and e.contents))
 
     @property
     def per_target(self) -> bool:

@@ -272,8 +272,9 @@ STAGE = Stage(
     placement="target",
     outputs=(f"{BUNDLE_MODEL_DIR}/<name>/", PUSH_SCRIPT, RUN_SCRIPT),
     tools=frozenset({"QNN"}),
-    # rebuilt, not cached: it copies files its upstream stages have (restoring is the same copies and takes as
-    # long: docs/benchmarks.md), and its entry would add a blob of the model's weight file
-    cacheable=False,
+    # cached although a rebuild copies what a restore would: a warm verify or report then needs only its manifest
+    # (the binaries' blobs are the context stage's; the entry adds the shipped weight file); restored as copies
+    defer=("*",),
+    links=False,
     doc="Device bundle per target (created once the model's partition ran).",
 )

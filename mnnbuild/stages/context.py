@@ -90,6 +90,7 @@ STAGE = Stage(
     params_of=context_params,
     describe=describe,
     placement="plugin",
+    defer=("*",),
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     tools=frozenset({"QNN"}),
     doc="HTP context binaries, one per plugin (created once the model's partition ran).",

@@ -178,6 +178,6 @@ STAGE = Stage(
     # would point there, and relinking is as cheap as a restore
     cacheable=False,
     reads_source=True,
-    links=True,
+    symlinks=True,
     doc="Link (local) or download (Hugging Face) each model's files.",
 )

@@ -310,6 +310,7 @@ STAGE = Stage(
     params_of=io_params,
     describe=describe,
     placement="part",
+    defer=("*",),
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
     doc="Generate each model's decode/prefill reference inputs and outputs.",

@@ -140,6 +140,7 @@ STAGE = Stage(
     params_of=modellib_params,
     describe=describe,
     placement="part",
+    defer=("*",),
     outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw"),
     doc="Lower each model's graphs to QNN graph descriptions and static tensors.",
 )

@@ -84,6 +84,7 @@ STAGE = Stage(
     params_of=twin_params,
     describe=describe,
     placement="plugin",
+    defer=("*",),
     outputs=("graphllm<k>.bin",),
     tools=frozenset({"QNN"}),
     doc="Unshared twins of the context binaries, one per plugin, which verify runs (created once the partition ran).",

@@ -14,6 +14,8 @@ class IntegrityCheck(BaseModel):
     """Every bundle file against the bundle manifest (path, size, sha256)."""
 
     files: int
+    hashed: int = 0
+    """Files hashed; the others had the stamp they had when the bundle stage (or a checked restore) hashed them."""
     problems: list[str] = Field(default_factory=list)
     passed: bool
 
