@@ -208,7 +208,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         for field, sub in stage.guards.items()
     ]
     # the upstream dirs whose files its entry reads: fetched first if restored without them
-    reads = tuple(dict.fromkeys((chain[u], d) for u, d in read_dirs if u in stage.reads))
+    reads = tuple((chain[u], d) for u, d in dict.fromkeys(read_dirs) if u in stage.reads)
     name = task_name(project, stage.name, run.spec, run.at)
     wanted = project.wants(name)  # named on the command line: its files, not only its manifest
     args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, guards, reads, wanted]
