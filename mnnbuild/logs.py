@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from tqdm import tqdm
 
 from mnnbuild.errors import SettingsError
+from mnnbuild.native import CurrentStderr
+
+T = TypeVar("T")
 
 LOG_LEVEL_ENV = "MNNBUILD_LOG_LEVEL"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -27,9 +34,18 @@ def configure_logging(level: str | None = None) -> None:
     name = log_level(level)
     logger = logging.getLogger("mnnbuild")
     if not logger.handlers:
-        handler = logging.StreamHandler()
+        handler = logging.StreamHandler(CurrentStderr())  # the terminal also while native output is captured
         handler.setFormatter(logging.Formatter("%(levelname).1s %(name)s: %(message)s"))
         logger.addHandler(handler)
     logger.setLevel(name)
     # QNN's own INFO lines are many per graph; show them only when debugging
     logging.getLogger("mnnbuild.qnn.lib").setLevel(name if name == "DEBUG" else max(logging.WARNING, logger.level))
+
+
+def progress(items: Iterable[T] | None = None, *, desc: str, total: int | None = None, unit: str = "it") -> Any:
+    """A tqdm bar over ``items`` (or one to ``update`` by hand) for work that runs long at real size: on a terminal
+    only, and not when mnnbuild logs below INFO (``-q``); it disappears when done (the task's line stays)."""
+    quiet = not logging.getLogger("mnnbuild").isEnabledFor(logging.INFO)
+    return tqdm(
+        items, desc=desc, total=total, unit=unit, leave=False, disable=True if quiet else None, file=CurrentStderr()
+    )

@@ -14,7 +14,7 @@ from tests.conftest import PROJECT_ROOT
 
 LAYERS: list[set[str]] = [
     # foundations: errors, hashing and atomic files, settings, the numeric comparison, manifests, specs
-    {"mnnbuild", "errors", "fsutil", "logs", "settings", "targets", "compare", "spec"},
+    {"mnnbuild", "errors", "native", "fsutil", "logs", "settings", "targets", "compare", "spec"},
     {"layout", "manifest"},
     {"stage", "resources"},  # what a stage declaration is; what a stage run cost the machine
     {"cache", "fingerprint"},
@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
 ]
 """Bottom to top; a unit may import its own layer (without a cycle) and the layers below."""
 
-RUNTIME_MAY_IMPORT = {"mnnbuild_runtime", "mnnbuild", "errors", "fsutil", "mnn", "qnn", "cpu"}
+RUNTIME_MAY_IMPORT = {"mnnbuild_runtime", "mnnbuild", "errors", "native", "fsutil", "mnn", "qnn", "cpu"}
 """The runtime installs on its own: it ships with the format layers and nothing of the build."""
 
 PACKAGE_ROOTS = {

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import NHWC, BoundaryValue, CpuRuntime, load_module
+from mnnbuild.cpu import NHWC, BoundaryValue, CpuRuntime, forward_vars, load_module
 from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.qnn import HtpTarget, QnnLibrary
@@ -272,7 +272,7 @@ class HybridExecutor:
         mod = self._module(step)
         feed = [env[n].as_var() for n in step.inputs]
         t0 = time.perf_counter()
-        outs = mod.forward(feed)
+        outs = forward_vars(mod, feed)
         if len(outs) != len(step.outputs):
             raise BundleError(
                 f"{self.model_file}: segment {step.name} returned {len(outs)} outputs, expected "
