@@ -47,6 +47,7 @@ def run_doit(tmp_path: Path) -> RunDoit:
             text=True,
             timeout=600,
         )
+        proc.artifacts = Path(full_env["MNNBUILD_ARTIFACTS"])  # type: ignore[attr-defined]  # its run record's root
         if check:
             assert proc.returncode == 0, f"doit {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc
@@ -76,7 +77,7 @@ def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subproc
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
     full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
     full_env.update(env or {})
-    return subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
         cwd=cwd,
         env=full_env,
@@ -84,3 +85,5 @@ def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subproc
         text=True,
         timeout=900,
     )
+    proc.artifacts = Path(full_env["MNNBUILD_ARTIFACTS"])  # type: ignore[attr-defined]  # its run record's root
+    return proc

@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from mnnbuild.cache import ArtifactCache, CacheEntry
+from mnnbuild.dag.reporter import LAST_RUN
 from mnnbuild.fsutil import sha256_file
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.verify.report import VerifyReport
@@ -23,13 +25,12 @@ from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 NOT_CACHED = {"fetch:tiny-qwen3", "bundle:tiny-qwen3-v79"}
 
 
-def summary(output: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in output.splitlines():
-        for label in ("built", "from cache", "up to date"):
-            if line.strip().startswith(label + ":"):
-                rows[label] = line.split(":", 1)[1].split()
-    return rows
+def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, list[str]]:
+    """What a doit run built, restored and found up to date (the lists that are not empty), from its record."""
+    record = json.loads((proc.artifacts / LAST_RUN).read_text(encoding="utf-8"))  # type: ignore[attr-defined]
+    rows = {label: record[key] for label, key in (("built", "built"), ("from cache", "from_cache"))}
+    rows["up to date"] = record["up_to_date"]
+    return {label: names for label, names in rows.items() if names}
 
 
 def guard_env(tmp_path: Path) -> dict[str, str]:
@@ -54,10 +55,10 @@ def warm_cache(tmp_path: Path, run_doit: RunDoit) -> tuple[Path, list[str]]:
     """A cache filled by a cold build of the default tasks; returns it and the tasks that ran."""
     cache = tmp_path / "cache"
     first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
-    built = summary(first.stdout)["built"]
+    built = summary(first)["built"]
     assert {"io:tiny-qwen3", "partition:tiny-qwen3", "bundle:tiny-qwen3-v79"} <= set(built)
     assert any(t.startswith("context:tiny-qwen3-v79:") for t in built)
-    assert "from cache" not in summary(first.stdout)
+    assert "from cache" not in summary(first)
     return cache, built
 
 
@@ -72,7 +73,7 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
     clone = copy_project(tmp_path / "clone")
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"), **guard_env(tmp_path)}
     proc = run_doit(env=env, project=clone)
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
     assert sorted(rows["built"]) == sorted(NOT_CACHED)
     for task_dir in ("tiny-qwen3/io/io", "tiny-qwen3/partition/partition", "tiny-qwen3/v79/context/graphllm0/context"):
@@ -83,7 +84,7 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
         assert (tmp_path / "clone-artifacts" / rel).read_bytes() == (tmp_path / "artifacts" / rel).read_bytes()
     # and then it is simply up to date
     again = run_doit(env=env, project=clone)
-    assert "built" not in summary(again.stdout) and "from cache" not in summary(again.stdout)
+    assert "built" not in summary(again) and "from cache" not in summary(again)
 
 
 FINALIZED = "context: finalized"
@@ -101,7 +102,7 @@ def test_warm_cache_rebuilds_the_bundle_and_restores_every_binary(
     assert (cache / "partition").is_dir() and (cache / "context").is_dir() and (cache / "twin").is_dir()
     artifacts = tmp_path / "warm-artifacts"
     proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)})
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED), proc.stdout
     restored = rows["from cache"]
     assert len([t for t in restored if t.startswith("context:tiny-qwen3-v79:")]) == 4
@@ -129,7 +130,7 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     spec.write_text(spec.read_text() + "verify = { max_new_tokens = 8 }\n")
     artifacts = tmp_path / "clone-artifacts"
     proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)}, project=clone)
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"}), proc.stdout
     assert len([t for t in rows["from cache"] if t.startswith("context:tiny-qwen3-v79:")]) == 4
     assert len([t for t in rows["from cache"] if t.startswith("twin:tiny-qwen3-v79:")]) == 4
@@ -162,7 +163,7 @@ def test_corrupted_entry_is_discarded_and_rebuilt(
 
     env = {"MNNBUILD_CACHE": str(warm), "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
     proc = run_doit(env=env)
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     # io rebuilt (identical content), so everything after it is restored again
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"io:tiny-qwen3"}), proc.stdout
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"io:tiny-qwen3"})
@@ -214,7 +215,7 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     fresh = tmp_path / "fresh"
     env = {"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(fresh)}
     proc = run_doit(env={**env, **guard_env(tmp_path)})
-    assert sorted(summary(proc.stdout)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
+    assert sorted(summary(proc)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
     restored = stage_dirs_by_entry(fresh, cache_dir)
     assert {e.stage for e in restored.values()} == CACHED_STAGES
     for out_dir, entry in restored.items():
@@ -237,7 +238,7 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
 
     again = tmp_path / "again"
     proc = run_doit(env={"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(again)})
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert "does not match its sha256; entry discarded" in proc.stderr
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"context:tiny-qwen3-v79:graphllm0"}), proc.stdout
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"context:tiny-qwen3-v79:graphllm0"})
@@ -249,7 +250,7 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
 
 def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
     env = {"MNNBUILD_CACHE": "off", "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
-    assert sorted(summary(run_doit(env=env).stdout)["built"]) == sorted(warm_cache[1])
+    assert sorted(summary(run_doit(env=env))["built"]) == sorted(warm_cache[1])
 
 
 def test_editing_a_stage_reruns_it_and_dependents_only(tmp_path: Path, run_doit: RunDoit) -> None:

@@ -500,17 +500,26 @@ def finished_stages(root: Path) -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("*.manifest.json")}
 
 
-def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
-    """A CI cancel (SIGTERM to doit) mid-stage: temp dir removed, no half artifact, a non-zero exit, and the stages
-    that had finished are not built again by the next run."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path, sig: str) -> None:
+    """A CI cancel (SIGTERM to doit) or a Ctrl-C (SIGINT to its process group) mid-stage: temp dir removed, no half
+    artifact, a non-zero exit, one line saying so (no traceback), and the stages that had finished are not built
+    again by the next run."""
     import signal
 
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
     wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
     interrupted = context_temps(root)[0].name.split(".")[1]  # graphllm<k>
-    os.kill(proc.pid, signal.SIGTERM)
+    if sig == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=120) != 0, doit_log(root)
+    log = doit_log(root)
+    said = [line for line in log.splitlines() if not line.startswith((".  ", "-- "))]
+    how = "stopped by SIGTERM" if sig == "SIGTERM" else "stopped by Ctrl-C"
+    assert len(said) == 1 and said[0].startswith(how) and "resume" in said[0], log
     assert temps_under(root) == [], "SIGTERM left temps behind"
     done = finished_stages(root)
     assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/partition" in done

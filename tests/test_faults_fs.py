@@ -408,7 +408,7 @@ def test_a_bundle_manifest_listing_an_outside_file_is_rebuilt(built: Path, tmp_p
     manifest["outputs"].append({"path": rel, "size": secret.stat().st_size, "sha256": sha256_file(secret)})
     path.write_text(json.dumps(manifest, indent=2))
     proc = doit_root(built, "bundle:tiny-qwen3-v79")
-    assert "bundle:tiny-qwen3-v79" in summary(proc.stdout).get("built", []), proc.stdout
+    assert "bundle:tiny-qwen3-v79" in summary(proc).get("built", []), proc.stdout
     assert rel not in path.read_text()
 
 
@@ -431,7 +431,7 @@ def test_swapped_twin_dirs_are_rebuilt(built: Path) -> None:
     before = {d: (twin / d / f"{d}.bin").read_bytes() for d in ("graphllm0", "graphllm1")}
     swap(twin / "graphllm0", twin / "graphllm1")
     proc = doit_root(built, "twin:tiny-qwen3-v79")
-    rebuilt = sorted(summary(proc.stdout).get("built", []))
+    rebuilt = sorted(summary(proc).get("built", []))
     assert rebuilt == ["twin:tiny-qwen3-v79:graphllm0", "twin:tiny-qwen3-v79:graphllm1"], proc.stdout
     for d, data in before.items():
         assert (twin / d / f"{d}.bin").read_bytes() == data
@@ -444,7 +444,7 @@ def test_swapped_context_dirs_are_rebuilt_not_a_traceback(built: Path) -> None:
     swap(context / "graphllm0", context / "graphllm1")
     proc = doit_root(built, "bundle:tiny-qwen3-v79")
     assert "Traceback" not in proc.stdout + proc.stderr
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert {"context:tiny-qwen3-v79:graphllm0", "context:tiny-qwen3-v79:graphllm1"} <= set(rows.get("built", []))
     assert "bundle:tiny-qwen3-v79" in rows.get("up to date", []), "the same binaries: the bundle is what it was"
 
@@ -474,7 +474,7 @@ def test_finished_stages_survive_kill_9_with_the_cache_off(tmp_path: Path) -> No
     assert {"model", "io", "partition"} <= {d.name for d in finished}, sorted(map(str, finished))
     time.sleep(0.05)
     again = doit_root(root, "bundle:tiny-qwen3-v79")
-    rows = summary(again.stdout)
+    rows = summary(again)
     for d, (origin, inode) in finished.items():
         stage = next(p for p in d.glob("*.origin.json")).name.removesuffix(".origin.json")
         assert json.loads((d / f"{stage}.origin.json").read_text())["run"] == origin["run"], f"{d} was built again"

@@ -160,7 +160,7 @@ def iter_segmented(
         del module
         return_freed_memory()  # the segment's decoded weights, before the next segment decodes its own
         if len(segments) > 1:  # the runtime has no tqdm: a line per segment instead (each takes seconds at real size)
-            log.info(
+            log.debug(
                 "%s: segment %d/%d in %.1f s",
                 label or model_path.name,
                 k + 1,

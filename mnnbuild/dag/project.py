@@ -20,7 +20,7 @@ from doit.exceptions import InvalidDodoFile
 
 from mnnbuild import logs
 from mnnbuild.cache import local_cache_dir
-from mnnbuild.dag.reporter import BuildSummaryReporter
+from mnnbuild.dag.reporter import reporter_for
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import DigestMemo
 from mnnbuild.layout import CODE_DIGESTS, stage_dir
@@ -106,7 +106,7 @@ class Project:
             "subtasks": True,
             "default_tasks": self.default_tasks(),
             "verbosity": 1,
-            "reporter": BuildSummaryReporter,
+            "reporter": reporter_for(root),
         }
 
 

@@ -332,7 +332,7 @@ def _add_finalized(ctx: ContextBuilder, name: str, desc: GraphDescription, stati
         builder.finalize()
     except QnnError as exc:
         raise LoweringError(f"{where}: QNN refused graph {name}: {exc}") from None
-    log.info("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
+    log.debug("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
 
 
 @contextlib.contextmanager

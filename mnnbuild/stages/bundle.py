@@ -184,7 +184,7 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
         )
         manifest.write(tmp)
     total = sum(r.size for r in outputs)
-    log.info("bundle %s-%s: %d files, %.1f MB", inputs.model, params.soc.dsp_arch, len(outputs), total / 1e6)
+    log.debug("bundle %s-%s: %d files, %.1f MB", inputs.model, params.soc.dsp_arch, len(outputs), total / 1e6)
     return manifest
 
 

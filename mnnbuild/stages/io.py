@@ -253,7 +253,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                         outputs=_info(results),
                     )
                 )
-                log.info(
+                log.debug(
                     "io %s: %s -> %s", inputs.model, what, ", ".join(f"{n}{list(a.shape)}" for n, a in results.items())
                 )
         except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)

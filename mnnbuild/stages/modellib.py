@@ -111,7 +111,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             graphs=records,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "modellib %s: %d graphs lowered, %d QNN nodes, %.1f MB of shared weights linked",
         inputs.model, len(records), sum(r.nodes for r in records), saved / 1e6,
     )  # fmt: skip

@@ -363,7 +363,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             + (f" (+{more} more)" if more else "")
             + f"; report: {text}"
         )
-    log.info("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
+    log.debug("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
     return manifest
 
 
