@@ -27,6 +27,7 @@ from mnnbuild.cpu.segments import iter_segmented
 from mnnbuild.errors import MNNFormatError, ModelDirError
 from mnnbuild.fsutil import staged_dir
 from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
+from mnnbuild.logs import progress
 from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
@@ -232,9 +233,15 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             fed[i] = _info(arrays)
             return arrays
 
+        bar = progress(desc=f"io {inputs.model}: {len(shapes)} samples on the CPU", unit="run")
+
+        def ran(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
         try:
             for i, outputs in iter_segmented(
-                model_file, rt, model, len(shapes), sample, out_names, label=inputs.model, spill_dir=spill
+                model_file, rt, model, len(shapes), sample, out_names, label=inputs.model, spill_dir=spill, on_run=ran
             ):
                 seq_len, image_size = shapes[i]
                 what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
@@ -258,6 +265,8 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                 )
         except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
             raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
+        finally:
+            bar.close()
         spill.rmdir()
         used = {part.model_file, part.weight_file, LLM_CONFIG}
         manifest = IoManifest(
