@@ -18,9 +18,10 @@ LOG_LEVEL_ENV = "MNNBUILD_LOG_LEVEL"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-def log_level(level: str | None = None) -> str:
-    """The level to log at: ``level``, else ``MNNBUILD_LOG_LEVEL``, else INFO; one of :data:`LOG_LEVELS`, any case."""
-    raw = level if level is not None else os.environ.get(LOG_LEVEL_ENV, "INFO")
+def log_level(level: str | None = None, default: str = "INFO") -> str:
+    """The level to log at: ``level``, else ``MNNBUILD_LOG_LEVEL``, else ``default``; one of :data:`LOG_LEVELS`, any
+    case."""
+    raw = level if level is not None else os.environ.get(LOG_LEVEL_ENV, default)
     name = raw.strip().upper()
     if name not in LOG_LEVELS:
         where = "log level" if level is not None else LOG_LEVEL_ENV
@@ -28,10 +29,10 @@ def log_level(level: str | None = None) -> str:
     return name
 
 
-def configure_logging(level: str | None = None) -> None:
-    """Send mnnbuild's log records to stderr at ``level`` (default from ``MNNBUILD_LOG_LEVEL`` or INFO); a value
-    that is no level raises :class:`~mnnbuild.errors.SettingsError` before anything is configured."""
-    name = log_level(level)
+def configure_logging(level: str | None = None, default: str = "INFO") -> None:
+    """Send mnnbuild's log records to stderr at ``level`` (default from ``MNNBUILD_LOG_LEVEL``, else ``default``); a
+    value that is no level raises :class:`~mnnbuild.errors.SettingsError` before anything is configured."""
+    name = log_level(level, default)
     logger = logging.getLogger("mnnbuild")
     if not logger.handlers:
         handler = logging.StreamHandler(CurrentStderr())  # the terminal also while native output is captured

@@ -15,12 +15,12 @@ from typing import Any
 
 from doit.cmd_base import DodoTaskLoader
 from doit.cmdparse import CmdOption, CmdParse, CmdParseError
-from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
 from mnnbuild import logs
 from mnnbuild.cache import local_cache_dir
 from mnnbuild.dag.reporter import reporter_for
+from mnnbuild.dag.status import MnnbuildDoit
 from mnnbuild.errors import MnnbuildError
 from mnnbuild.fingerprint import DigestMemo
 from mnnbuild.layout import CODE_DIGESTS, stage_dir
@@ -121,8 +121,9 @@ def doit_runs_tasks(argv: Sequence[str]) -> bool:
     except CmdParseError:
         rest = list(argv)
     rest = [arg for arg in rest if arg.startswith("-") or "=" not in arg]
-    commands = {cmd.get_name(): cmd for cmd in DoitMain.DOIT_CMDS}
-    command = commands.get(rest[0]) if rest else None
+    commands = {cmd.get_name(): cmd for cmd in MnnbuildDoit.DOIT_CMDS}
+    # the first word that is no option (``python -m mnnbuild -v status`` loads dodo.py with mnnbuild's argv)
+    command = commands.get(next((arg for arg in rest if not arg.startswith("-")), ""))
     return command is None or bool(command.execute_tasks)
 
 

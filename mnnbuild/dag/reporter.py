@@ -117,6 +117,8 @@ class BuildSummaryReporter(ConsoleReporter):
             self.write(f"{fail.get_name()} - taskid:{task.name}\n{fail.get_msg()}\n")
 
     def skip_uptodate(self, task: Any) -> None:
+        if not task.actions:  # a group: its members had their lines
+            return
         super().skip_uptodate(task)
         self._seen(task)
         if not task.name.startswith("_"):

@@ -80,16 +80,28 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
 
     def intact(self, known: dict[str, int] | None = None) -> bool:
         """Whether every output is there with its recorded content (size, then mtime as of ``known`` or the hash)."""
+        return not self.problems(known, first=True)
+
+    def problems(self, known: dict[str, int] | None = None, first: bool = False) -> list[str]:
+        """What is not as the manifest recorded, in words (``output missing: qnn/graphllm0.bin``); ``first``: stop
+        at the first."""
         try:
             records = self.manifest.read(self.out_dir).outputs
-        except MnnbuildError:
-            return False
+        except MnnbuildError as exc:
+            return [f"manifest unreadable: {exc}"]
         known = known or {}
+        found = []
         for r in records:
             path = _in_dir(self.out_dir, r.path, self.links)
-            if path is None or not _same_content(path, r.size, known.get(r.path), r.sha256):
-                return False
-        return True
+            if path is None:
+                found.append(f"output outside its stage dir: {r.path}")
+            elif not (path.exists() or path.is_symlink()):
+                found.append(f"output missing: {r.path}")
+            elif not _same_content(path, r.size, known.get(r.path), r.sha256):
+                found.append(f"output edited or replaced: {r.path}")
+            if found and first:
+                break
+        return found
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool:
         key = f"outputs_intact:{self.out_dir}"
@@ -128,18 +140,26 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         key = f"files_unchanged:{self.root}"
         known = values.get(key)
         task.value_savers.append(lambda: {key: self.snapshot(known if isinstance(known, dict) else None)})
-        if not isinstance(known, dict) or not self.root.is_dir():
-            return False
+        return not self.changes(known, first=True)
+
+    def changes(self, known: Any, first: bool = False) -> list[str]:
+        """What differs from ``known`` (the record of the last success), in words; ``first``: stop at the first."""
+        if not isinstance(known, dict):
+            return ["no record of the files it checked"]
+        if not self.root.is_dir():
+            return [f"{self.root.name} missing"]
         present = {p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() or p.is_symlink()}
-        if present != set(known):
-            return False
+        found = [f"{self.root.name} file added: {rel}" for rel in sorted(present - set(known))]
+        found += [f"{self.root.name} file missing: {rel}" for rel in sorted(set(known) - present)]
         for rel, record in known.items():  # names from doit's state file: confined before they are stat'ed
+            if (found and first) or rel not in present:
+                continue
             path = _in_dir(self.root, rel, links=False)
             if path is None or not isinstance(record, list) or len(record) != 3:
-                return False
-            if path.is_symlink() or not _same_content(path, *record):
-                return False
-        return True
+                found.append(f"{self.root.name} file unreadable on record: {rel}")
+            elif path.is_symlink() or not _same_content(path, *record):
+                found.append(f"{self.root.name} file edited or replaced: {rel}")
+        return found[:1] if first else found
 
 
 class origin_matches:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
