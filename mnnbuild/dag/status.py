@@ -171,10 +171,6 @@ def explain(task: Any, tasks: dict[str, Any], dep_manager: Any, producers: dict[
     failed = [checker for checker, _, _ in reasons.get("uptodate_false", [])]
     if any(isinstance(c, config_changed) for c in failed):  # a new key is a new identity: that says it already
         failed = [c for c in failed if not isinstance(c, origin_matches)]
-    for checker in failed:
-        lines += _checker_reasons(task, checker, values)
-    for target in reasons.get("missing_target", []):
-        lines.append(f"output missing: {_short(target)}")
     for dep in reasons.get("missing_file_dep", []):
         lines.append(f"input missing: {_short(dep)}" + (f" (made by {producers[dep]})" if dep in producers else ""))
     for dep in reasons.get("changed_file_dep", []):
@@ -183,6 +179,10 @@ def explain(task: Any, tasks: dict[str, Any], dep_manager: Any, producers: dict[
         lines.append(f"input added: {_short(dep)}")
     for dep in reasons.get("removed_file_dep", []):
         lines.append(f"input removed: {_short(dep)}")
+    for checker in failed:  # after the inputs: a changed input is the cause of what follows from it
+        lines += _checker_reasons(task, checker, values)
+    for target in reasons.get("missing_target", []):
+        lines.append(f"output missing: {_short(target)}")
     if reasons.get("checker_changed"):
         lines.append("doit's file checker changed since the last run")
     if reasons.get("has_no_dependencies") and task.actions:
