@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.logs import configure_logging
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.logs import configure_logging
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -61,7 +61,7 @@ def parse_size(text: str) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from mnnbuild.cache import ArtifactCache, human_bytes
+    from mnnbuild.pipeline.cache import ArtifactCache, human_bytes
 
     max_size = parse_size(args.max_size) if args.max_size is not None else None  # before touching the cache
     cache = ArtifactCache.named(url=args.url)

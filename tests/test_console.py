@@ -19,7 +19,7 @@ BANNERS = ("The device supports", "MNN use high precision", "LIBNATIVE")
 NATIVE_SCRIPT = """
 import sys
 from pathlib import Path
-from mnnbuild.logs import configure_logging
+from mnnbuild.base.logs import configure_logging
 configure_logging(sys.argv[1])
 from mnnbuild.cpu import CpuRuntime, load_module
 from mnnbuild.qnn import QnnLibrary
@@ -44,13 +44,13 @@ def test_native_banners_appear_at_debug_only() -> None:
     assert not [b for b in BANNERS if b in quiet], quiet
     loud = run_native("DEBUG")
     assert all(b in loud for b in BANNERS), loud
-    assert "D mnnbuild.native: MNN (runtime manager) printed:" in loud, loud
+    assert "D mnnbuild.base.native: MNN (runtime manager) printed:" in loud, loud
 
 
 FAILING_SCRIPT = """
 import logging, os
-from mnnbuild.logs import configure_logging
-from mnnbuild.native import native_output
+from mnnbuild.base.logs import configure_logging
+from mnnbuild.base.native import native_output
 configure_logging("WARNING")
 log = logging.getLogger("mnnbuild.test")
 with native_output("quiet call"):
@@ -71,7 +71,7 @@ def test_native_output_of_a_failed_call_is_shown_and_python_output_is_not_captur
     assert proc.returncode == 0, out
     assert "banner of a call that worked" not in out, out
     assert "W mnnbuild.test: a warning meanwhile" in proc.stderr, out  # reached the terminal during the capture
-    assert "E mnnbuild.native: failing call printed:\nwhy the native call failed" in proc.stderr, out
+    assert "E mnnbuild.base.native: failing call printed:\nwhy the native call failed" in proc.stderr, out
 
 
 # -- a whole build, then status ---------------------------------------------------------------------------------

@@ -17,11 +17,11 @@ from typing import Any
 from doit.exceptions import BaseFail, TaskError, TaskFailed
 from doit.reporter import ConsoleReporter
 
-from mnnbuild.cache import human_bytes
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import atomic_write_text
-from mnnbuild.layout import PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import atomic_write_text
 from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.pipeline.cache import human_bytes
+from mnnbuild.pipeline.layout import PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
 
 LAST_RUN = "last-run.json"
 """What the last doit run did, under the artifact root (`BuildSummaryReporter`)."""

@@ -22,7 +22,7 @@ from doit.doit_cmd import DoitMain
 from doit.tools import config_changed
 
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.fingerprint import DigestMemo, module_digests
+from mnnbuild.pipeline.fingerprint import DigestMemo, module_digests
 
 CODE_RECORD = "_code_modules"
 """The value `code_record` saves in doit's state: the code digest of each module a stage's key covers."""

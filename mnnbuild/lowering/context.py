@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mnnbuild.fsutil import sha256_bytes
+from mnnbuild.base.fsutil import sha256_bytes
 from mnnbuild.lowering.graph import (
     LoweringError,
     Param,

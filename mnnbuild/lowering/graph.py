@@ -23,10 +23,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mnnbuild.errors import MnnbuildError, QnnError
-from mnnbuild.fsutil import confined, sha256_bytes
-from mnnbuild.layout import GRAPH_FILE
-from mnnbuild.logs import progress
+from mnnbuild.base.errors import MnnbuildError, QnnError
+from mnnbuild.base.fsutil import confined, sha256_bytes
+from mnnbuild.base.logs import progress
+from mnnbuild.pipeline.layout import GRAPH_FILE
 from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Scalar
 from mnnbuild.qnn import dtypes as qdt
 

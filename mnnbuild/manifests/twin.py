@@ -6,9 +6,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.manifest import Manifest
-from mnnbuild.stage import StageInputs
-from mnnbuild.targets import Soc
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class TwinInputs(StageInputs):

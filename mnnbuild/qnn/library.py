@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import QnnError
-from mnnbuild.native import native_output
+from mnnbuild.base.errors import QnnError
+from mnnbuild.base.native import native_output
 from mnnbuild.qnn._generated.qnn_ffi import ffi as QNN_FFI
 
 log = logging.getLogger(__name__)

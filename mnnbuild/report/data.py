@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from mnnbuild.manifest import FileRecord
 from mnnbuild.partition.records import PartitionReport
+from mnnbuild.pipeline.manifest import FileRecord
 from mnnbuild.verify.report import VerifyReport
 
 CPU = "CPU"

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mnnbuild.base.native import native_output
 from mnnbuild.cpu import import_mnn
-from mnnbuild.native import native_output
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.errors import BundleError
 

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
-from mnnbuild.errors import SettingsError
-from mnnbuild.native import CurrentStderr
+from mnnbuild.base.errors import SettingsError
+from mnnbuild.base.native import CurrentStderr
 
 T = TypeVar("T")
 
@@ -31,7 +31,7 @@ def log_level(level: str | None = None, default: str = "INFO") -> str:
 
 def configure_logging(level: str | None = None, default: str = "INFO") -> None:
     """Send mnnbuild's log records to stderr at ``level`` (default from ``MNNBUILD_LOG_LEVEL``, else ``default``); a
-    value that is no level raises :class:`~mnnbuild.errors.SettingsError` before anything is configured."""
+    value that is no level raises :class:`~mnnbuild.base.errors.SettingsError` before anything is configured."""
     name = log_level(level, default)
     logger = logging.getLogger("mnnbuild")
     if not logger.handlers:

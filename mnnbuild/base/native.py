@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-log = logging.getLogger("mnnbuild.native")
+log = logging.getLogger(__name__)
 
 _FDS = (1, 2)
 _QUIET_EXCEPTIONS = (KeyboardInterrupt, SystemExit, GeneratorExit)
