@@ -4,6 +4,7 @@ result is and what to do next, and `status` saying why a task would run."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import copy_project
+from tests.conftest import TINY_MODEL_DIR, RunDoit, copy_project
 
 BANNERS = ("The device supports", "MNN use high precision", "LIBNATIVE")
 """What PyPI MNN and Qualcomm's HTP library print straight to fds 1 and 2."""
@@ -199,3 +200,19 @@ def test_status_names_a_missing_output(project: tuple[Path, subprocess.Completed
     finally:
         output.write_bytes(kept)
     assert found == {"io:tiny-qwen3": ["output missing: artifacts/tiny-qwen3/io/testdir/1/output.mnn"]}, found
+
+
+def test_a_failed_build_ends_with_the_task_its_reason_and_the_file_to_read(tmp_path: Path, run_doit: RunDoit) -> None:
+    src, specs = tmp_path / "src", tmp_path / "specs"
+    shutil.copytree(TINY_MODEL_DIR, src)
+    specs.mkdir()
+    (specs / "broken.toml").write_text(f'name = "broken"\nsource = {{ local = "{src}" }}\ntargets = ["v79"]\n')
+    config = src / "llm_config.json"
+    config.write_text(config.read_text().replace('"hidden_size": 128', '"hidden_size": 64'))
+    proc = run_doit("io:broken", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    ending = proc.stdout.splitlines()[1:]  # after `.  fetch:broken`
+    assert ending[0].startswith("failed in ") and ending[0].endswith("0 built, 0 up to date, 1 failed"), ending
+    assert ending[1].startswith(f"failed  fetch:broken: ModelDirError: {config}: field 'hidden_size' is 64"), ending
+    assert ending[2] == f"read    {config}", ending
+    assert len(ending) == 4, ending
