@@ -32,10 +32,10 @@ _SHOWN = 3
 _PATH = re.compile(r"(/[^\s:;,'\"()]+)")
 
 
-def _short(path: Path) -> str:
-    """``path`` relative to the current directory when it lies inside it (``artifacts/...``), else absolute."""
+def shown(path: str | Path) -> str:
+    """``path`` as a user reads it: relative to the current directory when it lies inside (``artifacts/...``)."""
     try:
-        return str(path.relative_to(Path.cwd()))
+        return str(Path(path).relative_to(Path.cwd()))
     except ValueError:
         return str(path)
 
@@ -160,18 +160,18 @@ class BuildSummaryReporter(ConsoleReporter):
                 size = f" ({len(outputs)} files, {human_bytes(sum(r.size for r in outputs))})"
             except MnnbuildError:
                 pass
-            lines.append(f"bundle  {_short(bundle)}{size}")
+            lines.append(f"bundle  {shown(bundle)}{size}")
         for report in list(self.reports.values())[:_SHOWN]:
             if (report / REPORT_PAGE).is_file():
                 lines.append(f"report  {(report / REPORT_PAGE).resolve().as_uri()}")
         for bundle in list(self.bundles.values())[:_SHOWN]:
-            push = _short(bundle / PUSH_SCRIPT)
+            push = shown(bundle / PUSH_SCRIPT)
             lines.append(f"push    QNN_SDK_ROOT=<QAIRT SDK> MNN_BUILD_DIR=<llm_demo build> {push}")
         if self.bundles:
             lines.append(f"        then {RUN_SCRIPT} beside it runs the prompt on the phone")
         more = len(self.bundles) - _SHOWN
         if more > 0:
-            lines.append(f"        (+{more} more bundles: {_short(self._record_path() or Path(LAST_RUN))})")
+            lines.append(f"        (+{more} more bundles: {shown(self._record_path() or Path(LAST_RUN))})")
         return lines
 
     def _failures(self) -> list[str]:
@@ -181,7 +181,7 @@ class BuildSummaryReporter(ConsoleReporter):
             lines.append(f"failed  {task.name}: {why}")
             read = file_to_read(task, why)
             if read is not None:
-                lines.append(f"read    {_short(read)}")
+                lines.append(f"read    {shown(read)}")
         lines.append("fix it and run the same command again: what finished is kept")
         return lines
 

@@ -21,6 +21,7 @@ from doit.dependency import UptodateCalculator
 from doit.doit_cmd import DoitMain
 from doit.tools import config_changed
 
+from mnnbuild.dag.reporter import shown
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
 from mnnbuild.pipeline.fingerprint import DigestMemo, module_digests
 
@@ -72,13 +73,6 @@ def group(task: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- explaining ---------------------------------------------------------------------------------------------------
-
-
-def _short(path: str | Path) -> str:
-    try:
-        return str(Path(path).relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
 
 
 def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -139,7 +133,7 @@ def _checker_reasons(task: Any, checker: Any, values: dict[str, Any]) -> list[st
     if isinstance(checker, files_unchanged):
         return checker.changes(values.get(f"files_unchanged:{checker.root}"))
     if isinstance(checker, origin_matches):
-        return [f"{_short(checker.path.parent)} holds another task's outputs, or none (its origin record says so)"]
+        return [f"{shown(checker.path.parent)} holds another task's outputs, or none (its origin record says so)"]
     if getattr(checker, "__qualname__", "").startswith(f"{hf_pinned.__name__}."):
         return ["the lock file pins another commit than the one fetched"]
     if checker is False:
@@ -151,7 +145,7 @@ def _checker_reasons(task: Any, checker: Any, values: dict[str, Any]) -> list[st
 
 def _short_output(out_dir: Path, problem: str) -> str:
     what, _, rel = problem.partition(": ")
-    return f"{what}: {_short(Path(out_dir) / rel)}" if rel and not what.startswith("manifest") else problem
+    return f"{what}: {shown(Path(out_dir) / rel)}" if rel and not what.startswith("manifest") else problem
 
 
 def explain(task: Any, tasks: dict[str, Any], dep_manager: Any, producers: dict[str, str]) -> list[str]:
@@ -172,17 +166,17 @@ def explain(task: Any, tasks: dict[str, Any], dep_manager: Any, producers: dict[
     if any(isinstance(c, config_changed) for c in failed):  # a new key is a new identity: that says it already
         failed = [c for c in failed if not isinstance(c, origin_matches)]
     for dep in reasons.get("missing_file_dep", []):
-        lines.append(f"input missing: {_short(dep)}" + (f" (made by {producers[dep]})" if dep in producers else ""))
+        lines.append(f"input missing: {shown(dep)}" + (f" (made by {producers[dep]})" if dep in producers else ""))
     for dep in reasons.get("changed_file_dep", []):
-        lines.append(f"input changed: {_short(dep)}" + (f" (made by {producers[dep]})" if dep in producers else ""))
+        lines.append(f"input changed: {shown(dep)}" + (f" (made by {producers[dep]})" if dep in producers else ""))
     for dep in reasons.get("added_file_dep", []):
-        lines.append(f"input added: {_short(dep)}")
+        lines.append(f"input added: {shown(dep)}")
     for dep in reasons.get("removed_file_dep", []):
-        lines.append(f"input removed: {_short(dep)}")
+        lines.append(f"input removed: {shown(dep)}")
     for checker in failed:  # after the inputs: a changed input is the cause of what follows from it
         lines += _checker_reasons(task, checker, values)
     for target in reasons.get("missing_target", []):
-        lines.append(f"output missing: {_short(target)}")
+        lines.append(f"output missing: {shown(target)}")
     if reasons.get("checker_changed"):
         lines.append("doit's file checker changed since the last run")
     if reasons.get("has_no_dependencies") and task.actions:
@@ -258,8 +252,6 @@ class Status(DoitCmdBase):
         if unknown:
             self.outstream.write(f"status: no task {unknown[0]!r}; `doit list --all` lists them\n")
             return 3
-        for name in selected:
-            control.tasks[name].init_options()
         for line in status_lines(control.tasks, selected, self.dep_manager):
             self.outstream.write(line + "\n")
         return 0
