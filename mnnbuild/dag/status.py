@@ -11,6 +11,7 @@ so ``doit list --status`` shows them truthfully.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -219,7 +220,7 @@ def status_lines(tasks: dict[str, Any], selected: list[str], dep_manager: Any) -
         lines = explain(task, tasks, dep_manager, producers)
         upstream = {producers[f] for f in task.file_dep if f in producers} | set(task.task_dep)
         if not lines:
-            if upstream & stale and task.actions:
+            if upstream & (stale | set(maybe)) and task.actions:
                 maybe.append(name)
             continue
         stale.add(name)
@@ -250,7 +251,7 @@ class Status(DoitCmdBase):
         selected = list(self.sel_tasks or control.tasks)
         unknown = [n for n in selected if n not in control.tasks]
         if unknown:
-            self.outstream.write(f"status: no task {unknown[0]!r}; `doit list --all` lists them\n")
+            sys.stderr.write(f"status: no task {unknown[0]!r}; `doit list --all` lists them\n")
             return 3
         for line in status_lines(control.tasks, selected, self.dep_manager):
             self.outstream.write(line + "\n")
