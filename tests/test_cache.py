@@ -88,7 +88,7 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
 
 
 FINALIZED = "context: finalized"
-"""What ``compose_context`` logs for every graph it composes (in the context stage's worker process too)."""
+"""What ``compose_context`` logs at DEBUG for every graph it composes (in the context stage's worker process too)."""
 
 
 def test_warm_cache_rebuilds_the_bundle_and_restores_every_binary(
@@ -101,7 +101,8 @@ def test_warm_cache_rebuilds_the_bundle_and_restores_every_binary(
     assert not (cache / "bundle").exists()
     assert (cache / "partition").is_dir() and (cache / "context").is_dir() and (cache / "twin").is_dir()
     artifacts = tmp_path / "warm-artifacts"
-    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)})
+    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_LOG_LEVEL": "DEBUG"}
+    proc = run_doit(env=env)  # DEBUG: a composed graph would be logged
     rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED), proc.stdout
     restored = rows["from cache"]
@@ -121,7 +122,8 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     run again (its spec'd max_new_tokens changed) in a fresh clone on a warm cache, the contexts and the twins
     are restored and nothing is composed."""
     cache = tmp_path / "cache"
-    first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
+    debug = {"MNNBUILD_LOG_LEVEL": "DEBUG"}  # where each composed graph is logged
+    first = run_doit(env={"MNNBUILD_CACHE": str(cache), **debug})
     graphs = [d for d in (tmp_path / "artifacts" / "tiny-qwen3" / "partition" / "qnn").iterdir() if d.is_dir()]
     assert len(graphs) == 8 and (first.stdout + first.stderr).count(FINALIZED) == 2 * len(graphs)
 
@@ -129,7 +131,7 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     spec = clone / "models" / "tiny-qwen3.toml"
     spec.write_text(spec.read_text() + "verify = { max_new_tokens = 8 }\n")
     artifacts = tmp_path / "clone-artifacts"
-    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)}, project=clone)
+    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts), **debug}, project=clone)
     rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"}), proc.stdout
     assert len([t for t in rows["from cache"] if t.startswith("context:tiny-qwen3-v79:")]) == 4
