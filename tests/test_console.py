@@ -213,6 +213,7 @@ def test_a_failed_build_ends_with_the_task_its_reason_and_the_file_to_read(tmp_p
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     ending = proc.stdout.splitlines()[1:]  # after `.  fetch:broken`
     assert ending[0].startswith("failed in ") and ending[0].endswith("0 built, 0 up to date, 1 failed"), ending
-    assert ending[1].startswith(f"failed  fetch:broken: ModelDirError: {config}: field 'hidden_size' is 64"), ending
-    assert ending[2] == f"read    {config}", ending
-    assert len(ending) == 4, ending
+    assert ending[1] == "failed  fetch:broken:", ending
+    assert ending[2].startswith(f"ModelDirError: {config}: field 'hidden_size' is 64"), ending
+    assert ending[3] == f"read    {config}", ending
+    assert len(ending) == 5, ending

@@ -178,7 +178,7 @@ class BuildSummaryReporter(ConsoleReporter):
         lines = []
         for task, fail in self.failed:
             why = reason(fail)
-            lines.append(f"failed  {task.name}: {why}")
+            lines += [f"failed  {task.name}:", why]  # the reason as the stage wrote it, on a line of its own
             read = file_to_read(task, why)
             if read is not None:
                 lines.append(f"read    {shown(read)}")
