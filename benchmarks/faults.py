@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
 sys.path.insert(0, str(PROJECT_ROOT))
-from tests.conftest import TINY_MODEL_DIR, copy_project  # noqa: E402
+from tests.conftest import TINY_MODEL_DIR, attach_record, copy_project  # noqa: E402
 from tests.test_cache import summary  # noqa: E402
 from tests.test_faults_fs import (  # noqa: E402
     aged,
@@ -124,11 +124,10 @@ def doit(root: Path | None, *args: str, project: Path = PROJECT_ROOT, **env: str
         env = {"MNNBUILD_ARTIFACTS": str(root), **env}
     cwd = root.parent if root is not None else NEUTRAL_CWD or Path(tempfile.gettempdir())
     cwd.mkdir(parents=True, exist_ok=True)
-    full_env = clean_env(**env)
+    full_env, started = clean_env(**env), time.time()
     proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args], cwd=cwd,
                           env=full_env, capture_output=True, text=True, timeout=900)  # fmt: skip
-    proc.artifacts = Path(full_env.get("MNNBUILD_ARTIFACTS", project / "artifacts"))  # type: ignore[attr-defined]
-    return proc
+    return attach_record(proc, Path(full_env.get("MNNBUILD_ARTIFACTS", project / "artifacts")), started)
 
 
 def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:

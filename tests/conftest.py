@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -39,6 +41,7 @@ def run_doit(tmp_path: Path) -> RunDoit:
         # the cache is off unless a test turns it on, so no test reads or fills ~/.cache
         full_env.update({"MNNBUILD_ARTIFACTS": str(artifacts), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
         full_env.update(env or {})
+        started = time.time()
         proc = subprocess.run(
             [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
             cwd=tmp_path,
@@ -47,7 +50,7 @@ def run_doit(tmp_path: Path) -> RunDoit:
             text=True,
             timeout=600,
         )
-        proc.artifacts = Path(full_env["MNNBUILD_ARTIFACTS"])  # type: ignore[attr-defined]  # its run record's root
+        attach_record(proc, Path(full_env["MNNBUILD_ARTIFACTS"]), started)
         if check:
             assert proc.returncode == 0, f"doit {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc
@@ -77,6 +80,7 @@ def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subproc
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
     full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
     full_env.update(env or {})
+    started = time.time()
     proc = subprocess.run(
         [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
         cwd=cwd,
@@ -85,5 +89,15 @@ def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subproc
         text=True,
         timeout=900,
     )
-    proc.artifacts = Path(full_env["MNNBUILD_ARTIFACTS"])  # type: ignore[attr-defined]  # its run record's root
+    return attach_record(proc, Path(full_env["MNNBUILD_ARTIFACTS"]), started)
+
+
+def attach_record(
+    proc: subprocess.CompletedProcess[str], artifacts: Path, started: float
+) -> subprocess.CompletedProcess[str]:
+    """``proc`` with ``proc.record``: what that doit run did by its ``last-run.json`` under ``artifacts`` (the task
+    lists the terminal no longer gets), or None when the run wrote none (it stopped before its end)."""
+    path = artifacts / "last-run.json"
+    fresh = path.is_file() and path.stat().st_mtime >= started - 1
+    proc.record = json.loads(path.read_text(encoding="utf-8")) if fresh else None  # type: ignore[attr-defined]
     return proc

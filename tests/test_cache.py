@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from mnnbuild.base.fsutil import sha256_file
-from mnnbuild.dag.reporter import LAST_RUN
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
 from mnnbuild.verify.report import VerifyReport
@@ -27,9 +26,9 @@ NOT_CACHED = {"fetch:tiny-qwen3", "bundle:tiny-qwen3-v79"}
 
 def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, list[str]]:
     """What a doit run built, restored and found up to date (the lists that are not empty), from its record."""
-    record = json.loads((proc.artifacts / LAST_RUN).read_text(encoding="utf-8"))  # type: ignore[attr-defined]
-    rows = {label: record[key] for label, key in (("built", "built"), ("from cache", "from_cache"))}
-    rows["up to date"] = record["up_to_date"]
+    record = proc.record  # type: ignore[attr-defined]  # tests.conftest.attach_record
+    assert record is not None, f"the run wrote no record:\n{proc.stdout}\n{proc.stderr}"
+    rows = {"built": record["built"], "from cache": record["from_cache"], "up to date": record["up_to_date"]}
     return {label: names for label, names in rows.items() if names}
 
 

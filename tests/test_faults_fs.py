@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from mnnbuild.base.errors import OutputError, SettingsError
 from mnnbuild.base.fsutil import made_by_mnnbuild, staged_dir
 from mnnbuild.pipeline.settings import Settings
-from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, copy_project
+from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, attach_record, copy_project
 from tests.test_cache import summary
 
 
@@ -24,10 +25,12 @@ def doit_in(project: Path, cwd: Path, *args: str, env: dict[str, str]) -> subpro
     """``doit`` on ``project``'s dodo.py with exactly the MNNBUILD_* variables of ``env`` (cache off by default)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
     full_env.update({"HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off", **env})
-    return subprocess.run(
+    started = time.time()
+    proc = subprocess.run(
         [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+    return attach_record(proc, Path(full_env.get("MNNBUILD_ARTIFACTS", project / "artifacts")), started)
 
 
 def tree_state(root: Path) -> dict[str, bytes]:
