@@ -60,18 +60,29 @@ def _console(stream: TextIO, fd: int) -> TextIO:
     return io.TextIOWrapper(raw, encoding=encoding, errors=getattr(stream, "errors", None), line_buffering=True)
 
 
+_CONSOLES: list[TextIO] = []
+"""While `native_output` captures fd 2 (innermost last): a stream on the stderr it had. File descriptors belong to
+the process, and so does this."""
+
+
 class CurrentStderr:
-    """``sys.stderr`` as it is when written to, not when a handler or progress bar was made: while `native_output`
-    captures fd 2, that is the stream still on the terminal (or a Python-level capture: doit's, pytest's)."""
+    """A stream for log handlers and progress bars: ``stream`` (default: ``sys.stderr`` when made), except while
+    `native_output` captures the descriptor ``stream`` writes to; then the stderr that descriptor had."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream if stream is not None else sys.stderr
+
+    def _target(self) -> TextIO:
+        return _CONSOLES[-1] if _CONSOLES and _on_fd(self.stream, 2) else self.stream
 
     def write(self, text: str) -> int:
-        return sys.stderr.write(text)
+        return self._target().write(text)
 
     def flush(self) -> None:
-        sys.stderr.flush()
+        self._target().flush()
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(sys.stderr, name)
+        return getattr(self._target(), name)
 
 
 @contextlib.contextmanager
@@ -80,13 +91,16 @@ def native_output(what: str) -> Iterator[None]:
     ``<what> printed: ...``) when the block raises. Nested blocks capture their own part."""
     _flush_all()
     saved = {fd: os.dup(fd) for fd in _FDS}
-    swapped: dict[str, TextIO] = {}
+    outer = not _CONSOLES  # an inner block writes where the outer one does
+    console = _console(sys.stderr, os.dup(saved[2])) if outer else _CONSOLES[-1]
+    _CONSOLES.append(console)
+    swapped: dict[str, tuple[TextIO, TextIO]] = {}
     try:
         for name, fd in (("stdout", 1), ("stderr", 2)):
             stream = getattr(sys, name)
-            if _on_fd(stream, fd):
-                swapped[name] = stream
-                setattr(sys, name, _console(stream, os.dup(saved[fd])))
+            if outer and _on_fd(stream, fd):  # Python's own writes (warnings, print) keep reaching the terminal
+                swapped[name] = (stream, console if fd == 2 else _console(stream, os.dup(saved[fd])))
+                setattr(sys, name, swapped[name][1])
         with tempfile.TemporaryFile() as sink:
             failed = True
             try:
@@ -108,9 +122,13 @@ def native_output(what: str) -> Iterator[None]:
                 if text:
                     log.log(logging.ERROR if failed else logging.DEBUG, "%s printed:\n%s", what, text)
     finally:
-        for name, stream in swapped.items():
-            console = getattr(sys, name)
+        for name, (stream, replacement) in swapped.items():
             setattr(sys, name, stream)
+            if replacement is not console:
+                with contextlib.suppress(Exception):
+                    replacement.close()
+        _CONSOLES.pop()
+        if outer:
             with contextlib.suppress(Exception):
                 console.close()
         for fd in saved.values():
