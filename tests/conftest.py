@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mnnbuild.dag.reporter import LAST_RUN
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = PROJECT_ROOT / "models" / "tiny-qwen3"
 FIXTURE_MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
@@ -95,9 +97,9 @@ def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subproc
 def attach_record(
     proc: subprocess.CompletedProcess[str], artifacts: Path, started: float
 ) -> subprocess.CompletedProcess[str]:
-    """``proc`` with ``proc.record``: what that doit run did by its ``last-run.json`` under ``artifacts`` (the task
+    """``proc`` with ``proc.record``: what that doit run did by its ``.doit-run.json`` under ``artifacts`` (the task
     lists the terminal no longer gets), or None when the run wrote none (it stopped before its end)."""
-    path = artifacts / "last-run.json"
+    path = artifacts / LAST_RUN
     fresh = path.is_file() and path.stat().st_mtime >= started - 1
     proc.record = json.loads(path.read_text(encoding="utf-8")) if fresh else None  # type: ignore[attr-defined]
     return proc

@@ -170,7 +170,7 @@ def test_read_only_cache_with_corrupt_blob_degrades_to_a_build(tmp_path: Path, r
         proc = in_namespace(doit_argv("io:tiny-qwen3"), readonly=[cache_dir], env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "does not match its sha256" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
-        assert "0 from cache" in proc.stdout, proc.stdout
+        assert "2 built, 0 up to date" in proc.stdout and "restored" not in proc.stdout, proc.stdout
         subprocess.run(["rm", "-rf", str(tmp_path / "fresh")], check=True)
     assert blob.read_bytes().startswith(b"corrupt"), "the read-only cache was not modified"
 

@@ -3,7 +3,7 @@
 A task's line is doit's (``.  name`` when it runs, ``-- name`` when up to date); the ending says how many tasks were
 built, restored from the cache or up to date, how long the run took, where the bundle and its page report are and
 how to push the bundle; on failure, the failing task, why (one line) and the file to read. The same facts go to
-``<artifact root>/last-run.json`` for scripts (and tests), which the terminal no longer gets as lists of names.
+``<artifact root>/.doit-run.json`` for scripts (and tests), which the terminal no longer gets as lists of names.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.pipeline.cache import human_bytes
 from mnnbuild.pipeline.layout import PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
 
-LAST_RUN = "last-run.json"
-"""What the last doit run did, under the artifact root (`BuildSummaryReporter`)."""
+LAST_RUN = ".doit-run.json"
+"""What the last doit run did, under the artifact root beside doit's own ``.doit.db`` (`BuildSummaryReporter`): a
+record of the run, not an artifact."""
 
 _SHOWN = 3
 """Bundles and reports named in the ending; more are counted."""
