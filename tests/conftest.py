@@ -76,15 +76,17 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
-def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``doit`` on the project's dodo.py with artifacts under ``cwd/artifacts``, cache off (run_doit for module-wide
-    fixtures, which cannot use a per-test tmp_path)."""
+def doit(
+    cwd: Path, *args: str, env: Mapping[str, str] | None = None, project: Path = PROJECT_ROOT
+) -> subprocess.CompletedProcess[str]:
+    """``doit`` on the project's dodo.py (or ``project``'s) with artifacts under ``cwd/artifacts``, cache off (run_doit
+    for module-wide fixtures, which cannot use a per-test tmp_path)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
     full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
     full_env.update(env or {})
     started = time.time()
     proc = subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
+        [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,

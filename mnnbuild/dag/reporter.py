@@ -19,8 +19,8 @@ from doit.reporter import ConsoleReporter
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import atomic_write_text
+from mnnbuild.base.sizes import human_bytes
 from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.pipeline.cache import human_bytes
 from mnnbuild.pipeline.layout import PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
 
 LAST_RUN = ".doit-run.json"
@@ -63,7 +63,8 @@ def file_to_read(task: Any, why: str) -> Path | None:
 
 
 class BuildSummaryReporter(ConsoleReporter):
-    """doit's console output, ending with the build's outcome and next steps (see the module's doc)."""
+    """doit's console output, ending with the build's outcome and next steps (see the module's doc); restores are
+    counted per cache tier, with their files or without."""
 
     desc = "console output ending with what was built and what to do next"
 
@@ -75,8 +76,12 @@ class BuildSummaryReporter(ConsoleReporter):
         self.up_to_date: list[str] = []
         self.failed: list[tuple[Any, BaseFail]] = []
         self.running: set[str] = set()
-        self.bytes_restored = 0
-        self.bytes_stored = 0
+        self.by_tier: dict[str, list[str]] = {}
+        self.deferred: list[str] = []
+        """Restored without their bytes (a remote tier's, fetched when read)."""
+        self.bytes_restored: dict[str, int] = {}
+        self.bytes_fetched: dict[str, int] = {}
+        self.bytes_stored: dict[str, int] = {}
         self.bundles: dict[str, Path] = {}
         self.reports: dict[str, Path] = {}
         self.state_dir: Path | None = None
@@ -99,13 +104,21 @@ class BuildSummaryReporter(ConsoleReporter):
     def add_success(self, task: Any) -> None:
         super().add_success(task)
         self._seen(task)
-        origin = task.values.get("origin")
+        values = task.values
+        origin = values.get("origin")
         if origin == "cache":
+            tier = str(values.get("tier", "local"))
             self.restored.append(task.name)
-            self.bytes_restored += int(task.values.get("bytes", 0))
+            self.by_tier.setdefault(tier, []).append(task.name)
+            if values.get("deferred"):
+                self.deferred.append(task.name)
+            _add(self.bytes_restored, {tier: values.get("bytes", 0)})
         elif origin == "built":
             self.built.append(task.name)
-            self.bytes_stored += int(task.values.get("bytes", 0))
+            stored = values.get("stored")
+            _add(self.bytes_stored, stored if isinstance(stored, dict) else {"local": values.get("bytes", 0)})
+            fetched = values.get("fetched")
+            _add(self.bytes_fetched, fetched if isinstance(fetched, dict) else {})
         elif origin == "recorded":  # doit had lost its state; the stage dir's own records proved it up to date
             self.up_to_date.append(task.name)
 
@@ -146,7 +159,9 @@ class BuildSummaryReporter(ConsoleReporter):
             return []
         parts = [f"{len(self.built)} built"]
         if self.restored:
-            parts.append(f"{len(self.restored)} restored from the cache ({human_bytes(self.bytes_restored)})")
+            moved = human_bytes(sum(self.bytes_restored.values()) + sum(self.bytes_fetched.values()))
+            tiers = ", ".join(f"{tier} {len(names)}" for tier, names in sorted(self.by_tier.items()))
+            parts.append(f"{len(self.restored)} restored from the cache ({tiers}; {moved})")
         parts.append(f"{len(self.up_to_date)} up to date")
         if self.failed:
             parts.append(f"{len(self.failed)} failed")
@@ -211,7 +226,10 @@ class BuildSummaryReporter(ConsoleReporter):
             "from_cache": self.restored,
             "up_to_date": self.up_to_date,
             "failed": {task.name: reason(fail) for task, fail in self.failed},
+            "by_tier": self.by_tier,
+            "no_bytes": self.deferred,
             "bytes_restored": self.bytes_restored,
+            "bytes_fetched": self.bytes_fetched,
             "bytes_stored": self.bytes_stored,
             "bundles": {name: str(d) for name, d in self.bundles.items()},
             "reports": {name: str(d / REPORT_PAGE) for name, d in self.reports.items()},
@@ -231,6 +249,11 @@ def reporter_for(artifact_root: Path) -> type[BuildSummaryReporter]:
             self.state_dir = Path(artifact_root)
 
     return Reporter
+
+
+def _add(totals: dict[str, int], more: dict[str, Any]) -> None:
+    for tier, n in more.items():
+        totals[str(tier)] = totals.get(str(tier), 0) + int(n or 0)
 
 
 __all__ = ["LAST_RUN", "BuildSummaryReporter", "reporter_for"]

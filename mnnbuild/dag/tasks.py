@@ -8,6 +8,7 @@ model spec becomes its Inputs and Params (`RUNS`).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +21,19 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify, task_identity
+from mnnbuild.dag.actions import (
+    materialize_all,
+    report_failed_verify,
+    run_stage,
+    run_update,
+    run_verify,
+    task_identity,
+)
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.status import code_record, group
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.manifests.bundle import BundleInputs, BundleParams
+from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
 from mnnbuild.manifests.context import ContextInputs, ContextParams
 from mnnbuild.manifests.fetch import FetchInputs, FetchParams
@@ -52,6 +60,8 @@ from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
 from mnnbuild.verify import runtime_fingerprint
+
+log = logging.getLogger(__name__)
 
 STAGES: dict[str, Stage] = {
     s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, twin, bundle, verify, report)
@@ -131,6 +141,16 @@ def upstream_task(name: str, spec: ModelSpec, part: str | None) -> str:
     return f"{name}:{spec.name}{suffix}"
 
 
+def task_name(stage: Stage, run: Run) -> str:
+    """The full doit name of a run's task (`stage_task`): ``io:<model>``, ``twin:<model>-<arch>:graphllm0`` ..."""
+    target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
+    if not plugin_dependent(stage.name):
+        return f"{stage.name}:{target}" if run.part in (None, "llm") else f"{stage.name}:{target}:{run.part}"
+    if run.binary is not None:
+        return f"{stage.name}:{target}:{Path(run.binary).stem}"
+    return f"{stage.name}:{target}"
+
+
 def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
     dirs = [(u, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)]
@@ -144,16 +164,21 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     }
     key = stage_key(stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo)
     dest = out_dir(project, stage, run)
+    read = stage.upstream if stage.reads is None else stage.reads
+    reads = tuple((STAGES[u], d) for u, d in dirs if u in read)  # fetched first if restored without their files
+    name = task_name(stage, run)
+    wanted = project.wants(name)  # named on the command line: its files, not only its manifest
+    args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, reads, wanted]
     task: dict[str, Any] = {
         "doc": run.doc,
-        "actions": [(run.action, [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks])],
+        "actions": [(run.action, args)],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(dest / stage.manifest.filename())],
         # outputs deleted, edited, or made by another task (swapped plugin dirs) make the task run (or restore) again;
         # fetch's outputs are links to the model's files
         "uptodate": [
             config_changed(key),
-            outputs_intact(dest, stage.manifest, stage.name == "fetch"),
+            outputs_intact(dest, stage.manifest, stage.name == "fetch", deferred_ok=not wanted),
             origin_matches(dest, stage.name, task_identity(key)),
             *run.uptodate,
             code_record(stage.entry.__module__, project.memo),  # decides nothing: what `status` names
@@ -321,6 +346,11 @@ def _plugins(
             for binary, graphs in by_cost:
                 records = partition.plugin_files(graphs)
                 files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
+                if not all(f.exists() for f in files):  # depended on by name: one the cache left out comes now
+                    try:
+                        materialize_all(((STAGES["partition"], partition_dir),))
+                    except MnnbuildError as exc:
+                        log.warning("%s", exc)  # doit then names the missing file
                 yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}
 
 
@@ -400,7 +430,7 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
             arch=arch,
             # a bundle file replaced after bundling must not pass as verified
-            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR),),
+            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR, (bundle_dir, BundleManifest)),),
             # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
             tools={"mnnbuild_runtime": runtime_fingerprint()},
             action=run_verify,

@@ -133,6 +133,25 @@ class QnnVersion:
         }
 
 
+CHECKED_CORE_API = ((2, 40), (2, 40))
+"""The QNN core API range (major, minor), both ends included, that the cffi declarations (``_cdefs.py``) were
+checked against: the libraries of onnxruntime-qnn 2.7. Struct layouts differ between API releases (the HTP
+device config union moved between 2.32 and 2.40), so another release is refused rather than misread."""
+
+
+def check_core_api(version: QnnVersion, backend: Path) -> None:
+    """One line (a `QnnError`) naming the loaded build when its core API is outside :data:`CHECKED_CORE_API`."""
+    (lo, hi), api = CHECKED_CORE_API, version.core_api[:2]
+    if lo <= api <= hi:
+        return
+    span = f"{lo[0]}.{lo[1]}" if lo == hi else f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}"
+    raise QnnError(
+        f"{backend}: QNN build {version.build_id} (core API {'.'.join(map(str, version.core_api))}, from "
+        f"{version.lib_source}) is outside the QNN core API {span} mnnbuild's C API declarations were checked "
+        "against; install onnxruntime-qnn>=2.7,<2.8 or set QNN_SDK_ROOT to an SDK with that API"
+    )
+
+
 def _ver(v: Any) -> tuple[int, int, int]:
     return (int(v.major), int(v.minor), int(v.patch))
 
@@ -167,6 +186,7 @@ class QnnLibrary:
         # Keep the callback object alive as long as this library: QNN holds a raw pointer to it.
         self._log_cb = self.ffi.callback("QnnLog_Callback_t", self._on_log)
         self.version = self._read_version()
+        check_core_api(self.version, self.paths.backend)
         log.debug("loaded QNN %s from %s (%s)", self.version.build_id, self.paths.lib_dir, self.paths.source)
 
     # -- discovery of interfaces -------------------------------------------------------------

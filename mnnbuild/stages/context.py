@@ -85,6 +85,7 @@ STAGE = Stage(
     manifest=ContextManifest,
     upstream=("fetch", "partition"),
     upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    defer=("*",),
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),

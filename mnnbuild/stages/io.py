@@ -299,6 +299,7 @@ STAGE = Stage(
     params=IoParams,
     manifest=IoManifest,
     upstream=("fetch",),
+    defer=("*",),
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
     doc="Generate each model's decode/prefill reference inputs and outputs.",

@@ -128,6 +128,7 @@ STAGE = Stage(
     params=ModellibParams,
     manifest=ModellibManifest,
     upstream=("fetch", "partition"),
+    defer=("*",),
     outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw"),
     doc="Lower each model's graphs to QNN graph descriptions and static tensors.",
 )

@@ -494,6 +494,9 @@ STAGE = Stage(
         PARTITION_REPORT_JSON,
         PARTITION_REPORT_TEXT,
     ),
+    # the weight file: only the bundle and verify read it (the plugins' tasks depend on the graph files, and read the
+    # postreat file to be declared)
+    defer=("*.weight",),
     tools=frozenset({"MNN"}),
     doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
 )

@@ -78,6 +78,7 @@ STAGE = Stage(
     manifest=TwinManifest,
     upstream=("fetch", "partition"),
     upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    defer=("*",),
     outputs=("graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),

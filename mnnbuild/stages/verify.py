@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.modeldir import DEFAULT_PROMPT, chain_part
 from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as REPORT_JSON
 from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
@@ -249,6 +251,7 @@ def _check_part(
     hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
     graphs: dict[str, list[GraphCheck]] = {}
     model = None
+    t0 = time.perf_counter()
     try:
         model = HybridModel(
             Bundle.open(bundle_model_dir, visual=part.visual),
@@ -265,6 +268,7 @@ def _check_part(
             plugins = checks.plugin_checks(model, hashes)
             report.plugins += plugins
             found += failures.plugin_failures(plugins)
+            timings["open_and_plugin_checks"] = timings.get("open_and_plugin_checks", 0.0) + time.perf_counter() - t0
             if twins and all(p.passed for p in plugins):
                 graphs = _run_bundle(model, inputs, part, params, twins, report, timings)
             else:
@@ -300,8 +304,10 @@ def _check_part(
     return found
 
 
-def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
-    """Every check, in order; returns the report (never raises for a failed check)."""
+def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyReport:
+    """Every check, in order; returns the report (never raises for a failed check). It names the bundle relative
+    to ``out_dir`` (where the report goes), so a report restored from the cache into another artifact root names
+    that root's bundle."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
@@ -311,16 +317,22 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
         model=inputs.model,
         target=soc.dsp_arch,
         soc=soc.name,
-        bundle=str(bundle_model_dir),
+        bundle=os.path.relpath(os.path.abspath(bundle_model_dir), os.path.abspath(out_dir)),
         passed=False,
         graph_tolerance=params.graph_tolerance,
         model_tolerance=params.model_tolerance,
         executed_note="",
     )
-    report.integrity = checks.check_integrity(Path(inputs.bundle_dir), bundle.outputs)
+    t0 = time.perf_counter()
+    # the files the bundle stage hashed, unchanged since (their stamps), are not hashed again
+    trusted = trusted_hashes(Path(inputs.bundle_dir), BundleManifest.stage)
+    report.integrity = checks.check_integrity(Path(inputs.bundle_dir), bundle.outputs, trusted)
     found = [failures.Failure(failures.INTEGRITY, 0.0, p) for p in report.integrity.problems]
+    timings["integrity"] = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
     lib = QnnLibrary()
+    timings["qnn_library"] = time.perf_counter() - t0
     report.qnn = {k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"}
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
     for part in _parts(inputs):
@@ -330,6 +342,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     report.executed_note = failures.executed_note(report.plugins)
     failures.conclude(report, found)
     timings["total"] = time.perf_counter() - started
+    timings["other"] = max(0.0, timings["total"] - sum(v for k, v in timings.items() if k != "total"))
     report.timings = {k: round(v, 3) for k, v in timings.items()}
     return report
 
@@ -348,7 +361,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     ]
     for d, m in upstream:
         inputs.manifest(m, Path(d))  # a missing or stale upstream manifest is an error, not a failed check
-    report = run_checks(inputs, params)
+    report = run_checks(inputs, params, out_dir)
     graph_checks = [t for g in report.graphs for t in g.outputs]
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
@@ -375,11 +388,12 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             manifest.write(tmp)
     text = out_dir / REPORT_TEXT
     if manifest is None:
-        more = len(report.failures) - len(report.headline)
+        # one line: the worst failure of the first kind that failed (integrity, structure, graphs, model, generation)
+        more = len(report.failures) - 1
         raise StageError(
-            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {' | '.join(report.headline)}"
-            + (f" (+{more} more)" if more else "")
-            + f"; report: {text}"
+            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {report.headline[0]}"
+            + (f" (and {more} more failed check{'s' if more > 1 else ''})" if more else "")
+            + f"; read {text}"
         )
     log.debug("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
     return manifest
@@ -392,6 +406,7 @@ STAGE = Stage(
     params=VerifyParams,
     manifest=VerifyManifest,
     upstream=("fetch", "io", "partition", "context", "twin", "bundle"),
+    reads=("fetch", "io", "partition", "twin", "bundle"),  # of the contexts, their manifests only
     outputs=(REPORT_JSON, REPORT_TEXT),
     per_target=True,
     tools=frozenset({"MNN", "QNN"}),
