@@ -31,6 +31,7 @@ from mnnbuild.dag.actions import (
 )
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
+from mnnbuild.dag.status import code_record, group
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
@@ -180,6 +181,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
             outputs_intact(dest, stage.manifest, stage.name == "fetch", deferred_ok=not wanted),
             origin_matches(dest, stage.name, task_identity(key)),
             *run.uptodate,
+            code_record(stage.entry.__module__, project.memo),  # decides nothing: what `status` names
         ],
         "clean": [(remove_stage_dir, [dest])],
     }
@@ -494,11 +496,23 @@ RUNS: dict[str, Callable[[Project, ModelSpec], Iterator[Run]]] = {
 def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> Iterator[dict[str, Any]]:
     """The tasks of stage ``name`` for every model (or one)."""
     stage = STAGES[name]
+    yield from group_tasks(project, stage, spec)
     for s in [spec] if spec else project.specs.values():
         for run in RUNS[name](project, s):
             yield stage_task(project, stage, run)
     if name == "partition" and spec is None:
         yield from parts_group_tasks(project)
+
+
+def group_tasks(project: Project, stage: Stage, spec: ModelSpec | None) -> Iterator[dict[str, Any]]:
+    """The group tasks of a stage's tasks, before them (doit would make them without an up-to-date check): the
+    stage's (``io``) for every model, or the plugins' of one model and target (``context:<model>-<arch>``)."""
+    if spec is None:
+        yield group({"name": None, "doc": stage.doc})
+    elif stage.name in PLUGIN_STAGES:
+        for arch in spec.targets:
+            doc = f"{spec.name} {arch}: {stage.doc.split(',')[0]}, a subtask per plugin"
+            yield group({"basename": f"{stage.name}:{spec.name}-{arch}", "name": None, "doc": doc})
 
 
 def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
@@ -535,12 +549,14 @@ def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
     """``partition:<model>:parts`` per VL model: both parts' partitions (the plugin tasks are created after it)."""
     for spec in project.specs.values():
         if model_parts(spec) != ("llm",):
-            yield {
-                "name": f"{spec.name}:parts",
-                "doc": f"the {spec.name} language model's and visual encoder's partitions",
-                "actions": None,
-                "task_dep": [f"partition:{spec.name}", f"partition:{spec.name}:{VISUAL}"],
-            }
+            yield group(
+                {
+                    "name": f"{spec.name}:parts",
+                    "doc": f"the {spec.name} language model's and visual encoder's partitions",
+                    "actions": None,
+                    "task_dep": [f"partition:{spec.name}", f"partition:{spec.name}:{VISUAL}"],
+                }
+            )
 
 
 def partitioned(project: Project, spec: ModelSpec) -> bool:
@@ -559,11 +575,13 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
     ``doit clean context`` removes what they built (as ``doit clean io`` does for its subtasks), also for a model
     whose tasks are not created yet."""
     dirs = [project.stage_dir(name, s, arch) for s in project.specs.values() for arch in s.targets]
-    return {
-        "actions": None,
-        "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
-        "clean": [(remove_stage_dirs if name in PLUGIN_STAGES else remove_stage_dir, [d]) for d in dirs],
-    }
+    return group(
+        {
+            "actions": None,
+            "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
+            "clean": [(remove_stage_dirs if name in PLUGIN_STAGES else remove_stage_dir, [d]) for d in dirs],
+        }
+    )
 
 
 def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
@@ -583,12 +601,14 @@ def verify_all_task(project: Project) -> dict[str, Any]:
     verify_tasks = [t for t in project.default_tasks() if t.startswith("verify:")]
     spec = project.specs.get(DEFAULT_MODEL)
     dirs = [project.stage_dir("verify", spec, arch) for arch in spec.targets] if spec else []
-    return {
-        "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
-        "actions": None,
-        "task_dep": verify_tasks,
-        "clean": [(remove_stage_dir, [d]) for d in dirs],
-    }
+    return group(
+        {
+            "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
+            "actions": None,
+            "task_dep": verify_tasks,
+            "clean": [(remove_stage_dir, [d]) for d in dirs],
+        }
+    )
 
 
 __all__ = ["STAGES", "Run", "late_stage_group", "npu_task_creators", "stage_task", "stage_tasks", "update_tasks"]
