@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mnnbuild
 from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.logs import configure_logging
 from mnnbuild.base.sizes import human_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -147,6 +148,24 @@ def _add_conform(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _status(args: argparse.Namespace) -> int:
+    from mnnbuild.dag.status import run
+
+    dodo = Path(args.dodo) if args.dodo else Path.cwd() / "dodo.py"
+    if not dodo.is_file() and not args.dodo:
+        dodo = Path(__file__).resolve().parent.parent / "dodo.py"  # a checkout's own
+    if not dodo.is_file():
+        raise MnnbuildError(f"{dodo}: no dodo.py there; run from the project's directory or pass --dodo")
+    return run(dodo, args.tasks)
+
+
+def _add_status(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="say why each task would run (changed input, parameter, code, tool, output)")
+    p.add_argument("tasks", nargs="*", metavar="TASK", help="tasks to look at (default: what a bare `doit` runs)")
+    p.add_argument("--dodo", help="the project's dodo.py (default: ./dodo.py, else the checkout's)")
+    p.set_defaults(handler=_status)
+
+
 def _dag(args: argparse.Namespace) -> int:
     from mnnbuild.stages.chain import CHAIN
 
@@ -160,12 +179,20 @@ def _add_dag(sub: argparse._SubParsersAction) -> None:
 
 
 # subcommand registrars; add new ones here
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_cache, _add_conform, _add_dag]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_inspect,
+    _add_cache,
+    _add_conform,
+    _add_status,
+    _add_dag,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnbuild", description="Build MNN LLM bundles for Qualcomm NPUs.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    loud = parser.add_mutually_exclusive_group()
+    loud.add_argument("-v", "--verbose", action="store_true", help="debug logging (also what MNN and QNN print)")
+    loud.add_argument("-q", "--quiet", action="store_true", help="errors only")
     parser.add_argument("--version", action="version", version=f"mnnbuild {mnnbuild.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for register in SUBCOMMANDS:
@@ -175,9 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     handler: Handler = args.handler
     try:
+        # -v / -q over MNNBUILD_LOG_LEVEL over warnings only
+        configure_logging("DEBUG" if args.verbose else "ERROR" if args.quiet else None, default="WARNING")
         return handler(args)
     except MnnbuildError as exc:
         sys.stderr.write(f"error: {exc}\n")

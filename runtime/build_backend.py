@@ -18,7 +18,16 @@ from typing import Any
 
 from setuptools import build_meta
 
-RUNTIME_MODULES = ("__init__.py", "base/__init__.py", "base/errors.py", "base/fsutil.py", "cpu", "mnn", "qnn")
+RUNTIME_MODULES = (
+    "__init__.py",
+    "base/__init__.py",
+    "base/errors.py",
+    "base/fsutil.py",
+    "base/native.py",
+    "cpu",
+    "mnn",
+    "qnn",
+)
 """What of package ``mnnbuild`` the runtime imports (``tests/test_layers.py`` keeps it to these)."""
 
 _HERE = Path(__file__).resolve().parent

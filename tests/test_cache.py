@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,13 +24,15 @@ from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 NOT_CACHED = {"fetch:tiny-qwen3"}
 
 
-def summary(output: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in output.splitlines():
-        for label in ("built", "from cache", "from local", "from remote", "no bytes", "up to date"):
-            if line.strip().startswith(label + ":"):
-                rows[label] = line.split(":", 1)[1].split()
-    return rows
+def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, list[str]]:
+    """What a doit run built, restored (from which tier, without bytes) and found up to date (the lists that are not
+    empty), from its record."""
+    record = proc.record  # type: ignore[attr-defined]  # tests.conftest.attach_record
+    assert record is not None, f"the run wrote no record:\n{proc.stdout}\n{proc.stderr}"
+    rows = {"built": record["built"], "from cache": record["from_cache"]}
+    rows |= {f"from {tier}": names for tier, names in sorted(record["by_tier"].items())}
+    rows |= {"no bytes": record["no_bytes"], "up to date": record["up_to_date"]}
+    return {label: names for label, names in rows.items() if names}
 
 
 def guard_env(tmp_path: Path) -> dict[str, str]:
@@ -54,10 +57,10 @@ def warm_cache(tmp_path: Path, run_doit: RunDoit) -> tuple[Path, list[str]]:
     """A cache filled by a cold build of the default tasks; returns it and the tasks that ran."""
     cache = tmp_path / "cache"
     first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
-    built = summary(first.stdout)["built"]
+    built = summary(first)["built"]
     assert {"io:tiny-qwen3", "partition:tiny-qwen3", "bundle:tiny-qwen3-v79"} <= set(built)
     assert any(t.startswith("context:tiny-qwen3-v79:") for t in built)
-    assert "from cache" not in summary(first.stdout)
+    assert "from cache" not in summary(first)
     return cache, built
 
 
@@ -72,7 +75,7 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
     clone = copy_project(tmp_path / "clone")
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"), **guard_env(tmp_path)}
     proc = run_doit(env=env, project=clone)
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
     assert sorted(rows["built"]) == sorted(NOT_CACHED)
     for task_dir in ("tiny-qwen3/io/io", "tiny-qwen3/partition/partition", "tiny-qwen3/v79/context/graphllm0/context"):
@@ -83,11 +86,11 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
         assert (tmp_path / "clone-artifacts" / rel).read_bytes() == (tmp_path / "artifacts" / rel).read_bytes()
     # and then it is simply up to date
     again = run_doit(env=env, project=clone)
-    assert "built" not in summary(again.stdout) and "from cache" not in summary(again.stdout)
+    assert "built" not in summary(again) and "from cache" not in summary(again)
 
 
 FINALIZED = "context: finalized"
-"""What ``compose_context`` logs for every graph it composes (in the context stage's worker process too)."""
+"""What ``compose_context`` logs at DEBUG for every graph it composes (in the context stage's worker process too)."""
 
 
 def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
@@ -101,9 +104,9 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     cache, built = warm_cache
     assert (cache / "partition").is_dir() and (cache / "context").is_dir() and (cache / "twin").is_dir()
     artifacts = tmp_path / "warm-artifacts"
-    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)}
-    proc = run_doit(env=env)
-    rows = summary(proc.stdout)
+    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_LOG_LEVEL": "DEBUG"}
+    proc = run_doit(env=env)  # DEBUG: a composed graph would be logged
+    rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED), proc.stdout
     restored = rows["from cache"]
     assert len([t for t in restored if t.startswith("context:tiny-qwen3-v79:")]) == 4
@@ -123,8 +126,8 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     assert executed_tasks(run_doit(env=env).stdout) in ([], ["verify:tiny-qwen3-v79"])
 
     named = run_doit("bundle:tiny-qwen3-v79", env=env)
-    assert summary(named.stdout)["from cache"] == ["bundle:tiny-qwen3-v79"], named.stdout
-    assert "no bytes" not in summary(named.stdout)
+    assert summary(named)["from cache"] == ["bundle:tiny-qwen3-v79"], named.stdout
+    assert "no bytes" not in summary(named)
     files = {p.relative_to(cold).as_posix() for p in cold.rglob("*") if p.is_file() and "origin" not in p.name}
     for rel in files:
         assert (bundle / rel).read_bytes() == (cold / rel).read_bytes(), rel
@@ -141,7 +144,8 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     run again (its spec'd max_new_tokens changed) in a fresh clone on a warm cache, the contexts and the twins
     are restored and nothing is composed."""
     cache = tmp_path / "cache"
-    first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
+    debug = {"MNNBUILD_LOG_LEVEL": "DEBUG"}  # where each composed graph is logged
+    first = run_doit(env={"MNNBUILD_CACHE": str(cache), **debug})
     graphs = [d for d in (tmp_path / "artifacts" / "tiny-qwen3" / "partition" / "qnn").iterdir() if d.is_dir()]
     assert len(graphs) == 8 and (first.stdout + first.stderr).count(FINALIZED) == 2 * len(graphs)
 
@@ -149,8 +153,8 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     spec = clone / "models" / "tiny-qwen3.toml"
     spec.write_text(spec.read_text() + "verify = { max_new_tokens = 8 }\n")
     artifacts = tmp_path / "clone-artifacts"
-    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)}, project=clone)
-    rows = summary(proc.stdout)
+    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts), **debug}, project=clone)
+    rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"}), proc.stdout
     assert len([t for t in rows["from cache"] if t.startswith("context:tiny-qwen3-v79:")]) == 4
     assert len([t for t in rows["from cache"] if t.startswith("twin:tiny-qwen3-v79:")]) == 4
@@ -190,8 +194,8 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     lines = [line for line in failed.stdout.splitlines() if "restored without its files" in line]
     assert len(lines) == 1 and "/twin/" in lines[0] and "run the build again" in lines[0], failed.stdout
     fixed = run_doit(env=other, project=clone)
-    assert len([t for t in summary(fixed.stdout)["built"] if t.startswith("twin:")]) == 1, fixed.stdout
-    assert "verify:tiny-qwen3-v79" in summary(fixed.stdout)["built"]
+    assert len([t for t in summary(fixed)["built"] if t.startswith("twin:")]) == 1, fixed.stdout
+    assert "verify:tiny-qwen3-v79" in summary(fixed)["built"]
 
 
 def test_corrupted_entry_is_discarded_and_rebuilt(
@@ -212,7 +216,7 @@ def test_corrupted_entry_is_discarded_and_rebuilt(
     # io asked for by name: restored with its files, which are checked (a run that reads none would restore its
     # manifest alone: see test_a_re_verify_fetches_and_checks_the_twins_it_needs)
     proc = run_doit("io:tiny-qwen3", *DEFAULT, env=env)
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     # io rebuilt (identical content), so everything after it is restored again
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"io:tiny-qwen3"}), proc.stdout
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"io:tiny-qwen3"})
@@ -272,7 +276,7 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     env = {"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(fresh)}
     guard = guard_env(tmp_path)
     proc = run_doit(env={**env, **guard})
-    assert sorted(summary(proc.stdout)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
+    assert sorted(summary(proc)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
     restored = stage_dirs_by_entry(fresh, cache_dir)
     assert {e.stage for e in restored.values()} == CACHED_STAGES
     for out_dir, entry in restored.items():
@@ -304,7 +308,7 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     proc = run_doit(
         "context:tiny-qwen3-v79", *DEFAULT, env={"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(again)}
     )
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert "does not match its sha256; entry discarded" in proc.stderr
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"context:tiny-qwen3-v79:graphllm0"}), proc.stdout
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"context:tiny-qwen3-v79:graphllm0"})
@@ -320,7 +324,7 @@ DEFAULT = ("verify:tiny-qwen3-v79", "report:tiny-qwen3-v79")
 
 def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
     env = {"MNNBUILD_CACHE": "off", "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
-    assert sorted(summary(run_doit(env=env).stdout)["built"]) == sorted(warm_cache[1])
+    assert sorted(summary(run_doit(env=env))["built"]) == sorted(warm_cache[1])
 
 
 def test_editing_a_stage_reruns_it_and_dependents_only(tmp_path: Path, run_doit: RunDoit) -> None:

@@ -170,7 +170,7 @@ def test_read_only_cache_with_corrupt_blob_degrades_to_a_build(tmp_path: Path, r
         proc = in_namespace(doit_argv("io:tiny-qwen3"), readonly=[cache_dir], env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "does not match its sha256" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
-        assert "0 from cache" in proc.stdout, proc.stdout
+        assert "2 built, 0 up to date" in proc.stdout and "restored" not in proc.stdout, proc.stdout
         subprocess.run(["rm", "-rf", str(tmp_path / "fresh")], check=True)
     assert blob.read_bytes().startswith(b"corrupt"), "the read-only cache was not modified"
 
@@ -565,17 +565,26 @@ def finished_stages(root: Path) -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("*.manifest.json")}
 
 
-def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
-    """A CI cancel (SIGTERM to doit) mid-stage: temp dir removed, no half artifact, a non-zero exit, and the stages
-    that had finished are not built again by the next run."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path, sig: str) -> None:
+    """A CI cancel (SIGTERM to doit) or a Ctrl-C (SIGINT to its process group) mid-stage: temp dir removed, no half
+    artifact, a non-zero exit, one line saying so (no traceback), and the stages that had finished are not built
+    again by the next run."""
     import signal
 
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
     wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
     interrupted = context_temps(root)[0].name.split(".")[1]  # graphllm<k>
-    os.kill(proc.pid, signal.SIGTERM)
+    if sig == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=120) != 0, doit_log(root)
+    log = doit_log(root)
+    said = [line for line in log.splitlines() if not line.startswith((".  ", "-- "))]
+    how = "stopped by SIGTERM" if sig == "SIGTERM" else "stopped by Ctrl-C"
+    assert len(said) == 1 and said[0].startswith(how) and "resume" in said[0], log
     assert temps_under(root) == [], "SIGTERM left temps behind"
     done = finished_stages(root)
     assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/partition" in done

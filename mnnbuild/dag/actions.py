@@ -220,7 +220,7 @@ def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[
     fetched = {k: v for k, v in origin.items() if k not in ("deferred", "deferred_files", "manifest_sha256")}
     fetched["fetched"] = {"tier": hit.tier, "bytes": hit.bytes, **run_stamp()}
     write_origin(out_dir, stage.name, {**fetched, "stamps": output_stamps(stage, out_dir)})
-    log.info("cache: fetched the files of %s from the %s tier", out_dir, hit.tier)
+    log.debug("cache: fetched the files of %s from the %s tier", out_dir, hit.tier)
     return hit.tier, hit.bytes
 
 

@@ -15,12 +15,12 @@ from typing import Any
 
 from doit.cmd_base import DodoTaskLoader
 from doit.cmdparse import CmdOption, CmdParse, CmdParseError
-from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
 from mnnbuild.base import logs
 from mnnbuild.base.errors import MnnbuildError
-from mnnbuild.dag.reporter import BuildSummaryReporter
+from mnnbuild.dag.reporter import reporter_for
+from mnnbuild.dag.status import MnnbuildDoit
 from mnnbuild.model.spec import LocalSource, ModelSpec, discover_specs
 from mnnbuild.pipeline.cache import local_cache_dir
 from mnnbuild.pipeline.chain import Chain
@@ -118,7 +118,7 @@ class Project:
             "subtasks": True,
             "default_tasks": self.default_tasks(),
             "verbosity": 1,
-            "reporter": BuildSummaryReporter,
+            "reporter": reporter_for(root),
         }
 
 
@@ -133,8 +133,9 @@ def doit_runs_tasks(argv: Sequence[str]) -> bool:
     except CmdParseError:
         rest = list(argv)
     rest = [arg for arg in rest if arg.startswith("-") or "=" not in arg]
-    commands = {cmd.get_name(): cmd for cmd in DoitMain.DOIT_CMDS}
-    command = commands.get(rest[0]) if rest else None
+    commands = {cmd.get_name(): cmd for cmd in MnnbuildDoit.DOIT_CMDS}
+    # the first word that is no option (``python -m mnnbuild -v status`` loads dodo.py with mnnbuild's argv)
+    command = commands.get(next((arg for arg in rest if not arg.startswith("-")), ""))
     return command is None or bool(command.execute_tasks)
 
 
@@ -147,7 +148,7 @@ def requested_tasks(argv: Sequence[str]) -> tuple[str, ...]:
         _, rest = CmdParse([CmdOption(opt) for opt in DodoTaskLoader.cmd_options]).parse_only(list(argv))
     except CmdParseError:
         rest = list(argv)
-    commands = {cmd.get_name(): cmd for cmd in DoitMain.DOIT_CMDS}
+    commands = {cmd.get_name(): cmd for cmd in MnnbuildDoit.DOIT_CMDS}
     if rest and rest[0] in commands:
         try:
             _, rest = CmdParse([CmdOption(opt) for opt in commands[rest[0]].cmd_options]).parse_only(rest[1:])

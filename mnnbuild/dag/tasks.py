@@ -23,6 +23,7 @@ from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
 from mnnbuild.dag.actions import materialize_all, run_after_failure, run_stage, run_update, task_identity
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
+from mnnbuild.dag.status import code_record, group
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.model.modeldir import chain_parts
@@ -225,6 +226,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
             *run.checks,
             # a guarded file replaced after its stage wrote it must not pass as checked
             *(files_unchanged(d / sub, (d, cls)) for d, cls, sub in guards),
+            code_record(stage.entry.__module__, project.memo),  # decides nothing: what `status` names
         ],
         "clean": [(remove_stage_dir, [dest])],
     }
@@ -261,11 +263,23 @@ def after_failure(project: Project, later: Stage, failed: Stage, run: Run) -> tu
 def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> Iterator[dict[str, Any]]:
     """The tasks of stage ``name`` for every model (or one)."""
     stage = project.chain[name]
+    yield from group_tasks(project, stage, spec)
     for s in [spec] if spec else project.specs.values():
         for run in stage_runs(project, name, s):
             yield stage_task(project, stage, run)
     if name == PLUGINS_FROM and spec is None:
         yield from parts_group_tasks(project)
+
+
+def group_tasks(project: Project, stage: Stage, spec: ModelSpec | None) -> Iterator[dict[str, Any]]:
+    """The group tasks of a stage's tasks, before them (doit would make them without an up-to-date check): the
+    stage's (``io``) for every model, or the plugins' of one model and target (``context:<model>-<arch>``)."""
+    if spec is None:
+        yield group({"name": None, "doc": stage.doc})
+    elif stage.placement == "plugin":
+        for arch in spec.targets:
+            doc = f"{spec.name} {arch}: {stage.doc.split(',')[0]}, a subtask per plugin"
+            yield group({"basename": f"{stage.name}:{spec.name}-{arch}", "name": None, "doc": doc})
 
 
 def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
@@ -302,15 +316,17 @@ def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
     """``partition:<model>:parts`` per VL model: both parts' partitions (the plugin tasks are created after it)."""
     for spec in project.specs.values():
         if model_parts(spec) != ("llm",):
-            yield {
-                "name": f"{spec.name}:parts",
-                "doc": f"the {spec.name} language model's and visual encoder's partitions",
-                "actions": None,
-                "task_dep": [
-                    f"{PLUGINS_FROM}:{spec.name}",
-                    *(f"{PLUGINS_FROM}:{spec.name}:{p}" for p in model_parts(spec)[1:]),
-                ],
-            }
+            yield group(
+                {
+                    "name": f"{spec.name}:parts",
+                    "doc": f"the {spec.name} language model's and visual encoder's partitions",
+                    "actions": None,
+                    "task_dep": [
+                        f"{PLUGINS_FROM}:{spec.name}",
+                        *(f"{PLUGINS_FROM}:{spec.name}:{p}" for p in model_parts(spec)[1:]),
+                    ],
+                }
+            )
 
 
 def partitioned(project: Project, spec: ModelSpec) -> bool:
@@ -329,13 +345,16 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
     ``doit clean context`` removes what they built (as ``doit clean io`` does for its subtasks), also for a model
     whose tasks are not created yet."""
     dirs = [project.stage_dir(name, s, arch) for s in project.specs.values() for arch in s.targets]
-    return {
-        "actions": None,
-        "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
-        "clean": [
-            (remove_stage_dirs if project.chain[name].placement == "plugin" else remove_stage_dir, [d]) for d in dirs
-        ],
-    }
+    return group(
+        {
+            "actions": None,
+            "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
+            "clean": [
+                (remove_stage_dirs if project.chain[name].placement == "plugin" else remove_stage_dir, [d])
+                for d in dirs
+            ],
+        }
+    )
 
 
 def update_tasks(project: Project, stage: Stage) -> Iterator[dict[str, Any]]:
@@ -365,12 +384,14 @@ def default_group_task(project: Project, name: str) -> dict[str, Any]:
     tasks = [t for t in project.default_tasks() if t.startswith(f"{name}:")]
     spec = project.specs.get(DEFAULT_MODEL)
     dirs = [project.stage_dir(name, spec, arch) for arch in spec.targets] if spec else []
-    return {
-        "doc": f"{project.chain[name].doc} ({', '.join(tasks) or 'none'})",
-        "actions": None,
-        "task_dep": tasks,
-        "clean": [(remove_stage_dir, [d]) for d in dirs],
-    }
+    return group(
+        {
+            "doc": f"{project.chain[name].doc} ({', '.join(tasks) or 'none'})",
+            "actions": None,
+            "task_dep": tasks,
+            "clean": [(remove_stage_dir, [d]) for d in dirs],
+        }
+    )
 
 
 def stage_group(project: Project, name: str) -> Iterator[dict[str, Any]] | dict[str, Any]:

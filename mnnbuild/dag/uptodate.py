@@ -117,6 +117,36 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
                 return False
         return True
 
+    def problems(self, known: dict[str, int] | None = None) -> list[str]:
+        """What is not as the manifest recorded, in words (``output missing: qnn/graphllm0.bin``): why `intact` says
+        no, for ``python -m mnnbuild status``."""
+        if self.intact(known):
+            return []
+        try:
+            records = self.manifest.read(self.out_dir).outputs
+        except MnnbuildError as exc:
+            return [f"manifest unreadable: {exc}"]
+        left: set[str] = set()
+        deferred = deferred_origin(self.out_dir, self.manifest.stage)
+        if deferred is not None:
+            if not self.deferred_ok:
+                return ["restored without its files, which a task asked for by name needs"]
+            if not self._deferred_intact(records, deferred):
+                return ["not what the cache restored (its manifest or a left-out file changed)"]
+            left = set(deferred.get("deferred_files") or [r.path for r in records])
+        found = []
+        for r in records:
+            path = _in_dir(self.out_dir, r.path, self.links)
+            if r.path in left:
+                continue
+            if path is None:
+                found.append(f"output outside its stage dir: {r.path}")
+            elif not (path.exists() or path.is_symlink()):
+                found.append(f"output missing: {r.path}")
+            elif not _same_content(path, r.size, (known or {}).get(r.path), r.sha256):
+                found.append(f"output edited or replaced: {r.path}")
+        return found or ["outputs not as recorded"]
+
     def _deferred_intact(self, records: list[Any], origin: dict[str, Any]) -> bool:
         try:
             manifest_sha = sha256_file(self.out_dir / self.manifest.filename())
@@ -192,18 +222,26 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         key = f"files_unchanged:{self.root}"
         known = values.get(key)
         task.value_savers.append(lambda: {key: self.snapshot(known if isinstance(known, dict) else None)})
-        if not isinstance(known, dict) or not self.root.is_dir():
-            return False
+        return not self.changes(known, first=True)
+
+    def changes(self, known: Any, first: bool = False) -> list[str]:
+        """What differs from ``known`` (the record of the last success), in words; ``first``: stop at the first."""
+        if not isinstance(known, dict):
+            return ["no record of the files it checked"]
+        if not self.root.is_dir():
+            return [f"{self.root.name} missing"]
         present = {p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() or p.is_symlink()}
-        if present != set(known):
-            return False
+        found = [f"{self.root.name} file added: {rel}" for rel in sorted(present - set(known))]
+        found += [f"{self.root.name} file missing: {rel}" for rel in sorted(set(known) - present)]
         for rel, record in known.items():  # names from doit's state file: confined before they are stat'ed
+            if (found and first) or rel not in present:
+                continue
             path = _in_dir(self.root, rel, links=False)
             if path is None or not isinstance(record, list) or len(record) != 3:
-                return False
-            if path.is_symlink() or not _same_content(path, *record):
-                return False
-        return True
+                found.append(f"{self.root.name} file unreadable on record: {rel}")
+            elif path.is_symlink() or not _same_content(path, *record):
+                found.append(f"{self.root.name} file edited or replaced: {rel}")
+        return found[:1] if first else found
 
 
 class origin_matches:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed

@@ -42,7 +42,7 @@ def compose_to_file(target: HtpTarget, source: GraphSource, weight_sharing: bool
     """`composed_context` of ``source``'s graphs into ``dest``; meant to run in a fresh process (see the module doc)."""
     configure_logging(log_level)  # as in the parent: each finalized graph is logged with its time
     graphs = dict(source())
-    with composed_context(QnnLibrary(), target, graphs, weight_sharing) as ctx:
+    with composed_context(QnnLibrary(), target, graphs, weight_sharing, label=dest.stem) as ctx:
         # QNN copied every static when it was created: let go of ours before serializing, QNN's peak
         graphs.clear()
         with ctx.binary_view() as binary:

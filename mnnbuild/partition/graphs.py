@@ -204,7 +204,7 @@ def split_convolutions(model: MnnModel, max_parameters: int, weight_path: Path) 
                 f"joins the {len(new) - 1} parts of {op.name!r}, split by output channels "
                 f"(more than max_plugin_parameters {max_parameters} weights)"
             )
-            log.info("partition: %s (%d weights) split into %d plugins", op.name, conv_parameters(op), len(new) - 1)
+            log.debug("partition: %s (%d weights) split into %d plugins", op.name, conv_parameters(op), len(new) - 1)
     return big[0], joins
 
 
@@ -243,7 +243,7 @@ def run_samples(
             if m.graph is not None:
                 graph_dir = qnn / graph_name(s, m.graph, part.graph_prefix)
                 write_graph_dir(graph_dir, cut, m, s, mio, folded, part, split.model_of(m) if split else None)
-        log.info(
+        log.debug(
             "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
             model_name,
             seq,

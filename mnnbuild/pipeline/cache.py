@@ -389,7 +389,7 @@ class ArtifactCache:
                 moved += st.st_size
         entry = CacheEntry(stage=stage, key=key, files=files)
         self._put_atomic(None, entry.model_dump_json(indent=1).encode(), self._entry(stage, key))
-        log.info(
+        log.debug(
             "cache: stored %s %s (%s new, %s of it linked to the artifacts)",
             stage, key[:12], human_bytes(moved), human_bytes(linked),
         )  # fmt: skip
@@ -499,7 +499,7 @@ class ArtifactCache:
             log.warning("cache: %s %s is incomplete (%s); %s", stage, key[:12], exc, self.discard(stage, key))
             return None
         self._touch(self._entry(stage, key))
-        log.info("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
+        log.debug("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
         return moved
 
     def _get_hashed(self, blob: str, dest: Path) -> str:
@@ -578,7 +578,7 @@ class ArtifactCache:
         freed += self.sweep_partial(usage, max_age=grace_seconds)
         if refused:
             log.warning("cache: %d files could not be removed (%s)", len(refused), refused[0])
-        log.info("cache: pruned %d entries, freed %s", removed, human_bytes(freed))
+        log.debug("cache: pruned %d entries, freed %s", removed, human_bytes(freed))
         return removed, freed
 
     def sweep_partial(self, usage: CacheUsage | None = None, *, max_age: float = STALE_PARTIAL_SECONDS) -> int:

@@ -236,7 +236,7 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
         )
         manifest.write(tmp)
     total = sum(r.size for r in outputs)
-    log.info("bundle %s-%s: %d files, %s", inputs.model, params.soc.dsp_arch, len(outputs), human_bytes(total))
+    log.debug("bundle %s-%s: %d files, %s", inputs.model, params.soc.dsp_arch, len(outputs), human_bytes(total))
     return manifest
 
 

@@ -61,7 +61,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
             qnn={k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"},
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "context %s %s for %s: %.1f MB, graphs %s, %.1fs",
         inputs.model,
         inputs.binary,

@@ -124,7 +124,7 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
             part=part,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "fetch %s: %d files from %s (%s graph %s)", inputs.model, len(records), where, part.family, part.model_file
     )
     return manifest

@@ -228,7 +228,7 @@ def partition(
             weights=shipped,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "partition %s: %d plugins (%d ops on the NPU), %d ops on the CPU",
         inputs.model,
         len(report.plugins),

@@ -150,7 +150,7 @@ def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportM
             verify_passed=data.verify.passed,
         )
         manifest.write(tmp)
-    log.info("report %s-%s: %s", inputs.model, params.target, out_dir / REPORT_PAGE)
+    log.debug("report %s-%s: %s", inputs.model, params.target, out_dir / REPORT_PAGE)
     return manifest
 
 

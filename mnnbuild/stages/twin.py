@@ -54,7 +54,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
             soc_type=info.soc_type,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "twin %s %s for %s: %.1f MB, graphs %s, %.1fs",
         inputs.model,
         inputs.binary,

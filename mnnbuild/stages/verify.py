@@ -31,13 +31,16 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from mnnbuild_runtime import Bundle, HybridModel
 
 from mnnbuild.base.errors import MnnbuildError, StageError, ToleranceError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
+from mnnbuild.base.logs import progress
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
@@ -176,7 +179,14 @@ def _run_bundle(
     gen_feeds = gen.feeds() if gen is not None else {}
     t0 = time.perf_counter()
     # captured: each plugin's inputs and outputs serve its per-graph check (no simulator run of its own)
-    runs = model.run_many([*feeds, *gen_feeds.values()], capture=True)
+    passes, what = len(feeds) + len(gen_feeds), "visual encoder" if part.visual else "model"
+    with progress(desc=f"verify: {passes} passes of the {what}", total=model.step_count, unit="step") as bar:
+
+        def stepped(name: str) -> None:
+            bar.set_postfix_str(name, refresh=False)
+            bar.update()
+
+        runs = model.run_many([*feeds, *gen_feeds.values()], capture=True, on_step=stepped)
     timings["bundle_pass"] = timings.get("bundle_pass", 0.0) + time.perf_counter() - t0
     ran = {g: r for g, r in checks.graph_runs(model, runs).items() if r.binary in twins}
     for run in runs:
@@ -191,7 +201,13 @@ def _run_bundle(
         gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
         done = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[done[k]]'s
         gen_runs |= {size: runs[done.index(i)] for size, i in gen.shared.items()}
-        report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance, release=model.unload)
+        with progress(desc="verify: generation", unit="step") as bar:
+
+            def forward(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                bar.update()
+                return model.forward(feed)
+
+            report.generation = gen.conclude(forward, gen_runs, params.model_tolerance, release=model.unload)
         timings["generation"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     model.unload()  # the graphs' CPU ops take the memory now (an lm_head is 1.2 GB in float32)
@@ -200,7 +216,9 @@ def _run_bundle(
     with SourceSubgraphRunner(
         model_dir / source.model_file, model_dir / source.weight_file, part.partition_dir / QNN_DIR, params.runtime
     ) as reference:
-        found = checks.check_graph_runs(reference, ran.values(), part.partition_dir, params.graph_tolerance)
+        desc = f"verify: graphs of the {what} on the CPU"
+        graph_runs = progress(ran.values(), desc=desc, total=len(ran), unit="graph")
+        found = checks.check_graph_runs(reference, graph_runs, part.partition_dir, params.graph_tolerance)
     timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
     graphs: dict[str, list[GraphCheck]] = {}
     for g in found:
@@ -374,7 +392,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             + (f" (and {more} more failed check{'s' if more > 1 else ''})" if more else "")
             + f"; read {text}"
         )
-    log.info("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
+    log.debug("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
     return manifest
 
 

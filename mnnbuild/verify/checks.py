@@ -471,7 +471,7 @@ class GenerationRun:
             draft = redraft(ids, steps)
             cpu = follow_draft(self.cpu_forward, self.cpu_embed, ids, draft, steps, self.limits, redraft=redraft)
             if cpu.rejected is not None:
-                log.info("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
+                log.debug("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
                          "count", draft, cpu.result.tokens, cpu.rejected)  # fmt: skip
             self.cpu_rows = cpu.result.rows
             check.cpu_seconds = time.perf_counter() - t0
