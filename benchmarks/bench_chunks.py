@@ -67,11 +67,12 @@ def build(name: str, arch: str, env: dict[str, str]) -> float:
 
 def stage_seconds(artifacts: Path, name: str, arch: str) -> dict[str, float]:
     """Each stage's own seconds (context, twin: their subtasks summed), from the origin files the tasks wrote."""
-    from mnnbuild.pipeline.layout import origin_file, stage_dir
+    from mnnbuild.pipeline.layout import origin_file
+    from mnnbuild.stages.chain import CHAIN, stage_dir
 
     seconds: dict[str, float] = {}
     for stage in BUILD_STAGES:
-        where = stage_dir(artifacts, stage, name, None if stage in ("fetch", "io", "partition") else arch)
+        where = stage_dir(artifacts, stage, name, arch if CHAIN[stage].per_target else None)
         files = sorted(where.glob(f"*/{origin_file(stage)}")) if stage in PER_PLUGIN else [where / origin_file(stage)]
         seconds[stage] = round(sum(json.loads(f.read_text())["seconds"] for f in files), 3)
     return seconds
@@ -83,8 +84,9 @@ def measure_prefill(artifacts: Path, name: str, arch: str, tokens: int, repeat: 
 
     from mnnbuild.manifests.bundle import BundleManifest
     from mnnbuild.manifests.partition import read_merge
-    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, stage_dir
+    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR
     from mnnbuild.qnn import QnnLibrary
+    from mnnbuild.stages.chain import stage_dir
     from mnnbuild.verify.checks import read_contexts, read_twins
 
     lib = QnnLibrary()
@@ -123,7 +125,8 @@ def measure_prefill(artifacts: Path, name: str, arch: str, tokens: int, repeat: 
 
 def measure(model_dir: Path, label: str, variants: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
     from mnnbuild.manifests.bundle import BundleManifest
-    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, stage_dir
+    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR
+    from mnnbuild.stages.chain import stage_dir
 
     names = [f"{label}-c{'-'.join(map(str, lengths))}" for lengths in variants]
     with tempfile.TemporaryDirectory(prefix="bench-chunks-") as tmp:

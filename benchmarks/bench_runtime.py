@@ -25,7 +25,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
-from mnnbuild.pipeline.layout import manifest_file, stage_dir  # noqa: E402
+from mnnbuild.pipeline.layout import manifest_file  # noqa: E402
+from mnnbuild.stages.chain import stage_dir  # noqa: E402
 
 log = logging.getLogger("bench_runtime")
 
@@ -58,7 +59,7 @@ def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, An
     from mnnbuild.manifests.bundle import BundleManifest
     from mnnbuild.manifests.io import IoManifest
     from mnnbuild.manifests.partition import read_merge
-    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, REFERENCE_INPUT, stage_dir
+    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, REFERENCE_INPUT
     from mnnbuild.verify.checks import read_contexts, read_twins
 
     def where(stage: str, target: str | None = None, name: str = model) -> Path:

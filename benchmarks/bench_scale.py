@@ -39,13 +39,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, machine, print_table  # noqa: E402
 
-from mnnbuild.pipeline.layout import LLM_GRAPHS  # noqa: E402
+from mnnbuild.pipeline.layout import LLM_GRAPHS, VERIFY_REPORT_JSON, origin_file  # noqa: E402
+from mnnbuild.stages.chain import CHAIN, stage_dir  # noqa: E402
 
 STAGES = ("fetch", "io", "partition", "config", "context", "bundle", "twin", "verify", "modellib")
 BUNDLE_STAGES = STAGES[: STAGES.index("bundle") + 1]
 """What ``doit bundle`` runs: its wall time over the floor and its bytes over the bundle's are the goals."""
-PER_TARGET = ("config", "context", "bundle", "twin", "verify")
-PER_PLUGIN = ("context", "twin")
 EXPORT_SCRIPT = PROJECT_ROOT / "models" / "export" / "make_models.py"
 READY = "READY"
 
@@ -136,12 +135,12 @@ def run_doit(args: list[str], env: dict[str, str]) -> dict[str, float]:
 
 
 def origin_seconds(stage_dir: Path, stage: str) -> float | None:
-    path = stage_dir / f"{stage}.origin.json"
+    path = stage_dir / origin_file(stage)
     return json.loads(path.read_text()).get("seconds") if path.is_file() else None
 
 
-def plugin_dirs(target_dir: Path, stage: str) -> list[Path]:
-    return sorted((target_dir / stage).glob("graph*"), key=lambda p: int(p.name.removeprefix(LLM_GRAPHS)))
+def plugin_dirs(group_dir: Path) -> list[Path]:
+    return sorted(group_dir.glob("graph*"), key=lambda p: int(p.name.removeprefix(LLM_GRAPHS)))
 
 
 def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
@@ -306,19 +305,18 @@ def main() -> None:
         result.update({k: v for k, v in earlier.items() if k not in ("stages", "measured", "partial")})
     try:
         for stage in stages:
-            task = f"{stage}:{target}" if stage in PER_TARGET else f"{stage}:{name}"
+            per_target = CHAIN[stage].per_target
+            task = f"{stage}:{target}" if per_target else f"{stage}:{name}"
             rec = measure_stage(task, env, artifacts, cache)
-            stage_dir = {"fetch": artifacts / name / "model", "io": artifacts / name / "io"}.get(
-                stage, artifacts / name / stage if stage not in PER_TARGET else artifacts / name / args.arch / stage
-            )
-            if stage in PER_PLUGIN:
-                per = {d.name: origin_seconds(d, stage) for d in plugin_dirs(artifacts / name / args.arch, stage)}
+            where = stage_dir(artifacts, stage, name, args.arch if per_target else None)
+            if CHAIN[stage].placement == "plugin":
+                per = {d.name: origin_seconds(d, stage) for d in plugin_dirs(where)}
                 rec["plugins_s"] = per
                 rec["stage_s"] = round(sum(v or 0.0 for v in per.values()), 2)
             else:
-                rec["stage_s"] = origin_seconds(stage_dir, stage)
+                rec["stage_s"] = origin_seconds(where, stage)
             if stage == "verify":
-                report = json.loads((stage_dir / "verify.json").read_text())
+                report = json.loads((where / VERIFY_REPORT_JSON).read_text())
                 rec["checks_s"] = report.get("timings", {})
                 rec["passed"] = report.get("passed")
             rows[stage] = rec

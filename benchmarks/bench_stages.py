@@ -22,7 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
-from mnnbuild.pipeline.layout import MODEL_STAGES, origin_file, stage_dir  # noqa: E402
+from mnnbuild.pipeline.layout import origin_file  # noqa: E402
+from mnnbuild.stages.chain import CHAIN, stage_dir  # noqa: E402
 
 STAGES = ("fetch", "io", "partition", "config", "context", "bundle")  # what `doit bundle` runs
 
@@ -49,7 +50,7 @@ def run(task: list[str], artifacts: Path) -> tuple[float, float]:
 
 def stage_seconds(artifacts: Path, model: str, arch: str, stage: str) -> float:
     """The stage's own time, as its ``<stage>.origin.json`` recorded it (summed over context subtasks)."""
-    where = stage_dir(artifacts, stage, model, None if stage in MODEL_STAGES else arch)
+    where = stage_dir(artifacts, stage, model, arch if CHAIN[stage].per_target else None)
     found = sorted(where.glob("graph*")) if stage == "context" else [where]
     return sum(json.loads((d / origin_file(stage)).read_text()).get("seconds", 0.0) for d in found)
 

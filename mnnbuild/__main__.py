@@ -166,8 +166,26 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_status)
 
 
+def _dag(args: argparse.Namespace) -> int:
+    from mnnbuild.stages.chain import CHAIN
+
+    sys.stdout.write(CHAIN.mermaid())
+    return 0
+
+
+def _add_dag(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("dag", help="print the stage DAG as a Mermaid flowchart (generated from the stage list)")
+    p.set_defaults(handler=_dag)
+
+
 # subcommand registrars; add new ones here
-SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_inspect, _add_cache, _add_conform, _add_status]
+SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_inspect,
+    _add_cache,
+    _add_conform,
+    _add_status,
+    _add_dag,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

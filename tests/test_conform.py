@@ -599,7 +599,8 @@ def _finished_bundle(artifacts: Path, model_name: str) -> Path:
     """A bundle dir as the bundle stage leaves it: its manifest (the real class) and the model dir it names."""
     from mnnbuild.manifests.bundle import BundleManifest, BundleParams
     from mnnbuild.model.targets import soc_by_name
-    from mnnbuild.pipeline.layout import bundle_model_dir, stage_dir
+    from mnnbuild.pipeline.layout import bundle_model_dir
+    from mnnbuild.stages.chain import stage_dir
 
     bundle_dir = stage_dir(artifacts, "bundle", "ho-x", "v79")
     bundle_dir.mkdir(parents=True, exist_ok=True)

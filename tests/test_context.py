@@ -18,7 +18,7 @@ import pytest
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.lowering.binary import compose_in_fresh_process
-from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_description, read_graph_dirs
+from mnnbuild.lowering.graph import QnnRefusal, compose_context, read_graph_description, read_graph_dirs
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
@@ -349,7 +349,7 @@ def test_refused_graph_names_graph_op_and_qnn_message(modellib: Path, tmp_path: 
     node = next(n for n in desc["nodes"] if n["type"] == "Conv2d")
     node["type"] = "NoSuchQnnOp"
     graph_json.write_text(json.dumps(desc))
-    with pytest.raises(LoweringError) as info:
+    with pytest.raises(QnnRefusal) as info:
         compose_context(
             lib, HtpTarget(69, 79), read_graph_dirs(modellib, ["qnn/graphllm0", "qnn/graphllm1_0"]), weight_sharing=True
         )

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import HybridExecutor, PluginSpec, Segment, parse_plugins
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import ManifestMissing, StageError, UpstreamError
 from mnnbuild.cpu import CpuRuntime, load_module, load_vars, save_vars, var_format
 from mnnbuild.lowering.support import unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, blob_format, load_model, plugin_attributes
@@ -610,16 +610,16 @@ def copy_io(tiny: Built, tmp_path: Path) -> Path:
 def test_missing_testdir_file(tiny: Built, tmp_path: Path) -> None:
     io_dir = copy_io(tiny, tmp_path)
     (io_dir / "testdir" / str(CHUNK) / "input.mnn").unlink()
-    with pytest.raises(StageError, match=rf"testdir/{CHUNK}/input.mnn: sample file missing"):
+    with pytest.raises(UpstreamError, match=rf"testdir/{CHUNK}/input.mnn: sample file missing"):
         run_partition(tiny.model_dir, io_dir, tmp_path / "p")
     assert not (tmp_path / "p").exists()
     shutil.rmtree(io_dir / "testdir")
-    with pytest.raises(StageError, match="sample file missing"):
+    with pytest.raises(UpstreamError, match="sample file missing"):
         run_partition(tiny.model_dir, io_dir, tmp_path / "p")
 
 
 def test_missing_io_manifest(tiny: Built, tmp_path: Path) -> None:
-    with pytest.raises(StageError, match=r"io.manifest.json: manifest missing; run the io stage"):
+    with pytest.raises(ManifestMissing, match=r"io.manifest.json: manifest missing; run the io stage"):
         run_partition(tiny.model_dir, tmp_path / "nothing", tmp_path / "p")
 
 
@@ -658,10 +658,10 @@ def test_a_damaged_graph_file_is_one_line_naming_it(tiny: Built, tmp_path: Path)
     desc = SubgraphRecord.read(copy)
     (copy / "folded.mnn").write_bytes(b"garbage")
     folded = re.escape(str(copy / "folded.mnn"))
-    with pytest.raises(StageError, match=rf"{folded}: tensor '.+' expected with shape \[.*\], found no such tensor"):
+    with pytest.raises(UpstreamError, match=rf"{folded}: tensor '.+' expected with shape \[.*\], found no such tensor"):
         desc.load_folded(copy)
     (copy / desc.reference_output).unlink()
     with pytest.raises(
-        StageError, match=re.escape(f"{copy / desc.reference_output}: missing; run the partition stage")
+        UpstreamError, match=re.escape(f"{copy / desc.reference_output}: missing; run the partition stage")
     ):
         desc.load_reference(copy)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import shape_index
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import BoundaryValue, CpuRuntime, to_numpy, var_format
 from mnnbuild.cpu.segments import run_segmented
 from mnnbuild.lowering.lower import constant_tensors
@@ -323,7 +323,7 @@ def test_ops_out_of_order_are_rejected(tiny: MnnModel) -> None:
     model = copy.deepcopy(tiny)
     i = next(k for k, op in enumerate(model.ops) if op.type == "LayerNorm")
     model.ops[i - 1], model.ops[i] = model.ops[i], model.ops[i - 1]
-    with pytest.raises(StageError, match="before any op makes it; expected ops in topological order"):
+    with pytest.raises(MNNFormatError, match="before any op makes it; expected ops in topological order"):
         cut_of(model)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from mnnbuild.base.errors import SpecError
 from mnnbuild.dag.project import Project
-from mnnbuild.dag.tasks import bundle_runs, io_runs, verify_runs
+from mnnbuild.dag.tasks import stage_runs
 from mnnbuild.manifests.bundle import BundleParams
 from mnnbuild.model.spec import HfSource, LocalSource, discover_specs, load_spec
 from mnnbuild.model.targets import SOCS, soc_for_arch
@@ -303,9 +303,9 @@ def test_verify_table_reaches_the_verify_task(tmp_path: Path) -> None:
     plain = load_spec(write_spec(tmp_path, 'name = "p"\nsource = { local = "x" }\ntargets = ["v79"]\n', "p.toml"))
     settings = Settings.from_env(tmp_path, {"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})
     project = Project(settings=settings, specs={"m": asked, "p": plain}, memo=DigestMemo(tmp_path / "memo.json"))
-    (run,) = verify_runs(project, asked)
+    (run,) = stage_runs(project, "verify", asked)
     assert run.params.max_new_tokens == 8 and run.params.follow_divergence is True
-    (default,) = verify_runs(project, plain)
+    (default,) = stage_runs(project, "verify", plain)
     assert default.params.follow_divergence is False
 
 
@@ -321,9 +321,9 @@ def test_verify_prompt_reaches_io_and_the_bundle(tmp_path: Path) -> None:
         partition = project.stage_dir("partition", spec)
         partition.mkdir(parents=True)
         (partition / POSTREAT_FILE).write_text('{"merge": {}}', encoding="utf-8")
-    (io,) = io_runs(project, asked)
-    (bundle,) = bundle_runs(project, asked)
+    (io,) = stage_runs(project, "io", asked)
+    (bundle,) = stage_runs(project, "bundle", asked)
     assert io.params.prompt == "Computes the" and bundle.params.prompt == "Computes the\n"
-    (io,) = io_runs(project, plain)
-    (bundle,) = bundle_runs(project, plain)
+    (io,) = stage_runs(project, "io", plain)
+    (bundle,) = stage_runs(project, "bundle", plain)
     assert io.params.prompt == "hello" and bundle.params == BundleParams(soc=plain.soc("v79"))

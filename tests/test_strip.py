@@ -475,14 +475,13 @@ def test_a_missing_shipped_weight_file_is_one_line_at_the_bundle(
     partition = tmp_path / "partition"
     shutil.copytree(root / "partition", partition)
     (partition / "llm.mnn.weight").unlink()
-    contexts = sorted((root / "v79" / "context").glob("*/qnn/*.bin"))
     inputs = BundleInputs(
         model=TIED,
         model_name=TIED,
         model_dir=root / "model",
         config_dir=root / "v79" / "config",
         partition_dir=partition,
-        context_binaries=contexts,
+        context_dir=root / "v79" / "context",
     )
     with pytest.raises(StageError, match=r"partition/llm.mnn.weight: file missing; .*partition.manifest.json lists it"):
         assemble_bundle(inputs, BundleParams(soc=soc_for_arch("v79")), tmp_path / "bundle")

@@ -17,7 +17,7 @@ from mnnbuild_runtime import Embeddings, Tokenizer, cpu_forward_fn, llm_inputs
 
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.manifests.verify import VerifyManifest
-from mnnbuild.model.modeldir import MODEL_CONFIG
+from mnnbuild.mnn.llm import MODEL_CONFIG
 from mnnbuild.model.spec import load_spec
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, VERIFY_REPORT_JSON
 from mnnbuild.verify.compare import top2_margin

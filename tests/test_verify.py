@@ -18,7 +18,7 @@ from mnnbuild_runtime import BinaryOverride, Bundle, ForwardResult, HybridModel,
 from mnnbuild_runtime.generate import cpu_forward_fn
 
 from mnnbuild.base.compare import Tolerance, compare
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import ToleranceError
 from mnnbuild.cpu import CpuRuntime, load_vars, save_vars
 from mnnbuild.manifests.partition import read_merge
 from mnnbuild.manifests.report import ReportManifest
@@ -90,7 +90,7 @@ def bundle_copy(built: tuple[Path, object], tmp_path: Path) -> Path:
 
 def run_failing(built: tuple[Path, object], bundle: Path, out_dir: Path) -> tuple[str, VerifyReport]:
     """Verify a broken bundle: it must raise, leave a readable report and no manifest (not done for doit)."""
-    with pytest.raises(StageError) as err:
+    with pytest.raises(ToleranceError) as err:
         verify(inputs_for(model_root(built), bundle_dir=bundle), VerifyParams(soc=soc_for_arch(ARCH)), out_dir)
     assert not (out_dir / VerifyManifest.filename()).exists(), "a failed verify must not write its manifest"
     report = read_report(out_dir)
@@ -357,7 +357,7 @@ def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: P
     (twin_dir / "graphllm1").rename(twin_dir / "graphllm0")
     out = tmp_path / "verify"
     inputs = inputs_for(root).model_copy(update={"twin_dir": twin_dir})
-    with pytest.raises(StageError):
+    with pytest.raises(ToleranceError):
         verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
     report = read_report(out)
     assert not report.passed and not (out / VerifyManifest.filename()).exists()
@@ -380,7 +380,7 @@ def test_a_twin_built_from_other_weights_fails(built: tuple[Path, object], tmp_p
     assert sources != manifest.inputs, "the twin records the weight file it was lowered from"
     manifest.model_copy(update={"inputs": sources}).write(twin_dir / "graphllm1")
     out = tmp_path / "verify"
-    with pytest.raises(StageError):
+    with pytest.raises(ToleranceError):
         verify(inputs_for(root).model_copy(update={"twin_dir": twin_dir}), VerifyParams(soc=soc_for_arch(ARCH)), out)
     origin = [f for f in read_report(out).failures if "would not stand in" in f]
     assert len(origin) == 1 and "plugin qnn/graphllm1.bin" in origin[0] and "twin stage" in origin[0], origin
@@ -463,7 +463,7 @@ def test_graph_off_its_ops_fails_naming_graph_and_tensor(
 
     monkeypatch.setattr(SourceSubgraphRunner, "run", off)
     out = tmp_path / "verify"
-    with pytest.raises(StageError) as err:
+    with pytest.raises(ToleranceError) as err:
         verify(inputs_for(root), VerifyParams(soc=soc_for_arch(ARCH)), out)
     line = f"graph graphllm1_2 (qnn/graphllm2.bin) output {victim.name} ({victim.qnn_name}): max abs err "
     assert line in str(err.value) and "above the allowed" in str(err.value), "the line names the broken limit"
@@ -480,7 +480,7 @@ def test_a_failed_verify_states_the_broken_limit_in_one_line(built: tuple[Path, 
 
     exact = Tolerance(min_cosine=1.0, max_rel_err=0.0, abs_floor=0.0)
     out = tmp_path / "verify"
-    with pytest.raises(StageError) as err:
+    with pytest.raises(ToleranceError) as err:
         verify(inputs_for(model_root(built)), VerifyParams(soc=soc_for_arch(ARCH), model_tolerance=exact), out)
     message = str(err.value)
     report = read_report(out)
@@ -514,7 +514,7 @@ def test_a_graph_alone_is_checked_against_the_partition_reference(built: tuple[P
     (io / "testdir" / "1" / "input.mnn").write_bytes(b"not an MNN file")
     inputs = inputs_for(root).model_copy(update={"partition_dir": partition, "io_dir": io})
     out = tmp_path / "verify"
-    with pytest.raises(StageError):
+    with pytest.raises(ToleranceError):
         verify(inputs, VerifyParams(soc=soc_for_arch(ARCH)), out)
     report = read_report(out)
     fed = {g.graph: g for g in report.graphs}

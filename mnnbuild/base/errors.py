@@ -24,7 +24,26 @@ class QnnError(MnnbuildError):
 
 
 class StageError(MnnbuildError):
-    """A stage could not produce its outputs."""
+    """A stage could not produce its outputs (raised by a stage's own module, at the stage boundary; what the
+    library code under it detects has its own type below)."""
+
+
+class UpstreamError(MnnbuildError):
+    """What an upstream stage left is not what it should be (a manifest, a file it lists, a graph description):
+    run that stage again."""
+
+
+class ManifestMissing(UpstreamError):
+    """A stage's manifest is not there: the stage has not run, or failed (a failed verify leaves its report only)."""
+
+
+class ForeignModelError(MnnbuildError):
+    """A file made for another model than the one it is used with (a graph dir copied from another model's
+    partition, a twin built from other weights)."""
+
+
+class ToleranceError(MnnbuildError):
+    """A built artifact is off its reference beyond the tolerance (verify's verdict: numbers, tokens, structure)."""
 
 
 class UnsafePathError(MnnbuildError):

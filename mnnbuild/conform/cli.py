@@ -32,7 +32,7 @@ from mnnbuild.conform.workdir import claim_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.model.spec import DEVICE_NAME_PATTERN, discover_specs
 from mnnbuild.model.targets import known_archs
-from mnnbuild.pipeline.layout import bundle_model_dir, conform_dir, stage_dir
+from mnnbuild.pipeline.layout import bundle_model_dir, conform_dir
 from mnnbuild.pipeline.settings import Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +80,8 @@ class ConformPaths:
 def locate(artifact_root: Path, model: str, arch: str) -> ConformPaths:
     """The DAG's outputs conform reads (the layout module's dirs, the bundle manifest's model dir name); a missing
     or unreadable bundle names the doit task that makes it."""
+    from mnnbuild.stages.chain import stage_dir  # every stage module: only when locating
+
     task = f"doit bundle:{model}-{arch}"
     bundle_dir = stage_dir(artifact_root, "bundle", model, arch)
     if not (bundle_dir / BundleManifest.filename()).is_file():

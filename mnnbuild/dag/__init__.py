@@ -17,18 +17,20 @@ re-run leaves its manifest byte-identical leaves the stages after it up to date.
 
 from mnnbuild.dag.interrupts import handle_interrupts
 from mnnbuild.dag.project import DEFAULT_MODEL, Project, configure_logging, doit_runs_tasks
-from mnnbuild.dag.tasks import STAGES, late_stage_group, npu_task_creators, stage_tasks, update_tasks, verify_all_task
+from mnnbuild.dag.tasks import stage_runs, stage_tasks, task_creators
+from mnnbuild.pipeline.chain import Chain
+from mnnbuild.stages.chain import CHAIN, STAGES
 
 __all__ = [
+    "CHAIN",
     "DEFAULT_MODEL",
     "STAGES",
+    "Chain",
     "Project",
     "configure_logging",
     "doit_runs_tasks",
     "handle_interrupts",
-    "late_stage_group",
-    "npu_task_creators",
+    "stage_runs",
     "stage_tasks",
-    "update_tasks",
-    "verify_all_task",
+    "task_creators",
 ]

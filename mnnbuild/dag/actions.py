@@ -18,11 +18,9 @@ from pydantic import BaseModel, ValidationError
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import sha256_bytes, sha256_file
 from mnnbuild.dag.uptodate import deferred_origin, outputs_intact
-from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.spec import HfSource
 from mnnbuild.pipeline.cache import CacheTiers, cache_key, stamps, trusted_hashes, write_origin
-from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON, origin_file
+from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss, run_id
 from mnnbuild.pipeline.stage import Stage, StageInputs
@@ -59,6 +57,29 @@ def recorded(
     return outputs_intact(out_dir, stage.manifest, links, deferred_ok).intact() and all(check() for check in checks)
 
 
+Guard = tuple[Path, type[Manifest], str]
+"""An upstream dir, its manifest model and the subdir whose files must be as that manifest records (`Stage.guards`)."""
+
+
+def _guarded_intact(guards: list[Guard]) -> Callable[[], bool]:
+    """Whether every guarded upstream dir still holds the files its manifest lists, and nothing else (checked once).
+
+    A dir restored without its files holds the cache's, checked against their sha256 when fetched; files unchanged
+    since their stage hashed them (their stamps) are not hashed again."""
+    from mnnbuild.verify.checks import check_integrity
+
+    records = [(Path(d), cls.stage, cls.read(Path(d)).outputs) for d, cls, _ in guards]
+
+    @functools.cache
+    def intact() -> bool:
+        for d, name, outputs in records:
+            if deferred_origin(d, name) is None and not check_integrity(d, outputs, trusted_hashes(d, name)).passed:
+                return False
+        return True
+
+    return intact
+
+
 def run_stage(
     stage: Stage,
     inputs: StageInputs,
@@ -68,11 +89,53 @@ def run_stage(
     file_dep: list[Path],
     upstream: list[tuple[type[Manifest], Path]],
     checks: tuple[Callable[[], bool], ...] = (),
+    guards: list[Guard] | None = None,
     reads: tuple[tuple[Stage, Path], ...] = (),
     wanted: bool = False,
 ) -> TaskFailed | dict[str, Any]:
     """doit action: keep what the stage dir already holds for this key (`recorded`), restore the stage's outputs
-    from the cache, or run the stage and store them.
+    from the cache, or run the stage and store them (`_run_or_restore`).
+
+    With ``guards`` (`Stage.guards`: verify's bundle), a guarded upstream file that no longer matches its manifest
+    is run on for real instead of restored from the cache (the cache key only sees the manifests), and a result on
+    record counts only while every guarded file is the one it ran on. A stage that `leaves_on_failure` a file
+    without a manifest gets an origin record saying it failed (for the page report).
+    """
+    result: TaskFailed | dict[str, Any] | None = None
+    if guards:
+        try:
+            intact = _guarded_intact(guards)
+        except MnnbuildError as exc:
+            return TaskFailed(f"{type(exc).__name__}: {exc}")
+        if CacheTiers.from_env() is not None and not intact():
+            try:
+                materialize_all(reads)
+                stage.entry(inputs, params, out_dir)
+            except (MnnbuildError, ValidationError) as exc:
+                result = TaskFailed(f"{type(exc).__name__}: {exc}")
+        checks = (*checks, intact)
+    if result is None:
+        result = _run_or_restore(stage, inputs, params, out_dir, key_config, file_dep, upstream, checks, reads, wanted)
+    left = stage.leaves_on_failure
+    if isinstance(result, TaskFailed) and left and (Path(out_dir) / left).is_file():
+        if not (Path(out_dir) / stage.manifest.filename()).exists():
+            write_origin(out_dir, stage.name, {"origin": "failed", **run_stamp()})
+    return result
+
+
+def _run_or_restore(
+    stage: Stage,
+    inputs: StageInputs,
+    params: BaseModel,
+    out_dir: Path,
+    key_config: str,
+    file_dep: list[Path],
+    upstream: list[tuple[type[Manifest], Path]],
+    checks: tuple[Callable[[], bool], ...],
+    reads: tuple[tuple[Stage, Path], ...],
+    wanted: bool,
+) -> TaskFailed | dict[str, Any]:
+    """Keep what the stage dir holds for this key, restore it from the cache, or run the stage and store it.
 
     A hit of a stage with `Stage.defer` patterns leaves those outputs in the cache ("without the bytes") unless
     the task is ``wanted`` (named on the command line): no task that runs reads its files until one must run, and
@@ -84,8 +147,7 @@ def run_stage(
     """
     key = cache_key(stage.name, key_config, file_dep)
     identity = task_identity(key_config)
-    links = stage.name == "fetch"  # fetch's outputs are links to the model's files
-    if recorded(Path(out_dir), stage, key, links, checks, deferred_ok=not wanted):
+    if recorded(Path(out_dir), stage, key, stage.symlinks, checks, deferred_ok=not wanted):
         origin = json.loads((Path(out_dir) / origin_file(stage.name)).read_text(encoding="utf-8"))
         if origin.get("task") != identity:  # a record written before it named its task
             write_origin(out_dir, stage.name, {**origin, "task": identity})
@@ -122,7 +184,7 @@ def run_stage(
         stored = tiers.store(stage.name, key, out_dir, hashed, link=stage.links)
     origin = {"origin": "built", "key": key, "task": identity, "seconds": round(seconds, 3), "peak_rss": peak}
     origin.update(run_stamp())
-    if stage.name != "fetch":  # fetch's outputs are links to the model's files, which it does not hash
+    if not stage.symlinks:  # fetch's outputs are links to the model's files, which it does not hash
         origin["stamps"] = stamps(Path(out_dir), [r.path for r in manifest.outputs])
     write_origin(out_dir, stage.name, origin)
     return {
@@ -195,69 +257,21 @@ def run_stamp() -> dict[str, str]:
     return {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run": run_id()}
 
 
-def run_verify(
-    stage: Stage,
-    inputs: VerifyInputs,
-    params: VerifyParams,
-    out_dir: Path,
-    key_config: str,
-    file_dep: list[Path],
-    upstream: list[tuple[type[Manifest], Path]],
-    checks: tuple[Callable[[], bool], ...] = (),
-    reads: tuple[tuple[Stage, Path], ...] = (),
-    wanted: bool = False,
+def run_after_failure(
+    stage: Stage, inputs: StageInputs, params: BaseModel, out_dir: Path, failed: Stage, failed_dir: Path
 ) -> TaskFailed | dict[str, Any]:
-    """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
-    verified for real instead of restored from the cache (the cache key only sees the manifests), and a verify
-    result on record counts only while the bundle's every file is the one it verified.
+    """A failed stage's teardown (`Stage.after_failure_of`): when ``failed`` left its `leaves_on_failure` file but
+    no manifest, run ``stage`` (the page of a failed verify, which opens with its failures).
 
-    A failed verify leaves its report without a manifest; its origin record says so (for the page report)."""
-    from mnnbuild.verify.checks import check_integrity
-
-    try:
-        bundle = BundleManifest.read(inputs.bundle_dir)
-    except MnnbuildError as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
-
-    @functools.cache
-    def intact() -> bool:
-        # restored without its files: they are the cache's, checked against their sha256 when fetched
-        if deferred_origin(Path(inputs.bundle_dir), "bundle") is not None:
-            return True
-        trusted = trusted_hashes(Path(inputs.bundle_dir), "bundle")  # unchanged since hashed: not hashed again
-        return check_integrity(Path(inputs.bundle_dir), bundle.outputs, trusted).passed
-
-    result: TaskFailed | dict[str, Any] | None = None
-    if CacheTiers.from_env() is not None and not intact():
-        try:
-            materialize_all(reads)
-            stage.entry(inputs, params, out_dir)
-        except (MnnbuildError, ValidationError) as exc:
-            result = TaskFailed(f"{type(exc).__name__}: {exc}")
-    if result is None:
-        result = run_stage(
-            stage, inputs, params, out_dir, key_config, file_dep, upstream, (*checks, intact), reads, wanted
-        )
-    if isinstance(result, TaskFailed) and (out_dir / VERIFY_REPORT_JSON).is_file():
-        if not (out_dir / VerifyManifest.filename()).exists():
-            write_origin(out_dir, stage.name, {"origin": "failed", **run_stamp()})
-    return result
-
-
-def report_failed_verify(
-    stage: Stage, inputs: StageInputs, params: BaseModel, out_dir: Path, verify_dir: Path
-) -> TaskFailed | dict[str, Any]:
-    """verify's teardown: when verify left a report but no manifest (it failed), write that run's page.
-
-    doit runs no task whose dependency failed, but runs a failed task's teardown; the page of a failed verify
-    opens with its failures."""
-    if not (verify_dir / VERIFY_REPORT_JSON).is_file() or (verify_dir / VerifyManifest.filename()).exists():
+    doit runs no task whose dependency failed, but runs a failed task's teardown."""
+    left = failed.leaves_on_failure
+    if left is None or not (failed_dir / left).is_file() or (failed_dir / failed.manifest.filename()).exists():
         return {}
     try:
         stage.entry(inputs, params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
-    log.warning("verify of %s failed; its page report: %s", verify_dir.parent, out_dir)
+    log.warning("%s of %s failed; its %s: %s", failed.name, failed_dir.parent, stage.name, out_dir)
     return {}
 
 

@@ -9,7 +9,7 @@ import sqlite3
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,11 @@ from mnnbuild.dag.reporter import reporter_for
 from mnnbuild.dag.status import MnnbuildDoit
 from mnnbuild.model.spec import LocalSource, ModelSpec, discover_specs
 from mnnbuild.pipeline.cache import local_cache_dir
+from mnnbuild.pipeline.chain import Chain
 from mnnbuild.pipeline.fingerprint import DigestMemo
-from mnnbuild.pipeline.layout import CODE_DIGESTS, stage_dir
+from mnnbuild.pipeline.layout import CODE_DIGESTS
 from mnnbuild.pipeline.settings import Settings
+from mnnbuild.stages.chain import CHAIN
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +54,13 @@ class Project:
     settings: Settings
     specs: dict[str, ModelSpec]
     memo: DigestMemo
+    chain: Chain = field(default=CHAIN)
+    """The stages tasks are declared for (`mnnbuild.stages.chain.STAGES`)."""
     requested: tuple[str, ...] = ()
     """The tasks the command line names (`requested_tasks`): their outputs are restored with their files."""
 
     @classmethod
-    def load(cls, project_root: Path, argv: Sequence[str] = ()) -> Project:
+    def load(cls, project_root: Path, argv: Sequence[str] = (), chain: Chain = CHAIN) -> Project:
         try:
             settings = Settings.from_env(project_root)
             specs = discover_specs(list(settings.spec_dirs))
@@ -67,7 +71,7 @@ class Project:
         # beside a local cache, the memo serves every artifact root and clone that shares the cache
         memo_dir = local_cache_dir(os.environ) or settings.artifact_root
         memo = DigestMemo(memo_dir / CODE_DIGESTS)
-        return cls(settings=settings, specs=specs, memo=memo, requested=requested_tasks(argv))
+        return cls(settings=settings, specs=specs, memo=memo, chain=chain, requested=requested_tasks(argv))
 
     def wants(self, task: str) -> bool:
         """Whether the command line asks for ``task`` itself: by its name, or by a group it belongs to (``bundle``,
@@ -77,14 +81,15 @@ class Project:
     def stage_dir(self, stage: str, spec: ModelSpec, arch: str | None = None, part: str | None = None) -> Path:
         """Where ``stage`` writes for ``spec`` (and ``arch``, for the per-target stages; ``part``: a VL model's
         ``visual`` part)."""
-        return stage_dir(self.settings.artifact_root, stage, spec.name, arch, part)
+        return self.chain.stage_dir(self.settings.artifact_root, stage, spec.name, arch, part)
 
     def default_tasks(self) -> list[str]:
         # verifying a bundle builds it first, so a bare `doit` builds, proves and reports the default model
         spec = self.specs.get(DEFAULT_MODEL)
         if spec is None:
             return []
-        return [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in ("verify", "report")]
+        default = [s.name for s in self.chain if s.default]
+        return [f"{stage}:{spec.name}-{arch}" for arch in spec.targets for stage in default]
 
     def doit_config(self) -> dict[str, Any]:
         """DOIT_CONFIG: state under the artifact root, subtasks listed, every failure reported."""

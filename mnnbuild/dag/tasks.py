@@ -1,344 +1,89 @@
 """The doit tasks of every stage, derived from the stage declarations in one loop (`stage_task`).
 
-A stage declares what it reads (its upstream stages), what it calls and whether it is cacheable
-(`mnnbuild.pipeline.stage.Stage`); the layout says where each stage writes. What is left per stage is how a
-model spec becomes its Inputs and Params (`RUNS`).
+A stage declares where it sits, what it reads (its Inputs' ``From`` fields), what it calls and whether it is
+cacheable (`mnnbuild.pipeline.stage.Stage`); the chain lists the stages (`mnnbuild.stages.chain`); the layout says
+where each stage writes. What is left here is the loop over the specs, their parts, targets and plugins (the
+per-plugin fan-out reads the partition's ``merge``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from doit import create_after
-from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import (
-    materialize_all,
-    report_failed_verify,
-    run_stage,
-    run_update,
-    run_verify,
-    task_identity,
-)
+from mnnbuild.dag.actions import materialize_all, run_after_failure, run_stage, run_update, task_identity
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.status import code_record, group
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
-from mnnbuild.manifests.config import ConfigInputs, ConfigParams
-from mnnbuild.manifests.context import ContextInputs, ContextParams
-from mnnbuild.manifests.fetch import FetchInputs, FetchParams
-from mnnbuild.manifests.io import IoInputs, IoParams
-from mnnbuild.manifests.modellib import ModellibInputs, ModellibParams
-from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, read_merge
-from mnnbuild.manifests.report import ReportInputs, ReportParams
-from mnnbuild.manifests.twin import TwinInputs, TwinParams
-from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
-from mnnbuild.model.modeldir import VISUAL_FILES, VISUAL_PART, family_files, prompt_file_text
+from mnnbuild.manifests.partition import PartitionManifest, read_merge
+from mnnbuild.model.modeldir import chain_parts
 from mnnbuild.model.spec import HfSource, ModelSpec
-from mnnbuild.model.targets import Soc
-from mnnbuild.pipeline.layout import (
-    BUNDLE_MODEL_DIR,
-    PART_STAGES,
-    PLUGIN_STAGES,
-    REPORT_PAGE,
-    VERIFY_REPORT_JSON,
-    context_dir,
-    plugin_dir,
-)
+from mnnbuild.pipeline.layout import plugin_context_dir, plugin_dir
 from mnnbuild.pipeline.manifest import tool_versions
-from mnnbuild.pipeline.stage import Stage, StageInputs
-from mnnbuild.report import renderer_fingerprint
-from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
-from mnnbuild.verify import runtime_fingerprint
+from mnnbuild.pipeline.stage import At, From, Stage, StageInputs
 
 log = logging.getLogger(__name__)
 
-STAGES: dict[str, Stage] = {
-    s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, twin, bundle, verify, report)
-}
-"""Every stage, in chain order."""
+PLUGINS_FROM = "partition"
+"""The stage whose ``merge`` (``npu_postreat.json``) says which plugins a model part has."""
 
 
 @dataclass(frozen=True)
 class Run:
-    """One task of a stage: one model (and target, and plugin), from which inputs, with which params."""
+    """One task of a stage: one model (and target, part and plugin), from which inputs, with which params."""
 
     spec: ModelSpec
     inputs: StageInputs
     params: BaseModel
     doc: str
-    arch: str | None = None
-    binary: str | None = None
-    """The context binary this run builds or stands in for (context and twin runs only: a subtask per plugin)."""
-    part: str | None = None
-    """The model file a part stage (io, partition, modellib) or a plugin's run builds for: ``llm`` or a VL model's
-    ``visual``; None: every part of the model (config, bundle, verify, report)."""
+    at: At = At()
     file_dep: tuple[Path, ...] = ()
-    """Files read besides the upstream manifests (a local model's source files)."""
-    uptodate: tuple[Any, ...] = ()
+    """Files read besides the upstream manifests (a local model's source files; a plugin's partition files)."""
     checks: tuple[Callable[[], bool], ...] = ()
-    """The stateless ones among ``uptodate`` (an HF fetch's pinned commit): what must still hold for outputs on
-    record to count when doit has lost its state (`mnnbuild.dag.actions.recorded`)."""
-    tools: dict[str, str] = field(default_factory=dict)
-    """Versions beyond the declared tools' (verify: the runtime package it runs)."""
-    action: Callable[..., TaskFailed | dict[str, Any]] = run_stage
-    teardown: tuple[Any, ...] = ()
-    """doit teardown actions (verify: the page of a failed verify)."""
+    """Stateless up-to-date checks (an HF fetch's pinned commit): also what must still hold for outputs on record
+    to count when doit has lost its state (`mnnbuild.dag.actions.recorded`)."""
 
+    @property
+    def arch(self) -> str | None:
+        return self.at.arch
 
-@functools.cache
-def plugin_dependent(name: str) -> bool:
-    """Whether a stage's tasks exist only once the partition has said how many plugins there are."""
-    return name in PLUGIN_STAGES or any(plugin_dependent(u) for u in STAGES[name].upstream)
+    @property
+    def part(self) -> str | None:
+        return self.at.part
 
-
-VISUAL = "visual"
+    @property
+    def binary(self) -> str | None:
+        return self.at.binary
 
 
 def model_parts(spec: ModelSpec) -> tuple[str, ...]:
-    """The model files a model is built from, each with its own io, partition and modellib: the language model
-    (``llm``) and, for a VL model, its encoder (``visual``)."""
-    return ("llm", VISUAL) if spec.family == "vl" else ("llm",)
+    """The model files a model is built from, each with its own per-part stages (`chain_parts`)."""
+    return chain_parts(spec.family)
 
 
-def out_dir(project: Project, stage: Stage, run: Run) -> Path:
-    root = project.settings.artifact_root
-    if run.binary is not None:
-        return plugin_dir(root, stage.name, run.spec.name, str(run.arch), run.binary)
-    return project.stage_dir(stage.name, run.spec, run.arch, run.part if stage.name in PART_STAGES else None)
+def out_dir(project: Project, stage: Stage, at: At, spec: ModelSpec) -> Path:
+    if at.binary is not None:
+        return plugin_dir(project.settings.artifact_root, stage, spec.name, str(at.arch), at.binary)
+    return project.stage_dir(stage.name, spec, at.arch, at.part if stage.placement == "part" else None)
 
 
-def upstream_dirs(project: Project, name: str, spec: ModelSpec, arch: str | None, part: str | None) -> list[Path]:
-    """Where stage ``name`` wrote for this model (and target, and ``part``; None: every part): one dir per plugin
-    for context and twin."""
-    parts = model_parts(spec) if part is None else (part,)
-    if name in PLUGIN_STAGES:
-        assert arch is not None
-        root = project.settings.artifact_root
-        return [
-            plugin_dir(root, name, spec.name, arch, b)
-            for p in parts
-            for b in read_merge(project.stage_dir("partition", spec, part=p))
-        ]
-    if name in PART_STAGES:
-        return [project.stage_dir(name, spec, part=p) for p in parts]
-    return [project.stage_dir(name, spec, arch if STAGES[name].per_target else None)]
-
-
-def upstream_task(name: str, spec: ModelSpec, part: str | None) -> str:
-    """The task of model-level (or part) stage ``name`` that a run of ``spec`` (for ``part``) reads."""
-    suffix = f":{part}" if name in PART_STAGES and part not in (None, "llm") else ""
-    return f"{name}:{spec.name}{suffix}"
-
-
-def task_name(stage: Stage, run: Run) -> str:
-    """The full doit name of a run's task (`stage_task`): ``io:<model>``, ``twin:<model>-<arch>:graphllm0`` ..."""
-    target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
-    if not plugin_dependent(stage.name):
-        return f"{stage.name}:{target}" if run.part in (None, "llm") else f"{stage.name}:{target}:{run.part}"
-    if run.binary is not None:
-        return f"{stage.name}:{target}:{Path(run.binary).stem}"
-    return f"{stage.name}:{target}"
-
-
-def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
-    """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
-    dirs = [(u, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)]
-    upstream = [(STAGES[u].manifest, d) for u, d in dirs]
-    # of an upstream_files stage the run lists the files read: its manifest is read, not depended on
-    manifests = [d / STAGES[u].manifest.filename() for u, d in dirs if u not in stage.upstream_files]
-    file_dep = [*run.file_dep, *manifests]
-    tools = {
-        **tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None),
-        **run.tools,
-    }
-    key = stage_key(stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo)
-    dest = out_dir(project, stage, run)
-    read = stage.upstream if stage.reads is None else stage.reads
-    reads = tuple((STAGES[u], d) for u, d in dirs if u in read)  # fetched first if restored without their files
-    name = task_name(stage, run)
-    wanted = project.wants(name)  # named on the command line: its files, not only its manifest
-    args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, reads, wanted]
-    task: dict[str, Any] = {
-        "doc": run.doc,
-        "actions": [(run.action, args)],
-        "file_dep": [str(p) for p in file_dep],
-        "targets": [str(dest / stage.manifest.filename())],
-        # outputs deleted, edited, or made by another task (swapped plugin dirs) make the task run (or restore) again;
-        # fetch's outputs are links to the model's files
-        "uptodate": [
-            config_changed(key),
-            outputs_intact(dest, stage.manifest, stage.name == "fetch", deferred_ok=not wanted),
-            origin_matches(dest, stage.name, task_identity(key)),
-            *run.uptodate,
-            code_record(stage.entry.__module__, project.memo),  # decides nothing: what `status` names
-        ],
-        "clean": [(remove_stage_dir, [dest])],
-    }
-    task_dep = [upstream_task(u, run.spec, run.part) for u in stage.upstream_files]  # no manifest in file_dep
-    if run.arch is not None:
-        # the plugin tasks read as a group, whose order is the creation order (biggest first); doit would take
-        # those implied by the file_dep in set order
-        task_dep += [f"{u}:{run.spec.name}-{run.arch}" for u in stage.upstream if u in PLUGIN_STAGES]
-    if task_dep:
-        task["task_dep"] = task_dep
-    if run.teardown:
-        task["teardown"] = list(run.teardown)
-    target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
-    if not plugin_dependent(stage.name):
-        # a subtask of its stage: ``io:<model>``, ``config:<model>-<arch>``; a VL encoder's ``io:<model>:visual``
-        task["name"] = target if run.part in (None, "llm") else f"{target}:{run.part}"
-    elif run.binary is not None:
-        task.update(basename=f"{stage.name}:{target}", name=Path(run.binary).stem)  # twin:<model>-<arch>:graphllm0
-    else:
-        task["basename"] = f"{stage.name}:{target}"  # bundle:<model>-<arch>
-    return task
-
-
-# -- how a spec becomes each stage's inputs and params ------------------------------------------------
-
-
-def fetch_params(spec: ModelSpec) -> FetchParams:
-    """The spec's family and the files its chain takes from the model dir (the only ones an HF fetch downloads;
-    a VL model's encoder files too, checked against the spec's ``visual_encoder``)."""
-    if spec.family == "vl":
-        files = (*family_files("llm"), *VISUAL_FILES)
-        return FetchParams(family="llm", files=files, visual_encoder=spec.visual_encoder)
-    family = "embedding" if spec.family == "embedding" else "llm"
-    return FetchParams(family=family, files=family_files(family))
-
-
-def fetch_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    params = fetch_params(spec)
-    if isinstance(spec.source, HfSource):
-        where = f"HF {spec.source.hf}@{spec.source.revision}"
-        dest = project.stage_dir("fetch", spec)
-        yield Run(
-            spec,
-            FetchInputs(model=spec.name, source=spec.source, lock_path=spec.lock_path),
-            params,
-            doc=f"link the {spec.name} model files from {where} into {dest}",
-            uptodate=(hf_pinned(spec.lock_path, dest),),
-            checks=(hf_pinned(spec.lock_path, dest),),
-        )
-        return
-    source_dir = spec.local_dir()
-    yield Run(
-        spec,
-        FetchInputs(model=spec.name, source=spec.source, source_dir=source_dir),
-        params,
-        doc=f"link the {spec.name} model files from {source_dir} into {project.stage_dir('fetch', spec)}",
-        file_dep=tuple(source_dir / n for n in params.files if (source_dir / n).is_file()),
-    )
-
-
-def _lengths(spec: ModelSpec) -> str:
-    return "/".join(str(n) for n in spec.prefill_lengths)
-
-
-def _sizes(spec: ModelSpec) -> str:
-    return "/".join(spec.image_sizes)
-
-
-def io_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    inputs = IoInputs(model=spec.name, model_dir=project.stage_dir("fetch", spec))
-    yield Run(
-        spec,
-        inputs,
-        IoParams(chunk_sizes=spec.prefill_lengths, seed=spec.seed, prompt=spec.verify.prompt),
-        doc=f"decode and prefill-{_lengths(spec)} reference io of {spec.name} (MNN CPU)",
-        part="llm",
-    )
-    if VISUAL in model_parts(spec):
-        yield Run(
-            spec,
-            inputs,
-            IoParams(
-                part=VISUAL, visual_encoder=spec.visual_encoder, image_sizes=tuple(spec.image_sizes), seed=spec.seed
-            ),
-            doc=f"reference io of the {spec.name} visual encoder at image sizes {_sizes(spec)} (MNN CPU)",
-            part=VISUAL,
-        )
-
-
-def partition_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    model_dir = project.stage_dir("fetch", spec)
-    yield Run(
-        spec,
-        PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=project.stage_dir("io", spec)),
-        PartitionParams(
-            chunk_sizes=spec.prefill_lengths,
-            skips=tuple(spec.skips),
-            max_kv_size=spec.max_kv_size,
-            max_plugin_parameters=spec.max_plugin_parameters,
-        ),
-        doc=f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{_lengths(spec)} graphs)",
-        part="llm",
-    )
-    if VISUAL in model_parts(spec):
-        yield Run(
-            spec,
-            PartitionInputs(model=spec.name, model_dir=model_dir, io_dir=project.stage_dir("io", spec, part=VISUAL)),
-            PartitionParams(
-                part=VISUAL, image_sizes=tuple(spec.image_sizes), max_plugin_parameters=spec.max_plugin_parameters
-            ),
-            doc=f"cut the {spec.name} visual encoder into CPU ops and QNN plugins (graphs for {_sizes(spec)})",
-            part=VISUAL,
-        )
-
-
-def modellib_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
+def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[Path, ...]]]:
+    """Every (target, plugin) of a model, every part's, with the partition files of its graphs and of the split
+    model they index, if any (what a per-plugin stage reads of the partition: its file_dep)."""
     for part in model_parts(spec):
-        what = f"{spec.name} graph" if part == "llm" else f"{spec.name} visual encoder graph"
-        yield Run(
-            spec,
-            ModellibInputs(
-                model=spec.name,
-                model_dir=project.stage_dir("fetch", spec),
-                partition_dir=project.stage_dir("partition", spec, part=part),
-            ),
-            ModellibParams(),
-            doc=f"lower every {what} to a QNN graph description + static tensor raws",
-            part=part,
-        )
-
-
-def config_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch in spec.targets:
-        yield Run(
-            spec,
-            ConfigInputs(model=spec.name, target=arch, model_dir=project.stage_dir("fetch", spec)),
-            ConfigParams(
-                chunk_sizes=spec.prefill_lengths,
-                visual_model=VISUAL_PART.result_model if spec.family == "vl" else None,
-            ),
-            doc=f"config_qnn.json for {spec.name} on {arch} (chunk limits {[*spec.prefill_lengths, 1]})",
-            arch=arch,
-        )
-
-
-def _plugins(
-    project: Project, spec: ModelSpec
-) -> Iterator[tuple[str, Soc, str, str, tuple[Path, ...], dict[str, Any]]]:
-    """Every (target, plugin) of a model, every part's: the arch, its SoC, the part, the plugin's binary, the
-    partition files of its graphs and of the split model they index, if any (what context and twin read of the
-    partition: their file_dep) and the input fields the context and twin stages share (model, model and partition
-    dirs, binary, graphs)."""
-    for part in model_parts(spec):
-        partition_dir = project.stage_dir("partition", spec, part=part)
+        partition_dir = project.stage_dir(PLUGINS_FROM, spec, part=part)
         merge = read_merge(partition_dir)
         partition = PartitionManifest.read(partition_dir)
-        shared = {"model": spec.name, "model_dir": project.stage_dir("fetch", spec), "partition_dir": partition_dir}
         # the biggest first: with `doit -n 2` the lm_head (many layers' worth) overlaps the layers instead of trailing
         size = {p.path: p.parameters for p in partition.plugins}
         by_cost = sorted(merge.items(), key=lambda item: -size.get(item[0], 0))
@@ -348,159 +93,181 @@ def _plugins(
                 files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
                 if not all(f.exists() for f in files):  # depended on by name: one the cache left out comes now
                     try:
-                        materialize_all(((STAGES["partition"], partition_dir),))
+                        materialize_all(((project.chain[PLUGINS_FROM], partition_dir),))
                     except MnnbuildError as exc:
                         log.warning("%s", exc)  # doit then names the missing file
-                yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}
+                yield At(arch=arch, part=part, binary=binary, graphs=tuple(graphs)), files
 
 
-def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch, soc, part, binary, files, fields in _plugins(project, spec):
-        doc = f"HTP context binary {binary} ({', '.join(fields['graphs'])}) for {soc.name}"
-        inputs, params = ContextInputs(**fields), ContextParams(soc=soc)
-        yield Run(spec, inputs, params, doc=doc, arch=arch, binary=binary, part=part, file_dep=files)
+def placements(project: Project, stage: Stage, spec: ModelSpec) -> Iterator[tuple[At, tuple[Path, ...]]]:
+    """Where a stage's runs sit for ``spec`` (with the upstream files a per-plugin run reads)."""
+    if stage.placement == "model":
+        yield At(), ()
+    elif stage.placement == "part":
+        yield from ((At(part=part), ()) for part in model_parts(spec))
+    elif stage.placement == "target":
+        yield from ((At(arch=arch), ()) for arch in spec.targets)
+    else:
+        yield from _plugins(project, spec)
 
 
-def twin_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch, soc, part, binary, files, fields in _plugins(project, spec):
-        doc = f"unshared twin of {binary} ({', '.join(fields['graphs'])}) for {soc.name}, which verify runs"
-        inputs, params = TwinInputs(**fields), TwinParams(soc=soc)
-        yield Run(spec, inputs, params, doc=doc, arch=arch, binary=binary, part=part, file_dep=files)
+def edge_dir(project: Project, edge: From, spec: ModelSpec, at: At) -> Path | None:
+    """An Inputs field's directory for a run at ``at``: the upstream stage's, placed as that stage is (per model,
+    per part: the run's own or the edge's; per target: the run's; per plugin: the target's group dir). None: a
+    part the model does not have."""
+    up = project.chain[edge.stage]
+    if up.placement == "part":
+        part = edge.part or at.part or "llm"
+        return project.stage_dir(up.name, spec, part=part) if part in model_parts(spec) else None
+    return project.stage_dir(up.name, spec, at.arch if up.per_target else None)
 
 
-def model_name(spec: ModelSpec) -> str:
-    """The model's directory name on the device: the HF repo's name, or the local directory's."""
+def edge_deps(project: Project, edge: From, spec: ModelSpec, at: At) -> list[Path]:
+    """The upstream directories whose manifests stand behind an Inputs field: its directory, or of a per-plugin
+    stage one per plugin (of the run's part, or of every part)."""
+    found = edge_dir(project, edge, spec, at)
+    if found is None:
+        return []
+    if project.chain[edge.stage].placement != "plugin":
+        return [found]
+    parts = (at.part,) if at.part else model_parts(spec)
+    binaries = [b for p in parts for b in read_merge(project.stage_dir(PLUGINS_FROM, spec, part=p))]
+    return [plugin_context_dir(found, b) for b in binaries]
+
+
+def source_deps(
+    spec: ModelSpec, params: BaseModel, dest: Path
+) -> tuple[tuple[Path, ...], tuple[Callable[[], bool], ...]]:
+    """What a stage reading the model from outside the artifact root depends on there: a local source's files (the
+    ones it takes), or an HF source's lock."""
     if isinstance(spec.source, HfSource):
-        return spec.source.hf.rpartition("/")[2]
-    return spec.local_dir().name
+        return (), (hf_pinned(spec.lock_path, dest),)
+    source_dir = spec.local_dir()
+    files: tuple[str, ...] = getattr(params, "files", ())
+    return tuple(source_dir / n for n in files if (source_dir / n).is_file()), ()
 
 
-def bundle_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    parts = model_parts(spec)
-    binaries = {p: list(read_merge(project.stage_dir("partition", spec, part=p))) for p in parts}
-    root = project.settings.artifact_root
-    for arch in spec.targets:
-        soc = spec.soc(arch)
-        yield Run(
-            spec,
-            BundleInputs(
-                model=spec.name,
-                model_name=model_name(spec),
-                model_dir=project.stage_dir("fetch", spec),
-                config_dir=project.stage_dir("config", spec, arch),
-                partition_dir=project.stage_dir("partition", spec),
-                visual_partition_dir=project.stage_dir("partition", spec, part=VISUAL) if VISUAL in parts else None,
-                context_binaries=[context_dir(root, spec.name, arch, b) / b for p in parts for b in binaries[p]],
-            ),
-            BundleParams(soc=soc, prompt=prompt_file_text(spec.verify.prompt), image_sizes=tuple(spec.image_sizes)),
-            doc=f"device bundle of {spec.name} for {soc.name} (HTP {arch})",
-            arch=arch,
-        )
+def stage_runs(project: Project, name: str, spec: ModelSpec) -> Iterator[Run]:
+    """The runs of stage ``name`` for ``spec``: Inputs from where each sits and what it reads, Params from the spec."""
+    stage = project.chain[name]
+    fields = stage.inputs.model_fields
+    for at, files in placements(project, stage, spec):
+        values: dict[str, Any] = {"model": spec.name}
+        if "target" in fields:
+            values["target"] = at.arch
+        if stage.placement == "plugin":
+            values.update(binary=at.binary, graphs=list(at.graphs))
+        for field, edge in stage.edges.items():
+            values[field] = edge_dir(project, edge, spec, at)
+        if stage.fields_of is not None:
+            values.update(stage.fields_of(spec, at))
+        params = stage.params_of(spec, at)
+        checks: tuple[Callable[[], bool], ...] = ()
+        if stage.reads_source:
+            files, checks = source_deps(spec, params, out_dir(project, stage, at, spec))
+        inputs = stage.inputs(**values)
+        yield Run(spec, inputs, params, doc=stage.describe(spec, at), at=at, file_dep=files, checks=checks)
 
 
-def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch in spec.targets:
-        soc = spec.soc(arch)
-        bundle_dir = project.stage_dir("bundle", spec, arch)
-        page = report_run(project, spec, arch)
-        yield Run(
-            spec,
-            VerifyInputs(
-                model=spec.name,
-                bundle_dir=bundle_dir,
-                partition_dir=project.stage_dir("partition", spec),
-                io_dir=project.stage_dir("io", spec),
-                model_dir=project.stage_dir("fetch", spec),
-                context_dir=project.stage_dir("context", spec, arch),
-                twin_dir=project.stage_dir("twin", spec, arch),
-                **(
-                    {
-                        "visual_io_dir": project.stage_dir("io", spec, part=VISUAL),
-                        "visual_partition_dir": project.stage_dir("partition", spec, part=VISUAL),
-                    }
-                    if VISUAL in model_parts(spec)
-                    else {}
-                ),
-            ),
-            VerifyParams(
-                soc=soc,
-                max_new_tokens=spec.verify.max_new_tokens,
-                follow_divergence=spec.verify.follow_divergence,
-            ),
-            doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
-            arch=arch,
-            # a bundle file replaced after bundling must not pass as verified
-            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR, (bundle_dir, BundleManifest)),),
-            # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
-            tools={"mnnbuild_runtime": runtime_fingerprint()},
-            action=run_verify,
-            teardown=(
-                (
-                    report_failed_verify,
-                    [
-                        STAGES["report"],
-                        page.inputs,
-                        page.params,
-                        out_dir(project, STAGES["report"], page),
-                        project.stage_dir("verify", spec, arch),
-                    ],
-                ),
-            ),
-        )
+def task_name(project: Project, name: str, spec: ModelSpec, at: At) -> str:
+    """The doit task of stage ``name`` at ``at``: ``io:<model>``, a VL encoder's ``io:<model>:visual``,
+    ``config:<model>-<arch>``, a plugin's ``twin:<model>-<arch>:graphllm0``."""
+    stage = project.chain[name]
+    target = spec.name if not stage.per_target else f"{spec.name}-{at.arch}"
+    if stage.placement == "plugin" and at.binary is not None:
+        return f"{name}:{target}:{Path(at.binary).stem}"
+    suffix = f":{at.part}" if stage.placement == "part" and at.part not in (None, "llm") else ""
+    return f"{name}:{target}{suffix}"
 
 
-def report_run(project: Project, spec: ModelSpec, arch: str) -> Run:
-    verify_dir = project.stage_dir("verify", spec, arch)
-    return Run(
-        spec,
-        ReportInputs(
-            model=spec.name,
-            verify_dir=verify_dir,
-            partition_dir=project.stage_dir("partition", spec),
-            bundle_dir=project.stage_dir("bundle", spec, arch),
-            model_dir=project.stage_dir("fetch", spec),
-            io_dir=project.stage_dir("io", spec),
-            config_dir=project.stage_dir("config", spec, arch),
-            context_dir=project.stage_dir("context", spec, arch),
-            twin_dir=project.stage_dir("twin", spec, arch),
-        ),
-        ReportParams(target=arch),
-        doc=f"the {spec.name} {arch} bundle's page report: verdict, partition, numbers, cost ({REPORT_PAGE})",
-        arch=arch,
-        # what the page shows: verify's results, also when it failed (then it has no manifest)
-        file_dep=(verify_dir / VERIFY_REPORT_JSON,),
-        # the template and the libraries that draw the page are not Python modules of ours
-        tools={"report_renderer": renderer_fingerprint()},
+def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
+    """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
+    chain = project.chain
+    upstream: list[tuple[type[Any], Path]] = []
+    manifests: list[Path] = []
+    extra: list[Path] = []
+    read_dirs: list[tuple[str, Path]] = []
+    for edge in stage.edges.values():
+        found = edge_dir(project, edge, run.spec, run.at)
+        behind = edge_deps(project, edge, run.spec, run.at) if edge.reads != "dir" else []
+        upstream += [(chain[edge.stage].manifest, d) for d in behind]
+        read_dirs += [(edge.stage, d) for d in behind]
+        # of a "files" edge the run lists the files read: its manifest is read, not depended on
+        if edge.reads == "manifest":
+            manifests += [d / chain[edge.stage].manifest.filename() for d in behind]
+        if found is not None:
+            extra += [found / f for f in edge.files]
+    upstream = list(dict.fromkeys(upstream))
+    file_dep = list(dict.fromkeys([*run.file_dep, *extra, *manifests]))
+    tools = tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None)
+    if stage.versions is not None:
+        tools.update(stage.versions())
+    key = stage_key(stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo)
+    dest = out_dir(project, stage, run.at, run.spec)
+    guards = [
+        (Path(getattr(run.inputs, field)), chain[stage.edges[field].stage].manifest, sub)
+        for field, sub in stage.guards.items()
+    ]
+    # the upstream dirs whose files its entry reads: fetched first if restored without them
+    reads = tuple((chain[u], d) for u, d in dict.fromkeys(read_dirs) if u in stage.reads)
+    name = task_name(project, stage.name, run.spec, run.at)
+    wanted = project.wants(name)  # named on the command line: its files, not only its manifest
+    args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, guards, reads, wanted]
+    task: dict[str, Any] = {
+        "doc": run.doc,
+        "actions": [(run_stage, args)],
+        "file_dep": [str(p) for p in file_dep],
+        "targets": [str(dest / stage.manifest.filename())],
+        # outputs deleted, edited, or made by another task (swapped plugin dirs) make the task run (or restore) again
+        "uptodate": [
+            config_changed(key),
+            outputs_intact(dest, stage.manifest, stage.symlinks, deferred_ok=not wanted),
+            origin_matches(dest, stage.name, task_identity(key)),
+            *run.checks,
+            # a guarded file replaced after its stage wrote it must not pass as checked
+            *(files_unchanged(d / sub, (d, cls)) for d, cls, sub in guards),
+            code_record(stage.entry.__module__, project.memo),  # decides nothing: what `status` names
+        ],
+        "clean": [(remove_stage_dir, [dest])],
+    }
+    task_dep = [task_name(project, u, run.spec, run.at) for u in stage.upstream_files]  # no manifest in file_dep
+    if run.arch is not None:
+        # the plugin tasks read as a group, whose order is the creation order (biggest first); doit would take
+        # those implied by the file_dep in set order
+        task_dep += [f"{u}:{run.spec.name}-{run.arch}" for u in stage.upstream if chain[u].placement == "plugin"]
+    if task_dep:
+        task["task_dep"] = list(dict.fromkeys(task_dep))
+    teardown = [after_failure(project, later, stage, run) for later in chain if later.after_failure_of == stage.name]
+    if teardown:
+        task["teardown"] = teardown
+    if not chain.plugin_dependent(stage.name):
+        task["name"] = name.partition(":")[2]  # a subtask of its stage: io:<model>, config:<model>-<arch>
+    elif run.binary is not None:
+        basename, _, plugin = name.rpartition(":")
+        task.update(basename=basename, name=plugin)  # twin:<model>-<arch>:graphllm0
+    else:
+        task["basename"] = name  # bundle:<model>-<arch>
+    return task
+
+
+def after_failure(project: Project, later: Stage, failed: Stage, run: Run) -> tuple[Any, list[Any]]:
+    """The teardown that runs ``later`` (the page report) at ``run``'s place when ``failed`` (verify) failed."""
+    (late,) = [r for r in stage_runs(project, later.name, run.spec) if r.at == run.at]
+    dest = out_dir(project, later, late.at, late.spec)
+    return (
+        run_after_failure,
+        [later, late.inputs, late.params, dest, failed, out_dir(project, failed, run.at, run.spec)],
     )
-
-
-def report_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
-    for arch in spec.targets:
-        yield report_run(project, spec, arch)
-
-
-RUNS: dict[str, Callable[[Project, ModelSpec], Iterator[Run]]] = {
-    "fetch": fetch_runs,
-    "io": io_runs,
-    "partition": partition_runs,
-    "modellib": modellib_runs,
-    "config": config_runs,
-    "context": context_runs,
-    "twin": twin_runs,
-    "bundle": bundle_runs,
-    "verify": verify_runs,
-    "report": report_runs,
-}
 
 
 def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> Iterator[dict[str, Any]]:
     """The tasks of stage ``name`` for every model (or one)."""
-    stage = STAGES[name]
+    stage = project.chain[name]
     yield from group_tasks(project, stage, spec)
     for s in [spec] if spec else project.specs.values():
-        for run in RUNS[name](project, s):
+        for run in stage_runs(project, name, s):
             yield stage_task(project, stage, run)
-    if name == "partition" and spec is None:
+    if name == PLUGINS_FROM and spec is None:
         yield from parts_group_tasks(project)
 
 
@@ -509,7 +276,7 @@ def group_tasks(project: Project, stage: Stage, spec: ModelSpec | None) -> Itera
     stage's (``io``) for every model, or the plugins' of one model and target (``context:<model>-<arch>``)."""
     if spec is None:
         yield group({"name": None, "doc": stage.doc})
-    elif stage.name in PLUGIN_STAGES:
+    elif stage.placement == "plugin":
         for arch in spec.targets:
             doc = f"{spec.name} {arch}: {stage.doc.split(',')[0]}, a subtask per plugin"
             yield group({"basename": f"{stage.name}:{spec.name}-{arch}", "name": None, "doc": doc})
@@ -523,7 +290,7 @@ def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Calla
     model's partition). When it only reads the task list (``doit list``, ``doit clean``: see `doit_runs_tasks`),
     a model whose partition is on disk gets its tasks right away, so they can be listed and cleaned by name.
     """
-    late = [name for name in STAGES if plugin_dependent(name)]
+    late = [s.name for s in project.chain if project.chain.plugin_dependent(s.name)]
     creators = {}
     for spec in project.specs.values():
         creates = [f"{name}:{spec.name}-{arch}" for arch in spec.targets for name in late]
@@ -542,7 +309,7 @@ def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Calla
 def partitions_task(spec: ModelSpec) -> str:
     """The task after which a model's plugins are known: its partition, or for a VL model the group of both
     parts' partitions (:func:`parts_group_tasks`)."""
-    return f"partition:{spec.name}" if model_parts(spec) == ("llm",) else f"partition:{spec.name}:parts"
+    return f"{PLUGINS_FROM}:{spec.name}" if model_parts(spec) == ("llm",) else f"{PLUGINS_FROM}:{spec.name}:parts"
 
 
 def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
@@ -554,7 +321,10 @@ def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
                     "name": f"{spec.name}:parts",
                     "doc": f"the {spec.name} language model's and visual encoder's partitions",
                     "actions": None,
-                    "task_dep": [f"partition:{spec.name}", f"partition:{spec.name}:{VISUAL}"],
+                    "task_dep": [
+                        f"{PLUGINS_FROM}:{spec.name}",
+                        *(f"{PLUGINS_FROM}:{spec.name}:{p}" for p in model_parts(spec)[1:]),
+                    ],
                 }
             )
 
@@ -563,7 +333,7 @@ def partitioned(project: Project, spec: ModelSpec) -> bool:
     """Whether the model's partition is on disk (its plugins are known)."""
     try:
         for part in model_parts(spec):
-            read_merge(project.stage_dir("partition", spec, part=part))
+            read_merge(project.stage_dir(PLUGINS_FROM, spec, part=part))
     except MnnbuildError:
         return False
     return True
@@ -579,36 +349,97 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
         {
             "actions": None,
             "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
-            "clean": [(remove_stage_dirs if name in PLUGIN_STAGES else remove_stage_dir, [d]) for d in dirs],
+            "clean": [
+                (remove_stage_dirs if project.chain[name].placement == "plugin" else remove_stage_dir, [d])
+                for d in dirs
+            ],
         }
     )
 
 
-def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
+def update_tasks(project: Project, stage: Stage) -> Iterator[dict[str, Any]]:
+    """``update:<model>`` per HF model: re-resolve its revision for the stage that reads the source (fetch)."""
     for spec in project.specs.values():
         if not isinstance(spec.source, HfSource):
             continue
+        files: tuple[str, ...] = getattr(stage.params_of(spec, At()), "files", ())
         yield {
             "name": spec.name,
             "doc": f"re-resolve {spec.source.hf}@{spec.source.revision} and pin it in {spec.lock_path.name}",
-            "actions": [(run_update, [spec.source, spec.lock_path, fetch_params(spec).files])],
+            "actions": [(run_update, [spec.source, spec.lock_path, files])],
             "uptodate": [False],  # an update is always asked for explicitly
         }
 
 
-def verify_all_task(project: Project) -> dict[str, Any]:
-    """``doit verify``: the verify tasks of the default bundles (each builds its bundle first)."""
-    verify_tasks = [t for t in project.default_tasks() if t.startswith("verify:")]
+def update_creator(project: Project, stage: Stage) -> Callable[[], Iterator[dict[str, Any]]]:
+    def task_update() -> Iterator[dict[str, Any]]:
+        """Move a Hugging Face model's lock to what its revision resolves to now (then fetch again)."""
+        yield from update_tasks(project, stage)
+
+    return task_update
+
+
+def default_group_task(project: Project, name: str) -> dict[str, Any]:
+    """``doit verify``: the stage's tasks of the default bundles (each builds its bundle first)."""
+    tasks = [t for t in project.default_tasks() if t.startswith(f"{name}:")]
     spec = project.specs.get(DEFAULT_MODEL)
-    dirs = [project.stage_dir("verify", spec, arch) for arch in spec.targets] if spec else []
+    dirs = [project.stage_dir(name, spec, arch) for arch in spec.targets] if spec else []
     return group(
         {
-            "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
+            "doc": f"{project.chain[name].doc} ({', '.join(tasks) or 'none'})",
             "actions": None,
-            "task_dep": verify_tasks,
+            "task_dep": tasks,
             "clean": [(remove_stage_dir, [d]) for d in dirs],
         }
     )
 
 
-__all__ = ["STAGES", "Run", "late_stage_group", "npu_task_creators", "stage_task", "stage_tasks", "update_tasks"]
+def stage_group(project: Project, name: str) -> Iterator[dict[str, Any]] | dict[str, Any]:
+    """What ``task_<stage>`` declares: the stage's tasks (a stage whose tasks exist before any partition ran), or
+    the group of its tasks created later (`late_stage_group`, `default_group_task`)."""
+    stage = project.chain[name]
+    if not project.chain.plugin_dependent(name):
+        return stage_tasks(project, name)
+    return default_group_task(project, name) if stage.group_default_only else late_stage_group(project, name)
+
+
+def group_creator(project: Project, stage: Stage) -> Callable[[], Any]:
+    """``task_<stage>`` for dodo.py, showing the stage's doc (one line of code for every stage, so doit, which
+    orders task creators by their line, keeps the chain's order)."""
+
+    def creator() -> Iterator[dict[str, Any]] | dict[str, Any]:
+        return stage_group(project, stage.name)
+
+    creator.__doc__ = stage.doc
+    return creator
+
+
+def task_creators(project: Project, argv: list[str]) -> dict[str, Callable[[], Any]]:
+    """Everything dodo.py declares: ``task_<stage>`` per stage of the chain, ``task_update``, and one
+    ``task_npu_<model>`` per model for the tasks that exist once its partition has said how many plugins it has.
+
+    doit creates those after ``partition:<model>`` (one creator per model, since create_after waits for one task
+    and building one model must not partition the others); ``doit list`` and ``doit clean``, which run nothing,
+    get them right away from a partition on disk (`mnnbuild.dag.project.doit_runs_tasks`)."""
+    from mnnbuild.dag.project import doit_runs_tasks
+
+    found: dict[str, Callable[[], Any]] = {}
+    for stage in project.chain:
+        found[f"task_{stage.name}"] = group_creator(project, stage)
+        if stage.reads_source:
+            found["task_update"] = update_creator(project, stage)
+    found.update(npu_task_creators(project, delayed=doit_runs_tasks(argv)))
+    return found
+
+
+__all__ = [
+    "Run",
+    "default_group_task",
+    "late_stage_group",
+    "npu_task_creators",
+    "stage_runs",
+    "stage_task",
+    "stage_tasks",
+    "task_creators",
+    "update_tasks",
+]

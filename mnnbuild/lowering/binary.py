@@ -170,8 +170,8 @@ def compose_checked(
     started = time.perf_counter()
     try:
         compose_in_fresh_process(HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb), source, weight_sharing, dest)
-    except LoweringError as exc:
-        raise LoweringError(f"{what}: {exc}") from None
+    except LoweringError as exc:  # the same type, named after the binary
+        raise type(exc)(f"{what}: {exc}") from None
     seconds = time.perf_counter() - started
     data = dest.read_bytes()
     return checked_info(lib, what, data, names, soc, weight_sharing), len(data), seconds

@@ -41,6 +41,11 @@ class LoweringError(MnnbuildError):
     """An MNN op cannot be lowered to QNN, or a graph description is inconsistent."""
 
 
+class QnnRefusal(LoweringError):
+    """QNN's backend refused a graph (an op or tensor it does not validate, a graph it cannot finalize): the
+    message names the graph, the node and its MNN op."""
+
+
 # Storage types a raw may narrow a tensor's data type to: every stored value widens exactly.
 NARROWER_STORAGE: dict[str, tuple[str, ...]] = {"float32": ("float16",)}
 
@@ -332,7 +337,7 @@ def _add_finalized(ctx: ContextBuilder, name: str, desc: GraphDescription, stati
         started = time.perf_counter()
         builder.finalize()
     except QnnError as exc:
-        raise LoweringError(f"{where}: QNN refused graph {name}: {exc}") from None
+        raise QnnRefusal(f"{where}: QNN refused graph {name}: {exc}") from None
     log.debug("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
 
 

@@ -3,29 +3,31 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.model.modeldir import DEFAULT_PROMPT
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class BundleInputs(StageInputs):
     model: str
     model_name: str
     """Directory name on the device, e.g. ``Qwen3-1.7B-MNN``."""
-    model_dir: Path
+    model_dir: Annotated[Path, From("fetch")]
     """fetch output."""
-    config_dir: Path
+    config_dir: Annotated[Path, From("config")]
     """config output (``config_qnn.json``)."""
-    partition_dir: Path
+    partition_dir: Annotated[Path, From("partition")]
     """partition output (the partitioned model ``qnn/<graph file>``, named by the fetch manifest's part)."""
-    visual_partition_dir: Path | None = None
+    visual_partition_dir: Annotated[Path | None, From("partition", part="visual")] = None
     """A VL model's encoder partition output (``qnn/visual.mnn``; None: no encoder)."""
-    context_binaries: list[Path]
-    """context outputs ``qnn/graphllm<k>.bin`` (and a VL encoder's ``qnn/graphvisual<k>.bin``), one per plugin."""
+    context_dir: Annotated[Path, From("context")]
+    """context outputs, one subdir per plugin: ``<plugin>/qnn/graphllm<k>.bin`` (and a VL encoder's
+    ``qnn/graphvisual<k>.bin``), one for each entry of the partitions' ``merge``."""
 
 
 class BundleParams(BaseModel):

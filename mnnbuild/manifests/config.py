@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class ConfigQnn(BaseModel):
@@ -36,7 +37,7 @@ class ConfigQnn(BaseModel):
 class ConfigInputs(StageInputs):
     model: str
     target: str
-    model_dir: Path
+    model_dir: Annotated[Path, From("fetch")]
     """The fetch stage's output directory (its ``config.json`` and tokenizer file)."""
 
 

@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class ContextInputs(StageInputs):
     model: str
-    model_dir: Path
+    # of the fetch, the lowering source the partition records (`PartitionManifest.plugin_files`)
+    model_dir: Annotated[Path, From("fetch", reads="files")]
     """fetch output: the model and weight file the graphs are lowered from."""
-    partition_dir: Path
+    partition_dir: Annotated[Path, From("partition", reads="files")]
     binary: str
     """The merge entry's key, e.g. ``qnn/graphllm0.bin``."""
     graphs: list[str]

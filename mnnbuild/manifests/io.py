@@ -11,7 +11,7 @@ from mnnbuild.cpu import CpuRuntime
 from mnnbuild.model.modeldir import ChainPart
 from mnnbuild.model.spec import DEFAULT_PROMPT, VisualEncoderKind
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 DECODE_SEQ = 1
 
@@ -30,7 +30,7 @@ PrefillLengths = Annotated[
 
 class IoInputs(StageInputs):
     model: str
-    model_dir: Path
+    model_dir: Annotated[Path, From("fetch")]
     """The fetch stage's output directory."""
 
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class ModellibInputs(StageInputs):
     model: str
-    model_dir: Path
+    model_dir: Annotated[Path, From("fetch")]
     """fetch output (the source llm.mnn and its weights)."""
-    partition_dir: Path
+    partition_dir: Annotated[Path, From("partition")]
 
 
 class ModellibParams(BaseModel):

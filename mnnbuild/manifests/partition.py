@@ -5,23 +5,24 @@ from __future__ import annotations
 import json
 from collections.abc import Collection
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import UpstreamError
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.model.modeldir import ChainPart
 from mnnbuild.pipeline.layout import LOWERING_SOURCE, POSTREAT_FILE
 from mnnbuild.pipeline.manifest import FileRecord, Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class PartitionInputs(StageInputs):
     model: str
-    model_dir: Path
+    model_dir: Annotated[Path, From("fetch")]
     """The fetch stage's output directory."""
-    io_dir: Path
+    io_dir: Annotated[Path, From("io")]
     """The io stage's output directory."""
 
 
@@ -107,7 +108,7 @@ def read_merge(partition_dir: Path) -> dict[str, list[str]]:
     try:
         merge = json.loads(path.read_text(encoding="utf-8"))["merge"]
     except (OSError, ValueError, KeyError) as exc:
-        raise StageError(f"{path}: cannot read field 'merge': {exc}") from None
+        raise UpstreamError(f"{path}: cannot read field 'merge': {exc}") from None
     if not isinstance(merge, dict) or not all(isinstance(v, list) for v in merge.values()):
-        raise StageError(f"{path}: field 'merge' must map a binary path to a list of graph dirs")
+        raise UpstreamError(f"{path}: field 'merge' must map a binary path to a list of graph dirs")
     return merge

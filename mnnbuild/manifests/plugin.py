@@ -25,6 +25,6 @@ def plugin_sources(fetch: FetchManifest, partition: PartitionManifest, graphs: l
     part = plugin_part(fetch, partition)
     model = [r for r in fetch.outputs if r.path in (part.model_file, part.weight_file)]
     return [
-        *(r.model_copy(update={"path": f"partition/{r.path}"}) for r in partition.plugin_files(graphs)),
-        *(r.model_copy(update={"path": f"fetch/{r.path}"}) for r in model),
+        *(r.under("partition") for r in partition.plugin_files(graphs)),
+        *(r.under("fetch") for r in model),
     ]

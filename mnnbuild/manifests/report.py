@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class ReportInputs(StageInputs):
     model: str
-    verify_dir: Path
+    verify_dir: Annotated[Path, From("verify", files=(VERIFY_REPORT_JSON,))]
     """verify's output: ``verify.json`` (its manifest only when it passed)."""
-    partition_dir: Path
-    bundle_dir: Path
-    model_dir: Path
-    io_dir: Path
-    config_dir: Path
-    context_dir: Path
+    partition_dir: Annotated[Path, From("partition")]
+    bundle_dir: Annotated[Path, From("bundle", contents=False)]  # of the bundle, its manifest only
+    # the stages whose cost the page shows, and nothing of their outputs: their directories only
+    model_dir: Annotated[Path, From("fetch", reads="dir")]
+    io_dir: Annotated[Path, From("io", reads="dir")]
+    config_dir: Annotated[Path, From("config", reads="dir")]
+    context_dir: Annotated[Path, From("context", reads="dir")]
     """context outputs, one subdir per plugin."""
-    twin_dir: Path
+    twin_dir: Annotated[Path, From("twin", reads="dir")]
     """twin outputs (verify's unshared twins), one subdir per plugin."""
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class TwinInputs(StageInputs):
@@ -16,8 +17,8 @@ class TwinInputs(StageInputs):
     context manifest's code (a new context manifest field rebuilds no twin)."""
 
     model: str
-    model_dir: Path
-    partition_dir: Path
+    model_dir: Annotated[Path, From("fetch", reads="files")]
+    partition_dir: Annotated[Path, From("partition", reads="files")]
     binary: str
     """The shipped binary it stands in for (the merge entry's key, e.g. ``qnn/graphllm0.bin``)."""
     graphs: list[str]

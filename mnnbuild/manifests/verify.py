@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -10,25 +11,25 @@ from mnnbuild.base.compare import Tolerance
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import StageInputs
+from mnnbuild.pipeline.stage import From, StageInputs
 
 
 class VerifyInputs(StageInputs):
     model: str
-    bundle_dir: Path
+    bundle_dir: Annotated[Path, From("bundle")]
     """bundle output (``bundle.manifest.json``, ``model/<name>/``)."""
-    partition_dir: Path
-    io_dir: Path
-    model_dir: Path
+    partition_dir: Annotated[Path, From("partition")]
+    io_dir: Annotated[Path, From("io")]
+    model_dir: Annotated[Path, From("fetch")]
     """fetch output: the original model, run whole in MNN for the references."""
-    context_dir: Path
+    context_dir: Annotated[Path, From("context", contents=False)]  # of the contexts, their manifests only
     """context outputs (one subdir per plugin): each shipped binary must have its recorded hash."""
-    twin_dir: Path
+    twin_dir: Annotated[Path, From("twin")]
     """twin outputs (one subdir per plugin): the unshared twins, which run in the simulator in the shipped
     binaries' place."""
-    visual_io_dir: Path | None = None
+    visual_io_dir: Annotated[Path | None, From("io", part="visual")] = None
     """A VL model's encoder (its visual part): io and partition outputs; None: no encoder."""
-    visual_partition_dir: Path | None = None
+    visual_partition_dir: Annotated[Path | None, From("partition", part="visual")] = None
 
 
 class VerifyParams(BaseModel):

@@ -15,11 +15,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
+from mnnbuild.mnn.llm import DEEPSTACK_INPUT, DEFAULT_MODEL, DEFAULT_WEIGHT, LLM_INPUTS, MODEL_CONFIG
 from mnnbuild.model.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
 from mnnbuild.model.spec import Family
 from mnnbuild.pipeline.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 
-MODEL_CONFIG = "config.json"
 LLM_CONFIG = "llm_config.json"
 TOKENIZER_FILES = ("tokenizer.txt", "tokenizer.mtok")
 OPTIONAL_FILES = ("embeddings_bf16.bin",)
@@ -39,17 +39,13 @@ def prompt_file_text(prompt: str) -> str:
 
 
 DEFAULT_PROMPT = prompt_file_text(DEFAULT_PROMPT_TEXT)
-#: MNN's default weight file when a config names none (llmconfig.hpp ``llm_weight``).
-MNN_DEFAULT_WEIGHT = "llm.mnn.weight"
 #: A file name from config.json: it becomes a path in the artifact tree and on the device, so plain names only.
 PLAIN_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 PartFamily = Literal["llm", "embedding", "visual"]
-DEEPSTACK_INPUT = "deepstack_embeds"
-"""Qwen3-VL's language model input: visual features added to the first layers' hidden states."""
-LLM_INPUTS = ("input_ids", "attention_mask", "position_ids", "logits_index", DEEPSTACK_INPUT)
-"""The inputs of a text LLM graph, in the order the io stage writes them (a VL language model's ``position_ids``
-have 3 rows, and Qwen3-VL's also takes ``deepstack_embeds``)."""
+LLM_PART_INPUTS = (*LLM_INPUTS, DEEPSTACK_INPUT)
+"""The inputs a language model graph may take, in the order the io stage writes them: MNN's four (a VL language
+model's ``position_ids`` have 3 rows) and Qwen3-VL's ``deepstack_embeds``."""
 
 
 class ModelPart(BaseModel):
@@ -62,13 +58,13 @@ class ModelPart(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     family: PartFamily = "llm"
-    model_file: str = "llm.mnn"
-    weight_file: str = MNN_DEFAULT_WEIGHT
+    model_file: str = DEFAULT_MODEL
+    weight_file: str = DEFAULT_WEIGHT
 
     @property
     def inputs(self) -> tuple[str, ...]:
         """Inputs the graph may take: an embedding model has no ``logits_index`` (it returns one vector)."""
-        return {"llm": LLM_INPUTS, "embedding": LLM_INPUTS[:3], "visual": VISUAL_INPUTS}[self.family]
+        return {"llm": LLM_PART_INPUTS, "embedding": LLM_INPUTS[:3], "visual": VISUAL_INPUTS}[self.family]
 
     @property
     def output(self) -> str:
@@ -107,7 +103,7 @@ class ModelPart(BaseModel):
 
 
 FAMILY_FILES: dict[str, tuple[str, str]] = {
-    "llm": ("llm.mnn", MNN_DEFAULT_WEIGHT),
+    "llm": (DEFAULT_MODEL, DEFAULT_WEIGHT),
     "embedding": ("embedding.mnn", "embedding.mnn.weight"),
     "visual": (VISUAL_FILE, VISUAL_WEIGHT_FILE),
 }
@@ -118,6 +114,13 @@ VISUAL_PART = ModelPart(family="visual", model_file=VISUAL_FILE, weight_file=VIS
 ChainPart = Literal["llm", "visual"]
 """Which chain of a model a part stage builds: the model's own graph (``llm``: a text LLM, a VL model's language
 model or an embedding model, as fetch recorded it) or a VL model's encoder (``visual``: :data:`VISUAL_PART`)."""
+VISUAL: ChainPart = "visual"
+
+
+def chain_parts(family: str) -> tuple[ChainPart, ...]:
+    """The chains a model of spec family ``family`` is built in, each with its own io, partition and modellib: the
+    language model (``llm``) and, for a VL model, its encoder (``visual``)."""
+    return ("llm", VISUAL) if family == "vl" else ("llm",)
 
 
 def chain_part(fetched: ModelPart, chain: ChainPart) -> ModelPart:

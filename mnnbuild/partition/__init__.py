@@ -10,6 +10,8 @@
 - ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graphllm<k>``).
 - ``lowered``: a plugin's graph dirs lowered to QNN (``lower_plugin``; ``PluginGraphs``, what the context and twin
   stages compose from, and the modellib stage writes).
+- ``graphs``: each plugin graph's dir (description, reference values), convolutions split by output channels, the
+  sample runs that check the cut, the plugins' attributes per shape.
 - ``report``: the partition report (JSON and text).
 
 MNN op semantics (what an op reads, what decides its shape) are ``mnnbuild.mnn.semantics``.

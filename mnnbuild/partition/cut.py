@@ -37,7 +37,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.semantics import CONST_OP_TYPES, SOURCE_OP_TYPES, needed_ops, reads_content, shape_inputs
@@ -326,7 +326,7 @@ def _boundaries(model: MnnModel, modules: list[Module], inputs: set[int], output
                 continue
             owner = next((e for e in modules[:pos] if not e.is_break and t in e.produced), None)
             if owner is None:
-                raise StageError(
+                raise MNNFormatError(
                     f"partition: tensor {t} {model.tensor_names[t]!r} read by op "
                     f"{model.ops[m.ops[0]].name!r} is neither a graph input nor made by an earlier op; "
                     "expected a source model whose ops are in topological order"
@@ -340,7 +340,7 @@ def _check_order(model: MnnModel, needed: Sequence[int]) -> None:
         op = model.ops[i]
         late = [t for t in op.inputs if t >= 0 and t not in made]
         if late:
-            raise StageError(
+            raise MNNFormatError(
                 f"{model.path or 'model'}: op #{i} {op.name!r} reads tensor {model.tensor_names[late[0]]!r} "
                 "before any op makes it; expected ops in topological order"
             )

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import MNNFormatError, UpstreamError
 from mnnbuild.cpu import forward_vars, import_mnn, to_numpy, to_var
 from mnnbuild.mnn import MnnModel, Op, make_blob, save_model
 
@@ -52,17 +52,17 @@ def compute_folded(
         graph = expr.load_as_dict(str(model_path))  # fresh per sample: its inputs are written in place
         for name, array in sample.items():
             if name not in graph:
-                raise StageError(f"{model_path}: the graph has no input {name!r} of the sample")
+                raise UpstreamError(f"{model_path}: the graph has no input {name!r} of the sample")
             value = np.ascontiguousarray(array)
             graph[name].resize(list(value.shape))
             graph[name].write(value)
         values = {}
         for n in names:
             if n not in graph:
-                raise StageError(f"{model_path}: MNN does not expose the folded tensor {n!r}")
+                raise MNNFormatError(f"{model_path}: MNN does not expose the folded tensor {n!r}")
             values[n] = to_numpy(graph[n])
             if values[n].dtype not in _BLOB_FIELDS:
-                raise StageError(
+                raise MNNFormatError(
                     f"{model_path}: folded tensor {n!r} has type {values[n].dtype}; expected one of "
                     f"{', '.join(str(d) for d in _BLOB_FIELDS)}"
                 )

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import UpstreamError
 from mnnbuild.base.fsutil import confined
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError
@@ -61,7 +61,7 @@ def lower_plugin(
                 conv_weights,
             )
         except LoweringError as exc:
-            raise StageError(f"{src / GRAPH_FILE}: graph {src.name} cannot be lowered: {exc}") from None
+            raise type(exc)(f"{src / GRAPH_FILE}: graph {src.name} cannot be lowered: {exc}") from None
         yield src, lowered
 
 
@@ -72,7 +72,7 @@ def source_model(model_dir: Path, part: ModelPart, partition_dir: Path, graphs: 
         src = confined(partition_dir, g, MERGE_FIELD)
         found.add(SubgraphRecord.read(src).model_file(model_dir / part.model_file, partition_dir, src))
     if len(found) > 1:
-        raise StageError(
+        raise UpstreamError(
             f"{partition_dir}: graphs {list(graphs)} of one plugin index different models; run the partition again"
         )
     return found.pop()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import ForeignModelError, UpstreamError
 from mnnbuild.base.fsutil import confined
 from mnnbuild.cpu import load_vars
 from mnnbuild.mnn import MnnModel
@@ -124,12 +124,13 @@ class SubgraphRecord(BaseModel):
 
     def check_model(self, model: MnnModel, graph_dir: Path) -> None:
         """That the ops and tensors named here are ``model``'s (same index, name and type): a graph dir copied from
-        another model's partition, or edited, is a ``StageError`` naming the file and field, not an IndexError."""
+        another model's partition, or edited, is a ``ForeignModelError`` naming the file and field, not an
+        IndexError."""
         path = Path(graph_dir) / GRAPH_FILE
         where = model.path.name if model.path is not None else "the source model"
 
-        def fail(field: str, what: str) -> StageError:
-            return StageError(f"{path}: field {field!r}: {what}; run the partition stage again")
+        def fail(field: str, what: str) -> ForeignModelError:
+            return ForeignModelError(f"{path}: field {field!r}: {what}; run the partition stage again")
 
         for ref in self.ops:
             if not 0 <= ref.index < len(model.ops):
@@ -156,23 +157,23 @@ class SubgraphRecord(BaseModel):
         try:
             return cls.model_validate_json(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise StageError(f"{path}: graph description missing; run the partition stage") from None
+            raise UpstreamError(f"{path}: graph description missing; run the partition stage") from None
         except ValueError as exc:
-            raise StageError(f"{path}: invalid graph description: {exc}") from None
+            raise UpstreamError(f"{path}: invalid graph description: {exc}") from None
 
 
 def _load_tensors(path: Path, specs: Sequence[TensorSpec]) -> list[np.ndarray]:
     """The arrays of ``specs`` from an MNN variable file the partition wrote, with their exact shapes (an older
-    file stores a scalar as shape [1]); a missing or misshaped one is a ``StageError`` naming the file."""
+    file stores a scalar as shape [1]); a missing or misshaped one is an ``UpstreamError`` naming the file."""
     arrays = load_vars(path) if path.is_file() else None
     if arrays is None:
-        raise StageError(f"{path}: missing; run the partition stage")
+        raise UpstreamError(f"{path}: missing; run the partition stage")
     found = []
     for t in specs:
         a = arrays.get(t.name)
         if a is None or a.size != int(np.prod(t.shape, dtype=np.int64)):
             got = "no such tensor" if a is None else f"shape {list(a.shape)}"
-            raise StageError(
+            raise UpstreamError(
                 f"{path}: tensor {t.name!r} expected with shape {t.shape}, found {got}; run the partition stage again"
             )
         found.append(a.reshape(t.shape))

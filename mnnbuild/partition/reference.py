@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.base.logs import progress
 from mnnbuild.cpu import (
     NCHW,
@@ -94,9 +94,9 @@ def run_modules(
     for m in progress(cut.modules, desc=f"partition: subgraphs {label} on the CPU", unit="subgraph"):
         missing = [t for t in m.inputs if t not in envs[0]]
         if missing:
-            raise StageError(f"partition: tensor {names[missing[0]]!r} is read before any subgraph makes it")
+            raise MNNFormatError(f"partition: tensor {names[missing[0]]!r} is read before any subgraph makes it")
         if not m.inputs:
-            raise StageError(f"partition: subgraph at op {model.ops[m.ops[0]].name!r} has no data input")
+            raise MNNFormatError(f"partition: subgraph at op {model.ops[m.ops[0]].name!r} has no data input")
         fixed = sorted({t for i in m.ops for t in model.ops[i].inputs if t in frontier} - set(m.inputs))
         # an NPU module's internal tensors need specs too: asked for in the same run (a second run of the module
         # for them was a large share of the stage at real size)
@@ -104,7 +104,7 @@ def run_modules(
         model_path = source_of(m)
         module = load_module(model_path, rt, _names(cut, [*m.inputs, *fixed]), _names(cut, [*m.outputs, *made]))
         if module is None:
-            raise StageError(
+            raise MNNFormatError(
                 f"{model_path}: MNN could not load the sub-graph {_names(cut, m.inputs)} -> {_names(cut, m.outputs)}"
             )
         for (_, folded), env, fmt, res in zip(shapes, envs, formats, results, strict=True):

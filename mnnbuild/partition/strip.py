@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mnnbuild.base.errors import MNNFormatError, StageError
 from mnnbuild.base.fsutil import atomic_write_bytes, atomic_write_text
 from mnnbuild.manifests.partition import KeptBytes, ShippedWeights
 from mnnbuild.mnn import MnnModel, external_ranges, plan_weights, relocate_model, tie_embeddings, write_weights
@@ -36,15 +35,12 @@ def strip_weights(result: MnnModel, model_dir: Path, part: ModelPart, out_dir: P
     the model's own graph, ``llm_config.json``; returns ``result`` pointing into that file, and what was kept."""
     weight_path = Path(model_dir) / part.weight_file
     config_path = Path(model_dir) / LLM_CONFIG
-    try:
-        ranges = external_ranges(result)
-        config = None if part.family == "visual" else read_llm_config(Path(model_dir))
-        tie = tie_embeddings(config, config_path) if config is not None else None
-        tie_range = tie.weight_range() if tie is not None else None
-        extra = [tie_range] if tie_range is not None else []
-        plan = plan_weights(weight_path, ranges + extra, never_at_zero=[r.offset for r in extra])
-    except MNNFormatError as exc:
-        raise StageError(str(exc)) from None
+    ranges = external_ranges(result)
+    config = None if part.family == "visual" else read_llm_config(Path(model_dir))
+    tie = tie_embeddings(config, config_path) if config is not None else None
+    tie_range = tie.weight_range() if tie is not None else None
+    extra = [tie_range] if tie_range is not None else []
+    plan = plan_weights(weight_path, ranges + extra, never_at_zero=[r.offset for r in extra])
     write_weights(plan, Path(out_dir) / part.shipped_weight_file)
     if config is not None:
         if tie is not None and tie_range is not None:

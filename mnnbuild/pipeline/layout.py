@@ -8,61 +8,44 @@ names, since it never imports the build.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol
 
 from mnnbuild.base.fsutil import MANIFEST_SUFFIX, ORIGIN_SUFFIX
 
+
 # -- stage directories ---------------------------------------------------------------------------------
-MODEL_STAGES = ("fetch", "io", "partition", "modellib")
-"""Stages built once per model (``<root>/<model>/<dir>``); the others are built per target."""
-STAGE_DIRS = {
-    "fetch": "model",
-    "io": "io",
-    "partition": "partition",
-    "modellib": "modellib",
-    "config": "config",
-    "context": "context",
-    "twin": "twin",
-    "bundle": "bundle",
-    "verify": "verify",
-    "report": "report",
-}
+class Placed(Protocol):
+    """What the layout needs of a stage declaration (`mnnbuild.pipeline.stage.Stage`): its directory's name and
+    where its runs sit (``model``, ``part``, ``target`` or ``plugin``)."""
+
+    name: str
+    dir: str
+    placement: str
 
 
-PART_STAGES = ("io", "partition", "modellib")
-"""Stages built once per model file of a model: a VL model's encoder (its ``visual`` part) has its own dirs."""
-
-
-def stage_dir(artifact_root: Path, stage: str, model: str, arch: str | None = None, part: str | None = None) -> Path:
-    """Where ``stage`` writes for ``model`` (and ``arch``, for the per-target stages); ``part`` (a VL model's
-    ``visual``) puts a part stage under ``<model>/<part>/``; the language model's (``llm``) stay where a text LLM's
-    are."""
+def stage_dir(artifact_root: Path, stage: Placed, model: str, arch: str | None = None, part: str | None = None) -> Path:
+    """Where ``stage`` writes for ``model`` (and ``arch``, for the per-target and per-plugin stages: the group dir of
+    the latter); ``part`` (a VL model's ``visual``) puts a per-part stage under ``<model>/<part>/``; the language
+    model's (``llm``) stay where a text LLM's are."""
     if part not in (None, "llm"):
-        if stage not in PART_STAGES:
-            raise ValueError(f"stage {stage} is built once for all parts of a model, not per part")
-        return Path(artifact_root) / model / part / STAGE_DIRS[stage]
-    if stage in MODEL_STAGES:
-        return Path(artifact_root) / model / STAGE_DIRS[stage]
+        if stage.placement != "part":
+            raise ValueError(f"stage {stage.name} is built once for all parts of a model, not per part")
+        return Path(artifact_root) / model / part / stage.dir
+    if stage.placement in ("model", "part"):
+        return Path(artifact_root) / model / stage.dir
     if arch is None:
-        raise ValueError(f"stage {stage} is built per target: an arch is needed")
-    return Path(artifact_root) / model / arch / STAGE_DIRS[stage]
+        raise ValueError(f"stage {stage.name} is built per target: an arch is needed")
+    return Path(artifact_root) / model / arch / stage.dir
 
 
-def context_dir(artifact_root: Path, model: str, arch: str, binary: str) -> Path:
-    """One plugin's context stage dir: ``context/<plugin>`` (``qnn/graphllm0.bin`` -> ``graphllm0``)."""
-    return plugin_context_dir(stage_dir(artifact_root, "context", model, arch), binary)
+def plugin_context_dir(group_dir: Path, binary: str) -> Path:
+    """One plugin's dir under a per-plugin stage's group dir (``<arch>/context``, ``<arch>/twin``):
+    ``qnn/graphllm0.bin`` -> ``<group>/graphllm0``."""
+    return Path(group_dir) / Path(binary).stem
 
 
-def plugin_context_dir(context_stage_dir: Path, binary: str) -> Path:
-    """:func:`context_dir` under a given ``<arch>/context`` dir (or ``<arch>/twin``: see :func:`plugin_dir`)."""
-    return Path(context_stage_dir) / Path(binary).stem
-
-
-PLUGIN_STAGES = ("context", "twin")
-"""Stages with a dir (and a task) per plugin: ``<arch>/<stage>/<plugin>``."""
-
-
-def plugin_dir(artifact_root: Path, stage: str, model: str, arch: str, binary: str) -> Path:
-    """One plugin's dir of a per-plugin stage (:data:`PLUGIN_STAGES`)."""
+def plugin_dir(artifact_root: Path, stage: Placed, model: str, arch: str, binary: str) -> Path:
+    """One plugin's dir of a per-plugin stage."""
     return plugin_context_dir(stage_dir(artifact_root, stage, model, arch), binary)
 
 
@@ -133,7 +116,6 @@ def twin_file(binary: str) -> str:
 
 # -- config / bundle / verify --------------------------------------------------------------------------
 CONFIG_FILE = "config_qnn.json"
-DEFAULT_TOKENIZER = "tokenizer.txt"
 BUNDLE_MODEL_DIR = "model"
 """The bundle's device tree: ``model/<model name>/``."""
 

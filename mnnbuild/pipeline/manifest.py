@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import mnnbuild
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import ManifestMissing, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from mnnbuild.pipeline.layout import manifest_file
 
@@ -44,6 +44,11 @@ class FileRecord(BaseModel):
     path: str
     size: int
     sha256: str
+
+    def under(self, stage_dir: str) -> FileRecord:
+        """This record re-rooted onto ``stage_dir`` (an upstream stage dir's name, ``model``, ``partition``...): how a
+        stage records, relative to the artifact root's model dir, a file it read of another stage."""
+        return self.model_copy(update={"path": f"{stage_dir}/{self.path}"})
 
     @classmethod
     def of(cls, path: Path, base: Path) -> FileRecord:
@@ -105,18 +110,18 @@ class Manifest(BaseModel):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise StageError(f"{path}: manifest missing; run the {cls.stage} stage first") from None
+            raise ManifestMissing(f"{path}: manifest missing; run the {cls.stage} stage first") from None
         except json.JSONDecodeError as exc:
-            raise StageError(f"{path}: manifest is not valid JSON: {exc}") from None
+            raise UpstreamError(f"{path}: manifest is not valid JSON: {exc}") from None
         if data.get("schema_version") != cls.schema_hash():
-            raise StageError(
+            raise UpstreamError(
                 f"{path}: field 'schema_version' is {data.get('schema_version')!r}, expected "
                 f"{cls.schema_hash()!r}; the {cls.stage} stage must be re-run"
             )
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise StageError(f"{path}: invalid {cls.stage} manifest: {exc}") from None
+            raise UpstreamError(f"{path}: invalid {cls.stage} manifest: {exc}") from None
 
     def output(self, rel_path: str) -> FileRecord:
         """The output record for a path relative to the output dir."""

@@ -27,9 +27,9 @@ from mnnbuild.base.sizes import human_bytes
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.manifests.partition import PartitionManifest
-from mnnbuild.model.modeldir import OPTIONAL_FILES, VISUAL_PART, ModelPart, tokenizer_file
-from mnnbuild.model.spec import DEVICE_NAME_PATTERN
+from mnnbuild.manifests.partition import PartitionManifest, read_merge
+from mnnbuild.model.modeldir import OPTIONAL_FILES, VISUAL_PART, ModelPart, prompt_file_text, tokenizer_file
+from mnnbuild.model.spec import DEVICE_NAME_PATTERN, HfSource, ModelSpec
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.layout import (
     BUNDLE_MODEL_DIR,
@@ -39,9 +39,10 @@ from mnnbuild.pipeline.layout import (
     PUSH_SCRIPT,
     QNN_DIR,
     RUN_SCRIPT,
+    plugin_context_dir,
 )
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +188,11 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
         )
     tokenizer = tokenizer_file(model_dir)
     part = inputs.manifest(FetchManifest, model_dir).part
-    # each binary sits in <context out_dir>/qnn/: its manifest says which QNN built it, for which SoC
-    contexts = [inputs.manifest(ContextManifest, Path(b).parent.parent) for b in inputs.context_binaries]
+    # each binary sits in its plugin's context dir, <plugin>/qnn/: its manifest says which QNN built it, for which SoC
+    partitions = [inputs.partition_dir, *([inputs.visual_partition_dir] if inputs.visual_partition_dir else [])]
+    plugin_dirs = {b: plugin_context_dir(inputs.context_dir, b) for d in partitions for b in read_merge(Path(d))}
+    binaries = [plugin_dir / b for b, plugin_dir in plugin_dirs.items()]
+    contexts = [inputs.manifest(ContextManifest, plugin_dir) for plugin_dir in plugin_dirs.values()]
     builds = sorted({c.tools.get("QNN", "unknown") for c in contexts})
     if len(builds) != 1:
         raise StageError(f"{inputs.model}: context binaries were built by different QNN builds {builds}")
@@ -210,7 +214,7 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
             copies += _partition_files(inputs, Path(inputs.visual_partition_dir), encoder, dest)
             readme = visual_readme(inputs.model_name, params.image_sizes, encoder.result_model)
             atomic_write_text(tmp / BUNDLE_README, readme)
-        copies += [(binary, dest / QNN_DIR / binary.name) for binary in inputs.context_binaries]
+        copies += [(binary, dest / QNN_DIR / binary.name) for binary in binaries]
         # two copies at a time: a bundle is GBs of weights and context binaries, and copying lets go of the GIL
         # (measured: docs/benchmarks.md, "Numbers behind the code")
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -236,15 +240,37 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
     return manifest
 
 
+def bundle_params(spec: ModelSpec, at: At) -> BundleParams:
+    soc = spec.soc(str(at.arch))
+    return BundleParams(soc=soc, prompt=prompt_file_text(spec.verify.prompt), image_sizes=tuple(spec.image_sizes))
+
+
+def device_name(spec: ModelSpec) -> str:
+    """The model's directory name on the device: the HF repo's name, or the local directory's."""
+    if isinstance(spec.source, HfSource):
+        return spec.source.hf.rpartition("/")[2]
+    return spec.local_dir().name
+
+
+def bundle_fields(spec: ModelSpec, at: At) -> dict[str, object]:
+    return {"model_name": device_name(spec)}
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"device bundle of {spec.name} for {spec.soc(str(at.arch)).name} (HTP {at.arch})"
+
+
 STAGE = Stage(
     name="bundle",
     entry=assemble_bundle,
     inputs=BundleInputs,
     params=BundleParams,
     manifest=BundleManifest,
-    upstream=("fetch", "config", "partition", "context"),
+    params_of=bundle_params,
+    describe=describe,
+    fields_of=bundle_fields,
+    placement="target",
     outputs=(f"{BUNDLE_MODEL_DIR}/<name>/", PUSH_SCRIPT, RUN_SCRIPT),
-    per_target=True,
     tools=frozenset({"QNN"}),
     # cached although a rebuild copies what a restore would: a warm verify or report then needs only its manifest
     # (the binaries' blobs are the context stage's; the entry adds the shipped weight file); restored as copies

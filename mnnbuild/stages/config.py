@@ -17,10 +17,12 @@ from typing import Any
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams, ConfigQnn
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.model.modeldir import MODEL_CONFIG, ModelPart, read_model_config, tokenizer_file
-from mnnbuild.pipeline.layout import CONFIG_FILE, DEFAULT_TOKENIZER
-from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.mnn.llm import DEFAULT_TOKENIZER, MODEL_CONFIG
+from mnnbuild.model.modeldir import VISUAL_PART, ModelPart, read_model_config, tokenizer_file
+from mnnbuild.model.spec import ModelSpec
+from mnnbuild.pipeline.layout import CONFIG_FILE
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +56,7 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
         manifest = ConfigManifest(
             model=inputs.model,
             target=inputs.target,
-            inputs=[
-                FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256)
-                for r in fetched.outputs
-                if r.path in (MODEL_CONFIG, tokenizer)
-            ],
+            inputs=[r.under("model") for r in fetched.outputs if r.path in (MODEL_CONFIG, tokenizer)],
             params=params,
             tools=tool_versions(),
             outputs=record_outputs(tmp),
@@ -72,14 +70,26 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
     return manifest
 
 
+def config_params(spec: ModelSpec, at: At) -> ConfigParams:
+    return ConfigParams(
+        chunk_sizes=spec.prefill_lengths,
+        visual_model=VISUAL_PART.result_model if spec.family == "vl" else None,
+    )
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"config_qnn.json for {spec.name} on {at.arch} (chunk limits {[*spec.prefill_lengths, 1]})"
+
+
 STAGE = Stage(
     name="config",
     entry=write_config,
     inputs=ConfigInputs,
     params=ConfigParams,
     manifest=ConfigManifest,
-    upstream=("fetch",),
+    params_of=config_params,
+    describe=describe,
+    placement="target",
     outputs=(CONFIG_FILE,),
-    per_target=True,
     doc="Write each model's config_qnn.json per target.",
 )

@@ -16,18 +16,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mnnbuild.base.errors import StageError
 from mnnbuild.base.fsutil import confined, staged_dir
 from mnnbuild.lowering.binary import compose_checked
-from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import plugin_part, plugin_sources
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.lowered import PluginGraphs
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import QnnLibrary
 
 log = logging.getLogger(__name__)
@@ -44,10 +43,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
         source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
         # a one-graph plugin (a VL encoder built for one image size) has nothing to share: QNN marks it unshared
         sharing = params.weight_sharing and len(source.graphs) > 1
-        try:
-            info, size, seconds = compose_checked(lib, soc, source, source.names, sharing, dest, inputs.binary)
-        except LoweringError as exc:
-            raise StageError(str(exc)) from None
+        info, size, seconds = compose_checked(lib, soc, source, source.names, sharing, dest, inputs.binary)
         manifest = ContextManifest(
             model=inputs.model,
             target=soc.dsp_arch,
@@ -77,17 +73,25 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
     return manifest
 
 
+def context_params(spec: ModelSpec, at: At) -> ContextParams:
+    return ContextParams(soc=spec.soc(str(at.arch)))
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"HTP context binary {at.binary} ({', '.join(at.graphs)}) for {spec.soc(str(at.arch)).name}"
+
+
 STAGE = Stage(
     name="context",
     entry=build_context,
     inputs=ContextInputs,
     params=ContextParams,
     manifest=ContextManifest,
-    upstream=("fetch", "partition"),
-    upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    params_of=context_params,
+    describe=describe,
+    placement="plugin",
     defer=("*",),
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
-    per_target=True,
     tools=frozenset({"QNN"}),
     doc="HTP context binaries, one per plugin (created once the model's partition ran).",
 )

@@ -15,10 +15,10 @@ from pydantic import ValidationError
 from mnnbuild.base.errors import ModelDirError
 from mnnbuild.base.fsutil import atomic_write_text, relative_symlink, staged_dir
 from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord
-from mnnbuild.model.modeldir import ALL_FILES, validate_model_dir
-from mnnbuild.model.spec import HfSource
+from mnnbuild.model.modeldir import ALL_FILES, VISUAL_FILES, family_files, validate_model_dir
+from mnnbuild.model.spec import HfSource, ModelSpec
 from mnnbuild.pipeline.manifest import FileRecord, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
 
@@ -140,15 +140,44 @@ def update_lock(source: HfSource, lock_path: Path, files: tuple[str, ...] = ALL_
     return new
 
 
+def fetch_params(spec: ModelSpec, at: At | None = None) -> FetchParams:
+    """The spec's family and the files its chain takes from the model dir (the only ones an HF fetch downloads;
+    a VL model's encoder files too, checked against the spec's ``visual_encoder``)."""
+    if spec.family == "vl":
+        files = (*family_files("llm"), *VISUAL_FILES)
+        return FetchParams(family="llm", files=files, visual_encoder=spec.visual_encoder)
+    family = "embedding" if spec.family == "embedding" else "llm"
+    return FetchParams(family=family, files=family_files(family))
+
+
+def fetch_fields(spec: ModelSpec, at: At) -> dict[str, object]:
+    """Where the model comes from: an HF repo pinned by its lock file, or a local directory."""
+    if isinstance(spec.source, HfSource):
+        return {"source": spec.source, "lock_path": spec.lock_path}
+    return {"source": spec.source, "source_dir": spec.local_dir()}
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    if isinstance(spec.source, HfSource):
+        return f"link the {spec.name} model files from HF {spec.source.hf}@{spec.source.revision}"
+    return f"link the {spec.name} model files from {spec.local_dir()}"
+
+
 STAGE = Stage(
     name="fetch",
     entry=fetch,
     inputs=FetchInputs,
     params=FetchParams,
     manifest=FetchManifest,
+    params_of=fetch_params,
+    describe=describe,
+    fields_of=fetch_fields,
     outputs=ALL_FILES,
+    dir="model",
     # its outputs are links into this machine's source or HF cache: restoring another checkout's links
     # would point there, and relinking is as cheap as a restore
     cacheable=False,
+    reads_source=True,
+    symlinks=True,
     doc="Link (local) or download (Hugging Face) each model's files.",
 )

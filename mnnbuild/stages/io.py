@@ -30,19 +30,20 @@ from mnnbuild.cpu.segments import iter_segmented
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.mnn import MnnModel, input_dtypes, load_model
+from mnnbuild.mnn.llm import DEEPSTACK_INPUT, MODEL_CONFIG, causal_mask
 from mnnbuild.model.modeldir import (
-    DEEPSTACK_INPUT,
     LLM_CONFIG,
+    VISUAL,
     ModelPart,
     chain_part,
     check_hidden_size,
     read_llm_config,
 )
-from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize
+from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize, ModelSpec
 from mnnbuild.model.visual import visual_inputs
 from mnnbuild.pipeline.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
-from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
 
@@ -85,13 +86,11 @@ def make_inputs(
     rows random, the text's zero)."""
     declared = declared or {}
     rng = np.random.default_rng([seed, seq_len])
-    lowest = np.finfo(np.float32).min
-    mask = np.triu(np.full((seq_len, seq_len), lowest, dtype=np.float32), k=1)
     rows = declared.get("position_ids", [1])[0]
     positions, image = mrope_positions(seq_len, rows if rows > 0 else 1)
     feed = {
         "input_ids": rng.random((seq_len, 1, hidden_size), dtype=np.float32),
-        "attention_mask": mask.reshape(1, 1, seq_len, seq_len),
+        "attention_mask": causal_mask(seq_len),
         "position_ids": positions,
         "logits_index": np.array([-1 if seq_len == DECODE_SEQ else 0], dtype=np.int32),
     }
@@ -127,7 +126,7 @@ def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> N
     from mnnbuild_runtime import BundleError, Tokenizer
 
     try:
-        prompt_tokens = len(Tokenizer(model_dir / "config.json", links=True).encode(params.prompt))
+        prompt_tokens = len(Tokenizer(model_dir / MODEL_CONFIG, links=True).encode(params.prompt))
     except BundleError as exc:
         raise ModelDirError(str(exc)) from None
     longest = max(params.chunk_sizes)
@@ -278,11 +277,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         used = {part.model_file, part.weight_file, LLM_CONFIG}
         manifest = IoManifest(
             model=inputs.model,
-            inputs=[
-                FileRecord(path=f"model/{r.path}", size=r.size, sha256=r.sha256)
-                for r in fetched.outputs
-                if r.path in used
-            ],
+            inputs=[r.under("model") for r in fetched.outputs if r.path in used],
             params=params,
             tools=tool_versions(mnn=True),
             outputs=record_outputs(tmp),
@@ -292,13 +287,38 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
     return manifest
 
 
+def _lengths(spec: ModelSpec) -> str:
+    return "/".join(str(n) for n in spec.prefill_lengths)
+
+
+def io_params(spec: ModelSpec, at: At) -> IoParams:
+    """The language model's samples: decode and one per prefill length; a VL encoder's: one per image size."""
+    if at.part == VISUAL:
+        return IoParams(
+            part=VISUAL,
+            visual_encoder=spec.visual_encoder,
+            image_sizes=tuple(spec.image_sizes),
+            seed=spec.seed,
+        )
+    return IoParams(chunk_sizes=spec.prefill_lengths, seed=spec.seed, prompt=spec.verify.prompt)
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    if at.part == VISUAL:
+        sizes = "/".join(spec.image_sizes)
+        return f"reference io of the {spec.name} visual encoder at image sizes {sizes} (MNN CPU)"
+    return f"decode and prefill-{_lengths(spec)} reference io of {spec.name} (MNN CPU)"
+
+
 STAGE = Stage(
     name="io",
     entry=generate_io,
     inputs=IoInputs,
     params=IoParams,
     manifest=IoManifest,
-    upstream=("fetch",),
+    params_of=io_params,
+    describe=describe,
+    placement="part",
     defer=("*",),
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),

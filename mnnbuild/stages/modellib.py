@@ -29,11 +29,12 @@ from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibM
 from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.model.modeldir import chain_part
+from mnnbuild.model.modeldir import VISUAL, chain_part
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.lowered import lower_plugin, source_model
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 
 log = logging.getLogger(__name__)
 
@@ -121,13 +122,24 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
 __all__ = ["GRAPH_JSON", "ModellibInputs", "ModellibManifest", "ModellibParams", "build_modellib"]
 
 
+def modellib_params(spec: ModelSpec, at: At) -> ModellibParams:
+    return ModellibParams()
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    what = f"{spec.name} visual encoder graph" if at.part == VISUAL else f"{spec.name} graph"
+    return f"lower every {what} to a QNN graph description + static tensor raws"
+
+
 STAGE = Stage(
     name="modellib",
     entry=build_modellib,
     inputs=ModellibInputs,
     params=ModellibParams,
     manifest=ModellibManifest,
-    upstream=("fetch", "partition"),
+    params_of=modellib_params,
+    describe=describe,
+    placement="part",
     defer=("*",),
     outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw"),
     doc="Lower each model's graphs to QNN graph descriptions and static tensors.",

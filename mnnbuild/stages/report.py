@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.base.errors import StageError
+from mnnbuild.base.errors import StageError, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.config import ConfigManifest
@@ -26,13 +26,14 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.report import ReportInputs, ReportManifest, ReportParams
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.manifests.verify import VerifyManifest
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
-from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, origin_file
+from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, origin_file, plugin_context_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
 from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
-from mnnbuild.report import OpCell, ReportData, StageCost
+from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.report import OpCell, ReportData, StageCost, renderer_fingerprint
 from mnnbuild.report.data import op_strip
 from mnnbuild.verify.report import VerifyReport
 
@@ -63,7 +64,7 @@ def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run
     outputs: list[FileRecord] = []
     try:
         outputs = manifest.read(stage_dir).outputs
-    except StageError:
+    except UpstreamError:  # no manifest (not built, or a failed verify), or one that is no longer valid
         if origin.get("origin") != "failed":
             return StageCost(stage=stage, label=label, status="missing")
     how = {"built": "built", "cache": "from cache", "failed": "failed"}.get(str(origin.get("origin")), "unknown")
@@ -105,13 +106,13 @@ def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> Report
         ("partition", "partition", partition_dir, PartitionManifest),
         ("config", "config", Path(inputs.config_dir), ConfigManifest),
         *(
-            ("context", f"context {Path(p.name).stem}", Path(inputs.context_dir) / Path(p.name).stem, ContextManifest)
+            ("context", f"context {Path(p.name).stem}", plugin_context_dir(inputs.context_dir, p.name), ContextManifest)
             for p in partition_report.plugins
         ),
         ("bundle", "bundle", Path(inputs.bundle_dir), BundleManifest),
         # verify's unshared twins: a build cost of verifying, not of the bundle
         *(
-            ("twin", f"twin {Path(p.name).stem}", Path(inputs.twin_dir) / Path(p.name).stem, TwinManifest)
+            ("twin", f"twin {Path(p.name).stem}", plugin_context_dir(inputs.twin_dir, p.name), TwinManifest)
             for p in partition_report.plugins
         ),
         ("verify", "verify", verify_dir, VerifyManifest),
@@ -153,16 +154,31 @@ def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportM
     return manifest
 
 
+def report_params(spec: ModelSpec, at: At) -> ReportParams:
+    return ReportParams(target=str(at.arch))
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"the {spec.name} {at.arch} bundle's page report: verdict, partition, numbers, cost ({REPORT_PAGE})"
+
+
+def renderer_versions() -> dict[str, str]:
+    """The template and the libraries that draw the page are not Python modules of ours: keyed explicitly."""
+    return {"report_renderer": renderer_fingerprint()}
+
+
 STAGE = Stage(
     name="report",
     entry=report,
     inputs=ReportInputs,
     params=ReportParams,
     manifest=ReportManifest,
-    # verify's manifest orders it after a passing verify; partition and bundle hold what the page reads
-    upstream=("partition", "bundle", "verify"),
-    reads=("partition", "verify"),  # of the bundle, its manifest only
+    params_of=report_params,
+    describe=describe,
+    placement="target",
+    default=True,
     outputs=(REPORT_PAGE,),
-    per_target=True,
-    doc="The page report of each verified bundle (created once the partition ran).",
+    versions=renderer_versions,
+    after_failure_of="verify",
+    doc="Page reports: report:<model>-<arch>, one HTML page per verified bundle (created after the model's partition).",
 )

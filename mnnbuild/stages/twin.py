@@ -13,18 +13,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mnnbuild.base.errors import StageError
 from mnnbuild.base.fsutil import confined, staged_dir
 from mnnbuild.lowering.binary import compose_checked
-from mnnbuild.lowering.graph import LoweringError
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import plugin_part, plugin_sources
 from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.lowered import PluginGraphs
 from mnnbuild.pipeline.layout import twin_file
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import QnnLibrary
 
 log = logging.getLogger(__name__)
@@ -41,10 +40,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, name, "npu_postreat.json field 'merge'")
         source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
-        try:
-            info, size, seconds = compose_checked(lib, soc, source, source.names, False, dest, what)
-        except LoweringError as exc:
-            raise StageError(str(exc)) from None
+        info, size, seconds = compose_checked(lib, soc, source, source.names, False, dest, what)
         manifest = TwinManifest(
             model=inputs.model,
             target=soc.dsp_arch,
@@ -70,17 +66,26 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
     return manifest
 
 
+def twin_params(spec: ModelSpec, at: At) -> TwinParams:
+    return TwinParams(soc=spec.soc(str(at.arch)))
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    soc = spec.soc(str(at.arch))
+    return f"unshared twin of {at.binary} ({', '.join(at.graphs)}) for {soc.name}, which verify runs"
+
+
 STAGE = Stage(
     name="twin",
     entry=build_twin,
     inputs=TwinInputs,
     params=TwinParams,
     manifest=TwinManifest,
-    upstream=("fetch", "partition"),
-    upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    params_of=twin_params,
+    describe=describe,
+    placement="plugin",
     defer=("*",),
     outputs=("graphllm<k>.bin",),
-    per_target=True,
     tools=frozenset({"QNN"}),
     doc="Unshared twins of the context binaries, one per plugin, which verify runs (created once the partition ran).",
 )

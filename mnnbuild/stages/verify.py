@@ -22,7 +22,7 @@ prefill sample has the generation's length, one run serves both checks (``Genera
 
 Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
 the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:
-a failed verify never looks done, and the stage raises a ``StageError`` naming the worst failure.
+a failed verify never looks done, and the stage raises a ``ToleranceError`` naming the worst failure.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from mnnbuild_runtime import Bundle, HybridModel
 
-from mnnbuild.base.errors import MnnbuildError, StageError
+from mnnbuild.base.errors import MnnbuildError, StageError, ToleranceError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.base.logs import progress
 from mnnbuild.manifests.bundle import BundleManifest
@@ -49,13 +49,14 @@ from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.modeldir import DEFAULT_PROMPT, chain_part
+from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.pipeline.cache import trusted_hashes
-from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR, bundle_model_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as REPORT_JSON
 from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
-from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.verify import checks, failures
 from mnnbuild.verify.report import GraphCheck, VerifyReport, format_report
@@ -238,7 +239,7 @@ def _check_part(
     """Plugins, per-graph and whole-model checks of one part (and generation, for the language model); adds them
     to ``report`` and returns the failures found."""
     model_prefix = f"model/{bundle.model_name}/"
-    bundle_model_dir = Path(inputs.bundle_dir) / BUNDLE_MODEL_DIR / bundle.model_name
+    bundle_model = bundle_model_dir(inputs.bundle_dir, bundle.model_name)
     found: list[failures.Failure] = []
     merge = read_merge(part.partition_dir)
     t0 = time.perf_counter()
@@ -254,7 +255,7 @@ def _check_part(
     t0 = time.perf_counter()
     try:
         model = HybridModel(
-            Bundle.open(bundle_model_dir, visual=part.visual),
+            Bundle.open(bundle_model, visual=part.visual),
             binary_overrides={path: twin.override() for path, twin in twins.items()},
             expected_target=target,
             qnn_lib=lib,
@@ -262,7 +263,7 @@ def _check_part(
             max_loaded=params.max_loaded_plugins,
         )
     except MnnbuildError as exc:
-        found.append(failures.structure(f"bundle {bundle_model_dir}: {exc}"))
+        found.append(failures.structure(f"bundle {bundle_model}: {exc}"))
     try:
         if model is not None:
             plugins = checks.plugin_checks(model, hashes)
@@ -311,13 +312,13 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> Ver
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
-    bundle_model_dir = Path(inputs.bundle_dir) / BUNDLE_MODEL_DIR / bundle.model_name
+    bundle_model = bundle_model_dir(inputs.bundle_dir, bundle.model_name)
     soc = params.soc
     report = VerifyReport(
         model=inputs.model,
         target=soc.dsp_arch,
         soc=soc.name,
-        bundle=os.path.relpath(os.path.abspath(bundle_model_dir), os.path.abspath(out_dir)),
+        bundle=os.path.relpath(os.path.abspath(bundle_model), os.path.abspath(out_dir)),
         passed=False,
         graph_tolerance=params.graph_tolerance,
         model_tolerance=params.model_tolerance,
@@ -348,7 +349,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> Ver
 
 
 def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyManifest:
-    """Run every check and write the report; raise ``StageError`` (after writing it) when a check failed."""
+    """Run every check and write the report; raise ``ToleranceError`` (after writing it) when a check failed."""
     out_dir = Path(out_dir)
     bundle = inputs.manifest(BundleManifest, inputs.bundle_dir)
     upstream = [
@@ -371,11 +372,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             manifest = VerifyManifest(
                 model=inputs.model,
                 target=params.soc.dsp_arch,
-                inputs=[
-                    FileRecord(path=f"bundle/{r.path}", size=r.size, sha256=r.sha256)
-                    for r in bundle.outputs
-                    if r.path.startswith("model/")
-                ],
+                inputs=[r.under("bundle") for r in bundle.outputs if r.path.startswith("model/")],
                 params=params,
                 tools=tool_versions(mnn=True, qnn=report.qnn.get("build_id")),
                 outputs=record_outputs(tmp),
@@ -390,7 +387,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     if manifest is None:
         # one line: the worst failure of the first kind that failed (integrity, structure, graphs, model, generation)
         more = len(report.failures) - 1
-        raise StageError(
+        raise ToleranceError(
             f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {report.headline[0]}"
             + (f" (and {more} more failed check{'s' if more > 1 else ''})" if more else "")
             + f"; read {text}"
@@ -399,16 +396,32 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     return manifest
 
 
+def verify_params(spec: ModelSpec, at: At) -> VerifyParams:
+    return VerifyParams(
+        soc=spec.soc(str(at.arch)),
+        max_new_tokens=spec.verify.max_new_tokens,
+        follow_divergence=spec.verify.follow_divergence,
+    )
+
+
+def describe(spec: ModelSpec, at: At) -> str:
+    return f"check the {spec.name} bundle for {spec.soc(str(at.arch)).name}: CPU in MNN, plugins in the HTP simulator"
+
+
 STAGE = Stage(
     name="verify",
     entry=verify,
     inputs=VerifyInputs,
     params=VerifyParams,
     manifest=VerifyManifest,
-    upstream=("fetch", "io", "partition", "context", "twin", "bundle"),
-    reads=("fetch", "io", "partition", "twin", "bundle"),  # of the contexts, their manifests only
+    params_of=verify_params,
+    describe=describe,
+    placement="target",
+    default=True,
     outputs=(REPORT_JSON, REPORT_TEXT),
-    per_target=True,
     tools=frozenset({"MNN", "QNN"}),
-    doc="Verify each bundle: CPU in MNN, plugins in the HTP simulator (created once the partition ran).",
+    guards={"bundle_dir": BUNDLE_MODEL_DIR},
+    leaves_on_failure=REPORT_JSON,
+    group_default_only=True,
+    doc="Verify the default bundles (what a bare `doit` runs); verify:<model>-<arch> verifies any other bundle",
 )

@@ -42,7 +42,7 @@ from mnnbuild_runtime.twins import Twin as RuntimeTwin
 from mnnbuild_runtime.twins import twin_of
 
 from mnnbuild.base.compare import Tolerance, compare
-from mnnbuild.base.errors import MnnbuildError, StageError, UnsafePathError
+from mnnbuild.base.errors import MnnbuildError, SpecError, ToleranceError, UnsafePathError, UpstreamError
 from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.manifests.context import ContextManifest
@@ -140,7 +140,7 @@ def read_contexts(context_dir: Path, merge: Mapping[str, list[str]]) -> tuple[di
     for binary in merge:
         try:
             contexts[binary] = ContextManifest.read(plugin_context_dir(context_dir, binary))
-        except StageError as exc:
+        except UpstreamError as exc:
             problems.append(f"plugin {binary}: {exc}")
     return contexts, problems
 
@@ -166,7 +166,7 @@ def read_twins(
         try:
             manifest = TwinManifest.read(plugin_context_dir(twin_dir, binary))
             found = twin_of(twin_dir, binary, shipped)
-        except (StageError, BundleError) as exc:
+        except (UpstreamError, BundleError) as exc:
             problems.append(f"plugin {binary}: {exc}")
             continue
         twins[binary] = Twin(binary, list(graphs), found.path, found.sha256, shipped, manifest)
@@ -463,7 +463,7 @@ class GenerationRun:
             steps = min(check.max_new_tokens, chunk - len(ids))
             check.prompt_ids = ids
             if steps <= 0:
-                raise StageError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
+                raise SpecError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
             t0 = time.perf_counter()
             self.guess = redraft = kv_cache_redraft(self.model_dir, self.runtime)
             self.cpu_forward = cpu_forward_fn(self.model_dir, self.runtime)
@@ -545,7 +545,7 @@ class GenerationRun:
             if failed:
                 raise failed[0]
             if not runs:
-                raise StageError("the bundle did not run")
+                raise ToleranceError("the bundle did not run: nothing to compare")
             assert self.tokenizer is not None and self.embed is not None
             ids, cpu_tokens, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
             t0 = time.perf_counter()

@@ -28,14 +28,13 @@ from mnnbuild.mnn import (
     plugin_attributes,
     schema,
 )
+from mnnbuild.mnn.llm import DEFAULT_MODEL, DEFAULT_TOKENIZER, DEFAULT_WEIGHT
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
 from mnnbuild_runtime.errors import BundleError
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config_qnn.json"
-DEFAULT_WEIGHT = "llm.mnn.weight"
-DEFAULT_TOKENIZER = "tokenizer.txt"
 PLUGIN_TYPE = "QNN"
 
 #: MNN DataType -> numpy dtype, for the types a plugin output may carry.
@@ -205,7 +204,7 @@ def bundle_path(model_dir: Path, name: object, what: str, *, links: bool = False
     return path
 
 
-ENGINE_DEFAULTS = {"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight", "tokenizer_file": DEFAULT_TOKENIZER}
+ENGINE_DEFAULTS = {"llm_model": DEFAULT_MODEL, "llm_weight": DEFAULT_WEIGHT, "tokenizer_file": DEFAULT_TOKENIZER}
 """Files MNN's engine reads when a config does not name them (``llmconfig.hpp``'s defaults)."""
 
 
@@ -428,7 +427,7 @@ class Bundle:
                 raise BundleError(f"{config_path}: field 'visual_model' is missing; not a vision-language bundle")
             config = {k: v for k, v in config.items() if k not in ("llm_model", "llm_weight")}
             config.update(llm_model=config["visual_model"], llm_weight=f"{config['visual_model']}.weight")
-        llm_model = config.get("llm_model", "llm.mnn")
+        llm_model = config.get("llm_model", DEFAULT_MODEL)
         chunks = config.get("chunk_limits")
         if chunks is not None and (
             not isinstance(chunks, list) or not chunks or not all(isinstance(c, int) and c > 0 for c in chunks)

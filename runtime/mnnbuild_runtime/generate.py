@@ -31,6 +31,7 @@ from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, to_numpy
 from mnnbuild.cpu.segments import run_segmented
 from mnnbuild.mnn import embedding_info, load_model, read_embeddings
+from mnnbuild.mnn.llm import DEFAULT_MODEL, DEFAULT_WEIGHT, MODEL_CONFIG, causal_mask
 from mnnbuild.mnn.summary import op_parameter_count
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.chunks import block_sizes, fit_block
@@ -38,8 +39,6 @@ from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hybrid import HybridModel, text_feeds
 
 log = logging.getLogger(__name__)
-
-LLM_INPUTS = ("input_ids", "attention_mask", "position_ids", "logits_index")
 
 
 class Embeddings:
@@ -89,12 +88,6 @@ class Embeddings:
         if not ids:
             return np.zeros((0, self.hidden), dtype=np.float32)
         return np.stack([self._rows[t] for t in ids]).astype(np.float32, copy=False)
-
-
-def causal_mask(seq: int) -> np.ndarray:
-    """``[1,1,seq,seq]`` float: 0 on and below the diagonal, the lowest float above it."""
-    mask = np.triu(np.full((seq, seq), np.finfo(np.float32).min, dtype=np.float32), k=1)
-    return mask.reshape(1, 1, seq, seq)
 
 
 def llm_inputs(
@@ -370,8 +363,8 @@ def greedy_generate(
 
 
 def _original_model_file(model_dir: Path) -> tuple[Path, Path | None]:
-    config_path = model_dir / "config.json"
-    llm_model, llm_weight = "llm.mnn", "llm.mnn.weight"
+    config_path = model_dir / MODEL_CONFIG
+    llm_model, llm_weight = DEFAULT_MODEL, DEFAULT_WEIGHT
     if config_path.is_file():
         config = read_config(config_path, links=True)
         llm_model = config.get("llm_model", llm_model)
@@ -422,7 +415,7 @@ def kv_cache_draft(
     (:func:`mnnbuild.cpu.llm_engine_greedy`), with ``runtime``'s backend, precision and threads. A guess for
     :func:`follow_draft`: fast, but other arithmetic than the prefill-shape loop's, so a near-tie may go the
     other way. ``[]`` when the engine cannot run the model."""
-    config = Path(model_dir) / "config.json"
+    config = Path(model_dir) / MODEL_CONFIG
     if n <= 0 or not config.is_file():
         return []
     # MNN's engine reads every file it names: a name leading out is an error, not a warning

@@ -27,6 +27,7 @@ import numpy as np
 
 from mnnbuild.cpu import NHWC, BoundaryValue, CpuRuntime, forward_vars, load_module
 from mnnbuild.mnn import MnnModel
+from mnnbuild.mnn.llm import DEEPSTACK_INPUT
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild_runtime.bundle import Bundle, PluginSpec
@@ -89,7 +90,6 @@ arrays in ``inputs`` attribute order) -> (the outputs in ``outputs`` attribute o
 
 
 MROPE_INPUT = "position_ids"
-DEEPSTACK_INPUT = "deepstack_embeds"
 
 
 def text_feeds(inputs: Mapping[str, np.ndarray], declared: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
