@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from mnnbuild.errors import SpecError
+from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.targets import Soc, known_archs, soc_for_arch
 
 if sys.version_info >= (3, 11):
@@ -244,6 +245,11 @@ class ModelSpec(BaseModel):
         ge=0,
         description="Most convolution weights in one plugin; a bigger convolution (an lm_head) is split by output "
         "channels over several plugins, so no context build holds it whole (0: no limit).",
+    )
+    npu_weights: NpuWeights = Field(
+        default=DEFAULT_NPU_WEIGHTS,
+        description="How the plugins store convolution weights: float16 (every weight decoded), int4 (the model's "
+        "own int4 codes and scales, 8-bit ones as int8 per channel) or int8 (int8 per channel).",
     )
     family: Family = Field(default="llm", description="llm (llm.mnn), vl (llm.mnn + visual.mnn) or embedding.")
     visual_encoder: VisualEncoderKind | None = Field(

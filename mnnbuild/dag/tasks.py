@@ -33,6 +33,7 @@ from mnnbuild.layout import (
     context_dir,
     plugin_dir,
 )
+from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.manifest import tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
@@ -280,7 +281,7 @@ def modellib_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
                 model_dir=project.stage_dir("fetch", spec),
                 partition_dir=project.stage_dir("partition", spec, part=part),
             ),
-            ModellibParams(),
+            ModellibParams(npu_weights=_npu_weights(spec, part)),
             doc=f"lower every {what} to a QNN graph description + static tensor raws",
             part=part,
         )
@@ -322,17 +323,23 @@ def _plugins(
                 yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}
 
 
+def _npu_weights(spec: ModelSpec, part: str) -> NpuWeights:
+    """How the plugins of ``part`` store conv weights: the spec's ``npu_weights`` for the language model; a VL
+    model's vision encoder keeps float16 (quantized weights were measured on linear layers only)."""
+    return spec.npu_weights if part == "llm" else DEFAULT_NPU_WEIGHTS
+
+
 def context_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
     for arch, soc, part, binary, files, fields in _plugins(project, spec):
         doc = f"HTP context binary {binary} ({', '.join(fields['graphs'])}) for {soc.name}"
-        inputs, params = ContextInputs(**fields), ContextParams(soc=soc)
+        inputs, params = ContextInputs(**fields), ContextParams(soc=soc, npu_weights=_npu_weights(spec, part))
         yield Run(spec, inputs, params, doc=doc, arch=arch, binary=binary, part=part, file_dep=files)
 
 
 def twin_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
     for arch, soc, part, binary, files, fields in _plugins(project, spec):
         doc = f"unshared twin of {binary} ({', '.join(fields['graphs'])}) for {soc.name}, which verify runs"
-        inputs, params = TwinInputs(**fields), TwinParams(soc=soc)
+        inputs, params = TwinInputs(**fields), TwinParams(soc=soc, npu_weights=_npu_weights(spec, part))
         yield Run(spec, inputs, params, doc=doc, arch=arch, binary=binary, part=part, file_dep=files)
 
 

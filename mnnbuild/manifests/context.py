@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
 from mnnbuild.manifest import Manifest
 from mnnbuild.stage import StageInputs
 from mnnbuild.targets import Soc
@@ -26,6 +27,8 @@ class ContextParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     soc: Soc
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
+    """How conv weights are stored (spec field ``npu_weights``): context, twin and modellib store the same."""
     weight_sharing: bool = True
 
 
@@ -42,5 +45,7 @@ class ContextManifest(Manifest):
     graphs: list[GraphIo]
     weight_shared: bool
     soc_type: str | None
+    weights: list[WeightNote] = []
+    """How the binary stores each conv weight (encoding, exactness, requantization error, why float16)."""
     qnn: dict[str, str]
     """QNN library versions (build id, API versions)."""

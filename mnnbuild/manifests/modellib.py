@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.manifest import Manifest
 from mnnbuild.stage import StageInputs
 
@@ -19,6 +20,9 @@ class ModellibInputs(StageInputs):
 
 class ModellibParams(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
+    """How conv weights are stored (spec field ``npu_weights``), as in the context binaries."""
 
 
 class LoweredRecord(BaseModel):

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
 from mnnbuild.manifest import Manifest
 from mnnbuild.stage import StageInputs
 from mnnbuild.targets import Soc
@@ -28,6 +29,8 @@ class TwinParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     soc: Soc
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
+    """How conv weights are stored (spec field ``npu_weights``): context, twin and modellib store the same."""
 
 
 class TwinManifest(Manifest):
@@ -40,3 +43,5 @@ class TwinManifest(Manifest):
     graphs: list[str]
     """Its graph names, in order."""
     soc_type: str | None
+    weights: list[WeightNote] = []
+    """How the binary stores each conv weight (encoding, exactness, requantization error, why float16)."""

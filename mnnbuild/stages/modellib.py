@@ -42,7 +42,12 @@ _PLUGINS_AT_ONCE = 2
 
 
 def _lower_plugin(
-    model: MnnModel, weights: WeightFile, partition_dir: Path, dest_root: Path, plugin: PluginRecord
+    model: MnnModel,
+    weights: WeightFile,
+    partition_dir: Path,
+    dest_root: Path,
+    plugin: PluginRecord,
+    npu_weights: str,
 ) -> tuple[list[LoweredRecord], int]:
     """Lower one plugin's graphs (decode, then each prefill length) into ``dest_root``; returns their records and
     the bytes of weights the later graphs link from the first instead of writing again."""
@@ -50,7 +55,7 @@ def _lower_plugin(
     first: tuple[Path, dict[str, np.ndarray]] | None = None
     saved = 0
     graphs = [f"{QNN_DIR}/{g}" for g in plugin.graphs]
-    for src, lowered in lower_plugin(model, weights, partition_dir, graphs):
+    for src, lowered in lower_plugin(model, weights, partition_dir, graphs, npu_weights):
         dest = dest_root / src.name
         desc, data = lowered.description, lowered.statics
         # the later graphs hold the first graph's very arrays: their raws become links to its files
@@ -90,7 +95,8 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
         bar = tqdm(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph", disable=len(read_dirs) < 8)
 
         def lower_one(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
-            done = _lower_plugin(models[sources[plugin.plugin]], weights, partition_dir, tmp / QNN_DIR, plugin)
+            model = models[sources[plugin.plugin]]
+            done = _lower_plugin(model, weights, partition_dir, tmp / QNN_DIR, plugin, params.npu_weights)
             bar.update(len(plugin.graphs))
             return done
 

@@ -40,9 +40,10 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
     what = f"unshared twin of {inputs.binary}"
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, name, "npu_postreat.json field 'merge'")
-        source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
+        part = plugin_part(fetch, partition)
+        source = PluginGraphs.of(inputs.model_dir, part, inputs.partition_dir, inputs.graphs, params.npu_weights)
         try:
-            info, size, seconds = compose_checked(lib, soc, source, source.names, False, dest, what)
+            info, size, seconds, notes = compose_checked(lib, soc, source, source.names, False, dest, what)
         except LoweringError as exc:
             raise StageError(str(exc)) from None
         manifest = TwinManifest(
@@ -56,6 +57,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
             twin=name,
             graphs=info.graph_names,
             soc_type=info.soc_type,
+            weights=notes,
         )
         manifest.write(tmp)
     log.info(
