@@ -2,25 +2,27 @@
 
 Facts it builds on (x86 HTP library, API 2.40 / build 2.51, v79; `README.md` here, "Quantized weights"):
 
-- 4-bit values travel in ``sfixed8``, one per byte; ``sfixed4``/``ufixed4`` tensors are refused.
-- Integer offsets are not honoured: a symmetric code (offset 0) maps exactly, an asymmetric one only through
-  ``BW_FLOAT_BLOCK``, whose float offsets mean real = (q + offset) * scale.
-- ``BLOCK`` always reads 4 bits; 8-bit codes per channel go through ``AXIS_SCALE_OFFSET`` (symmetric only).
+- quantized weights need fp16 tensors at the op (the lowering casts before and after it);
+- values travel in ``sfixed8``, one per byte, also 4-bit ones (``sfixed4``/``ufixed4`` tensors are refused);
+- integer offsets are not honoured: a symmetric code (offset 0) maps exactly through ``BLOCK`` (always 4 bits),
+  ``BW_AXIS_SCALE_OFFSET`` or ``AXIS_SCALE_OFFSET``, an asymmetric one only through ``BW_FLOAT_BLOCK``, whose
+  float offsets mean real = (q + offset) * scale (so offset = zero / scale); it takes 4- and 8-bit values.
 
 So, for llmexport's layouts (``w = q * scale + zero`` per block of inputs of one output channel):
 
-| model's codes | ``int4`` | ``int8`` |
+| model's codes | ``int4`` (the model's own codes, exact) | ``int8`` (int8 per channel) |
 |---|---|---|
-| ≤ 4 bits, symmetric, blocks | ``BLOCK`` (exact) | int8 per channel, requantized |
-| ≤ 4 bits, symmetric, per channel | ``BW_AXIS_SCALE_OFFSET`` 4 bits (exact) | ``AXIS_SCALE_OFFSET`` (exact) |
-| ≤ 4 bits, asymmetric | ``BW_FLOAT_BLOCK`` 4 bits, offset = zero / scale (exact) | int8, requantized |
-| 5-8 bits, symmetric, per channel | ``AXIS_SCALE_OFFSET`` (exact) | ``AXIS_SCALE_OFFSET`` (exact) |
-| 5-8 bits otherwise | int8 per channel, requantized | int8 per channel, requantized |
+| <= 4 bits, symmetric, blocks | ``BLOCK`` | requantized |
+| <= 4 bits, symmetric, per channel | ``BW_AXIS_SCALE_OFFSET`` 4 bits | ``AXIS_SCALE_OFFSET`` (exact) |
+| <= 4 bits, asymmetric | ``BW_FLOAT_BLOCK`` 4 bits | requantized |
+| 5-8 bits, symmetric, per channel | ``AXIS_SCALE_OFFSET`` | ``AXIS_SCALE_OFFSET`` (exact) |
+| 5-8 bits otherwise | ``BW_FLOAT_BLOCK`` 8 bits | requantized |
 | float / fp16 weights | float16 (no codes to keep) | float16 (no codes to keep) |
 
-``int4`` never rounds a weight to fewer bits than the model has: it keeps 4-bit codes as they are and gives 8-bit
-ones the int8 form. A requantized weight's error against the model's own (dequantized) weights is measured here
-and recorded with the graph (``WeightNote``), so the context manifest and the report show it.
+``int4`` never rounds a weight: it keeps every code and scale the model has, at 4 bits where the model's are, else
+at 8. ``int8`` requantizes to one symmetric scale per output channel (QNN's common w8a16 form) where the model's
+codes are not that already; its error against the model's (dequantized) weights is measured here and recorded
+with the graph (``WeightNote``), so the context manifest and the report show it.
 """
 
 from __future__ import annotations
@@ -85,15 +87,19 @@ def _int8_per_channel(cc: ConvCodes) -> QuantizedWeight:
     return QuantizedWeight(_hwio(codes), _params(scale), AXIS, 8, 3, [], cc.bias, False, error)
 
 
-def _int4(cc: ConvCodes) -> QuantizedWeight:
+def _own_codes(cc: ConvCodes) -> QuantizedWeight:
+    """The model's codes and scales as they are: 4-bit ones in 4 bits, wider ones in 8."""
     block = [1, 1, cc.block, 1]
-    if cc.zero is None:
-        if cc.channel_wise:
-            return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), BW_AXIS, 4, 3, [], cc.bias, True, 0.0)
+    bits = 4 if cc.bits <= 4 else 8
+    if cc.zero is None and cc.channel_wise:
+        encoding = BW_AXIS if bits == 4 else AXIS
+        return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), encoding, bits, 3, [], cc.bias, True, 0.0)
+    if cc.zero is None and bits == 4:
         return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), BLOCK, 4, 3, block, cc.bias, True, 0.0)
-    # w = q * scale + zero = (q + zero / scale) * scale; a block with scale 0 holds only its zero: codes 0,
-    # scale 1 (or |zero|), offset zero / scale
-    scale, zero, codes = cc.scale.copy(), cc.zero, cc.codes
+    # w = q * scale + zero = (q + zero / scale) * scale (symmetric 8-bit blocks: zero 0); a block with scale 0
+    # holds only its zero: codes 0, scale 1 (or |zero|), offset zero / scale
+    zero = cc.zero if cc.zero is not None else np.zeros_like(cc.scale)
+    scale, codes = cc.scale.copy(), cc.codes
     flat = scale == 0
     if flat.any():
         scale[flat] = np.where(zero[flat] != 0, np.abs(zero[flat]), 1.0)
@@ -101,16 +107,17 @@ def _int4(cc: ConvCodes) -> QuantizedWeight:
         mask = np.repeat(flat, cc.block, axis=1)
         codes[mask] = 0
     offset = zero / scale
-    return QuantizedWeight(_hwio(codes), _params(scale, offset), BW_FLOAT_BLOCK, 4, 3, block, cc.bias, True, 0.0)
+    return QuantizedWeight(_hwio(codes), _params(scale, offset), BW_FLOAT_BLOCK, bits, 3, block, cc.bias, True, 0.0)
 
 
 def npu_weight(op: Op, weights: WeightFile | None, mode: str) -> tuple[QuantizedWeight | None, str]:
-    """The quantized weight of conv ``op`` for ``mode`` (a `NpuWeights`), or None and why it stays float16."""
+    """The quantized weight of conv ``op`` for ``mode`` (a `NpuWeights`), or None and why it stays float16 (empty
+    when float16 was asked for)."""
     if mode == "float16":
-        return None, "npu_weights is float16"
+        return None, ""
     cc = conv_codes(op, weights)
     if cc is None:
         return None, "float weights: no codes to keep"
-    if mode == "int4" and cc.bits <= 4:
-        return _int4(cc), ""
+    if mode == "int4":
+        return _own_codes(cc), ""
     return _int8_per_channel(cc), ""

@@ -14,11 +14,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.errors import StageError
+from mnnbuild.errors import MnnbuildError, StageError
 from mnnbuild.fsutil import atomic_write_text, staged_dir
 from mnnbuild.layout import PARTITION_REPORT_JSON as PARTITION_JSON
 from mnnbuild.layout import QNN_DIR, REPORT_PAGE, origin_file
 from mnnbuild.layout import VERIFY_REPORT_JSON as VERIFY_JSON
+from mnnbuild.lowering.encoding import WeightNote
 from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.config import ConfigManifest
@@ -123,8 +124,20 @@ def gather(inputs: ReportInputs, params: ReportParams) -> ReportData:
         plugin_binaries=binaries,
         bundle_files=[r for r in bundle.outputs if r.path.startswith("model/")],
         bundle_qnn_build=bundle.qnn_build,
+        plugin_weights=_plugin_weights(Path(inputs.context_dir), [p.name for p in partition_report.plugins]),
         costs=[_cost(stage, label, d, m, run) for stage, label, d, m in stages],
     )
+
+
+def _plugin_weights(context_dir: Path, plugins: list[str]) -> dict[str, list[WeightNote]]:
+    """Each plugin's weight notes from its context manifest (none where the manifest is missing or older)."""
+    found: dict[str, list[WeightNote]] = {}
+    for plugin in plugins:
+        try:
+            found[plugin] = ContextManifest.read(context_dir / Path(plugin).stem).weights
+        except MnnbuildError:
+            continue
+    return found
 
 
 def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportManifest:
