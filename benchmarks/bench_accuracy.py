@@ -39,9 +39,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
-from mnnbuild.compare import Tolerance  # noqa: E402
-from mnnbuild.layout import BUNDLE_MODEL_DIR, VERIFY_REPORT_JSON, stage_dir  # noqa: E402
-from mnnbuild.spec import ModelSpec, load_spec  # noqa: E402
+from mnnbuild.base.compare import Tolerance  # noqa: E402
+from mnnbuild.model.spec import ModelSpec, load_spec  # noqa: E402
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, VERIFY_REPORT_JSON, stage_dir  # noqa: E402
 from mnnbuild.verify.compare import top2_margin  # noqa: E402
 from mnnbuild.verify.report import VerifyReport  # noqa: E402
 

@@ -68,7 +68,7 @@ def build(name: str, arch: str, env: dict[str, str]) -> float:
 
 def stage_seconds(artifacts: Path, name: str, arch: str) -> dict[str, float]:
     """Each stage's own seconds (context, twin: their subtasks summed), from the origin files the tasks wrote."""
-    from mnnbuild.layout import origin_file, stage_dir
+    from mnnbuild.pipeline.layout import origin_file, stage_dir
 
     seconds: dict[str, float] = {}
     for stage in BUILD_STAGES:
@@ -82,9 +82,9 @@ def measure_prefill(artifacts: Path, name: str, arch: str, tokens: int, repeat: 
     """Median seconds of the forwards MNN's engine would run for a ``tokens`` prompt, in the hybrid runtime."""
     from mnnbuild_runtime import Embeddings, HybridModel, llm_inputs
 
-    from mnnbuild.layout import BUNDLE_MODEL_DIR, stage_dir
     from mnnbuild.manifests.bundle import BundleManifest
     from mnnbuild.manifests.partition import read_merge
+    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, stage_dir
     from mnnbuild.qnn import QnnLibrary
     from mnnbuild.verify.checks import read_contexts, read_twins
 
@@ -123,8 +123,8 @@ def measure_prefill(artifacts: Path, name: str, arch: str, tokens: int, repeat: 
 
 
 def measure(model_dir: Path, label: str, variants: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
-    from mnnbuild.layout import BUNDLE_MODEL_DIR, stage_dir
     from mnnbuild.manifests.bundle import BundleManifest
+    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, stage_dir
 
     names = [f"{label}-c{'-'.join(map(str, lengths))}" for lengths in variants]
     with tempfile.TemporaryDirectory(prefix="bench-chunks-") as tmp:

@@ -4,7 +4,7 @@ MNN's own Llm engine.
 Builds each model's bundle and twins with doit (the fixtures through a temporary spec dir, as
 tests/test_verify.py does; the tiny model once more as ``tiny-qwen3-renamed``, from a folder named otherwise),
 then runs ``python -m mnnbuild conform <model>-<arch>`` for each (MNN built once from ``MNN_SOURCE``, QNN headers
-from ``QNN_SDK_ROOT`` or ``--qnn-headers``; see README "Conformance"), prints tables and writes
+from ``QNN_SDK_ROOT`` or ``--qnn-headers``; see docs/conformance.md), prints tables and writes
 ``benchmarks/results/conformance.json``: per model the conform report (verdict, plugin boundaries against MNN's
 ``compilefornpu``, and with ``--patch-effect NAME`` what that patch changes at prompt lengths around the chunk),
 plus a ``boundaries`` and a ``patch_effect`` summary. Not part of CI: the first run builds MNN (~15 minutes on

@@ -33,7 +33,7 @@ def main() -> None:
     parser.add_argument("--layers", default="4")
     args = parser.parse_args()
     import mnnbuild
-    from mnnbuild.cache import ArtifactCache
+    from mnnbuild.pipeline.cache import ArtifactCache
     from mnnbuild.stages.modellib import ModellibInputs, ModellibParams, build_modellib
 
     out = args.work / "modellib"

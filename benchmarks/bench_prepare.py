@@ -39,8 +39,8 @@ from mnnbuild.lowering.graph import (  # noqa: E402
 )
 from mnnbuild.lowering.layout import channel_last  # noqa: E402
 from mnnbuild.manifests.partition import read_merge  # noqa: E402
+from mnnbuild.model.targets import soc_for_arch  # noqa: E402
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary  # noqa: E402
-from mnnbuild.targets import soc_for_arch  # noqa: E402
 
 Graph = tuple[GraphDescription, dict[str, np.ndarray]]
 

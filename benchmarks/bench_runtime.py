@@ -25,7 +25,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
-from mnnbuild.layout import manifest_file, stage_dir  # noqa: E402
+from mnnbuild.pipeline.layout import manifest_file, stage_dir  # noqa: E402
 
 log = logging.getLogger("bench_runtime")
 
@@ -55,10 +55,10 @@ def measure(artifacts: Path, model: str, arch: str, repeat: int) -> dict[str, An
     from tqdm import tqdm
 
     from mnnbuild.cpu import load_vars
-    from mnnbuild.layout import BUNDLE_MODEL_DIR, REFERENCE_INPUT, stage_dir
     from mnnbuild.manifests.bundle import BundleManifest
     from mnnbuild.manifests.io import IoManifest
     from mnnbuild.manifests.partition import read_merge
+    from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, REFERENCE_INPUT, stage_dir
     from mnnbuild.verify.checks import read_contexts, read_twins
 
     def where(stage: str, target: str | None = None, name: str = model) -> Path:

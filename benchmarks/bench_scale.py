@@ -44,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, machine, print_table  # noqa: E402
 
-from mnnbuild.layout import LLM_GRAPHS  # noqa: E402
+from mnnbuild.pipeline.layout import LLM_GRAPHS  # noqa: E402
 
 STAGES = ("fetch", "io", "partition", "config", "context", "bundle", "twin", "verify", "modellib")
 BUNDLE_STAGES = STAGES[: STAGES.index("bundle") + 1]
@@ -166,9 +166,9 @@ def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path
     from mnnbuild.manifests.fetch import FetchManifest
     from mnnbuild.manifests.partition import PartitionManifest, read_merge
     from mnnbuild.manifests.plugin import plugin_part
+    from mnnbuild.model.targets import soc_for_arch
     from mnnbuild.partition.lowered import PluginGraphs
     from mnnbuild.qnn import HtpTarget, QnnLibrary
-    from mnnbuild.targets import soc_for_arch
 
     soc = soc_for_arch(arch)
     lib = QnnLibrary()

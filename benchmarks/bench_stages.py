@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
-from mnnbuild.layout import MODEL_STAGES, origin_file, stage_dir  # noqa: E402
+from mnnbuild.pipeline.layout import MODEL_STAGES, origin_file, stage_dir  # noqa: E402
 
 STAGES = ("fetch", "io", "partition", "config", "context", "bundle")  # what `doit bundle` runs
 

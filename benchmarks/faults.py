@@ -272,7 +272,7 @@ for _rel in ("qnn/graphllm0.bin", "qnn/llm.mnn", "llm.mnn.weight", "config_qnn.j
 
 @case("manifest-lists-outside-file", "4", "bundle.manifest.json lists ../../../../<a file outside>; doit bundle")
 def manifest_lists_outside_file(work: Path, shared: Shared) -> Outcome:
-    from mnnbuild.fsutil import sha256_file
+    from mnnbuild.base.fsutil import sha256_file
 
     root = shared.bundle_copy(work / "artifacts")
     bundle = root / "tiny-qwen3" / "v79" / "bundle"

@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Callable
 
-from mnnbuild.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -60,7 +60,7 @@ def parse_size(text: str) -> int:
 
 
 def _cache(args: argparse.Namespace) -> int:
-    from mnnbuild.cache import ArtifactCache, human_bytes
+    from mnnbuild.pipeline.cache import ArtifactCache, human_bytes
 
     max_size = parse_size(args.max_size) if args.max_size is not None else None  # before touching the cache
     cache = ArtifactCache.named(url=args.url)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-RUNTIME_MODULES = {"mnnbuild": {"__init__", "errors", "fsutil", "cpu"}}
+RUNTIME_MODULES = {"mnnbuild": {"__init__"}, "mnnbuild.base": {"__init__", "errors", "fsutil"}}
 """Per package, the modules shipped (packages not listed ship whole)."""
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from mnnbuild.cache import ArtifactCache, CacheEntry
-from mnnbuild.fsutil import sha256_file
+from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.manifests.twin import TwinManifest
+from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
@@ -466,7 +466,7 @@ def test_an_artifact_edited_in_place_is_not_restored(tmp_path: Path, caplog: pyt
     sha = sha256_file(src / "a.bin")
     with open(src / "a.bin", "r+b") as fh:
         fh.write(b"edited")
-    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.pipeline.cache"):
         assert cache.restore("stage", "k", tmp_path / "out") is None
     assert "does not match its sha256; entry discarded" in caplog.text
     assert not (tmp_path / "out").exists() and not cache.has("stage", "k")
@@ -511,7 +511,7 @@ def test_a_blob_linked_just_now_is_young_for_prune(tmp_path: Path) -> None:
 
 def test_origin_record_is_never_written_in_place(tmp_path: Path) -> None:
     """A restored stage dir's files may be cache blobs: its origin record replaces the name, never the content."""
-    from mnnbuild.cache import write_origin
+    from mnnbuild.pipeline.cache import write_origin
 
     out = tmp_path / "out"
     out.mkdir()
@@ -526,7 +526,7 @@ def test_origin_record_is_never_written_in_place(tmp_path: Path) -> None:
 def test_hashes_the_stage_recorded_are_not_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage's manifest already holds its outputs' sha256: storing them hashes nothing again (3.4 GB of
     context binaries at Qwen3-1.7B size), and a recorded hash that is wrong never restores a file."""
-    import mnnbuild.cache as cache_module
+    import mnnbuild.pipeline.cache as cache_module
 
     src = make_tree(tmp_path / "src")
     recorded = {rel: ((src / rel).stat().st_size, sha256_file(src / rel)) for rel in ("a.bin", "sub/b.json")}

@@ -24,12 +24,12 @@ from mnnbuild_runtime import (
     prefill_blocks,
 )
 
-from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, QNN_DIR, graph_name
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, QNN_DIR, graph_name
 from mnnbuild.qnn import QnnLibrary, read_binary_info, same_element_order
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.checks import read_contexts, read_twins

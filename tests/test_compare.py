@@ -1,10 +1,10 @@
-"""The one numeric comparison (``mnnbuild.compare``), as the lowering checks and verify use it."""
+"""The one numeric comparison (``mnnbuild.base.compare``), as the lowering checks and verify use it."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mnnbuild.compare import Tolerance, compare
+from mnnbuild.base.compare import Tolerance, compare
 
 
 def test_all_zero_reference_is_judged_by_the_absolute_floor_alone() -> None:

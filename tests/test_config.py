@@ -11,8 +11,8 @@ import pytest
 from mnnbuild_runtime.errors import BundleError
 
 from mnnbuild.manifests.fetch import FetchParams
-from mnnbuild.modeldir import VISUAL_FILES, VISUAL_PART, PartFamily, family_files
-from mnnbuild.spec import LocalSource
+from mnnbuild.model.modeldir import VISUAL_FILES, VISUAL_PART, PartFamily, family_files
+from mnnbuild.model.spec import LocalSource
 from mnnbuild.stages.config import ConfigInputs, ConfigManifest, ConfigParams, write_config
 from mnnbuild.stages.fetch import FetchInputs, fetch
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR

@@ -1,7 +1,7 @@
 """Conformance tooling that runs without the 15-minute MNN build: patches, the build key, prompts, comparison.
 
 The conformance run itself (MNN built from source, bundles through its Llm engine) is `python -m mnnbuild
-conform`, recorded in benchmarks/results/conformance.json; it is not part of CI (see README "Conformance").
+conform`, recorded in benchmarks/results/conformance.json; it is not part of CI (see docs/conformance.md).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mnnbuild.__main__ import main
-from mnnbuild.compare import TensorCheck
+from mnnbuild.base.compare import TensorCheck
 from mnnbuild.conform.boundaries import (
     BoundaryError,
     compare_sides,
@@ -597,9 +597,9 @@ def renamed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def _finished_bundle(artifacts: Path, model_name: str) -> Path:
     """A bundle dir as the bundle stage leaves it: its manifest (the real class) and the model dir it names."""
-    from mnnbuild.layout import bundle_model_dir, stage_dir
     from mnnbuild.manifests.bundle import BundleManifest, BundleParams
-    from mnnbuild.targets import soc_by_name
+    from mnnbuild.model.targets import soc_by_name
+    from mnnbuild.pipeline.layout import bundle_model_dir, stage_dir
 
     bundle_dir = stage_dir(artifacts, "bundle", "ho-x", "v79")
     bundle_dir.mkdir(parents=True, exist_ok=True)
@@ -662,7 +662,7 @@ def test_cut_settings_are_read_from_the_partition_manifest(renamed: dict[str, Pa
 
 def test_our_cut_against_upstreams_recorded_cut(renamed: dict[str, Path]) -> None:
     """compilefornpu's own cut of the tiny model (recorded from a conform run, tests/fixtures/conform) against our
-    partition of it: the findings the README lists, from the comparison code conform runs."""
+    partition of it: the findings docs/conformance.md lists, from the comparison code conform runs."""
     from mnnbuild.conform.boundaries import compare_cuts, cut_settings
 
     partition = renamed["artifacts"] / "ho-x" / "partition"
@@ -686,7 +686,7 @@ def test_our_cut_against_upstreams_recorded_cut(renamed: dict[str, Path]) -> Non
 def test_a_missing_twin_names_the_doit_task(tmp_path: Path) -> None:
     from mnnbuild.conform.run import _twins
     from mnnbuild.manifests.context import ContextManifest, ContextParams
-    from mnnbuild.targets import soc_by_name
+    from mnnbuild.model.targets import soc_by_name
 
     merge = {"qnn/graphllm0.bin": ["qnn/graphllm0", "qnn/graphllm1_0"]}
     with pytest.raises(ConformError, match=r"context.manifest.json: manifest missing.*; run `doit bundle:ho-x-v79`$"):

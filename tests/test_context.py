@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import sha256_file
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.lowering.binary import compose_in_fresh_process
 from mnnbuild.lowering.graph import LoweringError, compose_context, read_graph_description, read_graph_dirs
 from mnnbuild.manifests.context import ContextManifest
@@ -25,13 +25,13 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import load_model, plugin_attributes
+from mnnbuild.model.targets import soc_by_name
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info, same_element_order
 from mnnbuild.stages.bundle import BundleManifest
 from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
 from mnnbuild.stages.modellib import ModellibManifest
 from mnnbuild.stages.twin import TwinInputs, TwinParams, build_twin
-from mnnbuild.targets import soc_by_name
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import PROJECT_ROOT, executed_tasks
 

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import Bundle
 
+from mnnbuild.base.errors import ModelDirError
 from mnnbuild.cpu import load_vars
-from mnnbuild.errors import ModelDirError
-from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, QNN_DIR, binary_path, graph_name
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionManifest
-from mnnbuild.modeldir import ModelPart, check_part_graph, model_part
+from mnnbuild.model.modeldir import ModelPart, check_part_graph, model_part
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, QNN_DIR, binary_path, graph_name
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, RunDoit, doit

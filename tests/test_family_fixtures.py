@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mnnbuild.cpu import CpuRuntime, load_module, to_numpy, to_var
-from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
+from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize
 from tests.conftest import FIXTURE_MODELS
 
 VL_FIXTURES = {"qwen2.5-vl-tiny": "qwen2.5-vl", "qwen3-vl-tiny": "qwen3-vl"}

@@ -15,16 +15,16 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import text_feeds
 
+from mnnbuild.base.errors import ModelDirError
 from mnnbuild.cpu import load_vars
-from mnnbuild.errors import ModelDirError
-from mnnbuild.layout import BUNDLE_MODEL_DIR, BUNDLE_README, CONFIG_FILE, LLM_GRAPHS, VISUAL_GRAPHS, graph_name
 from mnnbuild.manifests.fetch import FetchInputs, FetchParams
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.mnn import load_model, plugin_attributes
-from mnnbuild.modeldir import VISUAL_FILES, VISUAL_WEIGHT_FILE, family_files
+from mnnbuild.model.modeldir import VISUAL_FILES, VISUAL_WEIGHT_FILE, family_files
+from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize, LocalSource
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, BUNDLE_README, CONFIG_FILE, LLM_GRAPHS, VISUAL_GRAPHS, graph_name
 from mnnbuild.qnn import QnnLibrary, read_binary_info, same_element_order
-from mnnbuild.spec import VISUAL_ENCODERS, ImageSize, LocalSource
 from mnnbuild.stages.fetch import fetch
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from mnnbuild.cache import ArtifactCache
-from mnnbuild.fsutil import sha256_file
+from mnnbuild.base.fsutil import sha256_file
+from mnnbuild.pipeline.cache import ArtifactCache
 from tests.conftest import PROJECT_ROOT, RunDoit, executed_tasks
 
 
@@ -94,7 +94,7 @@ def test_cache_entry_cannot_write_outside_its_stage_dir(
     out = tmp_path / "artifacts" / "model" / "stage"
     entry["files"] = files(out, sha)
     entry_path.write_text(json.dumps(entry))
-    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.pipeline.cache"):
         assert cache.restore("stage", "k", out) is None
     assert not [p for p in tmp_path.rglob("escaped.bin")], "a cache entry wrote outside the stage dir"
     assert not out.exists(), "a rejected entry leaves no stage dir"
@@ -110,7 +110,7 @@ def test_failed_cache_write_leaves_no_partial_blob(tmp_path: Path) -> None:
     src.mkdir()
     (src / "big.bin").write_bytes(os.urandom(1 << 20))
     code = (
-        "import sys; from mnnbuild.cache import ArtifactCache;"
+        "import sys; from mnnbuild.pipeline.cache import ArtifactCache;"
         f"c = ArtifactCache({str(cache_dir)!r}); print('moved', c.store('stage', 'k', __import__('pathlib').Path("
         f"{str(src)!r})));"
         "import os; print('left', [f for _, _, fs in os.walk(c.root) for f in fs])"
@@ -149,7 +149,7 @@ def test_unusable_cache_is_a_warning(tmp_path: Path, url: str, why: str, caplog:
     src = tmp_path / "src"
     src.mkdir()
     (src / "x.bin").write_bytes(b"1234")
-    with caplog.at_level(logging.WARNING, logger="mnnbuild.cache"):
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.pipeline.cache"):
         cache = ArtifactCache.from_env({"MNNBUILD_CACHE": url.format(tmp=tmp_path)})
         if cache is not None:
             assert cache.restore("stage", "k", tmp_path / "out") is None
@@ -199,8 +199,8 @@ printf '%s\\n' "$@" > "$FAKE_DEMO_ARGS"
 def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
     """A model folder named ``m$(touch pwned)`` and a PHONE_DIR full of shell syntax: the scripts run
     against a fake adb (whose 'device shell' really is a shell) and nothing but the intended commands run."""
+    from mnnbuild.model.targets import soc_by_name
     from mnnbuild.stages.bundle import device_scripts
-    from mnnbuild.targets import soc_by_name
 
     name = "m$(touch pwned)`touch pwned2`;touch pwned3 'q"
     bundle = tmp_path / "bundle"
@@ -264,8 +264,8 @@ def write_spec(tmp_path: Path, body: str, local: str = "model") -> Path:
 def test_spec_gaps_are_one_line_naming_the_field(
     tmp_path: Path, local: str, body: str, field: str, expected: str
 ) -> None:
-    from mnnbuild.errors import SpecError
-    from mnnbuild.spec import load_spec
+    from mnnbuild.base.errors import SpecError
+    from mnnbuild.model.spec import load_spec
 
     path = write_spec(tmp_path, body, local)
     with pytest.raises(SpecError) as info:
@@ -276,8 +276,8 @@ def test_spec_gaps_are_one_line_naming_the_field(
 
 
 def test_non_utf8_spec_is_one_line(tmp_path: Path) -> None:
-    from mnnbuild.errors import SpecError
-    from mnnbuild.spec import load_spec
+    from mnnbuild.base.errors import SpecError
+    from mnnbuild.model.spec import load_spec
 
     path = tmp_path / "m.toml"
     path.write_bytes(b'name = "m\xff"\n')
@@ -334,9 +334,9 @@ def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path)
     """One process builds plugin 0, then plugin 1, then plugin 0 again, shipped binaries and twins interleaved:
     both plugin-0 binaries of each kind are equal, and equal to what doit built."""
     from mnnbuild.manifests.partition import read_merge
+    from mnnbuild.model.targets import soc_by_name
     from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
     from mnnbuild.stages.twin import TwinInputs, TwinParams, build_twin
-    from mnnbuild.targets import soc_by_name
 
     model = built / "tiny-qwen3"
     merge = read_merge(model / "partition")
@@ -444,7 +444,7 @@ def context_temps(root: Path) -> list[Path]:
 def test_only_temps_of_gone_processes_are_removed(tmp_path: Path) -> None:
     """A temp is removed only when its writer is known to be gone: not one of this process, of a running one, or of
     another machine/container; yes for a process that exited and for a reused pid (another start time)."""
-    from mnnbuild.fsutil import process_start, remove_stale_temps, temp_path
+    from mnnbuild.base.fsutil import process_start, remove_stale_temps, temp_path
 
     out = tmp_path / "stage"
     mine = temp_path(out)
@@ -758,7 +758,7 @@ def test_chunk_too_small_for_verify_prompt_is_refused_up_front(
 
 def test_bundle_manifest_paths_stay_in_the_bundle(tmp_path: Path) -> None:
     """verify's integrity check reads only inside the bundle, whatever its manifest lists."""
-    from mnnbuild.manifest import FileRecord
+    from mnnbuild.pipeline.manifest import FileRecord
     from mnnbuild.verify.checks import check_integrity
 
     secret = tmp_path / "secret.txt"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mnnbuild.errors import OutputError, SettingsError
-from mnnbuild.fsutil import made_by_mnnbuild, staged_dir
-from mnnbuild.settings import Settings
+from mnnbuild.base.errors import OutputError, SettingsError
+from mnnbuild.base.fsutil import made_by_mnnbuild, staged_dir
+from mnnbuild.pipeline.settings import Settings
 from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, copy_project
 from tests.test_cache import summary
 
@@ -192,7 +192,7 @@ def aged(path: Path, seconds: float = 7200) -> Path:
 
 
 def small_cache(tmp_path: Path) -> Path:
-    from mnnbuild.cache import ArtifactCache
+    from mnnbuild.pipeline.cache import ArtifactCache
 
     src = tmp_path / "src"
     src.mkdir()
@@ -253,7 +253,7 @@ def _write(path: Path, data: bytes) -> Path:
 def test_a_cache_without_its_marker_is_recognised_by_its_contents(tmp_path: Path) -> None:
     """Caches made before the marker existed hold only names the cache writes: prune takes them (and marks them);
     one more foreign file and it is not a cache."""
-    from mnnbuild.cache import MARKER
+    from mnnbuild.pipeline.cache import MARKER
 
     cache = small_cache(tmp_path)
     assert (cache / MARKER).is_file(), "a new cache is marked at creation"
@@ -319,7 +319,7 @@ def restore_bad_blob_read_only(tmp_path: Path) -> tuple[Path, subprocess.Complet
     blob.write_bytes(b"corrupt" + blob.read_bytes()[7:])
     code = (
         "import logging, pathlib; logging.basicConfig(level=logging.WARNING);"
-        "from mnnbuild.cache import ArtifactCache;"
+        "from mnnbuild.pipeline.cache import ArtifactCache;"
         f"print(ArtifactCache({str(cache)!r}).restore('io', 'k', pathlib.Path({str(tmp_path / 'out')!r})))"
     )
     return cache, in_namespace([sys.executable, "-c", code], readonly=[cache], cwd=PROJECT_ROOT)
@@ -359,10 +359,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_outputs_outside_the_stage_dir_are_never_up_to_date(tmp_path: Path) -> None:
     """A manifest listing ``../../../../<a file outside>`` with that file's true size and hash: not up to date, and
     the file is never opened (the check refuses the path first)."""
+    from mnnbuild.base.fsutil import sha256_file
     from mnnbuild.dag.uptodate import files_unchanged, outputs_intact
-    from mnnbuild.fsutil import sha256_file
-    from mnnbuild.manifest import FileRecord
     from mnnbuild.manifests.bundle import BundleManifest
+    from mnnbuild.pipeline.manifest import FileRecord
 
     secret = tmp_path / "secret.txt"
     secret.write_text("not the stage's")
@@ -397,7 +397,7 @@ def test_outputs_outside_the_stage_dir_are_never_up_to_date(tmp_path: Path) -> N
 def test_a_bundle_manifest_listing_an_outside_file_is_rebuilt(built: Path, tmp_path: Path) -> None:
     """The issue's repro at the doit level: the bundle manifest gains a record ``../../../../<outside file>`` that
     matches that file; the bundle used to stay up to date (its check hashed the outside file)."""
-    from mnnbuild.fsutil import sha256_file
+    from mnnbuild.base.fsutil import sha256_file
 
     bundle = built / "tiny-qwen3" / "v79" / "bundle"
     secret = tmp_path / "hostname"

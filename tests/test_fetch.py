@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mnnbuild.errors import ModelDirError
-from mnnbuild.fsutil import sha256_file
-from mnnbuild.spec import LocalSource
+from mnnbuild.base.errors import ModelDirError
+from mnnbuild.base.fsutil import sha256_file
+from mnnbuild.model.spec import LocalSource
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
 from tests.conftest import TINY_MODEL_DIR, RunDoit, executed_tasks, skipped_tasks
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mnnbuild.base.errors import ModelDirError
 from mnnbuild.cpu import CpuRuntime, load_module, load_vars, to_numpy, to_var
-from mnnbuild.errors import ModelDirError
-from mnnbuild.spec import LocalSource
+from mnnbuild.model.spec import LocalSource
 from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
 from mnnbuild.stages.io import IoInputs, IoManifest, IoParams, generate_io
 from tests.conftest import TINY_MODEL_DIR
@@ -148,7 +148,7 @@ def test_image_larger_than_the_models_pixel_cap_is_refused(tmp_path: Path) -> No
     shutil.copytree(FIXTURE_MODELS / "qwen3-vl-tiny", src)
     config = json.loads((src / "llm_config.json").read_text())
     (src / "llm_config.json").write_text(json.dumps({**config, "image_max_pixels": 4096}))
-    from mnnbuild.modeldir import VISUAL_FILES, family_files
+    from mnnbuild.model.modeldir import VISUAL_FILES, family_files
 
     params = FetchParams(files=(*family_files("llm"), *VISUAL_FILES), visual_encoder="qwen3-vl")
     fetch(FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src), params, tmp_path / "model")

@@ -13,13 +13,10 @@ from pathlib import Path
 from tests.conftest import PROJECT_ROOT
 
 LAYERS: list[set[str]] = [
-    # foundations: errors, hashing and atomic files, settings, the numeric comparison, manifests, specs
-    {"mnnbuild", "errors", "fsutil", "logs", "settings", "targets", "compare", "spec"},
-    {"layout", "manifest"},
-    {"stage", "resources"},  # what a stage declaration is; what a stage run cost the machine
-    {"cache", "fingerprint"},
+    {"mnnbuild", "base"},  # foundations: errors, hashing and atomic files, logging, the numeric comparison
     {"mnn", "qnn", "cpu"},  # format layers: MNN flatbuffers, QNN C API, MNN's CPU runtime
-    {"modeldir", "visual"},  # the model directory's files (MNN format layer); a visual encoder's inputs
+    {"pipeline"},  # the DAG's machinery: stage declaration, manifests, layout, fingerprints, cache, settings
+    {"model"},  # what a model is: spec, targets, the model directory's files, a visual encoder's inputs
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
     {"lowering"},
@@ -33,7 +30,7 @@ LAYERS: list[set[str]] = [
 ]
 """Bottom to top; a unit may import its own layer (without a cycle) and the layers below."""
 
-RUNTIME_MAY_IMPORT = {"mnnbuild_runtime", "mnnbuild", "errors", "fsutil", "mnn", "qnn", "cpu"}
+RUNTIME_MAY_IMPORT = {"mnnbuild_runtime", "mnnbuild", "base", "mnn", "qnn", "cpu"}
 """The runtime installs on its own: it ships with the format layers and nothing of the build."""
 
 PACKAGE_ROOTS = {

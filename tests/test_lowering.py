@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.compare import Tolerance, compare
+from mnnbuild.base.compare import Tolerance, compare
 from mnnbuild.cpu import import_mnn
 from mnnbuild.lowering.check import mnn_run, mnn_tensors, simulate
 from mnnbuild.lowering.context import TensorMeta

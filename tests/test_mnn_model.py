@@ -14,7 +14,7 @@ import MNN.expr as F
 import numpy as np
 import pytest
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.mnn import (
     MnnModel,
     Op,

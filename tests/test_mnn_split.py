@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.lowering.check import mnn_run
 from mnnbuild.mnn import MnnModel, load_model, save_model
 from mnnbuild.mnn.split import conv_parameters, split_bounds, split_convolution, unsplittable

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.mnn import (
     MnnModel,
     Op,

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mnnbuild.fsutil import sha256_file
+from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.lowering.quantized import npu_weight
 from mnnbuild.mnn import WeightFile, conv_ops, decode_conv, load_model
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
@@ -146,8 +146,8 @@ def test_mapping_keeps_the_models_weights(model_dir: Path, mode: str) -> None:
 
 
 def test_bad_npu_weights_is_one_line(tmp_path: Path) -> None:
-    from mnnbuild.errors import SpecError
-    from mnnbuild.spec import load_spec
+    from mnnbuild.base.errors import SpecError
+    from mnnbuild.model.spec import load_spec
 
     spec = tmp_path / "m.toml"
     spec.write_text('name = "m"\nsource = { local = "m" }\ntargets = ["v79"]\nnpu_weights = "int3"\n')

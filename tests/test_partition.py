@@ -16,18 +16,18 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import HybridExecutor, PluginSpec, Segment, parse_plugins
 
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import CpuRuntime, load_module, load_vars, save_vars, var_format
-from mnnbuild.errors import StageError
-from mnnbuild.layout import SPLIT_DIR
 from mnnbuild.lowering.support import unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, blob_format, load_model, plugin_attributes
 from mnnbuild.mnn.split import conv_parameters
+from mnnbuild.model.spec import LocalSource
 from mnnbuild.partition import reference as reference_module
 from mnnbuild.partition.fold import forward
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.partition.rewrite import plugin_attrs_of
-from mnnbuild.spec import LocalSource
+from mnnbuild.pipeline.layout import SPLIT_DIR
 from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
 from mnnbuild.stages.io import IoInputs, IoParams, generate_io
 from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, PartitionParams, partition

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import shape_index
 
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import BoundaryValue, CpuRuntime, to_numpy, var_format
 from mnnbuild.cpu.segments import run_segmented
-from mnnbuild.errors import StageError
 from mnnbuild.lowering.lower import constant_tensors
 from mnnbuild.lowering.support import LOWERED_OP_TYPES, SupportCheck, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, make_blob, schema

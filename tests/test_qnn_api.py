@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnnbuild.errors import QnnError
+from mnnbuild.base.errors import QnnError
 from mnnbuild.qnn import (
     ContextBuilder,
     ContextRunner,

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 from pydantic import Field
 
-from mnnbuild.fingerprint import DigestMemo, module_closure
 from mnnbuild.lowering.ops import REGISTRY
 from mnnbuild.lowering.support import CHECKS, LOWERED_OP_TYPES
-from mnnbuild.manifest import Manifest
+from mnnbuild.pipeline.fingerprint import DigestMemo, module_closure
+from mnnbuild.pipeline.manifest import Manifest
 from tests.conftest import copy_project, executed_tasks
 
 Build = Callable[[], list[str]]
@@ -131,7 +131,7 @@ def test_memo_sees_an_edit(tmp_path: Path) -> None:
 
 def test_memo_serves_a_fresh_clone_without_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # keyed by content: the same source elsewhere (a new clone, new mtimes) is a hit, not a parse
-    from mnnbuild import fingerprint
+    from mnnbuild.pipeline import fingerprint
 
     original = tmp_path / "a" / "m.py"
     original.parent.mkdir()
@@ -153,7 +153,11 @@ def test_memo_serves_a_fresh_clone_without_parsing(tmp_path: Path, monkeypatch: 
 def test_description_change_invalidates_nothing(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
-    edit(project / "mnnbuild" / "manifest.py", 'description="Model name from the spec."', 'description="The model."')
+    edit(
+        project / "mnnbuild" / "pipeline" / "manifest.py",
+        'description="Model name from the spec."',
+        'description="The model."',
+    )
     edit(project / "mnnbuild" / "manifests" / "context.py", '"""context: ', '"""context (reworded): ')
     assert build() == []
 

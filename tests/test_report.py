@@ -19,9 +19,9 @@ from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
-from mnnbuild.errors import StageError
-from mnnbuild.layout import REPORT_PAGE as PAGE
+from mnnbuild.base.errors import StageError
 from mnnbuild.partition.records import PartitionReport
+from mnnbuild.pipeline.layout import REPORT_PAGE as PAGE
 from mnnbuild.stages.bundle import BundleManifest
 from mnnbuild.stages.report import ReportInputs, ReportManifest, ReportParams, report
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest

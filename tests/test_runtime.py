@@ -780,8 +780,13 @@ def test_runtime_installs_and_runs_a_bundle_without_the_build(synthetic: Synthet
     assert any(r.startswith("mnn") for r in requires) and any(r.startswith("onnxruntime-qnn") for r in requires)
     shipped = {n for n in names if n.startswith("mnnbuild/") and n.endswith(".py")}
     top = {n for n in shipped if n.count("/") == 1}
-    assert top == {"mnnbuild/__init__.py", "mnnbuild/errors.py", "mnnbuild/fsutil.py"}
-    assert {n.split("/")[1] for n in shipped - top} == {"cpu", "mnn", "qnn"}
+    assert top == {"mnnbuild/__init__.py"}
+    assert {n for n in shipped if n.startswith("mnnbuild/base/")} == {
+        "mnnbuild/base/__init__.py",
+        "mnnbuild/base/errors.py",
+        "mnnbuild/base/fsutil.py",
+    }
+    assert {n.split("/")[1] for n in shipped - top} == {"base", "cpu", "mnn", "qnn"}
     site = tmp_path / "site"
     install = [*pip, "install", "-q", "--no-deps", "--no-index", "--target", str(site), str(wheel)]
     subprocess.run(install, check=True, capture_output=True, timeout=300)

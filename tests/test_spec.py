@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from mnnbuild.base.errors import SpecError
 from mnnbuild.dag.project import Project
 from mnnbuild.dag.tasks import bundle_runs, io_runs, verify_runs
-from mnnbuild.errors import SpecError
-from mnnbuild.fingerprint import DigestMemo
-from mnnbuild.layout import POSTREAT_FILE
 from mnnbuild.manifests.bundle import BundleParams
-from mnnbuild.settings import Settings
-from mnnbuild.spec import HfSource, LocalSource, discover_specs, load_spec
-from mnnbuild.targets import SOCS, soc_for_arch
+from mnnbuild.model.spec import HfSource, LocalSource, discover_specs, load_spec
+from mnnbuild.model.targets import SOCS, soc_for_arch
+from mnnbuild.pipeline.fingerprint import DigestMemo
+from mnnbuild.pipeline.layout import POSTREAT_FILE
+from mnnbuild.pipeline.settings import Settings
 from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from mnnbuild.layout import REPORT_PAGE
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
+from mnnbuild.pipeline.layout import REPORT_PAGE
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit, executed_tasks

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import Bundle, BundleError, Embeddings, HybridExecutor, PluginSpec, parse_plugins
 
+from mnnbuild.base.errors import MNNFormatError, ModelDirError, StageError
 from mnnbuild.cpu import CpuRuntime, load_module, to_numpy, to_var
-from mnnbuild.errors import MNNFormatError, ModelDirError, StageError
 from mnnbuild.manifests.bundle import BundleInputs, BundleParams
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import (
@@ -43,10 +43,10 @@ from mnnbuild.mnn import (
     write_weights,
 )
 from mnnbuild.mnn.strip import LEAD
-from mnnbuild.modeldir import validate_model_dir
+from mnnbuild.model.modeldir import validate_model_dir
+from mnnbuild.model.targets import soc_for_arch
 from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.stages.bundle import assemble_bundle
-from mnnbuild.targets import soc_for_arch
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
 from tests.test_partition import CHUNK, Built
 

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from mnnbuild_runtime import Embeddings, Tokenizer, cpu_forward_fn, llm_inputs
 
-from mnnbuild.compare import Tolerance
-from mnnbuild.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, VERIFY_REPORT_JSON
+from mnnbuild.base.compare import Tolerance
 from mnnbuild.manifests.verify import VerifyManifest
-from mnnbuild.modeldir import MODEL_CONFIG
-from mnnbuild.spec import load_spec
+from mnnbuild.model.modeldir import MODEL_CONFIG
+from mnnbuild.model.spec import load_spec
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, VERIFY_REPORT_JSON
 from mnnbuild.verify.compare import top2_margin
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, doit

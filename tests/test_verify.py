@@ -17,19 +17,19 @@ import pytest
 from mnnbuild_runtime import BinaryOverride, Bundle, ForwardResult, HybridModel, Tokenizer, greedy_generate
 from mnnbuild_runtime.generate import cpu_forward_fn
 
-from mnnbuild.compare import Tolerance, compare
+from mnnbuild.base.compare import Tolerance, compare
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import CpuRuntime, load_vars, save_vars
-from mnnbuild.errors import StageError
-from mnnbuild.layout import REPORT_PAGE as PAGE
 from mnnbuild.manifests.partition import read_merge
 from mnnbuild.manifests.report import ReportManifest
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import embedding_info, load_model, make_attribute, plugin_attributes, save_model
+from mnnbuild.model.targets import soc_for_arch
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.layout import REPORT_PAGE as PAGE
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
-from mnnbuild.targets import soc_for_arch
 from mnnbuild.verify import checks
 from mnnbuild.verify.report import VerifyReport, format_report
 from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks

@@ -11,7 +11,7 @@ build's QNN backend is the plugin runtime; the submodules' test runs fall back t
 Both results are read the same way, from their ``qnn/llm.mnn``: per Plugin op its binary, graph names, boundary
 tensors (``t<index>`` of the source model, which both keep), per-shape output dims and layouts, the source ops
 it computes (walked back from its outputs to its inputs in the source graph), and the ops left on the CPU.
-Not a gate: the report lists the differences, the README says which matter.
+Not a gate: the report lists the differences, docs/conformance.md says which matter.
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ from typing import Any
 
 from pydantic import BaseModel, computed_field
 
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import atomic_write_text
 from mnnbuild.conform.build import MnnBuild, ensure_tools
 from mnnbuild.conform.workdir import fresh_dir
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import atomic_write_text
-from mnnbuild.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, manifest_file
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import schema
 from mnnbuild.mnn.model import MnnModel, Op, blob_format, enum_name, load_model, plugin_attributes
-from mnnbuild.modeldir import ModelPart, read_llm_config
+from mnnbuild.model.modeldir import ModelPart, read_llm_config
+from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON, POSTREAT_FILE, manifest_file
 
 log = logging.getLogger(__name__)
 

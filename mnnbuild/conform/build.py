@@ -23,9 +23,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import atomic_write_text, sha256_file
 from mnnbuild.conform.patches import Patch, check_patches, load_patches
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import atomic_write_text, sha256_file
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """``python -m mnnbuild conform <model>-<arch>``: build MNN's runtime (once) and run the conformance check.
 
 A command, not a doit task: it needs inputs the DAG does not have (an MNN source and QNN headers named by
-the user), a per-machine build outside the artifact root, and ~15 minutes the first time; it must stay out of
+the user), a per-machine build outside the artifact root, and a long first build; it must stay out of
 a bare ``doit`` and of CI. It reads the DAG's outputs (bundle, partition, the fetched model) and
 says which ``doit`` task to run when one is missing.
 """
@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.conform.boundaries import compare_boundaries
 from mnnbuild.conform.build import ensure_build, ensure_driver, resolve_qnn_headers, resolve_source
 from mnnbuild.conform.effect import default_lengths
@@ -28,12 +29,11 @@ from mnnbuild.conform.run import (
     write_report,
 )
 from mnnbuild.conform.workdir import claim_dir
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.layout import bundle_model_dir, conform_dir, stage_dir
 from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.settings import Settings
-from mnnbuild.spec import DEVICE_NAME_PATTERN, discover_specs
-from mnnbuild.targets import known_archs
+from mnnbuild.model.spec import DEVICE_NAME_PATTERN, discover_specs
+from mnnbuild.model.targets import known_archs
+from mnnbuild.pipeline.layout import bundle_model_dir, conform_dir, stage_dir
+from mnnbuild.pipeline.settings import Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 

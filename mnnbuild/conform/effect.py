@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel
 
-from mnnbuild.compare import TensorCheck, Tolerance, compare
+from mnnbuild.base.compare import TensorCheck, Tolerance, compare
 from mnnbuild.verify.compare import is_near_tie
 
 

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnnbuild.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError
 
 PATCH_DIR = Path(__file__).parent / "patches"
 

@@ -28,17 +28,17 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from mnnbuild.compare import TensorCheck, Tolerance, compare
+from mnnbuild.base.compare import TensorCheck, Tolerance, compare
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from mnnbuild.conform.boundaries import BoundaryReport, format_boundaries
 from mnnbuild.conform.build import MnnBuild
 from mnnbuild.conform.effect import PatchEffect, RunTokens, format_effect, length_effect, padding, summarize
 from mnnbuild.conform.workdir import claim_dir, fresh_dir
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
-from mnnbuild.layout import PROMPT_FILE
 from mnnbuild.manifests.partition import read_merge
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.layout import PROMPT_FILE
 from mnnbuild.qnn.library import find_qnn_libraries
-from mnnbuild.targets import Soc
 from mnnbuild.verify.compare import is_near_tie
 
 log = logging.getLogger(__name__)

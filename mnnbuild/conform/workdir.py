@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from mnnbuild.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError
 
 MARKER = ".mnnbuild-conform"
 REPORT = "conform.json"

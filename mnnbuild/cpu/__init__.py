@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.errors import MNNFormatError
-from mnnbuild.fsutil import check_free_space, remove_stale_temps, temp_path
+from mnnbuild.base.errors import MNNFormatError
+from mnnbuild.base.fsutil import check_free_space, remove_stale_temps, temp_path
 
 
 class CpuRuntime(BaseModel):
@@ -69,8 +69,8 @@ def return_freed_memory() -> None:
     """Hand the C heap's free pages back to the OS (glibc ``malloc_trim``) once MNN has freed a big module.
 
     MNN frees a module's decoded weights (a segment's are up to 1 GiB) with ``free``, but glibc keeps the pages
-    for reuse; at Qwen3-1.7B size verify held 1.1 GB of such freed memory from its CPU reference through the
-    simulator pass (measured: RSS 1329 -> 243 MB on one trim), which is what took its peak over 4 GiB."""
+    for reuse; at Qwen3-1.7B size verify held much of such freed memory from its CPU reference through the
+    simulator pass, which is what raised its peak (measured: docs/benchmarks.md)."""
     trim = _malloc_trim()
     if trim is not None:
         trim(0)

@@ -1,7 +1,7 @@
 """Run a whole MNN graph on the CPU in segments of bounded weight, so memory follows a segment, not the model.
 
 PyPI MNN decodes every quantized convolution of a loaded module to fp32: a Qwen3-1.7B-shaped ``llm.mnn``
-(int4, ~1 GB on disk) takes ~7 GB once loaded whole. Loading only the ops between named tensors
+(int4) takes several times its size on disk once loaded whole. Loading only the ops between named tensors
 (``load_module(path, rt, inputs, outputs)``, as the partition's subgraph runs do) keeps just those
 weights. The graph's ops are split in source order into segments whose fp32 parameters stay under a
 budget; each segment is loaded once, runs every sample, and is freed before the next loads. The tensors
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import NCHW, BoundaryValue, forward_vars, load_module, return_freed_memory, to_numpy, var_format
-from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.semantics import CONST_OP_TYPES, needed_ops
 from mnnbuild.mnn.summary import op_parameter_count
@@ -29,7 +29,7 @@ from mnnbuild.mnn.summary import op_parameter_count
 log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 1 << 30
-"""fp32 parameter bytes a segment may hold (one Qwen3-1.7B layer is ~200 MB; its lm_head alone 1.2 GB)."""
+"""fp32 parameter bytes a segment may hold (a few Qwen3-1.7B layers; its lm_head alone is over it)."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Turning stages into doit tasks: the only package that knows about doit.
 
 - ``project``: the specs and settings tasks are declared from, and doit's configuration.
-- ``tasks``: every stage's tasks, derived from its declaration (`mnnbuild.stage.Stage`) in one loop.
+- ``tasks``: every stage's tasks, derived from its declaration (`mnnbuild.pipeline.stage.Stage`) in one loop.
 - ``keys``: what a task's result depends on besides its input files (code, schema, params, tools).
 - ``actions``: run or restore a stage, store its outputs in the cache.
 - ``uptodate``: checks beyond file_dep and the key (a pinned HF commit, bundle files untouched).

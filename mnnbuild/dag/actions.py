@@ -14,17 +14,17 @@ from typing import Any
 from doit.exceptions import TaskFailed
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.cache import ArtifactCache, cache_key, write_origin
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import sha256_bytes
 from mnnbuild.dag.uptodate import outputs_intact
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import sha256_bytes
-from mnnbuild.layout import VERIFY_REPORT_JSON, origin_file
-from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
-from mnnbuild.resources import peak_rss, reset_peak_rss, run_id
-from mnnbuild.spec import HfSource
-from mnnbuild.stage import Stage, StageInputs
+from mnnbuild.model.spec import HfSource
+from mnnbuild.pipeline.cache import ArtifactCache, cache_key, write_origin
+from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON, origin_file
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss, run_id
+from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.stages.fetch import update_lock
 
 log = logging.getLogger(__name__)

@@ -9,9 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fingerprint import DigestMemo, code_fingerprint
-from mnnbuild.manifest import Manifest, package_version
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.pipeline.fingerprint import DigestMemo, code_fingerprint
+from mnnbuild.pipeline.manifest import Manifest, package_version
 from mnnbuild.qnn.library import find_qnn_libraries
 
 

@@ -18,14 +18,14 @@ from doit.cmdparse import CmdOption, CmdParse, CmdParseError
 from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
-from mnnbuild import logs
-from mnnbuild.cache import local_cache_dir
+from mnnbuild.base import logs
+from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.dag.reporter import BuildSummaryReporter
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fingerprint import DigestMemo
-from mnnbuild.layout import CODE_DIGESTS, stage_dir
-from mnnbuild.settings import Settings
-from mnnbuild.spec import LocalSource, ModelSpec, discover_specs
+from mnnbuild.model.spec import LocalSource, ModelSpec, discover_specs
+from mnnbuild.pipeline.cache import local_cache_dir
+from mnnbuild.pipeline.fingerprint import DigestMemo
+from mnnbuild.pipeline.layout import CODE_DIGESTS, stage_dir
+from mnnbuild.pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
 

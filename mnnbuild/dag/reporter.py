@@ -6,7 +6,7 @@ from typing import Any
 
 from doit.reporter import ConsoleReporter
 
-from mnnbuild.cache import human_bytes
+from mnnbuild.pipeline.cache import human_bytes
 
 
 class BuildSummaryReporter(ConsoleReporter):

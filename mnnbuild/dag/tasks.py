@@ -1,7 +1,7 @@
 """The doit tasks of every stage, derived from the stage declarations in one loop (`stage_task`).
 
 A stage declares what it reads (its upstream stages), what it calls and whether it is cacheable
-(`mnnbuild.stage.Stage`); the layout says where each stage writes. What is left per stage is how a
+(`mnnbuild.pipeline.stage.Stage`); the layout says where each stage writes. What is left per stage is how a
 model spec becomes its Inputs and Params (`RUNS`).
 """
 
@@ -18,23 +18,12 @@ from doit.exceptions import TaskFailed
 from doit.tools import config_changed
 from pydantic import BaseModel
 
+from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
 from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify, task_identity
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.errors import MnnbuildError
-from mnnbuild.fsutil import confined, remove_stage_dir, remove_stage_dirs
-from mnnbuild.layout import (
-    BUNDLE_MODEL_DIR,
-    PART_STAGES,
-    PLUGIN_STAGES,
-    REPORT_PAGE,
-    VERIFY_REPORT_JSON,
-    context_dir,
-    plugin_dir,
-)
-from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights
-from mnnbuild.manifest import tool_versions
 from mnnbuild.manifests.bundle import BundleInputs, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
 from mnnbuild.manifests.context import ContextInputs, ContextParams
@@ -45,12 +34,23 @@ from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, Par
 from mnnbuild.manifests.report import ReportInputs, ReportParams
 from mnnbuild.manifests.twin import TwinInputs, TwinParams
 from mnnbuild.manifests.verify import VerifyInputs, VerifyParams
-from mnnbuild.modeldir import VISUAL_FILES, VISUAL_PART, family_files, prompt_file_text
+from mnnbuild.model.modeldir import VISUAL_FILES, VISUAL_PART, family_files, prompt_file_text
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
+from mnnbuild.model.spec import HfSource, ModelSpec
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.layout import (
+    BUNDLE_MODEL_DIR,
+    PART_STAGES,
+    PLUGIN_STAGES,
+    REPORT_PAGE,
+    VERIFY_REPORT_JSON,
+    context_dir,
+    plugin_dir,
+)
+from mnnbuild.pipeline.manifest import tool_versions
+from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.report import renderer_fingerprint
-from mnnbuild.spec import HfSource, ModelSpec
-from mnnbuild.stage import Stage, StageInputs
 from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
-from mnnbuild.targets import Soc
 from mnnbuild.verify import runtime_fingerprint
 
 STAGES: dict[str, Stage] = {
@@ -313,7 +313,7 @@ def _plugins(
         merge = read_merge(partition_dir)
         partition = PartitionManifest.read(partition_dir)
         shared = {"model": spec.name, "model_dir": project.stage_dir("fetch", spec), "partition_dir": partition_dir}
-        # the biggest first: with `doit -n 2` the lm_head (~10x a layer) overlaps the layers instead of trailing
+        # the biggest first: with `doit -n 2` the lm_head (many layers' worth) overlaps the layers instead of trailing
         size = {p.path: p.parameters for p in partition.plugins}
         by_cost = sorted(merge.items(), key=lambda item: -size.get(item[0], 0))
         for arch in spec.targets:

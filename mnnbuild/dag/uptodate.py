@@ -7,11 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import MnnbuildError, UnsafePathError
-from mnnbuild.fsutil import confined, sha256_file
-from mnnbuild.layout import origin_file
-from mnnbuild.manifest import Manifest
+from mnnbuild.base.errors import MnnbuildError, UnsafePathError
+from mnnbuild.base.fsutil import confined, sha256_file
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
+from mnnbuild.pipeline.layout import origin_file
+from mnnbuild.pipeline.manifest import Manifest
 
 
 def hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:

@@ -26,13 +26,13 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import QnnError
-from mnnbuild.fsutil import atomic_write_bytes
-from mnnbuild.logs import configure_logging
-from mnnbuild.lowering.encoding import WeightNote
+from mnnbuild.base.errors import QnnError
+from mnnbuild.base.fsutil import atomic_write_bytes
+from mnnbuild.base.logs import configure_logging
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, StaticSource, composed_context
+from mnnbuild.model.npu_weights import WeightNote
+from mnnbuild.model.targets import Soc
 from mnnbuild.qnn import BinaryInfo, HtpTarget, QnnLibrary, read_binary_info
-from mnnbuild.targets import Soc
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _fresh_processes(source: GraphSource) -> multiprocessing.context.BaseContext
 
     Not a plain fork: this process may have loaded QNN (its tensor id counter would be inherited). A forked
     child of the server is as fresh as a spawned interpreter for QNN, without importing numpy, pydantic and
-    mnnbuild again for every binary (~0.5 s each; the generated MNN schema alone is 0.14 s). The server starts
+    mnnbuild again for every binary (a cost docs/benchmarks.md gives). The server starts
     with the first binary a process composes, with that one's preloads.
     """
     ctx = multiprocessing.get_context("forkserver")

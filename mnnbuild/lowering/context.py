@@ -12,8 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mnnbuild.fsutil import sha256_bytes
-from mnnbuild.lowering.encoding import WeightNote
+from mnnbuild.base.fsutil import sha256_bytes
 from mnnbuild.lowering.graph import (
     LoweringError,
     Param,
@@ -30,6 +29,7 @@ from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
+from mnnbuild.model.npu_weights import WeightNote
 
 
 @dataclass(frozen=True)

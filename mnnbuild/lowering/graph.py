@@ -23,10 +23,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mnnbuild.errors import MnnbuildError, QnnError
-from mnnbuild.fsutil import confined, sha256_bytes
-from mnnbuild.layout import GRAPH_FILE
-from mnnbuild.lowering.encoding import WeightNote
+from mnnbuild.base.errors import MnnbuildError, QnnError
+from mnnbuild.base.fsutil import confined, sha256_bytes
+from mnnbuild.model.npu_weights import WeightNote
+from mnnbuild.pipeline.layout import GRAPH_FILE
 from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Quant, Scalar
 from mnnbuild.qnn import dtypes as qdt
 

@@ -20,9 +20,9 @@ Reshape in QNN keeps the elements in C order, and so does every rewrite here):
    producer writes the output), and so do nodes and tensors nothing reads.
 
 Step 0 is the one that matters most at real size: a layer plugin is fed the attention output as MNN's
-``[128, 2048, 1, 1]``; reshaped inside the graph, that one input made the HTP take 13-18 s to prepare
-the prefill graph of Qwen3-1.7B's o_proj + MLP, against 0.7 s when the input is declared ``[1, 1, 128,
-2048]`` (its linear ops alone: 1.5 s). Moving 1s does not move an element, so the plugin's buffers are
+``[128, 2048, 1, 1]``; reshaped inside the graph, that one input made the HTP prepare the prefill graph of
+Qwen3-1.7B's o_proj + MLP many times slower than when the input is declared ``[1, 1, 128, 2048]``
+(docs/benchmarks.md has the numbers). Moving 1s does not move an element, so the plugin's buffers are
 the same bytes either way: MNN's QNN plugin binds each input and output by name to the MNN tensor's
 dense buffer (the Plugin op's ``allInputShape`` keeps MNN's dims, which is what the engine matches),
 and the runtime compares the two by ``mnnbuild.qnn.same_element_order``. Names are kept, static tensors keep

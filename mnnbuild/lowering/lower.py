@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.lowering.context import LoweringContext, TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
 from mnnbuild.lowering.layout import channel_last

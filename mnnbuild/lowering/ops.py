@@ -16,7 +16,6 @@ from types import MappingProxyType
 import numpy as np
 
 from mnnbuild.lowering.context import LoweringContext, b8, digest, f32, i32, tensor_param, u32
-from mnnbuild.lowering.encoding import WeightNote
 from mnnbuild.lowering.quantized import QuantizedWeight, npu_weight
 from mnnbuild.lowering.support import (
     BINARY_QNN,
@@ -28,6 +27,7 @@ from mnnbuild.lowering.support import (
 )
 from mnnbuild.mnn import Op
 from mnnbuild.mnn.weights import ConvWeights, WeightFile, decode_conv
+from mnnbuild.model.npu_weights import WeightNote
 
 Lower = Callable[[LoweringContext, Op], None]
 

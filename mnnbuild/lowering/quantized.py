@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS as DEFAULT_NPU_WEIGHTS
-from mnnbuild.lowering.encoding import NPU_WEIGHTS as NPU_WEIGHTS
-from mnnbuild.lowering.encoding import NpuWeights as NpuWeights
 from mnnbuild.mnn import Op
 from mnnbuild.mnn.weights import ConvCodes, WeightFile, conv_codes, quantize_blocks
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS as DEFAULT_NPU_WEIGHTS
+from mnnbuild.model.npu_weights import NPU_WEIGHTS as NPU_WEIGHTS
+from mnnbuild.model.npu_weights import NpuWeights as NpuWeights
 
 # QuantDesc.encoding values (QNN's Qnn_QuantizationEncoding_t names, lower case)
 AXIS = "axis_scale_offset"

@@ -189,7 +189,7 @@ def precision_reason(op: Op, model: MnnModel) -> str | None:
     if source is None:
         return None
     # fp16 keeps 11 bits: position 4000 is off by up to 2, position * inv_freq by as much, and the rotary
-    # sin/cos by 15-75% at positions 1000-4000 (measured in the simulator).
+    # sin/cos far off at long positions (measured in the simulator: docs/benchmarks.md).
     return (
         f"computes with the rotary phase of integer input {source!r} as a float: fp16 on the HTP loses it "
         "beyond a few hundred tokens, so it stays on the CPU"

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.manifest import Manifest
-from mnnbuild.modeldir import DEFAULT_PROMPT
-from mnnbuild.stage import StageInputs
-from mnnbuild.targets import Soc
+from mnnbuild.model.modeldir import DEFAULT_PROMPT
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class BundleInputs(StageInputs):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.manifest import Manifest
 from mnnbuild.manifests.io import PrefillLengths
-from mnnbuild.stage import StageInputs
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class ConfigQnn(BaseModel):

@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.manifest import Manifest
-from mnnbuild.modeldir import ALL_FILES, ModelPart, PartFamily
-from mnnbuild.spec import HfSource, LocalSource
-from mnnbuild.stage import StageInputs
+from mnnbuild.model.modeldir import ALL_FILES, ModelPart, PartFamily
+from mnnbuild.model.spec import HfSource, LocalSource
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class HfLock(BaseModel):

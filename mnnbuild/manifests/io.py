@@ -8,10 +8,10 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from mnnbuild.cpu import CpuRuntime
-from mnnbuild.manifest import Manifest
-from mnnbuild.modeldir import ChainPart
-from mnnbuild.spec import DEFAULT_PROMPT, VisualEncoderKind
-from mnnbuild.stage import StageInputs
+from mnnbuild.model.modeldir import ChainPart
+from mnnbuild.model.spec import DEFAULT_PROMPT, VisualEncoderKind
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 DECODE_SEQ = 1
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights
-from mnnbuild.manifest import Manifest
-from mnnbuild.stage import StageInputs
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class ModellibInputs(StageInputs):

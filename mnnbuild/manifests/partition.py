@@ -8,13 +8,13 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import CpuRuntime
-from mnnbuild.errors import StageError
-from mnnbuild.layout import LOWERING_SOURCE, POSTREAT_FILE
-from mnnbuild.manifest import FileRecord, Manifest
 from mnnbuild.manifests.io import PrefillLengths
-from mnnbuild.modeldir import ChainPart
-from mnnbuild.stage import StageInputs
+from mnnbuild.model.modeldir import ChainPart
+from mnnbuild.pipeline.layout import LOWERING_SOURCE, POSTREAT_FILE
+from mnnbuild.pipeline.manifest import FileRecord, Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class PartitionInputs(StageInputs):
@@ -51,7 +51,7 @@ class PluginRecord(BaseModel):
     ops: int
     parameters: int
     """Elements of the weights and constants it holds: what its binary costs to prepare (a Qwen3-1.7B lm_head,
-    311M, takes ~10x a layer's time), so the DAG starts the biggest plugins first."""
+    311M, takes many layers' time), so the DAG starts the biggest plugins first."""
     split_model: str | None = None
     """The split model its graphs index (`SubgraphRecord.split_model`), None for the fetched one."""
 
@@ -94,7 +94,7 @@ class PartitionManifest(Manifest):
     def plugin_files(self, graphs: Collection[str]) -> list[FileRecord]:
         """The output records a plugin's binary is built from: the files of its graph dirs (``qnn/graphllm0`` ...),
         the split model when they index it, and the hashes of the fetched model they are lowered from
-        (:data:`~mnnbuild.layout.LOWERING_SOURCE`)."""
+        (:data:`~mnnbuild.pipeline.layout.LOWERING_SOURCE`)."""
         names = {Path(g).name for g in graphs}
         extra = {LOWERING_SOURCE} | {p.split_model for p in self.plugins if p.split_model and names & set(p.graphs)}
         files = self.outputs_in(graphs)

@@ -6,10 +6,10 @@ manifest's fields must not reach the twin's key.
 
 from __future__ import annotations
 
-from mnnbuild.manifest import FileRecord
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
-from mnnbuild.modeldir import ModelPart, chain_part
+from mnnbuild.model.modeldir import ModelPart, chain_part
+from mnnbuild.pipeline.manifest import FileRecord
 
 
 def plugin_part(fetch: FetchManifest, partition: PartitionManifest) -> ModelPart:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.manifest import Manifest
-from mnnbuild.stage import StageInputs
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class ReportInputs(StageInputs):

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
-from mnnbuild.manifest import Manifest
-from mnnbuild.stage import StageInputs
-from mnnbuild.targets import Soc
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class TwinInputs(StageInputs):

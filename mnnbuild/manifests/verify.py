@@ -6,11 +6,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.compare import Tolerance
+from mnnbuild.base.compare import Tolerance
 from mnnbuild.cpu import CpuRuntime
-from mnnbuild.manifest import Manifest
-from mnnbuild.stage import StageInputs
-from mnnbuild.targets import Soc
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.stage import StageInputs
 
 
 class VerifyInputs(StageInputs):

@@ -34,7 +34,7 @@ are attributes of ``schema`` (the generated module). Every read error is ``MNNFo
 
 from __future__ import annotations
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.mnn._generated import mnn_fb as schema
 from mnnbuild.mnn.model import (
     DATA_FORMATS,

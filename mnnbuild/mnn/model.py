@@ -24,7 +24,7 @@ from typing import Any, TypeAlias
 import flatbuffers
 import numpy as np
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.mnn._generated import enums
 from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn._generated.vector_types import VECTOR_DTYPES

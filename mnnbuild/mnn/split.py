@@ -1,10 +1,11 @@
 """Split one 1x1 Convolution of a model into convolutions over ranges of its output channels, joined by a Concat.
 
 An lm_head of 151936 x 2048 is one op, and QNN holds every graph's copy of a context's weights while it
-serializes it: such a context peaks at ~5 GB whatever the lowering does. Split into row ranges, each range can
-go into a plugin of its own. The parts keep the op's exact encoding: IDST type-1 codes are sliced by whole
-output channels (their header rewritten for the new row count), scales and bias likewise, and stored inline, so
-the split model computes the same numbers as the source and reads the rest from the source's weight file.
+serializes it: such a context's peak memory is set by that op whatever the lowering does (docs/benchmarks.md).
+Split into row ranges, each range can go into a plugin of its own. The parts keep the op's exact encoding: IDST
+type-1 codes are sliced by whole output channels (their header rewritten for the new row count), scales and bias
+likewise, and stored inline, so the split model computes the same numbers as the source and reads the rest from
+the source's weight file.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.errors import MNNFormatError
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn.model import MnnModel, Op
 from mnnbuild.mnn.weights import QUANT_IDST, WeightFile

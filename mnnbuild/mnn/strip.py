@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from mnnbuild.errors import MNNFormatError
-from mnnbuild.fsutil import temp_path
+from mnnbuild.base.errors import MNNFormatError
+from mnnbuild.base.fsutil import temp_path
 from mnnbuild.mnn.model import MnnModel, Op
 from mnnbuild.mnn.weights import WeightFile, WeightRange, external_tables
 

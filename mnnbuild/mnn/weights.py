@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
-from mnnbuild.errors import MNNFormatError, UnsafePathError
-from mnnbuild.fsutil import confined
+from mnnbuild.base.errors import MNNFormatError, UnsafePathError
+from mnnbuild.base.fsutil import confined
 from mnnbuild.mnn.model import MnnModel, Op, _walk_t
 
 log = logging.getLogger(__name__)
@@ -291,7 +291,7 @@ def _group_rows(dequantize: RowSource, per_row: int, in_ch: int) -> RowSource:
 
 
 # output channels decoded at a time: the float32 temporaries stay small even for an lm_head, and a block written
-# transposed (``in_major``) stays in cache: 512 KB blocks assemble a layer's weights 2-3.7x faster than 16 MB ones
+# transposed (``in_major``) stays in cache, which makes 512 KB blocks much faster than large ones (docs/benchmarks.md)
 _BLOCK_BYTES = 512 << 10
 
 

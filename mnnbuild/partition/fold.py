@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import forward_vars, import_mnn, to_numpy, to_var
-from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, Op, make_blob, save_model
 
 # numpy dtype -> (MNN DataType name, BlobT field holding the values)
@@ -41,8 +41,8 @@ def compute_folded(
 
     A folded tensor reads the graph's data only for its shape (``cut.fold_ops``), so it needs no layer run: MNN's
     expression API computes a tensor's content only where an op reads it, and a ``Shape`` op reads its input's
-    shape only. A reshape target deep in the last layer of a Qwen3-1.7B-sized model takes 0.01 s that way instead
-    of a forward through the 27 layers before it (7 s per sample shape; values bit for bit the same), and no
+    shape only. A reshape target deep in the last layer of a Qwen3-1.7B-sized model needs no forward through the
+    27 layers before it that way (values bit for bit the same; the time saved: docs/benchmarks.md), and no
     weight is decoded."""
     if not names:
         return [{} for _ in samples]

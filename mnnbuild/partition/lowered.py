@@ -2,8 +2,8 @@
 stages compose from directly.
 
 The context and twin stages lower in the fresh process that composes the binary (`PluginGraphs` is the picklable
-recipe handed to it), so the device bundle needs no model-lib on disk: at Qwen3-1.7B size the model-lib is 3.4 GB of
-fp16 raws that the contexts would only read back. The modellib stage lowers the same way and writes the result
+recipe handed to it), so the device bundle needs no model-lib on disk: at real size the model-lib is GBs of fp16 raws
+that the contexts would only read back. The modellib stage lowers the same way and writes the result
 (the self-contained model-lib a user hands to QNN tools); both get the same descriptions and the same data.
 """
 
@@ -15,15 +15,15 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import confined
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import confined
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError
 from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
 from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
-from mnnbuild.modeldir import ModelPart
+from mnnbuild.model.modeldir import ModelPart
 from mnnbuild.partition.records import GRAPH_FILE, SubgraphRecord
 
 MERGE_FIELD = "npu_postreat.json field 'merge'"

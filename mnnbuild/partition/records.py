@@ -15,18 +15,18 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import confined
 from mnnbuild.cpu import load_vars
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import confined
+from mnnbuild.mnn import MnnModel
 
 # the naming rules live in the artifact layout; re-exported for the partition's modules
-from mnnbuild.layout import FOLDED_VALUES as FOLDED_VALUES
-from mnnbuild.layout import GRAPH_FILE as GRAPH_FILE
-from mnnbuild.layout import REFERENCE_INPUT as REFERENCE_INPUT
-from mnnbuild.layout import REFERENCE_OUTPUT as REFERENCE_OUTPUT
-from mnnbuild.layout import binary_path as binary_path
-from mnnbuild.layout import graph_name as graph_name
-from mnnbuild.mnn import MnnModel
+from mnnbuild.pipeline.layout import FOLDED_VALUES as FOLDED_VALUES
+from mnnbuild.pipeline.layout import GRAPH_FILE as GRAPH_FILE
+from mnnbuild.pipeline.layout import REFERENCE_INPUT as REFERENCE_INPUT
+from mnnbuild.pipeline.layout import REFERENCE_OUTPUT as REFERENCE_OUTPUT
+from mnnbuild.pipeline.layout import binary_path as binary_path
+from mnnbuild.pipeline.layout import graph_name as graph_name
 
 INLINE_VALUES_MAX = 256
 """Folded values up to this many elements are written into graph.json too (all are in folded.mnn)."""

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from mnnbuild.base.errors import StageError
 from mnnbuild.cpu import (
     NCHW,
     BoundaryValue,
@@ -37,7 +38,6 @@ from mnnbuild.cpu import (
     to_numpy,
     var_format,
 )
-from mnnbuild.errors import StageError
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.fold import forward, write_folded_model
@@ -99,7 +99,7 @@ def run_modules(
             raise StageError(f"partition: subgraph at op {model.ops[m.ops[0]].name!r} has no data input")
         fixed = sorted({t for i in m.ops for t in model.ops[i].inputs if t in frontier} - set(m.inputs))
         # an NPU module's internal tensors need specs too: asked for in the same run (a second run of the module
-        # for them was 40% of the stage at real size)
+        # for them was a large share of the stage at real size)
         made = sorted(m.produced - set(m.outputs)) if m.graph is not None else []
         model_path = source_of(m)
         module = load_module(model_path, rt, _names(cut, [*m.inputs, *fixed]), _names(cut, [*m.outputs, *made]))

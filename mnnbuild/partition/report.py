@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from mnnbuild.layout import LLM_GRAPHS
 from mnnbuild.manifests.partition import ShippedWeights
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.summary import op_parameter_count, op_weight_bytes
@@ -19,6 +18,7 @@ from mnnbuild.partition.records import (
     binary_path,
     graph_name,
 )
+from mnnbuild.pipeline.layout import LLM_GRAPHS
 
 
 def weight_ops(cut: Cut, m: Module) -> set[int]:

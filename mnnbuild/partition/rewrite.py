@@ -34,10 +34,10 @@ from typing import Any
 import numpy as np
 
 from mnnbuild.cpu import BLOB_FORMATS, NCHW
-from mnnbuild.layout import LLM_GRAPHS, binary_path, graph_name
 from mnnbuild.mnn import MnnModel, Op, attribute_value, make_blob, make_plugin_op, schema
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.records import TensorSpec, qnn_name
+from mnnbuild.pipeline.layout import LLM_GRAPHS, binary_path, graph_name
 
 PLUGIN_TYPE = "QNN"
 _DTYPE_NAMES = {"float32": "DT_FLOAT", "int32": "DT_INT32", "int64": "DT_INT64", "uint8": "DT_UINT8", "int8": "DT_INT8"}

@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mnnbuild.errors import MNNFormatError, StageError
-from mnnbuild.fsutil import atomic_write_bytes, atomic_write_text
+from mnnbuild.base.errors import MNNFormatError, StageError
+from mnnbuild.base.fsutil import atomic_write_bytes, atomic_write_text
 from mnnbuild.manifests.partition import KeptBytes, ShippedWeights
 from mnnbuild.mnn import MnnModel, external_ranges, plan_weights, relocate_model, tie_embeddings, write_weights
 from mnnbuild.mnn.weights import WeightRange
-from mnnbuild.modeldir import LLM_CONFIG, ModelPart, read_llm_config
+from mnnbuild.model.modeldir import LLM_CONFIG, ModelPart, read_llm_config
 
 
 def _union_bytes(ranges: list[WeightRange]) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.errors import QnnError
+from mnnbuild.base.errors import QnnError
 from mnnbuild.qnn import dtypes as dt
 from mnnbuild.qnn.library import QnnLibrary
 from mnnbuild.qnn.session import HtpTarget, QnnSession, free_context

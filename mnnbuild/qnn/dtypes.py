@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnbuild.errors import QnnError
+from mnnbuild.base.errors import QnnError
 
 # Qnn_DataType_t
 INT_8 = 0x0008

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.errors import QnnError
+from mnnbuild.base.errors import QnnError
 from mnnbuild.qnn._generated.qnn_ffi import ffi as QNN_FFI
 
 log = logging.getLogger(__name__)

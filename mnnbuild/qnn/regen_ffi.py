@@ -5,8 +5,8 @@ Run after editing ``_cdefs.py``; the result is committed::
     python -m mnnbuild.qnn.regen_ffi
 
 The generated module is cffi's out-of-line ABI mode: the declarations parsed once, at generation, into type
-tables. Parsing them at run time (pycparser) cost ~0.2 s per FFI plus ~10 ms per C type string, in every
-process that touches QNN: each doit start, each context composition process, each runtime start.
+tables. Parsing them at run time (pycparser) cost time per FFI and per C type string in every process that
+touches QNN: each doit start, each context composition process, each runtime start (docs/benchmarks.md).
 No C compiler is involved; the libraries are still opened with ``ffi.dlopen``.
 """
 

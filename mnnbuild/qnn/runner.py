@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.errors import QnnError
+from mnnbuild.base.errors import QnnError
 from mnnbuild.qnn.binary_info import BinaryInfo, TensorInfo, read_binary_info
 from mnnbuild.qnn.library import QnnLibrary
 from mnnbuild.qnn.session import HtpTarget, QnnSession, free_context

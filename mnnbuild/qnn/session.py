@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from types import MappingProxyType, TracebackType
 from typing import Any
 
-from mnnbuild.errors import QnnError
+from mnnbuild.base.errors import QnnError
 from mnnbuild.qnn.library import QnnLibrary
 
 log = logging.getLogger(__name__)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from mnnbuild.lowering.encoding import WeightNote
-from mnnbuild.manifest import FileRecord
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.partition.records import PartitionReport
+from mnnbuild.pipeline.manifest import FileRecord
 from mnnbuild.verify.report import VerifyReport
 
 CPU = "CPU"

@@ -21,9 +21,16 @@ import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import atomic_write_text, confined, staged_dir
-from mnnbuild.layout import (
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import atomic_write_text, confined, staged_dir
+from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.model.modeldir import OPTIONAL_FILES, VISUAL_PART, ModelPart, tokenizer_file
+from mnnbuild.model.spec import DEVICE_NAME_PATTERN
+from mnnbuild.model.targets import Soc
+from mnnbuild.pipeline.layout import (
     BUNDLE_MODEL_DIR,
     BUNDLE_README,
     CONFIG_FILE,
@@ -32,15 +39,8 @@ from mnnbuild.layout import (
     QNN_DIR,
     RUN_SCRIPT,
 )
-from mnnbuild.manifest import record_outputs, tool_versions
-from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
-from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.manifests.partition import PartitionManifest
-from mnnbuild.modeldir import OPTIONAL_FILES, VISUAL_PART, ModelPart, tokenizer_file
-from mnnbuild.spec import DEVICE_NAME_PATTERN
-from mnnbuild.stage import Stage
-from mnnbuild.targets import Soc
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +163,8 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
             readme = visual_readme(inputs.model_name, params.image_sizes, encoder.result_model)
             atomic_write_text(tmp / BUNDLE_README, readme)
         copies += [(binary, dest / QNN_DIR / binary.name) for binary in inputs.context_binaries]
-        # two copies at a time: a bundle is GBs of weights and context binaries (4.5 GB at Qwen3-1.7B size, in
-        # the page cache: 2.7 s on one thread, 1.5 s on two)
+        # two copies at a time: a bundle is GBs of weights and context binaries, and copying lets go of the GIL
+        # (measured: docs/benchmarks.md, "Numbers behind the code")
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(lambda pair: place(*pair), copies))
         atomic_write_text(dest / PROMPT_FILE, params.prompt)
@@ -198,8 +198,8 @@ STAGE = Stage(
     outputs=(f"{BUNDLE_MODEL_DIR}/<name>/", PUSH_SCRIPT, RUN_SCRIPT),
     per_target=True,
     tools=frozenset({"QNN"}),
-    # rebuilt, not cached: it copies files its upstream stages have (restoring is the same copies, measured equal:
-    # 3.7 s vs 3.9 s at Qwen3-1.7B dims, 1 layer), and its entry would add a blob of the model's weight file
+    # rebuilt, not cached: it copies files its upstream stages have (restoring is the same copies and takes as
+    # long: docs/benchmarks.md), and its entry would add a blob of the model's weight file
     cacheable=False,
     doc="Device bundle per target (created once the model's partition ran).",
 )

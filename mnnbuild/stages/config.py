@@ -14,13 +14,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.layout import CONFIG_FILE, DEFAULT_TOKENIZER
-from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams, ConfigQnn
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.modeldir import MODEL_CONFIG, ModelPart, read_model_config, tokenizer_file
-from mnnbuild.stage import Stage
+from mnnbuild.model.modeldir import MODEL_CONFIG, ModelPart, read_model_config, tokenizer_file
+from mnnbuild.pipeline.layout import CONFIG_FILE, DEFAULT_TOKENIZER
+from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 

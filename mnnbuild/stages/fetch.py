@@ -12,13 +12,13 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from mnnbuild.errors import ModelDirError
-from mnnbuild.fsutil import atomic_write_text, relative_symlink, staged_dir
-from mnnbuild.manifest import FileRecord, tool_versions
+from mnnbuild.base.errors import ModelDirError
+from mnnbuild.base.fsutil import atomic_write_text, relative_symlink, staged_dir
 from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord
-from mnnbuild.modeldir import ALL_FILES, validate_model_dir
-from mnnbuild.spec import HfSource
-from mnnbuild.stage import Stage
+from mnnbuild.model.modeldir import ALL_FILES, validate_model_dir
+from mnnbuild.model.spec import HfSource
+from mnnbuild.pipeline.manifest import FileRecord, tool_versions
+from mnnbuild.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 

@@ -5,12 +5,12 @@ For the decode shape (1 token) and every prefill length (``chunk_sizes``, longes
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
 diagonal), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
 -1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. Which graph and which
-inputs come from the model part the fetch stage recorded (``mnnbuild.modeldir.ModelPart``).
+inputs come from the model part the fetch stage recorded (``mnnbuild.model.modeldir.ModelPart``).
 
 A VL language model (M-RoPE) takes ``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples,
 and Qwen3-VL's also ``deepstack_embeds`` ``[3,seq,hidden]`` (docs/families.md section 3.1); the inputs fed are the
 model's own. A VL model's encoder (``visual.mnn``, the ``visual`` chain) gets one sample per image size,
-``testdir/<patches>``, its inputs built by ``mnnbuild.visual`` (section 3.2).
+``testdir/<patches>``, its inputs built by ``mnnbuild.model.visual`` (section 3.2).
 """
 
 from __future__ import annotations
@@ -22,19 +22,26 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import MNNFormatError, ModelDirError
+from mnnbuild.base.fsutil import staged_dir
 from mnnbuild.cpu import save_vars, to_numpy
 from mnnbuild.cpu.segments import iter_segmented
-from mnnbuild.errors import MNNFormatError, ModelDirError
-from mnnbuild.fsutil import staged_dir
-from mnnbuild.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
-from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.mnn import MnnModel, input_dtypes, load_model
-from mnnbuild.modeldir import DEEPSTACK_INPUT, LLM_CONFIG, ModelPart, chain_part, check_hidden_size, read_llm_config
-from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
-from mnnbuild.stage import Stage
-from mnnbuild.visual import visual_inputs
+from mnnbuild.model.modeldir import (
+    DEEPSTACK_INPUT,
+    LLM_CONFIG,
+    ModelPart,
+    chain_part,
+    check_hidden_size,
+    read_llm_config,
+)
+from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize
+from mnnbuild.model.visual import visual_inputs
+from mnnbuild.pipeline.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
+from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ prepares in fp16 and rounds them exactly so, so the context binaries are the sam
 (`mnnbuild.lowering.ops.htp_conv_weights`).
 
 The model-lib is for a user who hands the graphs to QNN tools: the context and twin stages lower the same graphs
-themselves (`mnnbuild.partition.lowered`) instead of reading 3.4 GB of raws back at Qwen3-1.7B size, so a bundle
+themselves (`mnnbuild.partition.lowered`) instead of reading GBs of raws back at real size, so a bundle
 or verify does not build it; ``doit modellib`` does.
 """
 
@@ -22,18 +22,18 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from mnnbuild.fsutil import staged_dir
-from mnnbuild.layout import QNN_DIR
+from mnnbuild.base.fsutil import staged_dir
 from mnnbuild.lowering.graph import GRAPH_JSON, write_graph_dir
-from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
 from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.modeldir import chain_part
+from mnnbuild.model.modeldir import chain_part
 from mnnbuild.partition.lowered import lower_plugin, source_model
-from mnnbuild.stage import Stage
+from mnnbuild.pipeline.layout import QNN_DIR
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 

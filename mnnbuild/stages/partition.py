@@ -35,26 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import MNNFormatError, StageError
+from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.cpu import load_vars, save_vars
-from mnnbuild.errors import MNNFormatError, StageError
-from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.layout import (
-    FOLDED_VALUES,
-    GRAPH_FILE,
-    LOWERING_SOURCE,
-    PARTITION_REPORT_JSON,
-    PARTITION_REPORT_TEXT,
-    POSTREAT_FILE,
-    QNN_DIR,
-    REFERENCE_INPUT,
-    REFERENCE_OUTPUT,
-    SPLIT_DIR,
-    binary_path,
-    graph_name,
-    testdir,
-)
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
-from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
@@ -62,7 +46,7 @@ from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.split import conv_parameters, split_bounds, split_convolution, unsplittable
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.modeldir import ModelPart, chain_part
+from mnnbuild.model.modeldir import ModelPart, chain_part
 from mnnbuild.partition.cut import Cut, Module, plan_cut
 from mnnbuild.partition.fold import compute_folded
 from mnnbuild.partition.records import (
@@ -78,7 +62,23 @@ from mnnbuild.partition.reference import ModuleIO, run_modules
 from mnnbuild.partition.report import build_report, format_report
 from mnnbuild.partition.rewrite import fuse_attributes, rewrite_model, shape_attributes
 from mnnbuild.partition.strip import strip_weights
-from mnnbuild.stage import Stage
+from mnnbuild.pipeline.layout import (
+    FOLDED_VALUES,
+    GRAPH_FILE,
+    LOWERING_SOURCE,
+    PARTITION_REPORT_JSON,
+    PARTITION_REPORT_TEXT,
+    POSTREAT_FILE,
+    QNN_DIR,
+    REFERENCE_INPUT,
+    REFERENCE_OUTPUT,
+    SPLIT_DIR,
+    binary_path,
+    graph_name,
+    testdir,
+)
+from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.errors import MnnbuildError, StageError
-from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.layout import PARTITION_REPORT_JSON as PARTITION_JSON
-from mnnbuild.layout import QNN_DIR, REPORT_PAGE, origin_file
-from mnnbuild.layout import VERIFY_REPORT_JSON as VERIFY_JSON
-from mnnbuild.lowering.encoding import WeightNote
-from mnnbuild.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.base.errors import MnnbuildError, StageError
+from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.config import ConfigManifest
 from mnnbuild.manifests.context import ContextManifest
@@ -30,10 +25,15 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.report import ReportInputs, ReportManifest, ReportParams
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.manifests.verify import VerifyManifest
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
+from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
+from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, origin_file
+from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
+from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 from mnnbuild.report import OpCell, ReportData, StageCost
 from mnnbuild.report.data import op_strip
-from mnnbuild.stage import Stage
 from mnnbuild.verify.report import VerifyReport
 
 log = logging.getLogger(__name__)

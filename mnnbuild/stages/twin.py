@@ -13,19 +13,19 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import confined, staged_dir
-from mnnbuild.layout import twin_file
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import confined, staged_dir
 from mnnbuild.lowering.binary import compose_checked
 from mnnbuild.lowering.graph import LoweringError
-from mnnbuild.manifest import record_outputs, tool_versions
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import plugin_part, plugin_sources
 from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
 from mnnbuild.partition.lowered import PluginGraphs
+from mnnbuild.pipeline.layout import twin_file
+from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 from mnnbuild.qnn import QnnLibrary
-from mnnbuild.stage import Stage
 
 log = logging.getLogger(__name__)
 

@@ -35,12 +35,8 @@ from pathlib import Path
 
 from mnnbuild_runtime import Bundle, HybridModel
 
-from mnnbuild.errors import MnnbuildError, StageError
-from mnnbuild.fsutil import atomic_write_text, staged_dir
-from mnnbuild.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
-from mnnbuild.layout import VERIFY_REPORT_JSON as REPORT_JSON
-from mnnbuild.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
-from mnnbuild.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.base.errors import MnnbuildError, StageError
+from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
@@ -48,10 +44,14 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
-from mnnbuild.modeldir import DEFAULT_PROMPT, chain_part
+from mnnbuild.model.modeldir import DEFAULT_PROMPT, chain_part
 from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
+from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as REPORT_JSON
+from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
+from mnnbuild.pipeline.manifest import FileRecord, record_outputs, tool_versions
+from mnnbuild.pipeline.stage import Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
-from mnnbuild.stage import Stage
 from mnnbuild.verify import checks, failures
 from mnnbuild.verify.report import GraphCheck, VerifyReport, format_report
 

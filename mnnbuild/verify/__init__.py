@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from mnnbuild.fsutil import sha256_bytes
+from mnnbuild.base.fsutil import sha256_bytes
 
 
 @functools.cache

@@ -11,8 +11,8 @@ runtime's ``check_structure``, for the shipped binary and the twin alike).
 The simulator work is one pass (see ``mnnbuild.stages.verify``): the bundle runs every io sample and the
 generation sequence in lockstep, one plugin context loaded at a time. The per-graph check uses that pass's
 executions (:func:`check_graph_runs`): each graph's outputs against its source ops run on the CPU on the
-same inputs, so a graph's own error is measured without a simulator run of its own (at Qwen3-1.7B size a
-prefill through every plugin is ~150 s in the simulator; its graphs' CPU ops ~15 s). Only a graph no pass
+same inputs, so a graph's own error is measured without a simulator run of its own (the simulator is the slow
+part of verify, its graphs' CPU ops a fraction of it: docs/benchmarks.md). Only a graph no pass
 ran is run alone, on the partition's reference inputs (:func:`check_plugin_graphs`).
 """
 
@@ -39,11 +39,15 @@ from mnnbuild_runtime import (
 )
 from mnnbuild_runtime.generate import ForwardFn, Redraft
 
-from mnnbuild.compare import Tolerance, compare
+from mnnbuild.base.compare import Tolerance, compare
+from mnnbuild.base.errors import MnnbuildError, StageError, UnsafePathError
+from mnnbuild.base.fsutil import confined, sha256_bytes, sha256_file
 from mnnbuild.cpu import CpuRuntime, load_vars
-from mnnbuild.errors import MnnbuildError, StageError, UnsafePathError
-from mnnbuild.fsutil import confined, sha256_bytes, sha256_file
-from mnnbuild.layout import (
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.twin import TwinManifest
+from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.layout import (
     CONFIG_FILE,
     QNN_DIR,
     REFERENCE_INPUT,
@@ -52,11 +56,7 @@ from mnnbuild.layout import (
     origin_file,
     plugin_context_dir,
 )
-from mnnbuild.manifest import FileRecord
-from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.manifests.twin import TwinManifest
-from mnnbuild.partition.records import SubgraphRecord
-from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.manifest import FileRecord
 from mnnbuild.qnn import ContextRunner, QnnLibrary, read_binary_info
 from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
 from mnnbuild.verify.report import (

@@ -1,11 +1,11 @@
-"""Verify's judgement of logits rows: top-1 leads and near-ties (the tensor comparison is ``mnnbuild.compare``)."""
+"""Verify's judgement of logits rows: top-1 leads and near-ties (the tensor comparison is ``mnnbuild.base.compare``)."""
 
 from __future__ import annotations
 
 import numpy as np
 from pydantic import BaseModel
 
-from mnnbuild.compare import Tolerance
+from mnnbuild.base.compare import Tolerance
 
 
 class RowErrors(BaseModel):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mnnbuild.compare import Tolerance
+from mnnbuild.base.compare import Tolerance
 from mnnbuild.verify.report import GenerationCheck, GraphCheck, PluginCheck, ShapeCheck, VerifyReport
 
 INTEGRITY, STRUCTURE, GRAPHS, WHOLE_MODEL, GENERATION = range(5)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from mnnbuild.compare import TensorCheck, Tolerance
+from mnnbuild.base.compare import TensorCheck, Tolerance
 from mnnbuild.verify.compare import RowErrors
 
 

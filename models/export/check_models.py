@@ -170,8 +170,8 @@ def run_visual(model_dir: Path) -> None:
     import MNN.expr as F
 
     # the encoder's input builders are mnnbuild's (its io stage feeds the same)
-    from mnnbuild.spec import ImageSize
-    from mnnbuild.visual import visual_inputs
+    from mnnbuild.model.spec import ImageSize
+    from mnnbuild.model.visual import visual_inputs
 
     llm_cfg = json.loads((model_dir / "llm_config.json").read_text())
     hidden = int(llm_cfg["hidden_size"])

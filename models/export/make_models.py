@@ -738,7 +738,7 @@ def verify_vl_export(spec: ModelSpec, hf_dir: Path, out_dir: Path) -> None:
         sys.path.insert(0, str(SCRIPT_DIR))
     from check_models import CHECK_IMAGE_SIZES, load_module, run_module, visual_inputs
 
-    from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
+    from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize
 
     if spec.vision is None:
         raise SystemExit(f"{spec.name}: a VL model without a vision tower")

@@ -329,7 +329,7 @@ def greedy_text(model: torch.nn.Module, tokenizer: Tokenizer, prompt: str, n: in
 
 def spec_prompt() -> str:
     """The prompt of the model's spec (``models/<name>.toml``): verify's generation starts from it."""
-    from mnnbuild.spec import load_spec
+    from mnnbuild.model.spec import load_spec
 
     return load_spec(make_models.REPO_ROOT / "models" / f"{MODEL.name}.toml").verify.prompt
 

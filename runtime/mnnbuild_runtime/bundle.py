@@ -15,8 +15,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from mnnbuild.errors import MNNFormatError, UnsafePathError
-from mnnbuild.fsutil import confined
+from mnnbuild.base.errors import MNNFormatError, UnsafePathError
+from mnnbuild.base.fsutil import confined
 from mnnbuild.mnn import (
     DATA_TYPES,
     MnnModel,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mnnbuild.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError
 
 
 class RuntimeBundleError(MnnbuildError):

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, to_numpy
 from mnnbuild.cpu.segments import run_segmented
-from mnnbuild.errors import MNNFormatError
 from mnnbuild.mnn import embedding_info, load_model, read_embeddings
 from mnnbuild.mnn.summary import op_parameter_count
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
@@ -434,8 +434,8 @@ def kv_cache_draft(
         "backend_type": rt.backend.lower(),
         "thread_num": rt.num_thread,
         "precision": rt.precision,
-        # "normal" decodes every quantized weight to fp32 (~7 GB for Qwen3-1.7B). A big model's draft keeps them as
-        # stored: at 4 of its layers the same tokens in 0.8 GB instead of 3.4 GB, 4x faster. Its arithmetic differs
+        # "normal" decodes every quantized weight to fp32 (GBs for Qwen3-1.7B). A big model's draft keeps them as
+        # stored: the same tokens in a fraction of the memory and time (docs/benchmarks.md). Its arithmetic differs
         # (an int8 fixture's draft goes another way at token 8), which costs confirming forwards, never tokens.
         "memory": "low" if decoded > low_memory_above else "normal",
         "sampler_type": "greedy",

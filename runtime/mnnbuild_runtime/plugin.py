@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from mnnbuild.base.errors import QnnError
+from mnnbuild.base.fsutil import sha256_bytes
 from mnnbuild.cpu import return_freed_memory
-from mnnbuild.errors import QnnError
-from mnnbuild.fsutil import sha256_bytes
 from mnnbuild.mnn import schema
 from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info, same_element_order
 from mnnbuild_runtime.bundle import PluginSpec
@@ -389,4 +389,4 @@ class PluginRunner:
         if self._runner is not None:
             self._runner.close()
             self._runner = None
-            return_freed_memory()  # a context is up to ~1 GB of the C heap; the next plugin or MNN needs it
+            return_freed_memory()  # a freed context's C heap goes back: the next plugin or MNN needs it

@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.errors import MNNFormatError, ModelDirError
-from mnnbuild.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
-from mnnbuild.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
-from mnnbuild.spec import Family
+from mnnbuild.base.errors import MNNFormatError, ModelDirError
+from mnnbuild.model.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
+from mnnbuild.model.spec import Family
+from mnnbuild.pipeline.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 
 MODEL_CONFIG = "config.json"
 LLM_CONFIG = "llm_config.json"

@@ -36,9 +36,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
-from mnnbuild.errors import MnnbuildError, UnsafePathError
-from mnnbuild.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
-from mnnbuild.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
+from mnnbuild.base.errors import MnnbuildError, UnsafePathError
+from mnnbuild.base.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.pipeline.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
 
@@ -299,7 +299,7 @@ class ArtifactCache:
         whether copied or hard-linked to the files of ``out_dir`` (see `_link`).
 
         ``known`` is (size, sha256) by relative path for files the stage has just hashed (its manifest's outputs):
-        not hashed again (3.4 GB of context binaries at Qwen3-1.7B size). A wrong one cannot go unnoticed: a
+        not hashed again (GBs of context binaries at real size). A wrong one cannot go unnoticed: a
         restored file is checked against its sha256.
 
         Never raises for a cache problem (read-only, full, unreachable): it is logged and 0 returned.

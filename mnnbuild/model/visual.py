@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.spec import VISUAL_ENCODERS, ImageSize
+from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize
 
 WINDOW = 4
 """Qwen2.5-VL's window side in merged tokens (112 px at patch 14, merge 2)."""

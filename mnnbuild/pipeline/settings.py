@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnnbuild.errors import SettingsError
+from mnnbuild.base.errors import SettingsError
 
 MODELS_PATH_ENV = "MNNBUILD_MODELS_PATH"
 ARTIFACTS_ENV = "MNNBUILD_ARTIFACTS"

@@ -1,30 +1,15 @@
 """The artifact layout: every directory and file name the build writes or reads, in one place.
 
-```
-<artifact root>/<model>/model/            fetch     links to the model files
-<artifact root>/<model>/io/               io        testdir/<seq_len>/{input,output}.mnn
-<artifact root>/<model>/partition/        partition qnn/<llm|embedding>.mnn, qnn/graph*/, npu_postreat.json, partition.*
-<artifact root>/<model>/modellib/         modellib  qnn/<graph>/graph.json + raws (``doit modellib`` only)
-<artifact root>/<model>/visual/{io,partition,modellib}/  the same for a VL model's encoder (qnn/graphvisual*)
-<artifact root>/<model>/<arch>/config/    config    config_qnn.json
-<artifact root>/<model>/<arch>/context/<plugin>/   context   qnn/graphllm<k>.bin (what ships)
-<artifact root>/<model>/<arch>/twin/<plugin>/      twin      graphllm<k>.bin: unshared twin (verify's, never shipped)
-<artifact root>/<model>/<arch>/bundle/    bundle    model/<name>/ (what goes to the device) + scripts
-<artifact root>/<model>/<arch>/verify/    verify    verify.{json,txt}
-<artifact root>/<model>/<arch>/report/    report    index.html
-<artifact root>/<model>/<arch>/conform/   (``python -m mnnbuild conform``, not a stage) conform.{json,txt}
-```
-
-Every stage directory also holds ``<stage>.manifest.json`` (what it read and wrote) and
-``<stage>.origin.json`` (built or restored, and the cache key). The runtime package keeps its own
-copy of the bundle-side names, since it never imports the build.
+``artifacts/README.md`` describes the tree these names make (which stage writes which directory, and what each
+holds); keep it in step when a name here changes. The runtime package keeps its own copy of the bundle-side
+names, since it never imports the build.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mnnbuild.fsutil import MANIFEST_SUFFIX, ORIGIN_SUFFIX
+from mnnbuild.base.fsutil import MANIFEST_SUFFIX, ORIGIN_SUFFIX
 
 # -- stage directories ---------------------------------------------------------------------------------
 MODEL_STAGES = ("fetch", "io", "partition", "modellib")
@@ -105,7 +90,7 @@ def testdir(io_dir: Path, seq_len: int) -> Path:
 
 # -- partition -----------------------------------------------------------------------------------------
 QNN_DIR = "qnn"
-# the partitioned model with Plugin ops is qnn/<the model's graph file>: mnnbuild.modeldir.ModelPart.result_model
+# the partitioned model with Plugin ops is qnn/<the model's graph file>: mnnbuild.model.modeldir.ModelPart.result_model
 POSTREAT_FILE = "npu_postreat.json"
 PARTITION_REPORT_JSON = "partition.json"
 PARTITION_REPORT_TEXT = "partition.txt"

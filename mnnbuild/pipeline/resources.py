@@ -7,7 +7,7 @@ import os
 import resource
 from pathlib import Path
 
-from mnnbuild.fsutil import process_start
+from mnnbuild.base.fsutil import process_start
 
 _PROC = Path("/proc")
 

@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.manifest import Manifest
+from mnnbuild.pipeline.manifest import Manifest
 
 M = TypeVar("M", bound=Manifest)
 Tool = Literal["MNN", "QNN"]

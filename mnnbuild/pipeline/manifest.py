@@ -18,9 +18,9 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 import mnnbuild
-from mnnbuild.errors import StageError
-from mnnbuild.fsutil import atomic_write_text, sha256_bytes, sha256_file
-from mnnbuild.layout import manifest_file
+from mnnbuild.base.errors import StageError
+from mnnbuild.base.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from mnnbuild.pipeline.layout import manifest_file
 
 M = TypeVar("M", bound="Manifest")
 
@@ -156,7 +156,7 @@ def record_outputs(out_dir: Path, exclude: tuple[str, ...] = ()) -> list[FileRec
     """Records for every regular file under ``out_dir`` (sorted, symlinks followed)."""
     out_dir = Path(out_dir)
     files = sorted(p for p in out_dir.rglob("*") if p.is_file() and p.name not in exclude)
-    # hashlib lets go of the GIL while it hashes: two files at a time use both cores of a small box (a bundle's
-    # 4.5 GB at Qwen3-1.7B size, in the page cache: 3.0 s on one thread, 1.55 s on two)
+    # hashlib lets go of the GIL while it hashes: two files at a time use both cores of a small box (measured:
+    # docs/benchmarks.md, "Numbers behind the code")
     with ThreadPoolExecutor(max_workers=_HASHING_THREADS) as pool:
         return list(pool.map(lambda p: FileRecord.of(p, out_dir), files))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 
-from mnnbuild.errors import SettingsError
+from mnnbuild.base.errors import SettingsError
 
 LOG_LEVEL_ENV = "MNNBUILD_LOG_LEVEL"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -23,7 +23,7 @@ def log_level(level: str | None = None) -> str:
 
 def configure_logging(level: str | None = None) -> None:
     """Send mnnbuild's log records to stderr at ``level`` (default from ``MNNBUILD_LOG_LEVEL`` or INFO); a value
-    that is no level raises :class:`~mnnbuild.errors.SettingsError` before anything is configured."""
+    that is no level raises :class:`~mnnbuild.base.errors.SettingsError` before anything is configured."""
     name = log_level(level)
     logger = logging.getLogger("mnnbuild")
     if not logger.handlers:

@@ -29,9 +29,9 @@ from pydantic import (
     model_validator,
 )
 
-from mnnbuild.errors import SpecError
-from mnnbuild.lowering.encoding import DEFAULT_NPU_WEIGHTS, NpuWeights
-from mnnbuild.targets import Soc, known_archs, soc_for_arch
+from mnnbuild.base.errors import SpecError
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
+from mnnbuild.model.targets import Soc, known_archs, soc_for_arch
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -44,8 +44,8 @@ DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 DEFAULT_CHUNK = 128
 MAX_CHUNK = 4096
-"""mnnbuild's ceiling on one prefill length (README "Bounded requests"); the model's ``max_position_embeddings`` and
-the spec's ``max_kv_size`` may bound it lower."""
+"""mnnbuild's ceiling on one prefill length (docs/guarantees.md "Bounded requests"); the model's
+``max_position_embeddings`` and the spec's ``max_kv_size`` may bound it lower."""
 MAX_PREFILL_LENGTHS = 12
 """At most this many prefill lengths (each is one more graph in every plugin's context binary). MNN's engine pads a
 prompt's remainder up to the smallest length holding it, so the 12 powers of two from 2 to 4096 already keep that
@@ -55,8 +55,8 @@ MAX_IMAGE_SIZES = MAX_PREFILL_LENGTHS
 QNN_MAX_TENSOR_BYTES = (1 << 32) - 1
 """The most bytes one QNN graph input or output can hold: ``Qnn_ClientBuffer_t.dataSize`` is a ``uint32_t``."""
 DEFAULT_MAX_PLUGIN_PARAMETERS = 200_000_000
-"""QNN holds ~16 bytes per weight while it serializes a context (a 311M lm_head peaks at 5.0 GB): 200M keeps a
-context build near 3 GB and splits Qwen3-1.7B's (and 4B's) lm_head in two, no layer (50M at 1.7B)."""
+"""QNN holds ~16 bytes per weight while it serializes a context: 200M bounds a context build's memory and splits
+Qwen3-1.7B's (and 4B's) lm_head in two, no layer (50M at 1.7B); the measured peaks are in docs/benchmarks.md."""
 
 IMAGE_SIZE_PATTERN = r"^([0-9]+)x([0-9]+)$"
 

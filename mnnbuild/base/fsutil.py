@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
-from mnnbuild.errors import OutputError, UnsafePathError
+from mnnbuild.base.errors import OutputError, UnsafePathError
 
 log = logging.getLogger(__name__)
 

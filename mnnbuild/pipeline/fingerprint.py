@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.fsutil import atomic_write_text
+from mnnbuild.base.fsutil import atomic_write_text
 
 PACKAGE = "mnnbuild"
 PACKAGES = (PACKAGE, "mnnbuild_runtime")
