@@ -1,7 +1,7 @@
 """The whole chain on a Qwen3-1.7B-shaped model (real dims, N layers), stage by stage, against Qualcomm's floor.
 
 The model is built on demand by ``models/export/make_models.py --qwen3-1.7b-layers N`` into a cache dir outside the
-repo (``--models-cache`` or ``$MODELS_CACHE``, a ``READY`` file marks it complete; exporting needs
+repo (``--models-cache`` or ``$MODELS_CACHE``, a ``READY`` file in it or a ``<dir>.READY`` beside it marks it complete; exporting needs
 ``--export-python`` or ``$EXPORT_PYTHON``, a python with the export extra) and described by a spec written into a
 temp models dir (``MNNBUILD_MODELS_PATH``); ``--npu-weights`` sets the spec's ``npu_weights``. Each stage (fetch,
 io, partition, config, context, bundle, then twin, verify, and last the model-lib, which no bundle or verify builds)
@@ -76,7 +76,7 @@ EXPORT_PYTHON_ENV = "EXPORT_PYTHON"
 def ensure_model(layers: int, cache: Path, export_python: Path | None) -> Path:
     """The exported model dir, built by the export script unless a complete one is there."""
     dest = cache / f"qwen3-1.7b-L{layers}"
-    if (dest / READY).is_file():
+    if (dest / READY).is_file() or dest.with_name(f"{dest.name}.{READY}").is_file():  # inside it, or beside it
         return dest
     if export_python is None:
         raise SystemExit(f"{dest} is not exported yet: give --export-python or ${EXPORT_PYTHON_ENV} to export it")
