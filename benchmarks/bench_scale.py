@@ -1,14 +1,14 @@
 """The whole chain on a Qwen3-1.7B-shaped model (real dims, N layers), stage by stage, against Qualcomm's floor.
 
 The model is built on demand by ``models/export/make_models.py --qwen3-1.7b-layers N`` into a cache dir outside the
-repo (``--models-cache`` or ``$MODELS_CACHE``, a ``READY`` file in it or a ``<dir>.READY`` beside it marks it complete; exporting needs
-``--export-python`` or ``$EXPORT_PYTHON``, a python with the export extra) and described by a spec written into a
-temp models dir (``MNNBUILD_MODELS_PATH``); ``--npu-weights`` sets the spec's ``npu_weights``. Each stage (fetch,
-io, partition, config, context, bundle, then twin, verify, and last the model-lib, which no bundle or verify builds)
-runs as its own ``doit`` process with a fresh artifact cache, recording its wall time, peak RSS (the largest process
-of its tree), bytes written (``du`` of the artifact and cache dirs before and after, hard links counted once, a
-cache blob linked to an artifact too, and the block-device writes of its process tree), and for context the seconds
-of each plugin (its ``context.origin.json``).
+repo (``--models-cache`` or ``$MODELS_CACHE``, a ``READY`` file in it or a ``<dir>.READY`` beside it marks it
+complete; exporting needs ``--export-python`` or ``$EXPORT_PYTHON``, a python with the export extra) and described
+by a spec written into a temp models dir (``MNNBUILD_MODELS_PATH``); ``--npu-weights`` sets the spec's
+``npu_weights``. Each stage (fetch, io, partition, config, context, bundle, then twin, verify, and last the
+model-lib, which no bundle or verify builds) runs as its own ``doit`` process with a fresh artifact cache, recording
+its wall time, peak RSS (the largest process of its tree), bytes written (``du`` of the artifact and cache dirs
+before and after, hard links counted once, a cache blob linked to an artifact too, and the block-device writes of
+its process tree), and for context the seconds of each plugin (its ``context.origin.json``).
 
 The floor, measured in the same run: per plugin, a weight-shared context (same SoC and settings) of its
 decode and prefill graphs holding only their linear ops (Conv2d / FullyConnected, MatMul with a static
