@@ -388,6 +388,7 @@ def main() -> None:
         help="also time one `doit -n 1 bundle` and one `doit -n 2 bundle` on fresh roots (cache off) against the floor",
     )
     parser.add_argument("--npu-weights", help="the spec's npu_weights (float16, int8, int4); default: no field")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor (it costs as much as context)")
     parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument(
@@ -447,7 +448,7 @@ def main() -> None:
                 result["twin_mb"] = round(sum(p.stat().st_size for p in twins) / 1e6, 1)
             rows[stage] = rec
             sys.stderr.write(f"{stage}: {rec}\n")
-            if stage == "context":  # right after our context build, under the same load
+            if stage == "context" and not args.no_floor:  # right after our context build, under the same load
                 load_before = os.getloadavg()[0]
                 result["floor"] = measure_floor(artifacts, name, args.arch, env)
                 result["floor"]["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
