@@ -159,3 +159,29 @@ def test_bad_npu_weights_is_one_line(tmp_path: Path) -> None:
         load_spec(spec)
     message = str(info.value)
     assert "\n" not in message and str(spec) in message and "npu_weights" in message and "'int4'" in message
+
+
+def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: Path) -> None:
+    """The model-lib stores the same quantized weights: every int4 plugin composed from its graph dirs (codes and
+    (scale, offset) raws read back) is byte for byte the binary the context stage composed in memory."""
+    import functools
+
+    from mnnbuild.lowering.binary import compose_in_fresh_process
+    from mnnbuild.lowering.graph import read_graph_description, read_graph_dirs
+    from mnnbuild.manifests.partition import read_merge
+    from mnnbuild.model.targets import soc_for_arch
+    from mnnbuild.qnn import HtpTarget
+
+    proc = doit(built.parent, "modellib:tiny-int4", env={"MNNBUILD_MODELS_PATH": str(built.parent / "specs")})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    modellib = built / "tiny-int4" / "modellib"
+    desc = read_graph_description(modellib / "qnn" / "graphllm1")
+    quantized = [t for t in desc.static_tensors if t.quant is not None]
+    assert quantized and all(t.dtype == "sfixed8" and t.quant.encoding == "bw_float_block" for t in quantized)
+    soc = soc_for_arch(ARCH)
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    shipped = _binaries(built, "tiny-int4")
+    for binary, graphs in read_merge(built / "tiny-int4" / "partition").items():
+        dest = tmp_path / binary
+        compose_in_fresh_process(target, functools.partial(read_graph_dirs, modellib, graphs), True, dest)
+        assert dest.read_bytes() == shipped[Path(binary).name].read_bytes(), binary
