@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +153,9 @@ def main() -> int:
     parser.add_argument("--models", default="tiny-qwen3,tiny-qwen3-trained", help="with --npu-weights: which")
     args = parser.parse_args()
     artifacts = args.artifacts.resolve()
-    specs_dir = artifacts / "conformance-specs"
+    # specs (and the renamed model's copy) outside the artifact root, which may hold no spec dir of its own
+    scratch = tempfile.TemporaryDirectory(prefix="bench-conformance-")
+    specs_dir = Path(scratch.name) / "specs"
     if args.npu_weights:
         models = _encoding_specs([m for m in args.models.split(",") if m], args.npu_weights, args.arch, specs_dir)
     else:
