@@ -14,7 +14,7 @@ from mnnbuild import dag
 
 dag.configure_logging()  # MNNBUILD_LOG_LEVEL: a value that is no level is one line
 dag.handle_interrupts()  # SIGTERM cleans up like Ctrl-C; `doit -n` workers die with their parent
-PROJECT = dag.Project.load(Path(__file__).resolve().parent)
+PROJECT = dag.Project.load(Path(__file__).resolve().parent, sys.argv[1:])  # named tasks: their files
 DOIT_CONFIG = PROJECT.doit_config()
 
 

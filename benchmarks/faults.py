@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
 
 sys.path.insert(0, str(PROJECT_ROOT))
-from tests.conftest import TINY_MODEL_DIR, copy_project  # noqa: E402
+from tests.conftest import TINY_MODEL_DIR, attach_record, copy_project  # noqa: E402
 from tests.test_cache import summary  # noqa: E402
 from tests.test_faults_fs import (  # noqa: E402
     aged,
@@ -124,8 +124,10 @@ def doit(root: Path | None, *args: str, project: Path = PROJECT_ROOT, **env: str
         env = {"MNNBUILD_ARTIFACTS": str(root), **env}
     cwd = root.parent if root is not None else NEUTRAL_CWD or Path(tempfile.gettempdir())
     cwd.mkdir(parents=True, exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args], cwd=cwd,
-                          env=clean_env(**env), capture_output=True, text=True, timeout=900)  # fmt: skip
+    full_env, started = clean_env(**env), time.time()
+    proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args], cwd=cwd,
+                          env=full_env, capture_output=True, text=True, timeout=900)  # fmt: skip
+    return attach_record(proc, Path(full_env.get("MNNBUILD_ARTIFACTS", project / "artifacts")), started)
 
 
 def cli(*args: str, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
@@ -284,7 +286,7 @@ def manifest_lists_outside_file(work: Path, shared: Shared) -> Outcome:
     manifest["outputs"].append({"path": rel, "size": secret.stat().st_size, "sha256": sha256_file(secret)})
     path.write_text(json.dumps(manifest))
     proc = doit(root, "bundle:tiny-qwen3-v79")
-    rebuilt = "bundle:tiny-qwen3-v79" in summary(proc.stdout).get("built", [])
+    rebuilt = "bundle:tiny-qwen3-v79" in summary(proc).get("built", [])
     return Outcome(rebuilt and proc.returncode == 0, proc.returncode, "rebuilt" if rebuilt else "stayed up to date")
 
 
@@ -424,7 +426,7 @@ def _swapped(stage: str, task: str) -> Callable[[Path, Shared], Outcome]:
         (base / "x").rename(base / "graphllm1")
         first = doit(root, task)
         second = doit(root, task)
-        rebuilt = sorted(t for t in summary(first.stdout).get("built", []) if t.startswith(f"{stage}:"))
+        rebuilt = sorted(t for t in summary(first).get("built", []) if t.startswith(f"{stage}:"))
         held = (
             first.returncode == 0
             and second.returncode == 0
@@ -462,7 +464,7 @@ def kill_9_keeps_finished_stages(work: Path, shared: Shared) -> Outcome:
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     again = doit(root, "bundle:tiny-qwen3-v79")
-    rows = summary(again.stdout)
+    rows = summary(again)
     kept = [t for t in ("fetch:tiny-qwen3", "io:tiny-qwen3", "partition:tiny-qwen3") if t in rows.get("up to date", [])]
     saw = f"rebuilt {len(rows.get('built', []))}, kept {len(rows.get('up to date', []))} ({' '.join(kept)})"
     return Outcome(len(kept) == 3 and again.returncode == 0, again.returncode, saw)

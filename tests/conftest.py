@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
+
+from mnnbuild.dag.reporter import LAST_RUN
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY_MODEL_DIR = PROJECT_ROOT / "models" / "tiny-qwen3"
@@ -39,6 +43,7 @@ def run_doit(tmp_path: Path) -> RunDoit:
         # the cache is off unless a test turns it on, so no test reads or fills ~/.cache
         full_env.update({"MNNBUILD_ARTIFACTS": str(artifacts), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
         full_env.update(env or {})
+        started = time.time()
         proc = subprocess.run(
             [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
             cwd=tmp_path,
@@ -47,6 +52,7 @@ def run_doit(tmp_path: Path) -> RunDoit:
             text=True,
             timeout=600,
         )
+        attach_record(proc, Path(full_env["MNNBUILD_ARTIFACTS"]), started)
         if check:
             assert proc.returncode == 0, f"doit {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
         return proc
@@ -70,17 +76,32 @@ def copy_project(dest: Path) -> Path:
     return dest
 
 
-def doit(cwd: Path, *args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``doit`` on the project's dodo.py with artifacts under ``cwd/artifacts``, cache off (run_doit for module-wide
-    fixtures, which cannot use a per-test tmp_path)."""
+def doit(
+    cwd: Path, *args: str, env: Mapping[str, str] | None = None, project: Path = PROJECT_ROOT
+) -> subprocess.CompletedProcess[str]:
+    """``doit`` on the project's dodo.py (or ``project``'s) with artifacts under ``cwd/artifacts``, cache off (run_doit
+    for module-wide fixtures, which cannot use a per-test tmp_path)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
     full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
     full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *args],
+    started = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
         cwd=cwd,
         env=full_env,
         capture_output=True,
         text=True,
         timeout=900,
     )
+    return attach_record(proc, Path(full_env["MNNBUILD_ARTIFACTS"]), started)
+
+
+def attach_record(
+    proc: subprocess.CompletedProcess[str], artifacts: Path, started: float
+) -> subprocess.CompletedProcess[str]:
+    """``proc`` with ``proc.record``: what that doit run did by its ``.doit-run.json`` under ``artifacts`` (the task
+    lists the terminal no longer gets), or None when the run wrote none (it stopped before its end)."""
+    path = artifacts / LAST_RUN
+    fresh = path.is_file() and path.stat().st_mtime >= started - 1
+    proc.record = json.loads(path.read_text(encoding="utf-8")) if fresh else None  # type: ignore[attr-defined]
+    return proc

@@ -6,6 +6,7 @@ import errno
 import json
 import logging
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,18 +19,20 @@ from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
-# fetch only links files (never cached: links belong to one checkout); bundle only copies files, rebuilt as fast as
-# it would be restored (see its Stage declaration); every other stage of the default bundle is restorable
-NOT_CACHED = {"fetch:tiny-qwen3", "bundle:tiny-qwen3-v79"}
+# fetch only links files (never cached: links belong to one checkout); every other stage of the default bundle is
+# restorable
+NOT_CACHED = {"fetch:tiny-qwen3"}
 
 
-def summary(output: str) -> dict[str, list[str]]:
-    rows = {}
-    for line in output.splitlines():
-        for label in ("built", "from cache", "up to date"):
-            if line.strip().startswith(label + ":"):
-                rows[label] = line.split(":", 1)[1].split()
-    return rows
+def summary(proc: subprocess.CompletedProcess[str]) -> dict[str, list[str]]:
+    """What a doit run built, restored (from which tier, without bytes) and found up to date (the lists that are not
+    empty), from its record."""
+    record = proc.record  # type: ignore[attr-defined]  # tests.conftest.attach_record
+    assert record is not None, f"the run wrote no record:\n{proc.stdout}\n{proc.stderr}"
+    rows = {"built": record["built"], "from cache": record["from_cache"]}
+    rows |= {f"from {tier}": names for tier, names in sorted(record["by_tier"].items())}
+    rows |= {"no bytes": record["no_bytes"], "up to date": record["up_to_date"]}
+    return {label: names for label, names in rows.items() if names}
 
 
 def guard_env(tmp_path: Path) -> dict[str, str]:
@@ -54,10 +57,10 @@ def warm_cache(tmp_path: Path, run_doit: RunDoit) -> tuple[Path, list[str]]:
     """A cache filled by a cold build of the default tasks; returns it and the tasks that ran."""
     cache = tmp_path / "cache"
     first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
-    built = summary(first.stdout)["built"]
+    built = summary(first)["built"]
     assert {"io:tiny-qwen3", "partition:tiny-qwen3", "bundle:tiny-qwen3-v79"} <= set(built)
     assert any(t.startswith("context:tiny-qwen3-v79:") for t in built)
-    assert "from cache" not in summary(first.stdout)
+    assert "from cache" not in summary(first)
     return cache, built
 
 
@@ -72,7 +75,7 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
     clone = copy_project(tmp_path / "clone")
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"), **guard_env(tmp_path)}
     proc = run_doit(env=env, project=clone)
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
     assert sorted(rows["built"]) == sorted(NOT_CACHED)
     for task_dir in ("tiny-qwen3/io/io", "tiny-qwen3/partition/partition", "tiny-qwen3/v79/context/graphllm0/context"):
@@ -83,35 +86,56 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
         assert (tmp_path / "clone-artifacts" / rel).read_bytes() == (tmp_path / "artifacts" / rel).read_bytes()
     # and then it is simply up to date
     again = run_doit(env=env, project=clone)
-    assert "built" not in summary(again.stdout) and "from cache" not in summary(again.stdout)
+    assert "built" not in summary(again) and "from cache" not in summary(again)
 
 
 FINALIZED = "context: finalized"
-"""What ``compose_context`` logs for every graph it composes (in the context stage's worker process too)."""
+"""What ``compose_context`` logs at DEBUG for every graph it composes (in the context stage's worker process too)."""
 
 
-def test_warm_cache_rebuilds_the_bundle_and_restores_every_binary(
+def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
 ) -> None:
-    """The cache policy: the bundle (copies of files the cache holds already, and the model's weight file) is not
-    stored; on a warm cache a fresh artifact root rebuilds it byte for byte, so verify after it is still restored,
-    as is every context and twin binary, and no graph is composed."""
+    """The cache policy: on a warm cache a fresh artifact root gets every task from the cache; the big outputs
+    that no task of the run reads (reference io, context binaries, twins, the bundle) come as their manifest and
+    origin record only ("without the bytes"), and no graph is composed. ``doit bundle`` then restores the bundle with
+    its files, byte for byte the cold build's, as copies (the bundle ships them), its binaries' blobs being the
+    context stage's."""
     cache, built = warm_cache
-    assert not (cache / "bundle").exists()
     assert (cache / "partition").is_dir() and (cache / "context").is_dir() and (cache / "twin").is_dir()
     artifacts = tmp_path / "warm-artifacts"
-    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)})
-    rows = summary(proc.stdout)
+    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_LOG_LEVEL": "DEBUG"}
+    proc = run_doit(env=env)  # DEBUG: a composed graph would be logged
+    rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED), proc.stdout
     restored = rows["from cache"]
     assert len([t for t in restored if t.startswith("context:tiny-qwen3-v79:")]) == 4
     assert len([t for t in restored if t.startswith("twin:tiny-qwen3-v79:")]) == 4
-    assert {"partition:tiny-qwen3", "verify:tiny-qwen3-v79"} <= set(restored)
+    assert {"partition:tiny-qwen3", "verify:tiny-qwen3-v79", "bundle:tiny-qwen3-v79"} <= set(restored)
+    deferred = {t for t in restored if t.startswith(("io:", "partition:", "context:", "twin:", "bundle:"))}
+    assert sorted(rows["no bytes"]) == sorted(deferred), proc.stdout
     assert FINALIZED not in proc.stdout + proc.stderr
     bundle = artifacts / "tiny-qwen3" / "v79" / "bundle"
-    assert json.loads((bundle / "bundle.origin.json").read_text())["origin"] == "built"
+    origin = json.loads((bundle / "bundle.origin.json").read_text())
+    assert origin["origin"] == "cache" and origin["deferred"] is True and origin["tier"] == "local"
+    assert sorted(p.name for p in bundle.iterdir()) == ["bundle.manifest.json", "bundle.origin.json"]
     cold = tmp_path / "artifacts" / "tiny-qwen3" / "v79" / "bundle"
     assert (bundle / "bundle.manifest.json").read_bytes() == (cold / "bundle.manifest.json").read_bytes()
+    # verify, restored too, has its files; and the run after is up to date
+    assert (artifacts / "tiny-qwen3" / "v79" / "verify" / "verify.json").is_file()
+    assert executed_tasks(run_doit(env=env).stdout) in ([], ["verify:tiny-qwen3-v79"])
+
+    named = run_doit("bundle:tiny-qwen3-v79", env=env)
+    assert summary(named)["from cache"] == ["bundle:tiny-qwen3-v79"], named.stdout
+    assert "no bytes" not in summary(named)
+    files = {p.relative_to(cold).as_posix() for p in cold.rglob("*") if p.is_file() and "origin" not in p.name}
+    for rel in files:
+        assert (bundle / rel).read_bytes() == (cold / rel).read_bytes(), rel
+        assert (bundle / rel).stat().st_nlink == 1, f"{rel} is a link to a blob, not a copy"
+    entry = CacheEntry.model_validate_json(next((cache / "bundle").glob("*.json")).read_text())
+    binaries = {f.sha256 for f in entry.files if f.path.endswith(".bin")}
+    contexts = [CacheEntry.model_validate_json(p.read_text()) for p in (cache / "context").glob("*.json")]
+    assert binaries and binaries <= {f.sha256 for e in contexts for f in e.files}, "one blob per binary"
 
 
 def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDoit) -> None:
@@ -120,7 +144,8 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     run again (its spec'd max_new_tokens changed) in a fresh clone on a warm cache, the contexts and the twins
     are restored and nothing is composed."""
     cache = tmp_path / "cache"
-    first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
+    debug = {"MNNBUILD_LOG_LEVEL": "DEBUG"}  # where each composed graph is logged
+    first = run_doit(env={"MNNBUILD_CACHE": str(cache), **debug})
     graphs = [d for d in (tmp_path / "artifacts" / "tiny-qwen3" / "partition" / "qnn").iterdir() if d.is_dir()]
     assert len(graphs) == 8 and (first.stdout + first.stderr).count(FINALIZED) == 2 * len(graphs)
 
@@ -128,8 +153,8 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
     spec = clone / "models" / "tiny-qwen3.toml"
     spec.write_text(spec.read_text() + "verify = { max_new_tokens = 8 }\n")
     artifacts = tmp_path / "clone-artifacts"
-    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts)}, project=clone)
-    rows = summary(proc.stdout)
+    proc = run_doit(env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts), **debug}, project=clone)
+    rows = summary(proc)
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"}), proc.stdout
     assert len([t for t in rows["from cache"] if t.startswith("context:tiny-qwen3-v79:")]) == 4
     assert len([t for t in rows["from cache"] if t.startswith("twin:tiny-qwen3-v79:")]) == 4
@@ -140,10 +165,37 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
         ctx_dir = artifacts / "tiny-qwen3" / "v79" / "context" / Path(p.path).stem
         assert json.loads((ctx_dir / "context.origin.json").read_text())["origin"] == "cache"
         twin_dir = artifacts / "tiny-qwen3" / "v79" / "twin" / Path(p.path).stem
-        assert json.loads((twin_dir / "twin.origin.json").read_text())["origin"] == "cache"
+        origin = json.loads((twin_dir / "twin.origin.json").read_text())
+        # restored without its file, which verify then needed: fetched, and checked against the entry's sha256
+        assert origin["origin"] == "cache" and "deferred" not in origin and origin["fetched"]["tier"] == "local"
+        fetched = (twin_dir / Path(p.path).name).stat().st_size + (twin_dir / "twin.manifest.json").stat().st_size
+        assert origin["fetched"]["bytes"] == fetched
         twin = TwinManifest.read(twin_dir)
         assert twin.binary == p.path and p.executed == "override"
         assert p.twin_sha256 == twin.output(twin.twin).sha256 == sha256_file(twin_dir / twin.twin)
+    assert sorted(rows["no bytes"]) == sorted(
+        t for t in rows["from cache"] if t.startswith(("io:", "partition:", "context:", "twin:", "bundle:"))
+    )
+
+    # a twin blob corrupted in the cache (its bytes changed, not its size) before a runner whose verify needs it:
+    # the fetch catches it; verify fails with one line naming the twin's dir, and the next run rebuilds the twin
+    twin_entry = next(CacheEntry.model_validate_json(e.read_text()) for e in (cache / "twin").glob("*.json"))
+    blob = Path(ArtifactCache(str(cache))._blob(twin_entry.files[0].sha256))
+    if twin_entry.files[0].path.endswith(".json"):
+        blob = Path(ArtifactCache(str(cache))._blob(twin_entry.files[1].sha256))
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    spec.write_text(spec.read_text().replace("max_new_tokens = 8", "max_new_tokens = 6"))
+    other = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
+    failed = run_doit(env=other, project=clone, check=False)
+    assert failed.returncode != 0
+    assert "does not match its sha256; entry discarded" in failed.stderr, failed.stderr
+    lines = [line for line in failed.stdout.splitlines() if "restored without its files" in line]
+    assert len(lines) == 1 and "/twin/" in lines[0] and "run the build again" in lines[0], failed.stdout
+    fixed = run_doit(env=other, project=clone)
+    assert len([t for t in summary(fixed)["built"] if t.startswith("twin:")]) == 1, fixed.stdout
+    assert "verify:tiny-qwen3-v79" in summary(fixed)["built"]
 
 
 def test_corrupted_entry_is_discarded_and_rebuilt(
@@ -161,8 +213,10 @@ def test_corrupted_entry_is_discarded_and_rebuilt(
     blob.write_bytes(bytes(data))
 
     env = {"MNNBUILD_CACHE": str(warm), "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
-    proc = run_doit(env=env)
-    rows = summary(proc.stdout)
+    # io asked for by name: restored with its files, which are checked (a run that reads none would restore its
+    # manifest alone: see test_a_re_verify_fetches_and_checks_the_twins_it_needs)
+    proc = run_doit("io:tiny-qwen3", *DEFAULT, env=env)
+    rows = summary(proc)
     # io rebuilt (identical content), so everything after it is restored again
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"io:tiny-qwen3"}), proc.stdout
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"io:tiny-qwen3"})
@@ -173,7 +227,7 @@ def test_corrupted_entry_is_discarded_and_rebuilt(
     assert cache.has("io", entry.key)
 
 
-CACHED_STAGES = {"io", "partition", "config", "context", "twin", "verify", "report"}
+CACHED_STAGES = {"io", "partition", "config", "context", "twin", "bundle", "verify", "report"}
 
 
 def stage_dirs_by_entry(artifacts: Path, cache: Path) -> dict[Path, CacheEntry]:
@@ -191,9 +245,10 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
 ) -> None:
     """Cache and artifacts on one file system: every blob is a hard link to a built artifact with its content
-    (nothing written twice), a fresh artifact root restores by linking the blobs, and a binary edited in place
-    after the build (which edits its blob) is caught by the restore's sha256: that entry is discarded and the
-    context rebuilt, byte for byte what was built first, and linked into the cache again."""
+    (nothing written twice) but the bundle's own (it ships copies), a fresh artifact root restores by linking the
+    blobs, and a binary edited in place after the build (which edits its blob) is caught by the restore's sha256:
+    that entry is discarded and the context rebuilt, byte for byte what was built first, and linked into the cache
+    again."""
     cache_dir, built = warm_cache
     cache, artifacts = ArtifactCache(str(cache_dir)), tmp_path / "artifacts"
     entries = stage_dirs_by_entry(artifacts, cache_dir)
@@ -201,27 +256,41 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     inodes: dict[str, set[tuple[int, int]]] = {}
     for out_dir, entry in entries.items():
         for f in entry.files:
-            st = (out_dir / f.path).stat()
-            inodes.setdefault(f.sha256, set()).add((st.st_dev, st.st_ino))
+            if entry.stage != "bundle":
+                st = (out_dir / f.path).stat()
+                inodes.setdefault(f.sha256, set()).add((st.st_dev, st.st_ino))
     for sha, names in inodes.items():
         blob = Path(cache._blob(sha)).stat()
         assert (blob.st_dev, blob.st_ino) in names, f"blob {sha[:12]} is a copy, not an artifact file"
         assert blob.st_nlink >= 2
+    bundle_dir, bundle = next((d, e) for d, e in entries.items() if e.stage == "bundle")
+    for f in bundle.files:
+        assert not os.path.samefile(bundle_dir / f.path, cache._blob(f.sha256)), f"bundle file {f.path} is a blob"
     usage = cache.usage()
-    assert usage.shared_bytes == usage.total_bytes > 0
+    own = {f.sha256: f.size for f in bundle.files if f.sha256 not in inodes}  # blobs only the bundle has: copies
+    assert usage.shared_bytes == usage.total_bytes - sum(own.values()) > 0
 
-    # a fresh artifact root (no MNN, no QNN): restored files are the blobs, checked
+    # a fresh artifact root (no MNN, no QNN): restored files are the blobs, checked; the dirs restored without
+    # their files hold their manifest and origin record only
     fresh = tmp_path / "fresh"
     env = {"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(fresh)}
-    proc = run_doit(env={**env, **guard_env(tmp_path)})
-    assert sorted(summary(proc.stdout)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
+    guard = guard_env(tmp_path)
+    proc = run_doit(env={**env, **guard})
+    assert sorted(summary(proc)["from cache"]) == sorted(set(built) - NOT_CACHED), proc.stdout
     restored = stage_dirs_by_entry(fresh, cache_dir)
     assert {e.stage for e in restored.values()} == CACHED_STAGES
     for out_dir, entry in restored.items():
+        origin = json.loads((out_dir / f"{entry.stage}.origin.json").read_text())
+        left = set(origin.get("deferred_files", []))
+        assert bool(left) == bool(origin.get("deferred")), out_dir
         for f in entry.files:
-            if f.link is None:
-                assert os.path.samefile(out_dir / f.path, cache._blob(f.sha256)), out_dir / f.path
-    # the bundle still copies (never links) what it ships, so editing it never reaches the cache
+            if f.path in left:
+                assert not (out_dir / f.path).exists(), f"{out_dir / f.path} was left in the cache"
+            elif f.link is None:  # the bundle's are copies, the others the blobs
+                linked = os.path.samefile(out_dir / f.path, cache._blob(f.sha256))
+                assert linked == (entry.stage != "bundle"), out_dir / f.path
+    # the bundle asked for: copies (never links) of what it ships, so editing it never reaches the cache
+    run_doit("bundle:tiny-qwen3-v79", env={**env, **guard})
     shipped = fresh / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3" / "qnn" / "graphllm0.bin"
     assert shipped.stat().st_nlink == 1
 
@@ -236,8 +305,10 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     assert blob.read_bytes() != good, "the blob shares the artifact's inode"
 
     again = tmp_path / "again"
-    proc = run_doit(env={"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(again)})
-    rows = summary(proc.stdout)
+    proc = run_doit(
+        "context:tiny-qwen3-v79", *DEFAULT, env={"MNNBUILD_CACHE": str(cache_dir), "MNNBUILD_ARTIFACTS": str(again)}
+    )
+    rows = summary(proc)
     assert "does not match its sha256; entry discarded" in proc.stderr
     assert sorted(rows["built"]) == sorted(NOT_CACHED | {"context:tiny-qwen3-v79:graphllm0"}), proc.stdout
     assert sorted(rows["from cache"]) == sorted(set(built) - NOT_CACHED - {"context:tiny-qwen3-v79:graphllm0"})
@@ -247,9 +318,13 @@ def test_blobs_are_the_artifacts_and_a_corrupt_one_is_never_restored(
     assert cache.has("context", entry.key)
 
 
+DEFAULT = ("verify:tiny-qwen3-v79", "report:tiny-qwen3-v79")
+"""What a bare `doit` runs, to name beside another task."""
+
+
 def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
     env = {"MNNBUILD_CACHE": "off", "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
-    assert sorted(summary(run_doit(env=env).stdout)["built"]) == sorted(warm_cache[1])
+    assert sorted(summary(run_doit(env=env))["built"]) == sorted(warm_cache[1])
 
 
 def test_editing_a_stage_reruns_it_and_dependents_only(tmp_path: Path, run_doit: RunDoit) -> None:
@@ -378,7 +453,8 @@ def test_cache_cli(tmp_path: Path) -> None:
 
     from mnnbuild.__main__ import parse_size
 
-    assert parse_size("20G") == 20 << 30 and parse_size("1.5M") == int(1.5 * (1 << 20)) and parse_size("512") == 512
+    assert parse_size("20GiB") == 20 << 30 and parse_size("1.5MiB") == int(1.5 * (1 << 20)) and parse_size("512") == 512
+    assert parse_size("20G") == parse_size("20GB") == 20 * 10**9, "pydantic's ByteSize: G and GB are decimal"
     cache = ArtifactCache(str(tmp_path / "cache"))
     cache.store("io", "k", make_tree(tmp_path / "src"))
     proc = subprocess.run([sys.executable, "-m", "mnnbuild", "cache", "info", "--url", str(tmp_path / "cache")],
@@ -547,3 +623,31 @@ def test_hashes_the_stage_recorded_are_not_computed_again(tmp_path: Path, monkey
     fresh = ArtifactCache(str(tmp_path / "cache2"))
     fresh.store("stage", "k", other, lie)
     assert fresh.restore("stage", "k", tmp_path / "out2") is None and not fresh.has("stage", "k")
+
+
+def test_verify_trusts_the_stamps_of_files_the_bundle_hashed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's integrity check hashes no bundle file whose stamp (size, mtime, ctime, inode) is the one recorded when
+    the bundle stage (or a checked restore) hashed it; an edit, even one that puts the old mtime back, is hashed and
+    caught."""
+    from mnnbuild.pipeline.cache import stamps
+    from mnnbuild.pipeline.manifest import record_outputs
+    from mnnbuild.verify import checks
+
+    bundle = make_tree(tmp_path / "bundle")
+    records = record_outputs(bundle)
+    trusted = stamps(bundle, [r.path for r in records])
+    hashed: list[str] = []
+    monkeypatch.setattr(checks, "sha256_file", lambda p: hashed.append(Path(p).name) or sha256_file(p))
+    result = checks.check_integrity(bundle, records, trusted)
+    assert result.passed and result.hashed == 0 and hashed == []
+    assert checks.check_integrity(bundle, records).hashed == len(records), "no stamps: every file hashed"
+
+    target = bundle / "a.bin"
+    before = target.stat()
+    time.sleep(0.01)
+    with open(target, "r+b") as fh:
+        fh.write(b"X")
+    os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # the old mtime back: the ctime still moved
+    hashed.clear()
+    result = checks.check_integrity(bundle, records, trusted)
+    assert not result.passed and hashed == ["a.bin"] and "changed after bundling" in result.problems[0]

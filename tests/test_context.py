@@ -128,6 +128,8 @@ def test_bundle_layout_and_manifest(built: Path) -> None:
         assert sha256_file(model_dir.parent.parent / rec.path) == rec.sha256
     push = (model_dir.parent.parent / "push.sh").read_text()
     assert "libQnnHtpV79Stub.so" in push and "hexagon-v79/unsigned/libQnnHtpV79Skel.so" in push
+    release = ".".join(manifest.qnn_build.lstrip("v").split(".")[:3])
+    assert f"\nneed={release}  #" in push, "push.sh checks the SDK against the QNN that built the binaries"
 
 
 def test_binaries_hold_the_plugin_graphs(built: Path, lib: QnnLibrary) -> None:

@@ -170,7 +170,7 @@ def test_read_only_cache_with_corrupt_blob_degrades_to_a_build(tmp_path: Path, r
         proc = in_namespace(doit_argv("io:tiny-qwen3"), readonly=[cache_dir], env=env, cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "does not match its sha256" in proc.stderr and "Traceback" not in proc.stderr + proc.stdout
-        assert "0 from cache" in proc.stdout, proc.stdout
+        assert "2 built, 0 up to date" in proc.stdout and "restored" not in proc.stdout, proc.stdout
         subprocess.run(["rm", "-rf", str(tmp_path / "fresh")], check=True)
     assert blob.read_bytes().startswith(b"corrupt"), "the read-only cache was not modified"
 
@@ -196,6 +196,75 @@ printf '%s\\n' "$@" > "$FAKE_DEMO_ARGS"
 """
 
 
+QNN_BUILD = "v2.51.0.260929181845"
+"""A QNN build id as onnxruntime-qnn's libraries report it (the bundle manifest's ``qnn_build``)."""
+V79_LIBS = ("aarch64-android/libQnnHtp.so", "aarch64-android/libQnnHtpV79Stub.so",
+            "hexagon-v79/unsigned/libQnnHtpV79Skel.so", "aarch64-android/libQnnSystem.so")  # fmt: skip
+
+
+def fake_sdk(root: Path, version: str | None, libs: tuple[str, ...] = V79_LIBS) -> Path:
+    """A QAIRT SDK tree as push.sh reads it: ``sdk.yaml`` (its version) and ``lib/<arch dir>/<library>``."""
+    for lib in libs:
+        (root / "lib" / lib).parent.mkdir(parents=True, exist_ok=True)
+        (root / "lib" / lib).write_text(lib)
+    if version is not None:
+        (root / "sdk.yaml").write_text(f"name: qairt\nversion: {version}\n")
+    return root
+
+
+V75_LIBS = tuple(lib.replace("79", "75") for lib in V79_LIBS)
+
+
+@pytest.mark.parametrize(
+    ("version", "libs", "expected"),
+    [
+        ("2.51.0.260929", V79_LIBS, None),  # the release that built the binaries
+        ('"2.52.1.251120"', V79_LIBS, None),  # newer (a quoted YAML string)
+        ("3.0.0", V79_LIBS, None),
+        ("2.36.1.250708", V79_LIBS, "is QAIRT 2.36.1, older than the QNN 2.51.0 that built these context binaries"),
+        ("2.51.0.1", V75_LIBS, "has no lib/aarch64-android/libQnnHtpV79Stub.so, which a SM8750 (HTP v79) phone"),
+        (None, V79_LIBS, "no QAIRT version in"),
+        ("$(touch pwned)", V79_LIBS, "no QAIRT version in"),
+    ],
+)
+def test_push_checks_the_sdk_before_pushing(
+    tmp_path: Path, version: str | None, libs: tuple[str, ...], expected: str | None
+) -> None:
+    """push.sh against a fake SDK tree and the fake adb: an SDK older than the QNN that built the context binaries,
+    one without the target's Stub/Skel, or one whose sdk.yaml gives no version is one line on stderr saying what
+    is needed, and nothing reaches adb; a matching or newer SDK pushes."""
+    from mnnbuild.model.targets import soc_by_name
+    from mnnbuild.stages.bundle import device_scripts
+
+    bundle = tmp_path / "bundle"
+    (bundle / "model" / "m" / "qnn").mkdir(parents=True)
+    for rel in ("config_qnn.json", "prompt.txt", "qnn/graphllm0.bin"):
+        (bundle / "model" / "m" / rel).write_text(rel)
+    (bundle / "push.sh").write_text(device_scripts("m", soc_by_name("SM8750"), "tokenizer.txt", QNN_BUILD)["push.sh"])
+    tools, mnn = tmp_path / "bin", tmp_path / "mnn-build"
+    tools.mkdir()
+    mnn.mkdir()
+    (tools / "adb").write_text(FAKE_ADB)
+    (tools / "adb").chmod(0o755)
+    (mnn / "llm_demo").write_text(FAKE_LLM_DEMO)
+    (mnn / "libMNN.so").write_text("")
+    sdk = fake_sdk(tmp_path / "sdk", version, libs)
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}", "FAKE_ADB_LOG": str(tmp_path / "adb.log")}
+    env.update({"QNN_SDK_ROOT": str(sdk), "MNN_BUILD_DIR": str(mnn), "PHONE_DIR": str(tmp_path / "device")})
+    proc = subprocess.run(["bash", str(bundle / "push.sh")], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert not list(tmp_path.rglob("pwned")), "the SDK's version string was executed"
+    if expected is None:
+        assert proc.returncode == 0, proc.stderr
+        assert (tmp_path / "device" / "libQnnHtpV79Skel.so").exists()
+        return
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"push.sh: QNN_SDK_ROOT={sdk}") and expected in line, line
+    if "older" in expected or "version" in expected:
+        assert line.endswith("use QAIRT 2.51.0 or newer") or "need QAIRT 2.51.0 or newer" in line, line
+    assert not (tmp_path / "adb.log").exists(), "something was pushed before the SDK was checked"
+
+
 def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
     """A model folder named ``m$(touch pwned)`` and a PHONE_DIR full of shell syntax: the scripts run
     against a fake adb (whose 'device shell' really is a shell) and nothing but the intended commands run."""
@@ -207,17 +276,13 @@ def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
     (bundle / "model" / name / "qnn").mkdir(parents=True)
     for rel in ("config_qnn.json", "llm.mnn.weight", "prompt.txt", "qnn/graphllm0.bin"):
         (bundle / "model" / name / rel).write_text(rel)
-    for script, text in device_scripts(name, soc_by_name("SM8750"), "tokenizer.txt").items():
+    for script, text in device_scripts(name, soc_by_name("SM8750"), "tokenizer.txt", QNN_BUILD).items():
         (bundle / script).write_text(text)
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "adb").write_text(FAKE_ADB)
     (tools / "adb").chmod(0o755)
-    sdk, mnn = tmp_path / "sdk", tmp_path / "mnn-build"
-    for lib in ("aarch64-android/libQnnHtp.so", "aarch64-android/libQnnHtpV79Stub.so",
-                "hexagon-v79/unsigned/libQnnHtpV79Skel.so", "aarch64-android/libQnnSystem.so"):  # fmt: skip
-        (sdk / "lib" / lib).parent.mkdir(parents=True, exist_ok=True)
-        (sdk / "lib" / lib).write_text(lib)
+    sdk, mnn = fake_sdk(tmp_path / "sdk", "2.51.0.260929"), tmp_path / "mnn-build"
     mnn.mkdir()
     (mnn / "llm_demo").write_text(FAKE_LLM_DEMO)
     (mnn / "libMNN.so").write_text("")
@@ -500,17 +565,26 @@ def finished_stages(root: Path) -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("*.manifest.json")}
 
 
-def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path) -> None:
-    """A CI cancel (SIGTERM to doit) mid-stage: temp dir removed, no half artifact, a non-zero exit, and the stages
-    that had finished are not built again by the next run."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path, sig: str) -> None:
+    """A CI cancel (SIGTERM to doit) or a Ctrl-C (SIGINT to its process group) mid-stage: temp dir removed, no half
+    artifact, a non-zero exit, one line saying so (no traceback), and the stages that had finished are not built
+    again by the next run."""
     import signal
 
     root = tmp_path / "artifacts"
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
     wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
     interrupted = context_temps(root)[0].name.split(".")[1]  # graphllm<k>
-    os.kill(proc.pid, signal.SIGTERM)
+    if sig == "SIGTERM":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        os.killpg(proc.pid, signal.SIGINT)
     assert proc.wait(timeout=120) != 0, doit_log(root)
+    log = doit_log(root)
+    said = [line for line in log.splitlines() if not line.startswith((".  ", "-- "))]
+    how = "stopped by SIGTERM" if sig == "SIGTERM" else "stopped by Ctrl-C"
+    assert len(said) == 1 and said[0].startswith(how) and "resume" in said[0], log
     assert temps_under(root) == [], "SIGTERM left temps behind"
     done = finished_stages(root)
     assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/partition" in done

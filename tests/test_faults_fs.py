@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from mnnbuild.base.errors import OutputError, SettingsError
 from mnnbuild.base.fsutil import made_by_mnnbuild, staged_dir
 from mnnbuild.pipeline.settings import Settings
-from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, copy_project
+from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, attach_record, copy_project
 from tests.test_cache import summary
 
 
@@ -24,10 +25,12 @@ def doit_in(project: Path, cwd: Path, *args: str, env: dict[str, str]) -> subpro
     """``doit`` on ``project``'s dodo.py with exactly the MNNBUILD_* variables of ``env`` (cache off by default)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
     full_env.update({"HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off", **env})
-    return subprocess.run(
+    started = time.time()
+    proc = subprocess.run(
         [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
+    return attach_record(proc, Path(full_env.get("MNNBUILD_ARTIFACTS", project / "artifacts")), started)
 
 
 def tree_state(root: Path) -> dict[str, bytes]:
@@ -408,7 +411,7 @@ def test_a_bundle_manifest_listing_an_outside_file_is_rebuilt(built: Path, tmp_p
     manifest["outputs"].append({"path": rel, "size": secret.stat().st_size, "sha256": sha256_file(secret)})
     path.write_text(json.dumps(manifest, indent=2))
     proc = doit_root(built, "bundle:tiny-qwen3-v79")
-    assert "bundle:tiny-qwen3-v79" in summary(proc.stdout).get("built", []), proc.stdout
+    assert "bundle:tiny-qwen3-v79" in summary(proc).get("built", []), proc.stdout
     assert rel not in path.read_text()
 
 
@@ -431,7 +434,7 @@ def test_swapped_twin_dirs_are_rebuilt(built: Path) -> None:
     before = {d: (twin / d / f"{d}.bin").read_bytes() for d in ("graphllm0", "graphllm1")}
     swap(twin / "graphllm0", twin / "graphllm1")
     proc = doit_root(built, "twin:tiny-qwen3-v79")
-    rebuilt = sorted(summary(proc.stdout).get("built", []))
+    rebuilt = sorted(summary(proc).get("built", []))
     assert rebuilt == ["twin:tiny-qwen3-v79:graphllm0", "twin:tiny-qwen3-v79:graphllm1"], proc.stdout
     for d, data in before.items():
         assert (twin / d / f"{d}.bin").read_bytes() == data
@@ -444,7 +447,7 @@ def test_swapped_context_dirs_are_rebuilt_not_a_traceback(built: Path) -> None:
     swap(context / "graphllm0", context / "graphllm1")
     proc = doit_root(built, "bundle:tiny-qwen3-v79")
     assert "Traceback" not in proc.stdout + proc.stderr
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert {"context:tiny-qwen3-v79:graphllm0", "context:tiny-qwen3-v79:graphllm1"} <= set(rows.get("built", []))
     assert "bundle:tiny-qwen3-v79" in rows.get("up to date", []), "the same binaries: the bundle is what it was"
 
@@ -474,7 +477,7 @@ def test_finished_stages_survive_kill_9_with_the_cache_off(tmp_path: Path) -> No
     assert {"model", "io", "partition"} <= {d.name for d in finished}, sorted(map(str, finished))
     time.sleep(0.05)
     again = doit_root(root, "bundle:tiny-qwen3-v79")
-    rows = summary(again.stdout)
+    rows = summary(again)
     for d, (origin, inode) in finished.items():
         stage = next(p for p in d.glob("*.origin.json")).name.removesuffix(".origin.json")
         assert json.loads((d / f"{stage}.origin.json").read_text())["run"] == origin["run"], f"{d} was built again"

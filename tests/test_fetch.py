@@ -140,6 +140,41 @@ def test_hf_fetch_not_in_cache_is_clear(tmp_path: Path, run_doit: RunDoit) -> No
     assert "HF repo acme/absent@main: not in the local Hugging Face cache" in proc.stdout + proc.stderr
 
 
+BLOCKED_RESOLVER = """
+import socket
+
+
+def _blocked(*args, **kwargs):
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+
+socket.getaddrinfo = _blocked
+"""
+"""A ``sitecustomize`` whose resolver fails every lookup, as a box without DNS does (no packet leaves)."""
+
+
+@pytest.mark.parametrize("offline", ["1", "0"])
+def test_hf_fetch_says_why_it_could_not_download(tmp_path: Path, run_doit: RunDoit, offline: str) -> None:
+    """A model not in the HF cache: with HF_HUB_OFFLINE set the line says so; without it, on a box whose resolver
+    fails (DNS down), it names the endpoint and the resolver's error, and never blames HF_HUB_OFFLINE."""
+    spec = hf_spec(tmp_path / "specs", "acme/absent")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKED_RESOLVER)
+    env = {"MNNBUILD_MODELS_PATH": str(spec.parent), "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    env.update({"HF_HUB_OFFLINE": offline, "PYTHONPATH": str(site), "NO_PROXY": "*", "no_proxy": "*"})
+    proc = run_doit("fetch:fake-hf", env=env, check=False)
+    assert proc.returncode != 0
+    (line,) = [x for x in (proc.stdout + proc.stderr).splitlines() if "HF repo acme/absent@main" in x]
+    assert line.startswith("ModelDirError: HF repo acme/absent@main: not in the local Hugging Face cache")
+    if offline == "1":
+        assert "downloads are off (HF_HUB_OFFLINE is set)" in line, line
+    else:
+        assert "HF_HUB_OFFLINE" not in line, line
+        assert "https://huggingface.co could not be reached (gaierror: [Errno -2] Name or service not known)" in line
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
 def test_update_moves_the_pin(tmp_path: Path, run_doit: RunDoit) -> None:
     cache = tmp_path / "hf-cache"
     first = make_hf_cache(cache, "acme/moving", tiny_files(), commit="a" * 40)

@@ -94,3 +94,21 @@ def test_inspect_refuses_what_is_no_model_file_without_reading_it(tmp_path: Path
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.startswith(f"error: {path}: ") and expected in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_inspect_a_text_file_says_not_a_model_and_a_cut_model_truncated(tmp_path: Path) -> None:
+    """``inspect README.md`` (any size): "not an MNN model", never "truncated"; a real model cut to a size that is
+    not a multiple of 4 is still called truncated (its header is intact)."""
+    readme = ROOT / "README.md"
+    for text in (readme, tmp_path / "odd.md"):
+        if text != readme:
+            text.write_text(readme.read_text(encoding="utf-8")[:4001])
+        proc = _inspect_cli(text)
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"error: {text}: not an MNN model") and "truncated" not in proc.stderr
+    model = (ROOT / "models" / "tiny-qwen3" / "llm.mnn").read_bytes()
+    cut = tmp_path / "cut.mnn"
+    cut.write_bytes(model[: len(model) - 3])
+    proc = _inspect_cli(cut)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(f"error: {cut}: ") and "truncated" in proc.stderr, proc.stderr

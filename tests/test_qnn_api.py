@@ -80,6 +80,25 @@ def test_library_found_with_versions(lib: QnnLibrary, monkeypatch: pytest.Monkey
     assert v.as_dict()["core_api"] == ".".join(map(str, v.core_api))
 
 
+def test_core_api_outside_the_checked_range_is_one_line(lib: QnnLibrary) -> None:
+    """The installed library is inside the range the cffi layout was checked against; one outside it (a newer or
+    older QNN release) is refused in one line naming its build, not misread."""
+    from dataclasses import replace
+
+    from mnnbuild.qnn.library import CHECKED_CORE_API, check_core_api
+
+    check_core_api(lib.version, lib.paths.backend)
+    (lo, hi) = CHECKED_CORE_API
+    for api in ((hi[0], hi[1] + 1, 0), (lo[0], lo[1] - 1, 3)):
+        other = replace(lib.version, core_api=api, build_id="v9.9.9.0")
+        with pytest.raises(QnnError) as info:
+            check_core_api(other, lib.paths.backend)
+        message = str(info.value)
+        assert "\n" not in message and "QNN build v9.9.9.0" in message
+        assert f"core API {'.'.join(map(str, api))}" in message
+        assert "onnxruntime-qnn>=2.7,<2.8" in message, message
+
+
 def test_fc_binary_info(lib: QnnLibrary, fc_binary: bytes) -> None:
     info = read_binary_info(lib, fc_binary)
     assert info.graph_names == ["graph0"]

@@ -11,6 +11,7 @@ import html
 import json
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,6 +140,36 @@ def test_bare_doit_writes_a_self_contained_page(built: Path) -> None:
             assert re.search(rf"<td>{stage} graphllm{k}</td><td>built</td>", page), (stage, k)
 
 
+def test_page_names_outputs_units_and_paths_as_the_reader_needs(built: Path) -> None:
+    """The per-graph figure names each output (a missing value says n/a, never a point at the floor); one unit
+    family (KiB/MiB) everywhere; the file count the page gives is the integrity check's; the footer's timings in
+    words; no absolute path (a page restored from the cache into another artifact root names that root's bundle,
+    through a link relative to the page), and verify.txt likewise."""
+    root = target_root(built)
+    page = page_of(built)
+    text = html.unescape(re.sub(r"<[^>]+>", " ", page))
+    verify_report = VerifyReport.model_validate_json((root / "verify" / REPORT_JSON).read_text(encoding="utf-8"))
+    svg = page[page.index('aria-label="graph-errors"') :]
+    svg = svg[: svg.index("</svg>")]
+    for g in verify_report.graphs:
+        for t in g.outputs:
+            assert f"{g.graph} {t.name.strip('/').removesuffix('_output_0')}" in svg, (g.graph, t.name)
+    missing = sum(t.rel_err is None for g in verify_report.graphs for t in g.outputs)
+    assert missing and svg.count("n/a") == 2 * missing, "each missing value is marked in both panels"
+    assert not re.search(r"\d (MB|KB|GB)\b", text) and re.search(r"\d (KiB|MiB)\b", text), "one unit family"
+    integrity = verify_report.integrity
+    assert integrity is not None and f"{integrity.files} files vs the bundle manifest" in text
+    assert f"{integrity.files} files, " in text, "the bundle section counts the files integrity checked"
+    footer = text[text.index("verify time (s):") :]
+    assert "CPU reference" in footer and not re.search(r"\w_\w", footer.split("mnnbuild report")[0]), footer[:200]
+    for where in (page, (root / "verify" / "verify.txt").read_text(encoding="utf-8")):
+        assert str(built.parent) not in where and "/tmp/" not in where, "no absolute path of this artifact root"
+    link = re.search(r'<dt>bundle</dt><dd class="mono"><a href="([^"]+)"', page)
+    assert link is not None and (root / "report" / link.group(1)).resolve() == (root / "bundle" / "model" / TINY)
+    assert verify_report.bundle == f"../bundle/model/{TINY}"
+    assert (root / "verify" / verify_report.bundle).resolve() == (root / "bundle" / "model" / TINY).resolve()
+
+
 def test_the_page_is_deterministic(built: Path, tmp_path: Path) -> None:
     root = target_root(built)
     inputs = ReportInputs(
@@ -152,8 +183,12 @@ def test_the_page_is_deterministic(built: Path, tmp_path: Path) -> None:
         context_dir=root / "context",
         twin_dir=root / "twin",
     )
-    report(inputs, ReportParams(target=ARCH), tmp_path / "again")
-    assert (tmp_path / "again" / PAGE).read_bytes() == (root / "report" / PAGE).read_bytes()
+    again = root / "report-again"  # beside report/: paths on the page are relative to where it is
+    try:
+        report(inputs, ReportParams(target=ARCH), again)
+        assert (again / PAGE).read_bytes() == (root / "report" / PAGE).read_bytes()
+    finally:
+        shutil.rmtree(again, ignore_errors=True)
 
 
 def test_bad_verify_json_is_one_line_naming_the_file(built: Path, tmp_path: Path) -> None:
@@ -210,16 +245,36 @@ def figure_sizes(driver: webdriver.Chrome) -> list[tuple[float, float]]:
     return [(e.rect["width"], e.rect["height"]) for e in driver.find_elements(By.CSS_SELECTOR, "svg.figure")]
 
 
+CUT_OFF = """
+const width = document.documentElement.clientWidth, out = [];
+for (const el of document.querySelectorAll("body *")) {
+  const r = el.getBoundingClientRect();
+  if (r.width === 0 && r.height === 0) continue;  // not laid out (a closed <details>)
+  const name = `${el.tagName.toLowerCase()}${el.id ? "#" + el.id : ""} "${(el.textContent || "").trim().slice(0, 30)}"`;
+  if (r.left < -0.5 || r.right > width + 0.5) out.push(`${name}: ${Math.round(r.left)}..${Math.round(r.right)} px`);
+  const x = getComputedStyle(el).overflowX;
+  if ((x === "auto" || x === "scroll" || x === "hidden") && el.scrollWidth > el.clientWidth + 1)
+    out.push(`${name}: scrolls sideways (${el.scrollWidth} px in ${el.clientWidth} px)`);
+}
+return out;
+"""
+"""Every laid-out element that starts or ends off-screen, or hides content behind a sideways scroll."""
+
+
 def test_page_renders_in_chromium(built: Path, browser: webdriver.Chrome, tmp_path: Path) -> None:
+    """At a desktop's width and a phone's (390 px), nothing is cut off: no element reaches past either edge of the
+    window and no table or figure needs a sideways scroll to be seen whole."""
     path = target_root(built) / "report" / PAGE
-    for width in (1000, 390):  # a desktop window, a phone
+    for width in (1280, 390):  # a desktop window, a phone
         log = open_page(browser, path, width)
         assert [e for e in log if e.get("level") in ("SEVERE", "WARNING")] == [], log
         sizes = figure_sizes(browser)
         assert len(sizes) == 7 and all(w > 100 and h > 30 for w, h in sizes), (width, sizes)
-        # nothing wider than the screen but the scrollable tables
         overflow = browser.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
         assert overflow <= 0, f"page wider than a {width} px window by {overflow} px"
+        cut = browser.execute_script(CUT_OFF)
+        assert cut == [], f"at {width} px: {cut[:10]}"
+        assert all(w <= width for w, _ in sizes), "every figure fits the window"
     open_page(browser, path, 1000, 1250)
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

@@ -8,10 +8,12 @@ and the shipped tiny Qwen3 gets its first q_proj Convolution replaced the same w
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ from mnnbuild_runtime import (
 from mnnbuild.cpu import CpuRuntime, import_mnn, load_module, to_numpy, to_var
 from mnnbuild.mnn import WeightFile, decode_conv, load_model, make_blob, make_plugin_op, read_embeddings, save_model
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary
+from tests.conftest import RunDoit
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 TINY = PROJECT_ROOT / "models" / "tiny-qwen3"
@@ -757,21 +760,46 @@ open(modules_file, "w").write(json.dumps(ours))
 """
 
 
+def _git(cwd: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@t"
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+
 def test_runtime_installs_and_runs_a_bundle_without_the_build(synthetic: Synthetic, tmp_path: Path) -> None:
     """``runtime/`` builds offline into a wheel holding the runtime and its format layers only, declaring none of
-    the build's dependencies; installed alone, it runs a bundle with doit, huggingface_hub, fsspec and tqdm
-    unimportable, and every mnnbuild module it loads comes from the wheel."""
-    src = tmp_path / "src"  # a copy, so the build leaves nothing in the tree
+    the build's dependencies, and leaves its source tree as it was (no build/, no egg-info: ``git status`` of a
+    committed copy is empty); its sdist builds that wheel on its own, with no ``../mnnbuild`` beside it. Installed
+    alone, it runs a bundle with doit, huggingface_hub, fsspec and tqdm unimportable, and every mnnbuild module it
+    loads comes from the wheel."""
+    src = tmp_path / "src"  # a copy, committed, as a clone has it
     ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
     shutil.copytree(PROJECT_ROOT / "runtime", src / "runtime", ignore=ignore)
     shutil.copytree(PROJECT_ROOT / "mnnbuild", src / "mnnbuild", ignore=ignore)
-    wheels = tmp_path / "wheels"
+    _git(src, "init", "-q")
+    _git(src, "add", "-A")
+    _git(src, "commit", "-q", "-m", "clone")
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
-    build = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index", "-w", str(wheels)]
-    subprocess.run([*build, str(src / "runtime")], check=True, capture_output=True, timeout=300)
+    build = [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index"]
+    subprocess.run([*build, "-w", str(tmp_path / "from-tree"), "./runtime"], cwd=src, check=True, capture_output=True)
+    assert _git(src, "status", "--porcelain", "--ignored") == "", "building the runtime wrote into its source tree"
+
+    sdists = tmp_path / "sdist"  # the backend's sdist hook, as a frontend (python -m build) calls it in the tree
+    hook = f"import build_backend; build_backend.build_sdist({str(sdists)!r})"
+    subprocess.run([sys.executable, "-c", hook], cwd=src / "runtime", check=True, capture_output=True, timeout=300)
+    assert _git(src, "status", "--porcelain", "--ignored") == ""
+    (sdist,) = sdists.glob("mnnbuild_runtime-*.tar.gz")
+    with tarfile.open(sdist) as tf:
+        tf.extractall(tmp_path / "unpacked", filter="data")
+    (unpacked,) = (tmp_path / "unpacked").iterdir()
+    wheels = tmp_path / "wheels"
+    subprocess.run([*build, "-w", str(wheels), str(unpacked)], check=True, capture_output=True, timeout=300)
     (wheel,) = wheels.glob("mnnbuild_runtime-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
+    with zipfile.ZipFile(next((tmp_path / "from-tree").glob("*.whl"))) as zf:
+        assert sorted(zf.namelist()) == sorted(names), "the sdist's wheel is the source tree's"
+    with zipfile.ZipFile(wheel) as zf:
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     requires = [
         line.split(":", 1)[1].strip().lower() for line in metadata.splitlines() if line.startswith("Requires-Dist:")
@@ -785,6 +813,7 @@ def test_runtime_installs_and_runs_a_bundle_without_the_build(synthetic: Synthet
         "mnnbuild/base/__init__.py",
         "mnnbuild/base/errors.py",
         "mnnbuild/base/fsutil.py",
+        "mnnbuild/base/native.py",  # what MNN and QNN print, captured (the runtime loads and runs them too)
     }
     assert {n.split("/")[1] for n in shipped - top} == {"base", "cpu", "mnn", "qnn"}
     site = tmp_path / "site"
@@ -808,3 +837,27 @@ def test_runtime_installs_and_runs_a_bundle_without_the_build(synthetic: Synthet
     outside = {n: f for n, f in loaded.items() if f is not None and not Path(f).is_relative_to(site)}
     assert outside == {}
     assert_close(np.load(tmp_path / "y.npy"), reference(synthetic.original, x)["out"], "installed runtime out")
+
+
+# ---- the READMEs' examples, as written -----------------------------------------------------------------
+
+README_EXAMPLES = (PROJECT_ROOT / "runtime" / "README.md", PROJECT_ROOT / "README.md")
+
+
+def python_blocks(readme: Path) -> list[str]:
+    """The ```python blocks of a README that use the runtime."""
+    blocks = re.findall(r"^```python\n(.*?)^```", readme.read_text(encoding="utf-8"), re.S | re.M)
+    return [b for b in blocks if "mnnbuild_runtime" in b]
+
+
+def test_readme_runtime_examples_run_as_written(run_doit: RunDoit, tmp_path: Path) -> None:
+    """Each README's Python example of the runtime, executed as it is written from the directory `doit` ran in
+    (``artifacts/`` there), on the tiny model's bundle and twins: no name it uses is undefined, its asserts hold."""
+    run_doit("twin:tiny-qwen3-v79", "bundle:tiny-qwen3-v79")
+    examples = [(readme, block) for readme in README_EXAMPLES for block in python_blocks(readme)]
+    assert len(examples) >= 2, "each README has its runtime example"
+    for readme, block in examples:
+        proc = subprocess.run(
+            [sys.executable, "-I", "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, f"{readme.relative_to(PROJECT_ROOT)}'s example failed:\n{proc.stderr[-3000:]}"

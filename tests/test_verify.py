@@ -465,10 +465,34 @@ def test_graph_off_its_ops_fails_naming_graph_and_tensor(
     out = tmp_path / "verify"
     with pytest.raises(StageError) as err:
         verify(inputs_for(root), VerifyParams(soc=soc_for_arch(ARCH)), out)
-    assert f"graph graphllm1_2 (qnn/graphllm2.bin) output {victim.name} ({victim.qnn_name}): cosine" in str(err.value)
+    line = f"graph graphllm1_2 (qnn/graphllm2.bin) output {victim.name} ({victim.qnn_name}): max abs err "
+    assert line in str(err.value) and "above the allowed" in str(err.value), "the line names the broken limit"
     report = read_report(out)
     assert [g.graph for g in report.graphs if not g.passed] == ["graphllm1_2"]
     assert report.whole_model and all(s.passed for s in report.whole_model), "the bundle itself is fine"
+
+
+def test_a_failed_verify_states_the_broken_limit_in_one_line(built: tuple[Path, object], tmp_path: Path) -> None:
+    """The tiny bundle against a model tolerance no fp16 result meets (exact): the error is one line naming the
+    worst failure with the limit it broke and how many more failed, and the page's row (c) does not say
+    "identical tokens" alone beside its FAIL (every token agrees; the logits do not)."""
+    from mnnbuild.report.data import generation_detail
+
+    exact = Tolerance(min_cosine=1.0, max_rel_err=0.0, abs_floor=0.0)
+    out = tmp_path / "verify"
+    with pytest.raises(StageError) as err:
+        verify(inputs_for(model_root(built)), VerifyParams(soc=soc_for_arch(ARCH), model_tolerance=exact), out)
+    message = str(err.value)
+    report = read_report(out)
+    assert "\n" not in message and "(+" not in message, message
+    assert message.startswith(f"verify {TINY}-{ARCH} FAILED: whole model seq ")
+    assert "above the allowed 0 (0 x ref max abs" in message, message
+    assert f"(and {len(report.failures) - 1} more failed checks); read {out / REPORT_TEXT}" in message, message
+    gen = report.generation
+    assert gen is not None and not gen.passed and gen.first_divergence is None, "same tokens, logits off"
+    detail = generation_detail(report)
+    assert detail.startswith("identical tokens") and "but the logits of" in detail and "out of tolerance" in detail
+    assert any(f.startswith("generation: the logits of") and "above the allowed" in f for f in report.failures)
 
 
 def test_a_graph_alone_is_checked_against_the_partition_reference(built: tuple[Path, object], tmp_path: Path) -> None:

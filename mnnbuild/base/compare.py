@@ -43,15 +43,34 @@ class TensorCheck(BaseModel):
         """How far past the tolerance this tensor is (> 1 fails); used to name the worst tensor."""
         if self.problem and self.rel_err is None and self.cosine is None:
             return float("inf")
-        sev = self.max_abs_err / (tol.max_rel_err * self.ref_max_abs + tol.abs_floor)
+        allowed = tol.max_rel_err * self.ref_max_abs + tol.abs_floor
+        sev = self.max_abs_err / allowed if allowed > 0 else (float("inf") if self.max_abs_err > 0 else 0.0)
         if self.cosine is not None and tol.min_cosine < 1:
             sev = max(sev, (1 - self.cosine) / (1 - tol.min_cosine))
+        elif self.cosine is not None and self.cosine < 1:
+            sev = float("inf")  # an exact tolerance: any direction error is past it
         return sev
 
-    def describe(self) -> str:
+    def broken_limits(self, tol: Tolerance) -> list[str]:
+        """Each limit of ``tol`` this check breaks, with the value and the limit."""
+        allowed = tol.max_rel_err * self.ref_max_abs + tol.abs_floor
+        broken = []
+        if self.cosine is not None and self.cosine < tol.min_cosine:
+            broken.append(f"cosine {self.cosine:.7f} below the minimum {tol.min_cosine}")
+        if self.max_abs_err > allowed:
+            broken.append(
+                f"max abs err {self.max_abs_err:.4g} above the allowed {allowed:.4g} "
+                f"({tol.max_rel_err:g} x ref max abs {self.ref_max_abs:.4g} + {tol.abs_floor:g})"
+            )
+        return broken
+
+    def describe(self, tol: Tolerance | None = None) -> str:
+        """The numbers in one line; given ``tol``, a failed check says which limit it broke instead."""
         what = f"{self.name}" + (f" ({self.qnn_name})" if self.qnn_name and self.qnn_name != self.name else "")
         if self.problem:
             return f"{what}: {self.problem}"
+        if tol is not None and not self.passed and (broken := self.broken_limits(tol)):
+            return f"{what}: {'; '.join(broken)}"
         cos = "n/a" if self.cosine is None else f"{self.cosine:.6f}"
         rel = "n/a" if self.rel_err is None else f"{self.rel_err:.3%}"
         return f"{what}: cosine {cos}, max abs err {self.max_abs_err:.4g} ({rel} of ref max abs {self.ref_max_abs:.4g})"

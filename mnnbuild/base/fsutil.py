@@ -24,12 +24,24 @@ _CHUNK = 8 << 20
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file's content (symlinks followed), read in chunks."""
-    digest = hashlib.sha256()
+    """Hex sha256 of a file's content (symlinks followed)."""
     with open(path, "rb") as f:
+        if hasattr(hashlib, "file_digest"):
+            return hashlib.file_digest(f, "sha256").hexdigest()
+        digest = hashlib.sha256()  # Python 3.10 has no file_digest: the same, in chunks
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
-    return digest.hexdigest()
+        return digest.hexdigest()
+
+
+def file_stamp(path: Path) -> list[int] | None:
+    """What changes whenever a file's content may have: size, mtime, ctime and inode (a write, a replacement, a
+    ``touch -d`` all move one of them); None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
 
 
 def sha256_bytes(*parts: bytes) -> str:

@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import atomic_write_text, sha256_file
+from mnnbuild.base.userdirs import user_cache_dir
 from mnnbuild.conform.patches import Patch, check_patches, load_patches
 
 log = logging.getLogger(__name__)
@@ -139,8 +140,7 @@ def cache_root(environ: Mapping[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     if env.get(CACHE_ENV):
         return Path(env[CACHE_ENV]).expanduser().resolve()
-    xdg = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg).expanduser().resolve() / "mnnbuild" / "conform"
+    return user_cache_dir(env).expanduser().resolve() / "conform"
 
 
 def _is_tarball(path: Path) -> bool:

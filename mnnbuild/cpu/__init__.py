@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
-import io
 import os
-from collections.abc import Iterator, Mapping, Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.base.fsutil import check_free_space, remove_stale_temps, temp_path
+from mnnbuild.base.native import native_output
 
 
 class CpuRuntime(BaseModel):
@@ -33,27 +33,24 @@ class CpuRuntime(BaseModel):
     def create(self, weight_file: Path | None = None) -> Any:
         """An MNN RuntimeManager with these settings (and the external weight file, if any)."""
         nn = import_mnn().nn
-        rt = nn.create_runtime_manager(
-            ({"backend": self.backend, "precision": self.precision, "numThread": self.num_thread},)
-        )
+        with native_output("MNN (runtime manager)"):  # MNN prints the CPU's features here
+            rt = nn.create_runtime_manager(
+                ({"backend": self.backend, "precision": self.precision, "numThread": self.num_thread},)
+            )
         if weight_file is not None:
             rt.set_external(str(weight_file))
         return rt
 
 
-@contextlib.contextmanager
-def _quiet_stdout() -> Iterator[None]:
-    # MNN's import prints a CPU feature line on stdout, which would corrupt machine-readable output.
-    with contextlib.redirect_stdout(io.StringIO()):
-        yield
-
-
 def import_mnn() -> Any:
-    """Import PyPI MNN (never MNN.tools: it installs packages and sends telemetry)."""
-    with _quiet_stdout():
-        import MNN
-        import MNN.expr
-        import MNN.nn
+    """Import PyPI MNN (never MNN.tools: it installs packages and sends telemetry); what it prints on the way is
+    captured (`native_output`)."""
+    if "MNN.nn" not in sys.modules:  # called for every Var made: capture the first import only
+        with native_output("MNN (import)"):
+            import MNN.expr
+            import MNN.nn
+    import MNN
+
     return MNN
 
 
@@ -80,21 +77,23 @@ def llm_engine_greedy(config: Path, prompt_ids: Sequence[int], n: int, settings:
     """``n`` greedy tokens of the model ``config`` describes from PyPI MNN's LLM engine (``MNN.llm``, the engine
     ``llm_demo`` runs: one prefill of the prompt, then one decode step per token against its KV cache), with
     ``settings`` over the config's."""
-    with _quiet_stdout():
+    import_mnn()
+    with native_output(f"MNN's LLM engine ({config})"):
         import MNN.llm  # never MNN.tools
-    engine = MNN.llm.create(str(config))
-    engine.set_config(dict(settings))
-    engine.load()
-    if engine.context.status.name in ("NOT_LOADED", "INTERNAL_ERROR"):  # forward() would crash (SIGSEGV)
-        raise MNNFormatError(f"{config}: MNN's LLM engine cannot load this model")
-    tokens: list[int] = []
-    logits = engine.forward([int(t) for t in prompt_ids])
-    while len(tokens) < n:
-        tokens.append(int(np.argmax(to_numpy(logits).reshape(-1))))
-        if len(tokens) < n:
-            logits = engine.forward(tokens[-1:])
-    del logits  # before the engine: freeing its output after the engine crashes (SIGSEGV)
-    del engine
+
+        engine = MNN.llm.create(str(config))
+        engine.set_config(dict(settings))
+        engine.load()
+        if engine.context.status.name in ("NOT_LOADED", "INTERNAL_ERROR"):  # forward() would crash (SIGSEGV)
+            raise MNNFormatError(f"{config}: MNN's LLM engine cannot load this model")
+        tokens: list[int] = []
+        logits = engine.forward([int(t) for t in prompt_ids])
+        while len(tokens) < n:
+            tokens.append(int(np.argmax(to_numpy(logits).reshape(-1))))
+            if len(tokens) < n:
+                logits = engine.forward(tokens[-1:])
+        del logits  # before the engine: freeing its output after the engine crashes (SIGSEGV)
+        del engine
     return_freed_memory()
     return tokens
 
@@ -103,7 +102,8 @@ def load_module(model: Path, rt: Any, inputs: Sequence[str] = (), outputs: Seque
     """Load ``model`` (or the sub-graph between named tensors) as an MNN Module."""
     mnn = import_mnn()
     try:
-        return mnn.nn.load_module_from_file(str(model), list(inputs), list(outputs), runtime_manager=rt)
+        with native_output(f"MNN (loading {model})"):
+            return mnn.nn.load_module_from_file(str(model), list(inputs), list(outputs), runtime_manager=rt)
     except Exception as exc:  # MNN reports a file it cannot load as a bare Exception/SystemError
         raise MNNFormatError(
             f"{model}: MNN cannot load this model ({exc}); is it truncated or not an MNN file?"
@@ -121,7 +121,8 @@ _DTYPES = {
 
 def forward_vars(module: Any, variables: Sequence[Any]) -> list[Any]:
     """Run an MNN module on MNN Vars (fed in their own layout); always a list of output Vars."""
-    result = module.forward(list(variables))
+    with native_output("MNN (forward)"):
+        result = module.forward(list(variables))
     return list(result) if isinstance(result, (list, tuple)) else [result]
 
 

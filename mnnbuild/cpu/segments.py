@@ -105,12 +105,14 @@ def iter_segmented(
     budget: int = SEGMENT_BYTES,
     label: str = "",
     spill_dir: Path | None = None,
+    on_run: Callable[[int, int], None] | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """:func:`run_segmented` for ``count`` samples made one at a time by ``sample(i)``, each sample's outputs
     yielded (``(i, outputs)``) as soon as its last segment ran, so a caller that writes and drops them holds one
     sample's arrays at a time: with one segment, ``sample(i + 1)`` is made only after sample ``i`` was yielded.
     With several, what crosses a cut is kept for every sample until the next segment reads it: in ``spill_dir``
-    (memory-mapped ``.npy`` files, removed as they are used) when given, else in memory."""
+    (memory-mapped ``.npy`` files, removed as they are used) when given, else in memory. ``on_run(done, total)``:
+    told after each run of a segment on a sample (a caller's progress display)."""
     if count == 0:
         return
     first = sample(0)
@@ -142,6 +144,8 @@ def iter_segmented(
                 raise MNNFormatError(
                     f"{model_path}: MNN computed {len(out_vars)} of the {len(seg.outputs)} outputs of segment {k}"
                 )
+            if on_run is not None:
+                on_run(k * count + i + 1, len(segments) * count)
             for t, var in zip(seg.outputs, out_vars, strict=True):
                 if t in out_idx:
                     made[i][names[t]] = var
@@ -159,8 +163,8 @@ def iter_segmented(
                 yield i, res
         del module
         return_freed_memory()  # the segment's decoded weights, before the next segment decodes its own
-        if len(segments) > 1:  # the runtime has no tqdm: a line per segment instead (each takes seconds at real size)
-            log.info(
+        if len(segments) > 1:
+            log.debug(
                 "%s: segment %d/%d in %.1f s",
                 label or model_path.name,
                 k + 1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import logging
@@ -15,12 +16,12 @@ from doit.exceptions import TaskFailed
 from pydantic import BaseModel, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError
-from mnnbuild.base.fsutil import sha256_bytes
-from mnnbuild.dag.uptodate import outputs_intact
+from mnnbuild.base.fsutil import sha256_bytes, sha256_file
+from mnnbuild.dag.uptodate import deferred_origin, outputs_intact
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.spec import HfSource
-from mnnbuild.pipeline.cache import ArtifactCache, cache_key, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, cache_key, stamps, trusted_hashes, write_origin
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON, origin_file
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss, run_id
@@ -41,18 +42,21 @@ def task_identity(key_config: str) -> str:
     return sha256_bytes(key_config.encode())
 
 
-def recorded(out_dir: Path, stage: Stage, key: str, links: bool, checks: tuple[Callable[[], bool], ...]) -> bool:
+def recorded(
+    out_dir: Path, stage: Stage, key: str, links: bool, checks: tuple[Callable[[], bool], ...], deferred_ok: bool = True
+) -> bool:
     """Whether ``out_dir`` already holds this run's result by its own records, whatever doit's state file says (it
     is written at the end of a run: a ``kill -9`` loses it): the origin record names this exact key (task key and
-    the content of every input file), every output is there with its recorded sha256, and ``checks`` (the
-    stateless counterparts of the task's other up-to-date checks) hold. As strict as doit's up-to-date, by hashes."""
+    the content of every input file), every output is there with its recorded sha256 (or, ``deferred_ok``, was
+    restored without the bytes: `outputs_intact`), and ``checks`` (the stateless counterparts of the task's other
+    up-to-date checks) hold. As strict as doit's up-to-date, by hashes."""
     try:
         origin = json.loads((out_dir / origin_file(stage.name)).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     if not isinstance(origin, dict) or origin.get("origin") not in ("built", "cache") or origin.get("key") != key:
         return False
-    return outputs_intact(out_dir, stage.manifest, links).intact() and all(check() for check in checks)
+    return outputs_intact(out_dir, stage.manifest, links, deferred_ok).intact() and all(check() for check in checks)
 
 
 def run_stage(
@@ -64,29 +68,46 @@ def run_stage(
     file_dep: list[Path],
     upstream: list[tuple[type[Manifest], Path]],
     checks: tuple[Callable[[], bool], ...] = (),
+    reads: tuple[tuple[Stage, Path], ...] = (),
+    wanted: bool = False,
 ) -> TaskFailed | dict[str, Any]:
     """doit action: keep what the stage dir already holds for this key (`recorded`), restore the stage's outputs
     from the cache, or run the stage and store them.
 
+    A hit of a stage with `Stage.defer` patterns leaves those outputs in the cache ("without the bytes") unless
+    the task is ``wanted`` (named on the command line): no task that runs reads its files until one must run, and
+    that one fetches them first (``reads``: the upstream dirs whose files its entry reads, `materialize`).
+
     The stage gets its upstream manifests already read and validated (in ``inputs.upstream``). Bad
     input becomes a one-line task failure, not a traceback. The returned values tell the build
-    summary whether the outputs were built, restored or found recorded.
+    summary whether the outputs were built, restored (from which tier, how many bytes) or found recorded.
     """
     key = cache_key(stage.name, key_config, file_dep)
     identity = task_identity(key_config)
     links = stage.name == "fetch"  # fetch's outputs are links to the model's files
-    if recorded(Path(out_dir), stage, key, links, checks):
+    if recorded(Path(out_dir), stage, key, links, checks, deferred_ok=not wanted):
         origin = json.loads((Path(out_dir) / origin_file(stage.name)).read_text(encoding="utf-8"))
         if origin.get("task") != identity:  # a record written before it named its task
             write_origin(out_dir, stage.name, {**origin, "task": identity})
         return {"origin": "recorded"}
-    cache = ArtifactCache.from_env() if stage.cacheable else None
-    if cache:
-        restored = cache.restore(stage.name, key, out_dir)
-        if restored is not None:
-            origin = {"origin": "cache", "key": key, "task": identity, "cache": cache.url, **run_stamp()}
-            write_origin(out_dir, stage.name, origin)
-            return {"origin": "cache", "bytes": restored}
+    tiers = CacheTiers.from_env() if stage.cacheable else None
+    if tiers:
+        keep = deferred_keep(stage) if stage.defer and not wanted else None
+        hit = tiers.restore(stage.name, key, out_dir, keep=keep, link=stage.links)
+        if hit is not None:
+            origin = {"origin": "cache", "key": key, "task": identity, "cache": hit.url, "tier": hit.tier}
+            origin["bytes"] = hit.bytes
+            if hit.deferred:
+                manifest_sha = sha256_file(Path(out_dir) / stage.manifest.filename())
+                origin |= {"deferred": True, "deferred_files": list(hit.deferred), "manifest_sha256": manifest_sha}
+            # the files restored were checked against their sha256 just now
+            origin["stamps"] = output_stamps(stage, out_dir)
+            write_origin(out_dir, stage.name, {**origin, **run_stamp()})
+            return {"origin": "cache", "tier": hit.tier, "bytes": hit.bytes, "deferred": bool(hit.deferred)}
+    try:
+        fetched = materialize_all(reads)
+    except MnnbuildError as exc:
+        return TaskFailed(f"{type(exc).__name__}: {exc}")
     reset_peak_rss()
     started = time.perf_counter()
     try:
@@ -95,17 +116,78 @@ def run_stage(
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
     peak = peak_rss()
-    moved = 0
-    if cache:
-        try:
-            hashed = {r.path: (r.size, r.sha256) for r in manifest.outputs}  # hashed by the stage a moment ago
-            moved = cache.store(stage.name, key, out_dir, hashed)
-        except OSError as exc:  # a cache is an optimisation: never fail a good build on it
-            log.warning("cache: could not store %s: %s", stage.name, exc)
+    stored: dict[str, int] = {}
+    if tiers:
+        hashed = {r.path: (r.size, r.sha256) for r in manifest.outputs}  # hashed by the stage a moment ago
+        stored = tiers.store(stage.name, key, out_dir, hashed, link=stage.links)
     origin = {"origin": "built", "key": key, "task": identity, "seconds": round(seconds, 3), "peak_rss": peak}
     origin.update(run_stamp())
+    if stage.name != "fetch":  # fetch's outputs are links to the model's files, which it does not hash
+        origin["stamps"] = stamps(Path(out_dir), [r.path for r in manifest.outputs])
     write_origin(out_dir, stage.name, origin)
-    return {"origin": "built", "bytes": moved, "seconds": round(seconds, 3)}
+    return {
+        "origin": "built",
+        "bytes": sum(stored.values()),
+        "stored": stored,
+        "fetched": fetched,
+        "seconds": round(seconds, 3),
+    }
+
+
+def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[str, int] | None:
+    """Fetch the files of a stage dir restored without them (`run_stage`), each checked against its sha256; returns
+    (tier, bytes), or None when the dir has its files already. A `MnnbuildError` when the cache no longer holds
+    them intact (pruned, unreachable, corrupt): the dir's origin record is removed, so the next run rebuilds it."""
+    origin = deferred_origin(out_dir, stage.name)
+    if origin is None:
+        return None
+    key = str(origin.get("key"))
+    manifest_path = Path(out_dir) / stage.manifest.filename()
+    hit = tiers.restore(stage.name, key, out_dir, link=stage.links) if tiers else None
+    problem = None
+    if hit is None:
+        problem = "the cache no longer holds them intact (see the warnings above)" if tiers else "the cache is off"
+    elif sha256_file(manifest_path) != origin.get("manifest_sha256"):
+        problem = "the cache entry now holds another manifest"
+    if problem is not None:
+        (Path(out_dir) / origin_file(stage.name)).unlink(missing_ok=True)
+        raise MnnbuildError(
+            f"{out_dir}: restored without its files, which {problem}; run the build again to rebuild it"
+        )
+    assert hit is not None
+    fetched = {k: v for k, v in origin.items() if k not in ("deferred", "deferred_files", "manifest_sha256")}
+    fetched["fetched"] = {"tier": hit.tier, "bytes": hit.bytes, **run_stamp()}
+    write_origin(out_dir, stage.name, {**fetched, "stamps": output_stamps(stage, out_dir)})
+    log.debug("cache: fetched the files of %s from the %s tier", out_dir, hit.tier)
+    return hit.tier, hit.bytes
+
+
+def deferred_keep(stage: Stage) -> Callable[[str], bool]:
+    """Which files of the stage's cache entry a hit restores when nobody reads them: the manifest, and the outputs
+    its `Stage.defer` patterns do not name."""
+    manifest = stage.manifest.filename()
+    return lambda path: path == manifest or not any(fnmatch.fnmatchcase(path, pat) for pat in stage.defer)
+
+
+def output_stamps(stage: Stage, out_dir: Path) -> dict[str, list[int]]:
+    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.cache.stamps`) by its manifest."""
+    try:
+        outputs = stage.manifest.read(Path(out_dir)).outputs
+        return stamps(Path(out_dir), [r.path for r in outputs if (Path(out_dir) / r.path).is_file()])
+    except MnnbuildError:
+        return {}
+
+
+def materialize_all(reads: tuple[tuple[Stage, Path], ...]) -> dict[str, int]:
+    """`materialize` every dir in ``reads`` that was restored without its files; the bytes fetched by tier."""
+    fetched: dict[str, int] = {}
+    pending = [(s, d) for s, d in reads if deferred_origin(d, s.name) is not None]
+    tiers = CacheTiers.from_env() if pending else None
+    for s, d in pending:
+        got = materialize(s, d, tiers)
+        if got is not None:
+            fetched[got[0]] = fetched.get(got[0], 0) + got[1]
+    return fetched
 
 
 def run_stamp() -> dict[str, str]:
@@ -122,6 +204,8 @@ def run_verify(
     file_dep: list[Path],
     upstream: list[tuple[type[Manifest], Path]],
     checks: tuple[Callable[[], bool], ...] = (),
+    reads: tuple[tuple[Stage, Path], ...] = (),
+    wanted: bool = False,
 ) -> TaskFailed | dict[str, Any]:
     """doit action of verify: `run_stage`, except that a bundle whose files no longer match its manifest is
     verified for real instead of restored from the cache (the cache key only sees the manifests), and a verify
@@ -137,16 +221,23 @@ def run_verify(
 
     @functools.cache
     def intact() -> bool:
-        return check_integrity(Path(inputs.bundle_dir), bundle.outputs).passed
+        # restored without its files: they are the cache's, checked against their sha256 when fetched
+        if deferred_origin(Path(inputs.bundle_dir), "bundle") is not None:
+            return True
+        trusted = trusted_hashes(Path(inputs.bundle_dir), "bundle")  # unchanged since hashed: not hashed again
+        return check_integrity(Path(inputs.bundle_dir), bundle.outputs, trusted).passed
 
     result: TaskFailed | dict[str, Any] | None = None
-    if ArtifactCache.from_env() is not None and not intact():
+    if CacheTiers.from_env() is not None and not intact():
         try:
+            materialize_all(reads)
             stage.entry(inputs, params, out_dir)
         except (MnnbuildError, ValidationError) as exc:
             result = TaskFailed(f"{type(exc).__name__}: {exc}")
     if result is None:
-        result = run_stage(stage, inputs, params, out_dir, key_config, file_dep, upstream, (*checks, intact))
+        result = run_stage(
+            stage, inputs, params, out_dir, key_config, file_dep, upstream, (*checks, intact), reads, wanted
+        )
     if isinstance(result, TaskFailed) and (out_dir / VERIFY_REPORT_JSON).is_file():
         if not (out_dir / VerifyManifest.filename()).exists():
             write_origin(out_dir, stage.name, {"origin": "failed", **run_stamp()})

@@ -15,12 +15,12 @@ from typing import Any
 
 from doit.cmd_base import DodoTaskLoader
 from doit.cmdparse import CmdOption, CmdParse, CmdParseError
-from doit.doit_cmd import DoitMain
 from doit.exceptions import InvalidDodoFile
 
 from mnnbuild.base import logs
 from mnnbuild.base.errors import MnnbuildError
-from mnnbuild.dag.reporter import BuildSummaryReporter
+from mnnbuild.dag.reporter import reporter_for
+from mnnbuild.dag.status import MnnbuildDoit
 from mnnbuild.model.spec import LocalSource, ModelSpec, discover_specs
 from mnnbuild.pipeline.cache import local_cache_dir
 from mnnbuild.pipeline.fingerprint import DigestMemo
@@ -52,9 +52,11 @@ class Project:
     settings: Settings
     specs: dict[str, ModelSpec]
     memo: DigestMemo
+    requested: tuple[str, ...] = ()
+    """The tasks the command line names (`requested_tasks`): their outputs are restored with their files."""
 
     @classmethod
-    def load(cls, project_root: Path) -> Project:
+    def load(cls, project_root: Path, argv: Sequence[str] = ()) -> Project:
         try:
             settings = Settings.from_env(project_root)
             specs = discover_specs(list(settings.spec_dirs))
@@ -65,7 +67,12 @@ class Project:
         # beside a local cache, the memo serves every artifact root and clone that shares the cache
         memo_dir = local_cache_dir(os.environ) or settings.artifact_root
         memo = DigestMemo(memo_dir / CODE_DIGESTS)
-        return cls(settings=settings, specs=specs, memo=memo)
+        return cls(settings=settings, specs=specs, memo=memo, requested=requested_tasks(argv))
+
+    def wants(self, task: str) -> bool:
+        """Whether the command line asks for ``task`` itself: by its name, or by a group it belongs to (``bundle``,
+        ``twin:<model>-<arch>``)."""
+        return any(task == name or task.startswith(f"{name}:") for name in self.requested)
 
     def stage_dir(self, stage: str, spec: ModelSpec, arch: str | None = None, part: str | None = None) -> Path:
         """Where ``stage`` writes for ``spec`` (and ``arch``, for the per-target stages; ``part``: a VL model's
@@ -106,7 +113,7 @@ class Project:
             "subtasks": True,
             "default_tasks": self.default_tasks(),
             "verbosity": 1,
-            "reporter": BuildSummaryReporter,
+            "reporter": reporter_for(root),
         }
 
 
@@ -121,9 +128,34 @@ def doit_runs_tasks(argv: Sequence[str]) -> bool:
     except CmdParseError:
         rest = list(argv)
     rest = [arg for arg in rest if arg.startswith("-") or "=" not in arg]
-    commands = {cmd.get_name(): cmd for cmd in DoitMain.DOIT_CMDS}
-    command = commands.get(rest[0]) if rest else None
+    commands = {cmd.get_name(): cmd for cmd in MnnbuildDoit.DOIT_CMDS}
+    # the first word that is no option (``python -m mnnbuild -v status`` loads dodo.py with mnnbuild's argv)
+    command = commands.get(next((arg for arg in rest if not arg.startswith("-")), ""))
     return command is None or bool(command.execute_tasks)
+
+
+def requested_tasks(argv: Sequence[str]) -> tuple[str, ...]:
+    """The task names a doit command line ``argv`` that runs tasks gives (none for ``list``, ``clean`` ... or a bare
+    ``doit``, whose default tasks are verify and report): its positional arguments after doit's options."""
+    if not doit_runs_tasks(argv):
+        return ()
+    try:
+        _, rest = CmdParse([CmdOption(opt) for opt in DodoTaskLoader.cmd_options]).parse_only(list(argv))
+    except CmdParseError:
+        rest = list(argv)
+    commands = {cmd.get_name(): cmd for cmd in MnnbuildDoit.DOIT_CMDS}
+    if rest and rest[0] in commands:
+        try:
+            _, rest = CmdParse([CmdOption(opt) for opt in commands[rest[0]].cmd_options]).parse_only(rest[1:])
+        except CmdParseError:
+            rest = rest[1:]
+    else:
+        run = commands["run"]
+        try:
+            _, rest = CmdParse([CmdOption(opt) for opt in run.cmd_options]).parse_only(rest)
+        except CmdParseError:
+            pass
+    return tuple(arg for arg in rest if not arg.startswith("-") and "=" not in arg)
 
 
 def set_aside_corrupt_state(path: Path) -> Path | None:

@@ -8,6 +8,7 @@ model spec becomes its Inputs and Params (`RUNS`).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,11 +21,19 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import report_failed_verify, run_stage, run_update, run_verify, task_identity
+from mnnbuild.dag.actions import (
+    materialize_all,
+    report_failed_verify,
+    run_stage,
+    run_update,
+    run_verify,
+    task_identity,
+)
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
+from mnnbuild.dag.status import code_record, group
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.manifests.bundle import BundleInputs, BundleParams
+from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.config import ConfigInputs, ConfigParams
 from mnnbuild.manifests.context import ContextInputs, ContextParams
 from mnnbuild.manifests.fetch import FetchInputs, FetchParams
@@ -52,6 +61,8 @@ from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.report import renderer_fingerprint
 from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
 from mnnbuild.verify import runtime_fingerprint
+
+log = logging.getLogger(__name__)
 
 STAGES: dict[str, Stage] = {
     s.STAGE.name: s.STAGE for s in (fetch, io, partition, modellib, config, context, twin, bundle, verify, report)
@@ -131,6 +142,16 @@ def upstream_task(name: str, spec: ModelSpec, part: str | None) -> str:
     return f"{name}:{spec.name}{suffix}"
 
 
+def task_name(stage: Stage, run: Run) -> str:
+    """The full doit name of a run's task (`stage_task`): ``io:<model>``, ``twin:<model>-<arch>:graphllm0`` ..."""
+    target = run.spec.name if run.arch is None else f"{run.spec.name}-{run.arch}"
+    if not plugin_dependent(stage.name):
+        return f"{stage.name}:{target}" if run.part in (None, "llm") else f"{stage.name}:{target}:{run.part}"
+    if run.binary is not None:
+        return f"{stage.name}:{target}:{Path(run.binary).stem}"
+    return f"{stage.name}:{target}"
+
+
 def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     """The doit task of one run: file_dep, target, key and cacheability all follow from the declaration."""
     dirs = [(u, d) for u in stage.upstream for d in upstream_dirs(project, u, run.spec, run.arch, run.part)]
@@ -144,18 +165,24 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     }
     key = stage_key(stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo)
     dest = out_dir(project, stage, run)
+    read = stage.upstream if stage.reads is None else stage.reads
+    reads = tuple((STAGES[u], d) for u, d in dirs if u in read)  # fetched first if restored without their files
+    name = task_name(stage, run)
+    wanted = project.wants(name)  # named on the command line: its files, not only its manifest
+    args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, reads, wanted]
     task: dict[str, Any] = {
         "doc": run.doc,
-        "actions": [(run.action, [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks])],
+        "actions": [(run.action, args)],
         "file_dep": [str(p) for p in file_dep],
         "targets": [str(dest / stage.manifest.filename())],
         # outputs deleted, edited, or made by another task (swapped plugin dirs) make the task run (or restore) again;
         # fetch's outputs are links to the model's files
         "uptodate": [
             config_changed(key),
-            outputs_intact(dest, stage.manifest, stage.name == "fetch"),
+            outputs_intact(dest, stage.manifest, stage.name == "fetch", deferred_ok=not wanted),
             origin_matches(dest, stage.name, task_identity(key)),
             *run.uptodate,
+            code_record(stage.entry.__module__, project.memo),  # decides nothing: what `status` names
         ],
         "clean": [(remove_stage_dir, [dest])],
     }
@@ -320,6 +347,11 @@ def _plugins(
             for binary, graphs in by_cost:
                 records = partition.plugin_files(graphs)
                 files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
+                if not all(f.exists() for f in files):  # depended on by name: one the cache left out comes now
+                    try:
+                        materialize_all(((STAGES["partition"], partition_dir),))
+                    except MnnbuildError as exc:
+                        log.warning("%s", exc)  # doit then names the missing file
                 yield arch, spec.soc(arch), part, binary, files, {**shared, "binary": binary, "graphs": graphs}
 
 
@@ -405,7 +437,7 @@ def verify_runs(project: Project, spec: ModelSpec) -> Iterator[Run]:
             doc=f"check the {spec.name} bundle for {soc.name}: CPU in MNN, plugins in the HTP simulator",
             arch=arch,
             # a bundle file replaced after bundling must not pass as verified
-            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR),),
+            uptodate=(files_unchanged(bundle_dir / BUNDLE_MODEL_DIR, (bundle_dir, BundleManifest)),),
             # the runtime package is not under mnnbuild's code fingerprint: key it explicitly
             tools={"mnnbuild_runtime": runtime_fingerprint()},
             action=run_verify,
@@ -471,11 +503,23 @@ RUNS: dict[str, Callable[[Project, ModelSpec], Iterator[Run]]] = {
 def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> Iterator[dict[str, Any]]:
     """The tasks of stage ``name`` for every model (or one)."""
     stage = STAGES[name]
+    yield from group_tasks(project, stage, spec)
     for s in [spec] if spec else project.specs.values():
         for run in RUNS[name](project, s):
             yield stage_task(project, stage, run)
     if name == "partition" and spec is None:
         yield from parts_group_tasks(project)
+
+
+def group_tasks(project: Project, stage: Stage, spec: ModelSpec | None) -> Iterator[dict[str, Any]]:
+    """The group tasks of a stage's tasks, before them (doit would make them without an up-to-date check): the
+    stage's (``io``) for every model, or the plugins' of one model and target (``context:<model>-<arch>``)."""
+    if spec is None:
+        yield group({"name": None, "doc": stage.doc})
+    elif stage.name in PLUGIN_STAGES:
+        for arch in spec.targets:
+            doc = f"{spec.name} {arch}: {stage.doc.split(',')[0]}, a subtask per plugin"
+            yield group({"basename": f"{stage.name}:{spec.name}-{arch}", "name": None, "doc": doc})
 
 
 def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
@@ -512,12 +556,14 @@ def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
     """``partition:<model>:parts`` per VL model: both parts' partitions (the plugin tasks are created after it)."""
     for spec in project.specs.values():
         if model_parts(spec) != ("llm",):
-            yield {
-                "name": f"{spec.name}:parts",
-                "doc": f"the {spec.name} language model's and visual encoder's partitions",
-                "actions": None,
-                "task_dep": [f"partition:{spec.name}", f"partition:{spec.name}:{VISUAL}"],
-            }
+            yield group(
+                {
+                    "name": f"{spec.name}:parts",
+                    "doc": f"the {spec.name} language model's and visual encoder's partitions",
+                    "actions": None,
+                    "task_dep": [f"partition:{spec.name}", f"partition:{spec.name}:{VISUAL}"],
+                }
+            )
 
 
 def partitioned(project: Project, spec: ModelSpec) -> bool:
@@ -536,11 +582,13 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
     ``doit clean context`` removes what they built (as ``doit clean io`` does for its subtasks), also for a model
     whose tasks are not created yet."""
     dirs = [project.stage_dir(name, s, arch) for s in project.specs.values() for arch in s.targets]
-    return {
-        "actions": None,
-        "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
-        "clean": [(remove_stage_dirs if name in PLUGIN_STAGES else remove_stage_dir, [d]) for d in dirs],
-    }
+    return group(
+        {
+            "actions": None,
+            "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
+            "clean": [(remove_stage_dirs if name in PLUGIN_STAGES else remove_stage_dir, [d]) for d in dirs],
+        }
+    )
 
 
 def update_tasks(project: Project) -> Iterator[dict[str, Any]]:
@@ -560,12 +608,14 @@ def verify_all_task(project: Project) -> dict[str, Any]:
     verify_tasks = [t for t in project.default_tasks() if t.startswith("verify:")]
     spec = project.specs.get(DEFAULT_MODEL)
     dirs = [project.stage_dir("verify", spec, arch) for arch in spec.targets] if spec else []
-    return {
-        "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
-        "actions": None,
-        "task_dep": verify_tasks,
-        "clean": [(remove_stage_dir, [d]) for d in dirs],
-    }
+    return group(
+        {
+            "doc": f"build and verify the default bundles ({', '.join(verify_tasks) or 'none'})",
+            "actions": None,
+            "task_dep": verify_tasks,
+            "clean": [(remove_stage_dir, [d]) for d in dirs],
+        }
+    )
 
 
 __all__ = ["STAGES", "Run", "late_stage_group", "npu_task_creators", "stage_task", "stage_tasks", "update_tasks"]

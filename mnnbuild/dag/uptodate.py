@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
-from mnnbuild.base.fsutil import confined, sha256_file
+from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
+from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 
@@ -49,6 +50,18 @@ def _in_dir(base: Path, rel: str, links: bool) -> Path | None:
         return None
 
 
+def deferred_origin(out_dir: Path, stage: str) -> dict[str, Any] | None:
+    """The origin record of a stage dir that a cache hit restored without its files (only its manifest and this
+    record: `mnnbuild.dag.actions.run_stage`), or None."""
+    try:
+        origin = json.loads((Path(out_dir) / origin_file(stage)).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(origin, dict) or origin.get("origin") != "cache" or origin.get("deferred") is not True:
+        return None
+    return origin
+
+
 class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
     """doit uptodate: the stage's outputs are still what its manifest recorded (none deleted, edited or replaced).
 
@@ -56,12 +69,17 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
     otherwise pass as up to date and break the stages after it. An unreadable manifest is not up to date either,
     nor one listing a path outside the stage dir (never stat'ed or hashed). ``links``: outputs may be symlinks
     (fetch's, to the model's files); a link out of any other stage's dir is not its output.
+
+    A dir restored without its files (`deferred_origin`) is intact, when ``deferred_ok``, while its manifest is the
+    one restored (by sha256) and none of its outputs is there: they are in the cache, checked when fetched. Not
+    ``deferred_ok`` (the task is asked for by name): it needs its files.
     """
 
-    def __init__(self, out_dir: Path, manifest: type[Manifest], links: bool = False) -> None:
+    def __init__(self, out_dir: Path, manifest: type[Manifest], links: bool = False, deferred_ok: bool = True) -> None:
         self.out_dir = Path(out_dir)
         self.manifest = manifest
         self.links = links
+        self.deferred_ok = deferred_ok
 
     def _mtimes(self) -> dict[str, int]:
         try:
@@ -84,11 +102,63 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
             records = self.manifest.read(self.out_dir).outputs
         except MnnbuildError:
             return False
+        deferred = deferred_origin(self.out_dir, self.manifest.stage)
+        left: set[str] = set()
+        if deferred is not None:
+            if not self.deferred_ok or not self._deferred_intact(records, deferred):
+                return False
+            left = set(deferred.get("deferred_files") or [r.path for r in records])
         known = known or {}
         for r in records:
+            if r.path in left:
+                continue  # in the cache, absent here (`_deferred_intact`)
             path = _in_dir(self.out_dir, r.path, self.links)
             if path is None or not _same_content(path, r.size, known.get(r.path), r.sha256):
                 return False
+        return True
+
+    def problems(self, known: dict[str, int] | None = None) -> list[str]:
+        """What is not as the manifest recorded, in words (``output missing: qnn/graphllm0.bin``): why `intact` says
+        no, for ``python -m mnnbuild status``."""
+        if self.intact(known):
+            return []
+        try:
+            records = self.manifest.read(self.out_dir).outputs
+        except MnnbuildError as exc:
+            return [f"manifest unreadable: {exc}"]
+        left: set[str] = set()
+        deferred = deferred_origin(self.out_dir, self.manifest.stage)
+        if deferred is not None:
+            if not self.deferred_ok:
+                return ["restored without its files, which a task asked for by name needs"]
+            if not self._deferred_intact(records, deferred):
+                return ["not what the cache restored (its manifest or a left-out file changed)"]
+            left = set(deferred.get("deferred_files") or [r.path for r in records])
+        found = []
+        for r in records:
+            path = _in_dir(self.out_dir, r.path, self.links)
+            if r.path in left:
+                continue
+            if path is None:
+                found.append(f"output outside its stage dir: {r.path}")
+            elif not (path.exists() or path.is_symlink()):
+                found.append(f"output missing: {r.path}")
+            elif not _same_content(path, r.size, (known or {}).get(r.path), r.sha256):
+                found.append(f"output edited or replaced: {r.path}")
+        return found or ["outputs not as recorded"]
+
+    def _deferred_intact(self, records: list[Any], origin: dict[str, Any]) -> bool:
+        try:
+            manifest_sha = sha256_file(self.out_dir / self.manifest.filename())
+        except OSError:
+            return False
+        if manifest_sha != origin.get("manifest_sha256"):
+            return False
+        left = set(origin.get("deferred_files") or [r.path for r in records])
+        for r in records:
+            path = _in_dir(self.out_dir, r.path, self.links)
+            if r.path in left and (path is None or path.exists() or path.is_symlink()):
+                return False  # a file the cache left out is here: not what it restored
         return True
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool:
@@ -104,16 +174,38 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
     For tasks whose file_dep are manifests but which must re-check the files themselves (verify: a bundle
     file replaced after bundling must not pass as verified). Size and mtime first; a file whose mtime moved
     is hashed, so a stage upstream that rewrote the same bytes does not force a re-run.
+
+    ``made_by``: the stage dir ``root`` lies in and its manifest: a file with the stamp its origin record gave it
+    when that stage hashed it (`mnnbuild.pipeline.cache.trusted_hashes`) takes the manifest's sha256, not hashed
+    again on the first snapshot.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, made_by: tuple[Path, type[Manifest]] | None = None) -> None:
         self.root = Path(root)
+        self.made_by = made_by
+
+    def _trusted(self) -> dict[str, tuple[list[int], str]]:
+        """rel path under ``root`` -> (stamp, sha256) of the files the stage that made them hashed."""
+        if self.made_by is None:
+            return {}
+        stage_dir, manifest = self.made_by
+        try:
+            records = {r.path: r.sha256 for r in manifest.read(stage_dir).outputs}
+        except MnnbuildError:
+            return {}
+        prefix = self.root.relative_to(stage_dir).as_posix() + "/" if self.root != stage_dir else ""
+        return {
+            rel[len(prefix) :]: (stamp, records[rel])
+            for rel, stamp in trusted_hashes(stage_dir, manifest.stage).items()
+            if rel.startswith(prefix) and rel in records
+        }
 
     def snapshot(self, previous: dict[str, list[Any]] | None = None) -> dict[str, list[Any]]:
         """path -> [size, mtime_ns, sha256]; hashes only files whose size or mtime differ from ``previous``."""
         if not self.root.is_dir():
             return {}
         previous = previous or {}
+        trusted = self._trusted() if not previous else {}
         found: dict[str, list[Any]] = {}
         for p in sorted(self.root.rglob("*")):
             if p.is_symlink() or not p.is_file():
@@ -121,6 +213,8 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
             rel, st = p.relative_to(self.root).as_posix(), p.stat()
             old = previous.get(rel)
             same_stat = isinstance(old, list) and len(old) == 3 and old[:2] == [st.st_size, st.st_mtime_ns]
+            if not same_stat and rel in trusted and trusted[rel][0] == file_stamp(p):
+                old, same_stat = [st.st_size, st.st_mtime_ns, trusted[rel][1]], True
             found[rel] = [st.st_size, st.st_mtime_ns, old[2] if same_stat else sha256_file(p)]
         return found
 
@@ -128,18 +222,26 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         key = f"files_unchanged:{self.root}"
         known = values.get(key)
         task.value_savers.append(lambda: {key: self.snapshot(known if isinstance(known, dict) else None)})
-        if not isinstance(known, dict) or not self.root.is_dir():
-            return False
+        return not self.changes(known, first=True)
+
+    def changes(self, known: Any, first: bool = False) -> list[str]:
+        """What differs from ``known`` (the record of the last success), in words; ``first``: stop at the first."""
+        if not isinstance(known, dict):
+            return ["no record of the files it checked"]
+        if not self.root.is_dir():
+            return [f"{self.root.name} missing"]
         present = {p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() or p.is_symlink()}
-        if present != set(known):
-            return False
+        found = [f"{self.root.name} file added: {rel}" for rel in sorted(present - set(known))]
+        found += [f"{self.root.name} file missing: {rel}" for rel in sorted(set(known) - present)]
         for rel, record in known.items():  # names from doit's state file: confined before they are stat'ed
+            if (found and first) or rel not in present:
+                continue
             path = _in_dir(self.root, rel, links=False)
             if path is None or not isinstance(record, list) or len(record) != 3:
-                return False
-            if path.is_symlink() or not _same_content(path, *record):
-                return False
-        return True
+                found.append(f"{self.root.name} file unreadable on record: {rel}")
+            elif path.is_symlink() or not _same_content(path, *record):
+                found.append(f"{self.root.name} file edited or replaced: {rel}")
+        return found[:1] if first else found
 
 
 class origin_matches:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed

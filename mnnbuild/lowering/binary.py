@@ -56,7 +56,7 @@ def compose_to_file(
     configure_logging(log_level)  # as in the parent: each finalized graph is logged with its time
     graphs = dict(source())
     notes = weight_notes(graphs)
-    with composed_context(QnnLibrary(), target, graphs, weight_sharing) as ctx:
+    with composed_context(QnnLibrary(), target, graphs, weight_sharing, label=dest.stem) as ctx:
         # QNN copied every static when it was created: let go of ours before serializing, QNN's peak
         graphs.clear()
         with ctx.binary_view() as binary:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.cpu import CpuRuntime, import_mnn, load_module, to_var
+from mnnbuild.cpu import CpuRuntime, forward_vars, import_mnn, load_module, to_var
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import compose_context
 from mnnbuild.lowering.lower import LoweredGraph
@@ -47,7 +47,7 @@ def mnn_tensors(
     wanted = [t for t, name in enumerate(model.tensor_names) if name not in feed and t in producers]
     names = [model.tensor_names[t] for t in wanted]
     module = load_module(model_file, rt, list(feed), names)
-    results = module.forward([to_var(np.asarray(a)) for a in feed.values()])
+    results = forward_vars(module, [to_var(np.asarray(a)) for a in feed.values()])
     info: dict[int, TensorMeta] = {}
     for name, a in feed.items():
         arr = np.asarray(a)
@@ -68,7 +68,7 @@ def mnn_run(
     """Run the sub-graph of ``model_file`` between the named tensors on the MNN CPU."""
     rt = (runtime or CpuRuntime()).create(weight_file)
     module = load_module(model_file, rt, list(inputs), list(outputs))
-    results = module.forward([to_var(np.asarray(a)) for a in inputs.values()])
+    results = forward_vars(module, [to_var(np.asarray(a)) for a in inputs.values()])
     return {n: _var_to_numpy(v) for n, v in zip(outputs, results, strict=True)}
 
 

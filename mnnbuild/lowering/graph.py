@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mnnbuild.base.errors import MnnbuildError, QnnError
 from mnnbuild.base.fsutil import confined, sha256_bytes
+from mnnbuild.base.logs import progress
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.pipeline.layout import GRAPH_FILE
 from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Quant, Scalar
@@ -400,7 +401,7 @@ def _add_finalized(ctx: ContextBuilder, name: str, desc: GraphDescription, stati
         builder.finalize()
     except QnnError as exc:
         raise LoweringError(f"{where}: QNN refused graph {name}: {exc}") from None
-    log.info("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
+    log.debug("context: finalized %s (%d nodes) in %.2fs", name, len(desc.nodes), time.perf_counter() - started)
 
 
 @contextlib.contextmanager
@@ -409,14 +410,18 @@ def composed_context(
     target: HtpTarget,
     graphs: Mapping[str, tuple[GraphDescription, StaticSource]],
     weight_sharing: bool,
+    label: str | None = None,
 ) -> Iterator[ContextBuilder]:
     """One context holding ``graphs`` (name -> description and static data), finalized in order with the upstream
     HTP settings, for the ``with`` body to serialize. A graph QNN refuses raises ``LoweringError`` naming it.
     QNN copies every static as it is created: the body may free ``graphs``' data before serializing (nothing
-    here keeps a reference to it)."""
+    here keeps a reference to it). ``label``: a progress bar over the graphs, named so (the plugin)."""
     with ContextBuilder(lib, target, weight_sharing=weight_sharing) as ctx:
-        for name in graphs:  # by name: no loop variable keeps the last graph's data alive
-            _add_finalized(ctx, name, *graphs[name])
+        with progress(desc=label or "compose", total=len(graphs), unit="graph") as bar:
+            for name in graphs:  # by name: no loop variable keeps the last graph's data alive
+                bar.set_postfix_str(name)
+                _add_finalized(ctx, name, *graphs[name])
+                bar.update()
         yield ctx
 
 

@@ -395,9 +395,6 @@ def _check_root(read: Callable[[int, int], bytes], size: int, where: str) -> Non
         raise MNNFormatError(
             f"{where}: {size} bytes is more than any flatbuffer holds ({FLATBUFFER_MAX_BYTES}): not an MNN model"
         )
-    if size % 4:
-        # the flatbuffers builder pads a finished buffer to a multiple of its alignment (>= 4)
-        raise MNNFormatError(f"{where}: truncated MNN model: {size} bytes is not a multiple of 4")
     (root,) = struct.unpack("<I", read(0, 4))
     if not 4 <= root <= size - 4:
         raise MNNFormatError(f"{where}: not an MNN model: root table offset {root} is outside the file ({size} bytes)")
@@ -411,6 +408,10 @@ def _check_root(read: Callable[[int, int], bytes], size: int, where: str) -> Non
             f"{where}: not an MNN model or truncated: root vtable (size {vt_size}, table {table_size}) "
             f"does not fit the file ({size} bytes)"
         )
+    if size % 4:
+        # the flatbuffers builder pads a finished buffer to a multiple of its alignment (>= 4); checked after the
+        # header, which tells a cut model (its header intact) from a file that is no model at all
+        raise MNNFormatError(f"{where}: truncated MNN model: {size} bytes is not a multiple of 4")
 
 
 def _decode_strings(obj: Any) -> Any:

@@ -184,7 +184,7 @@ def schedule_ops(model: MnnModel, eager: Collection[int]) -> list[int]:
     for i, op in enumerate(model.ops):
         for t in op.outputs:
             if producer.setdefault(t, i) != i:
-                log.info("tensor %r is written twice: keeping the source op order", model.tensor_names[t])
+                log.debug("tensor %r is written twice: keeping the source op order", model.tensor_names[t])
                 return list(range(n))
     users: dict[int, list[int]] = {}
     pending = [0] * n
@@ -525,7 +525,7 @@ def plan_cut(
         cpu_ops=cpu_ops,
         cpu_reasons={i: r for i, r in reasons.items() if i in set(cpu_ops)},
     )
-    log.info(
+    log.debug(
         "cut: %d needed ops, %d folded, %d moved by the schedule, %d modules, %d NPU plugins, %d ops on the CPU",
         len(needed),
         len(folded_ops),

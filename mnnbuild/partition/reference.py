@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from mnnbuild.base.errors import StageError
+from mnnbuild.base.logs import progress
 from mnnbuild.cpu import (
     NCHW,
     BoundaryValue,
@@ -91,7 +91,7 @@ def run_modules(
     envs: list[dict[int, np.ndarray]] = [{t: np.asarray(feeds[names[t]]) for t in cut.inputs} for feeds, _ in shapes]
     formats: list[dict[int, str]] = [dict.fromkeys(cut.inputs, NCHW) for _ in shapes]
     results: list[list[ModuleIO]] = [[] for _ in shapes]
-    for m in tqdm(cut.modules, desc=f"subgraphs {label}", unit="subgraph", leave=False, disable=None):
+    for m in progress(cut.modules, desc=f"partition: subgraphs {label} on the CPU", unit="subgraph"):
         missing = [t for t in m.inputs if t not in envs[0]]
         if missing:
             raise StageError(f"partition: tensor {names[missing[0]]!r} is read before any subgraph makes it")

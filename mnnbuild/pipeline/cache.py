@@ -22,6 +22,7 @@ links, so a file edited in place under one name is never restored as good under 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -30,19 +31,24 @@ import re
 import stat
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
-from mnnbuild.base.fsutil import atomic_write_text, confined, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.base.fsutil import atomic_write_text, confined, file_stamp, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.base.sizes import human_bytes
+from mnnbuild.base.userdirs import user_cache_dir
 from mnnbuild.pipeline.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
 
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "MNNBUILD_CACHE"
+REMOTE_ENV = "MNNBUILD_CACHE_REMOTE"
+READONLY_ENV = "MNNBUILD_CACHE_REMOTE_READONLY"
 DISABLED = ("off", "0", "false", "no", "none")
 # Files in a stage dir that describe how it was produced, not what it is: never cached.
 SIDECAR_SUFFIX = ORIGIN_SUFFIX
@@ -50,6 +56,11 @@ SIDECAR_SUFFIX = ORIGIN_SUFFIX
 PARTIAL_MARK = ".tmp-"
 STALE_PARTIAL_SECONDS = 3600.0
 SHA256_PATTERN = r"^[0-9a-f]{64}$"
+Keep = Callable[[str], bool]
+"""Which of an entry's files (by path) a restore writes; the others stay in the cache."""
+ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+"""Object stores whose uploads appear whole or not at all: written in place, not to a temp name and renamed."""
+_COPY_CHUNK = 8 << 20
 
 MARKER = "CACHEDIR.TAG"
 """Written when a cache is created: what proves a directory is an mnnbuild cache before anything in it is deleted.
@@ -113,8 +124,7 @@ def cache_key(stage: str, config: str, input_files: list[Path]) -> str:
 
 
 def default_cache_url(environ: Mapping[str, str]) -> str:
-    base = environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "mnnbuild")
+    return str(user_cache_dir(environ))
 
 
 def local_cache_dir(environ: Mapping[str, str]) -> Path | None:
@@ -145,14 +155,20 @@ def cache_problem(root: Path) -> str | None:
 class ArtifactCache:
     """Stage outputs by key, in a local directory or any fsspec filesystem."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, writable: bool = True) -> None:
         from fsspec.core import url_to_fs
 
         self.url = url
+        self.writable = writable
+        """False: read from, never written nor deleted in (a runner read-only towards a shared remote)."""
         self.fs, root = url_to_fs(url)
         self.root = root.rstrip("/")
         # a cache on this machine's file system: blobs can be hard links to artifacts (`_link`)
         self.local = getattr(self.fs, "local_file", False) or type(self.fs).__name__ == "LocalFileSystem"
+        # an object store shows an object only once its upload completed (a multipart one too): written under its
+        # name, no temp name and server-side copy (a copy of every byte on S3)
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        self.atomic_put = bool(protocols & ATOMIC_PUT_PROTOCOLS)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ArtifactCache | None:
@@ -183,6 +199,10 @@ class ArtifactCache:
             raise CacheError("--url is empty; expected a cache directory or fsspec URL")
         try:
             return cls(url)
+        except ImportError as exc:  # fsspec knows the scheme; its backend package is not installed
+            scheme = url.partition("://")[0]
+            missing = f"its {scheme}:// file system needs a package that is not installed ({exc})"
+            raise CacheError(f"{where}: {missing}") from None
         except Exception as exc:  # any backend problem means "no cache", never a failed build
             raise CacheError(f"{where} is unusable ({_kind(exc)}: {exc})") from None
 
@@ -222,6 +242,23 @@ class ArtifactCache:
             return f"{self.url} holds {rel}, which the cache does not write, and no {MARKER} of mnnbuild"
         return None
 
+    def probe(self) -> str | None:
+        """None when the cache answers and is an mnnbuild cache (or is empty); else why it cannot be used: it does
+        not answer (an endpoint down, no credentials), or it is someone else's directory (`not_a_cache`)."""
+        if self.local:
+            problem = self.not_a_cache()
+            return None if problem is None else f"not an mnnbuild cache ({problem})"
+        try:
+            marker = self.fs.cat_file(self._marker())
+        except FileNotFoundError:
+            marker = b""
+        except Exception as exc:  # noqa: BLE001 - whatever the backend throws: it cannot be used
+            return f"unreachable ({_kind(exc)}: {str(exc).splitlines()[0] if str(exc) else ''})"
+        if MARKER_PROOF in marker.decode("utf-8", "replace"):
+            return None
+        problem = self.not_a_cache()
+        return None if problem is None else f"not an mnnbuild cache ({problem})"
+
     def _is_entry(self, path: str, rel: str) -> bool:
         try:
             entry = CacheEntry.model_validate_json(self.fs.cat_file(path))
@@ -246,6 +283,12 @@ class ArtifactCache:
         return f"{self.root}/{stage}/{key}.json"
 
     def _put_atomic(self, local: Path | None, data: bytes | None, dest: str) -> None:
+        if self.atomic_put:
+            if local is not None:
+                self.fs.put_file(str(local), dest)
+            else:
+                self.fs.pipe_file(dest, data)
+            return
         parent = dest.rsplit("/", 1)[0]
         self.fs.makedirs(parent, exist_ok=True)
         tmp = f"{dest}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}"
@@ -294,9 +337,17 @@ class ArtifactCache:
             log.warning("cache: cannot look up %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return False
 
-    def store(self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]] | None = None) -> int:
+    def store(
+        self,
+        stage: str,
+        key: str,
+        out_dir: Path,
+        known: Mapping[str, tuple[int, str]] | None = None,
+        *,
+        link: bool = True,
+    ) -> int:
         """Add ``out_dir`` under ``key``; returns the bytes of its new blobs (those already present are skipped),
-        whether copied or hard-linked to the files of ``out_dir`` (see `_link`).
+        whether copied or hard-linked to the files of ``out_dir`` (see `_link`; ``link=False``: always copied).
 
         ``known`` is (size, sha256) by relative path for files the stage has just hashed (its manifest's outputs):
         not hashed again (GBs of context binaries at real size). A wrong one cannot go unnoticed: a
@@ -304,13 +355,15 @@ class ArtifactCache:
 
         Never raises for a cache problem (read-only, full, unreachable): it is logged and 0 returned.
         """
+        if not self.writable:
+            return 0
         try:
-            return self._store(stage, key, out_dir, known or {})
+            return self._store(stage, key, out_dir, known or {}, link)
         except Exception as exc:  # a cache is an optimisation: never fail a good build on it
             log.warning("cache: could not store %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return 0
 
-    def _store(self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]]) -> int:
+    def _store(self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]], link: bool) -> int:
         if not self.has_marker():
             self.ensure_cache()  # a new cache gets its marker before its first blob
         files: list[CachedFile] = []
@@ -329,31 +382,49 @@ class ArtifactCache:
                 continue
             files.append(CachedFile(path=rel, size=st.st_size, sha256=sha))
             if not self.fs.exists(self._blob(sha)):
-                if self._link(path, self._blob(sha)):
+                if link and self._link(path, self._blob(sha)):
                     linked += st.st_size
                 else:
                     self._put_atomic(path, None, self._blob(sha))
                 moved += st.st_size
         entry = CacheEntry(stage=stage, key=key, files=files)
         self._put_atomic(None, entry.model_dump_json(indent=1).encode(), self._entry(stage, key))
-        log.info(
+        log.debug(
             "cache: stored %s %s (%s new, %s of it linked to the artifacts)",
             stage, key[:12], human_bytes(moved), human_bytes(linked),
         )  # fmt: skip
         return moved
 
-    def restore(self, stage: str, key: str, out_dir: Path) -> int | None:
+    def restore(
+        self, stage: str, key: str, out_dir: Path, *, keep: Keep | None = None, link: bool = True
+    ) -> int | None:
         """Recreate ``out_dir`` from the entry; returns bytes restored, or None on a miss or a bad entry.
 
+        ``keep``: restore only the entry's files it is true for (a stage dir "without the bytes": its manifest and
+        small files), after checking that the blobs of the others are there. ``link``: a local cache may restore by
+        hard links.
         Never raises for a cache problem: anything the backend throws is logged and treated as a miss.
         """
         try:
-            return self._restore(stage, key, out_dir)
+            entry = self.read_entry(stage, key)
         except Exception as exc:  # a cache problem degrades to "no cache", never a failed build
             log.warning("cache: %s %s not restored (%s: %s); building it", stage, key[:12], _kind(exc), exc)
             return None
+        return None if entry is None else self.restore_entry(entry, out_dir, keep=keep, link=link)
 
-    def _restore(self, stage: str, key: str, out_dir: Path) -> int | None:
+    def restore_entry(
+        self, entry: CacheEntry, out_dir: Path, *, keep: Keep | None = None, link: bool = True
+    ) -> int | None:
+        """`restore` of an entry `read_entry` returned."""
+        try:
+            return self._restore(entry, out_dir, keep, link)
+        except Exception as exc:  # a cache problem degrades to "no cache", never a failed build
+            log.warning("cache: %s %s not restored (%s: %s); building it", entry.stage, entry.key[:12], _kind(exc), exc)
+            return None
+
+    def read_entry(self, stage: str, key: str) -> CacheEntry | None:
+        """The entry of ``key``, or None: a miss, or an unreadable entry (then discarded, with a warning). A backend
+        problem raises."""
         try:
             raw = self.fs.cat_file(self._entry(stage, key))
         except FileNotFoundError:
@@ -369,6 +440,10 @@ class ArtifactCache:
                 stage, key[:12], entry.stage, entry.key[:12], self.discard(stage, key),
             )  # fmt: skip
             return None
+        return entry
+
+    def _restore(self, entry: CacheEntry, out_dir: Path, keep: Keep | None, link: bool) -> int | None:
+        stage, key = entry.stage, entry.key
         moved = 0
         what = f"cache entry {self._entry(stage, key)}"
         restored: dict[str, Path] = {}  # sha256 -> first file restored with it: later ones are hard links
@@ -380,6 +455,11 @@ class ArtifactCache:
                         raise UnsafePathError(f"{what}: path {rec.path!r} is listed twice")
                     seen.add(rec.path)
                     dest = confined(tmp, rec.path, what)
+                    if keep is not None and not keep(rec.path):
+                        # left in the cache until a task reads it: its blob must be there, or the entry is incomplete
+                        if rec.link is None and not self.fs.exists(self._blob(rec.sha256)):
+                            raise FileNotFoundError(f"blob {rec.sha256[:12]} of {rec.path}")
+                        continue
                     dest.parent.mkdir(parents=True, exist_ok=True)
                     if rec.link is not None:
                         if posixpath.isabs(rec.link):
@@ -394,10 +474,11 @@ class ArtifactCache:
                         os.link(restored[rec.sha256], dest)
                         continue
                     blob = self._blob(rec.sha256)
-                    if not self._link(blob, dest):
-                        self.fs.get_file(blob, str(dest))
-                    # a linked blob is hashed as a copied one: one edited in place under any name is caught here
-                    if sha256_file(dest) != rec.sha256:
+                    if link and self._link(blob, dest):
+                        digest = sha256_file(dest)  # a linked blob is hashed as a copied one: one edited in place
+                    else:  # under any name is caught here
+                        digest = self._get_hashed(blob, dest)
+                    if digest != rec.sha256:
                         blob_gone = self._remove(self._blob(rec.sha256)) is None
                         outcome = self.discard(stage, key)
                         if not blob_gone and outcome.startswith("entry discarded"):
@@ -418,8 +499,17 @@ class ArtifactCache:
             log.warning("cache: %s %s is incomplete (%s); %s", stage, key[:12], exc, self.discard(stage, key))
             return None
         self._touch(self._entry(stage, key))
-        log.info("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
+        log.debug("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
         return moved
+
+    def _get_hashed(self, blob: str, dest: Path) -> str:
+        """Copy ``blob`` to ``dest`` and return the sha256 of what was written, reading the bytes once."""
+        digest = hashlib.sha256()
+        with self.fs.open(blob, "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(_COPY_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+        return digest.hexdigest()
 
     def _touch(self, path: str) -> None:
         """Mark an entry as used (least recently used entries are pruned first); local caches only."""
@@ -488,7 +578,7 @@ class ArtifactCache:
         freed += self.sweep_partial(usage, max_age=grace_seconds)
         if refused:
             log.warning("cache: %d files could not be removed (%s)", len(refused), refused[0])
-        log.info("cache: pruned %d entries, freed %s", removed, human_bytes(freed))
+        log.debug("cache: pruned %d entries, freed %s", removed, human_bytes(freed))
         return removed, freed
 
     def sweep_partial(self, usage: CacheUsage | None = None, *, max_age: float = STALE_PARTIAL_SECONDS) -> int:
@@ -510,6 +600,8 @@ class ArtifactCache:
 
     def _remove(self, path: str) -> str | None:
         """Delete a cache file; None when it is gone, else why it stays (a read-only share): never an error."""
+        if not self.writable:
+            return "the cache is read-only for this runner"
         try:
             self.fs.rm(path)
         except FileNotFoundError:
@@ -522,6 +614,125 @@ class ArtifactCache:
 
 class _Miss(Exception):
     pass
+
+
+LOCAL, REMOTE = "local", "remote"
+"""The tiers, looked up in this order: ``MNNBUILD_CACHE``'s, then ``MNNBUILD_CACHE_REMOTE``'s."""
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    cache: ArtifactCache
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A cache hit: the tier it came from, the bytes restored, and the files left in the cache ("without the
+    bytes")."""
+
+    tier: str
+    url: str
+    bytes: int
+    deferred: tuple[str, ...] = ()
+
+
+def remote_readonly(environ: Mapping[str, str]) -> bool:
+    """Whether ``MNNBUILD_CACHE_REMOTE_READONLY`` makes this runner read-only towards the remote (a value that is
+    neither yes nor no counts as yes, with a warning: the safe side for an untrusted build)."""
+    raw = environ.get(READONLY_ENV, "").strip().lower()
+    if raw in _TRUE or raw not in _FALSE:
+        if raw not in _TRUE:
+            _warn_once(f"cache: {READONLY_ENV}={raw!r} is neither 1 nor 0; the remote tier is read-only")
+        return True
+    return False
+
+
+def remote_url(environ: Mapping[str, str]) -> str | None:
+    """The remote tier ``MNNBUILD_CACHE_REMOTE`` names (an fsspec URL or an absolute path), None when it is unset or
+    off; a `CacheError` when the value is no cache."""
+    raw = environ.get(REMOTE_ENV)
+    if raw is None or raw.strip().lower() in DISABLED:
+        return None
+    url = raw.strip()
+    if "://" in url and not url.startswith("file://"):
+        return url
+    local = Path(url.removeprefix("file://")).expanduser()
+    if not local.is_absolute():
+        raise CacheError(f"{REMOTE_ENV}={raw!r} is a relative path; expected an fsspec URL, an absolute path or off")
+    return str(local)
+
+
+@functools.cache
+def _remote_problem(url: str) -> str | None:
+    """Why the remote tier cannot be used (unreachable, or not an mnnbuild cache), asked once per process: every task
+    of a run looks the cache up, and an unreachable endpoint makes each try wait for its retries."""
+    try:
+        return ArtifactCache(url).probe()
+    except Exception as exc:  # noqa: BLE001 - a backend that cannot even be set up
+        return f"unusable ({_kind(exc)}: {exc})"
+
+
+class CacheTiers:
+    """The caches a build uses: the local tier (``MNNBUILD_CACHE``) then the remote one (``MNNBUILD_CACHE_REMOTE``).
+
+    Lookups go down the tiers; a hit restored in full from a lower tier is kept in the tiers above it (a remote hit
+    is stored locally: hard links to the restored files); new entries go to every writable tier."""
+
+    def __init__(self, tiers: list[Tier]) -> None:
+        self.tiers = tiers
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> CacheTiers | None:
+        """The tiers the environment names, or None when there are none. A remote that is unreachable or no
+        mnnbuild cache is left out with one warning: the build goes on with the local tier."""
+        env = os.environ if environ is None else environ
+        tiers = []
+        local = ArtifactCache.from_env(env)
+        if local is not None:
+            tiers.append(Tier(LOCAL, local))
+        try:
+            url = remote_url(env)
+        except CacheError as exc:
+            _warn_once(f"cache: {exc}; building without the remote tier")
+            url = None
+        if url is not None:
+            problem = _remote_problem(url)
+            if problem is None:
+                tiers.append(Tier(REMOTE, ArtifactCache(url, writable=not remote_readonly(env))))
+            else:
+                _warn_once(f"cache: the remote tier {url} is {problem}; building with the local tier only")
+        return cls(tiers) if tiers else None
+
+    def restore(
+        self, stage: str, key: str, out_dir: Path, *, keep: Keep | None = None, link: bool = True
+    ) -> Restored | None:
+        """Restore ``out_dir`` from the first tier holding a good entry (``keep``: only the files it is true for, the
+        others left in the cache); None on a miss in every tier."""
+        for i, tier in enumerate(self.tiers):
+            try:
+                entry = tier.cache.read_entry(stage, key)
+            except Exception as exc:  # noqa: BLE001 - a cache problem is a miss in that tier
+                log.warning("cache: cannot look up %s %s in the %s tier (%s: %s)", stage, key[:12], tier.name,
+                            _kind(exc), exc)  # fmt: skip
+                continue
+            moved = None if entry is None else tier.cache.restore_entry(entry, out_dir, keep=keep, link=link)
+            if entry is None or moved is None:
+                continue
+            left = tuple(f.path for f in entry.files if keep is not None and not keep(f.path))
+            if not left:
+                known = {f.path: (f.size, f.sha256) for f in entry.files}
+                for upper in self.tiers[:i]:
+                    upper.cache.store(stage, key, out_dir, known, link=link)
+            return Restored(tier.name, tier.cache.url, moved, left)
+        return None
+
+    def store(
+        self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]], *, link: bool = True
+    ) -> dict[str, int]:
+        """Store ``out_dir`` in every writable tier; returns the new bytes by tier."""
+        return {t.name: t.cache.store(stage, key, out_dir, known, link=link) for t in self.tiers if t.cache.writable}
 
 
 class EntryUsage(BaseModel):
@@ -544,6 +755,14 @@ class CacheUsage(BaseModel):
     @property
     def total_bytes(self) -> int:
         return sum(size for size, _ in self.blobs.values())
+
+    def bytes_by_stage(self) -> dict[str, int]:
+        """What each stage costs in the cache: the bytes of the blobs its entries reference, each blob once per
+        stage."""
+        shas: dict[str, set[str]] = {}
+        for entry in self.entries:
+            shas.setdefault(entry.stage, set()).update(entry.blobs)
+        return {stage: sum(self.blobs.get(b, (0, 0.0))[0] for b in found) for stage, found in shas.items()}
 
 
 @functools.cache
@@ -579,12 +798,32 @@ def _changed(info: Mapping[str, Any]) -> float:
     return max(_stamps(info), default=0.0)
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
+def read_origin(out_dir: Path, stage: str) -> dict[str, Any]:
+    """A stage dir's origin record (`write_origin`), or {} when it has none that parses."""
+    try:
+        origin = json.loads((Path(out_dir) / origin_file(stage)).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    return origin if isinstance(origin, dict) else {}
+
+
+def stamps(out_dir: Path, paths: list[str]) -> dict[str, list[int]]:
+    """The `file_stamp` of each output just hashed (built, or restored and checked), for the origin record: a file
+    with the same stamp later still has the recorded sha256 (`trusted_hashes`), so verify need not hash it again."""
+    found = {}
+    for rel in paths:
+        stamp = file_stamp(Path(out_dir) / rel)
+        if stamp is not None:
+            found[rel] = stamp
+    return found
+
+
+def trusted_hashes(out_dir: Path, stage: str) -> dict[str, list[int]]:
+    """The stamps the origin record holds: outputs hashed when the stage dir was made (`stamps`)."""
+    found = read_origin(out_dir, stage).get("stamps")
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, list) and len(v) == 4}
 
 
 def write_origin(out_dir: Path, stage: str, origin: dict[str, Any]) -> None:

@@ -226,10 +226,17 @@ class DigestMemo:
         self.dirty = False
 
 
+def module_digests(module: str, memo: DigestMemo | None = None) -> dict[str, str]:
+    """The code digest of ``module`` and of each of its imports of ours, by module name (sorted)."""
+    return {
+        name: memo.digest(path) if memo is not None else _source_digest(path)
+        for name, path in module_closure(module, memo)
+    }
+
+
 def code_fingerprint(module: str, memo: DigestMemo | None = None) -> str:
     """sha256 over the code of ``module`` and its imports of ours (generated code included)."""
     digest = hashlib.sha256()
-    for name, path in module_closure(module, memo):
-        value = memo.digest(path) if memo is not None else _source_digest(path)
+    for name, value in module_digests(module, memo).items():
         digest.update(name.encode() + b"\0" + value.encode() + b"\0")
     return digest.hexdigest()[:16]

@@ -62,6 +62,17 @@ class Stage:
     cacheable: bool = True
     """Whether the artifact cache stores its outputs: not when a rebuild costs about what a restore does (fetch
     links files, bundle copies them); the stages after it are restored all the same, its manifest being identical."""
+    defer: tuple[str, ...] = ()
+    """Outputs (fnmatch patterns of their paths; ``*``: all) that a cache hit may leave in the cache when no task of
+    the run reads its files ("without the bytes"): big outputs that only the entries of later stages read, never a
+    file another task depends on by name or reads to be declared. The files are fetched (and hash-checked) when a
+    task that reads them must run, or when the task is asked for by name."""
+    links: bool = True
+    """Whether the cache may hard-link its outputs to blobs: not for a stage whose outputs are copies a user may
+    edit (the bundle ships them)."""
+    reads: tuple[str, ...] | None = None
+    """Those of ``upstream`` whose files, not only manifests, its entry reads (None: all): what must be fetched
+    before it runs when they were restored without the bytes."""
     tools: frozenset[Tool] = frozenset()
     """External tools it calls; their versions enter its key."""
     doc: str = ""
@@ -69,5 +80,7 @@ class Stage:
     def __post_init__(self) -> None:
         if self.manifest.stage != self.name:
             raise ValueError(f"stage {self.name}: its manifest model is the {self.manifest.stage!r} stage's")
+        if not set(self.reads or ()) <= set(self.upstream):
+            raise ValueError(f"stage {self.name}: reads {self.reads} must be upstream stages")
         if not set(self.upstream_files) <= set(self.upstream):
             raise ValueError(f"stage {self.name}: upstream_files {self.upstream_files} must be upstream stages")

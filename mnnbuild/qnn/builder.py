@@ -409,6 +409,7 @@ class GraphBuilder:
             self.handle,
             self.ffi.NULL,
             self.ffi.NULL,
+            native=True,
         )
         self.finalize_seconds = time.perf_counter() - t0
         self.finalized = True
@@ -451,7 +452,15 @@ class ContextBuilder:
             configs = ffi.new("const QnnContext_Config_t*[2]", [cfg, ffi.NULL])
             keep += [custom, cfg]
         out = ffi.new("Qnn_ContextHandle_t*")
-        lib.call("contextCreate", lib.iface.contextCreate, self.session.backend, self.session.device, configs, out)
+        lib.call(
+            "contextCreate",
+            lib.iface.contextCreate,
+            self.session.backend,
+            self.session.device,
+            configs,
+            out,
+            native=True,
+        )
         del keep
         return out[0]
 
@@ -516,7 +525,9 @@ class ContextBuilder:
         size = self.binary_size()
         cbuf = self.ffi.new("char[]", max(size, 1))
         written = self.ffi.new("Qnn_ContextBinarySize_t*")
-        self.lib.call("contextGetBinary", self.lib.iface.contextGetBinary, self.context, cbuf, size, written)
+        self.lib.call(
+            "contextGetBinary", self.lib.iface.contextGetBinary, self.context, cbuf, size, written, native=True
+        )
         view = memoryview(self.ffi.buffer(cbuf, int(written[0])))
         log.debug(
             "serialized context (%d graphs) to %d bytes in %.2fs", len(self.graphs), len(view), time.perf_counter() - t0

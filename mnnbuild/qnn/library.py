@@ -7,6 +7,7 @@ Search order: an explicit directory, then ``$QNN_SDK_ROOT/lib/x86_64-linux-clang
 from __future__ import annotations
 
 import collections
+import contextlib
 import importlib.util
 import logging
 import os
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.base.errors import QnnError
+from mnnbuild.base.native import native_output
 from mnnbuild.qnn._generated.qnn_ffi import ffi as QNN_FFI
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,25 @@ class QnnVersion:
         }
 
 
+CHECKED_CORE_API = ((2, 40), (2, 40))
+"""The QNN core API range (major, minor), both ends included, that the cffi declarations (``_cdefs.py``) were
+checked against: the libraries of onnxruntime-qnn 2.7. Struct layouts differ between API releases (the HTP
+device config union moved between 2.32 and 2.40), so another release is refused rather than misread."""
+
+
+def check_core_api(version: QnnVersion, backend: Path) -> None:
+    """One line (a `QnnError`) naming the loaded build when its core API is outside :data:`CHECKED_CORE_API`."""
+    (lo, hi), api = CHECKED_CORE_API, version.core_api[:2]
+    if lo <= api <= hi:
+        return
+    span = f"{lo[0]}.{lo[1]}" if lo == hi else f"{lo[0]}.{lo[1]} to {hi[0]}.{hi[1]}"
+    raise QnnError(
+        f"{backend}: QNN build {version.build_id} (core API {'.'.join(map(str, version.core_api))}, from "
+        f"{version.lib_source}) is outside the QNN core API {span} mnnbuild's C API declarations were checked "
+        "against; install onnxruntime-qnn>=2.7,<2.8 or set QNN_SDK_ROOT to an SDK with that API"
+    )
+
+
 def _ver(v: Any) -> tuple[int, int, int]:
     return (int(v.major), int(v.minor), int(v.patch))
 
@@ -147,13 +168,14 @@ class QnnLibrary:
         self.paths = find_qnn_libraries(lib_dir)
         # one precompiled FFI for every library (its type tables are read-only): nothing is parsed at run time
         self.ffi = QNN_FFI
-        try:
-            self._backend_lib = self.ffi.dlopen(str(self.paths.backend))
-            self._system_lib = self.ffi.dlopen(str(self.paths.system))
-            self._libc = self.ffi.dlopen(None)
-        except OSError as exc:
-            raise QnnError(f"cannot load QNN libraries from {self.paths.lib_dir}: {exc}; {_HOW_TO_GET}") from exc
-        self._provider = self._get_provider()
+        with native_output(f"QNN ({self.paths.lib_dir})"):  # the HTP library prints its thread-local setup
+            try:
+                self._backend_lib = self.ffi.dlopen(str(self.paths.backend))
+                self._system_lib = self.ffi.dlopen(str(self.paths.system))
+                self._libc = self.ffi.dlopen(None)
+            except OSError as exc:
+                raise QnnError(f"cannot load QNN libraries from {self.paths.lib_dir}: {exc}; {_HOW_TO_GET}") from exc
+            self._provider = self._get_provider()
         self.iface = self._provider.table
         self._sys_provider = self._get_system_provider()
         self.sys_iface = self._sys_provider.table
@@ -164,6 +186,7 @@ class QnnLibrary:
         # Keep the callback object alive as long as this library: QNN holds a raw pointer to it.
         self._log_cb = self.ffi.callback("QnnLog_Callback_t", self._on_log)
         self.version = self._read_version()
+        check_core_api(self.version, self.paths.backend)
         log.debug("loaded QNN %s from %s (%s)", self.version.build_id, self.paths.lib_dir, self.paths.source)
 
     # -- discovery of interfaces -------------------------------------------------------------
@@ -269,8 +292,10 @@ class QnnLibrary:
             parts.append("; QNN said: " + " | ".join(logged[-8:]))
         raise QnnError(" ".join(parts))
 
-    def call(self, what: str, fn: Callable[..., int], *args: Any) -> None:
-        """Call a QNN function and :meth:`check` it, with a fresh window of captured errors."""
-        with self.capturing():
+    def call(self, what: str, fn: Callable[..., int], *args: Any, native: bool = False) -> None:
+        """Call a QNN function and :meth:`check` it, with a fresh window of captured errors; ``native``: what the
+        library prints meanwhile is captured too (`native_output`: for the calls that load or run graphs, not the
+        thousands that add a tensor or node)."""
+        with self.capturing(), native_output(f"QNN {what}") if native else contextlib.nullcontext():
             status = fn(*args)
             self.check(status, what)

@@ -84,6 +84,7 @@ class ContextRunner:
             len(binary),
             out,
             ffi.NULL,
+            native=True,
         )
         self.context = out[0]
         for g in self.info.graphs:
@@ -153,6 +154,7 @@ class ContextRunner:
             len(ginfo.outputs),
             ffi.NULL,
             ffi.NULL,
+            native=True,
         )
         log.debug("executed graph %s in %.3fs", graph, time.perf_counter() - t0)
         del keep

@@ -87,7 +87,7 @@ class QnnSession:
         try:
             self.log_handle = lib.create_log()
             out = self.ffi.new("Qnn_BackendHandle_t*")
-            lib.call("backendCreate", lib.iface.backendCreate, self.log_handle, self.ffi.NULL, out)
+            lib.call("backendCreate", lib.iface.backendCreate, self.log_handle, self.ffi.NULL, out, native=True)
             self.backend = out[0]
             if device:
                 self.device = self._create_device(target)
@@ -116,7 +116,7 @@ class QnnSession:
             keep += [soc, arch, wrapped]
         out = ffi.new("Qnn_DeviceHandle_t*")
         what = f"deviceCreate (soc {target.soc_id}, v{target.dsp_arch})" if target else "deviceCreate"
-        lib.call(what, lib.iface.deviceCreate, self.log_handle, configs, out)
+        lib.call(what, lib.iface.deviceCreate, self.log_handle, configs, out, native=True)
         del keep
         return out[0]
 

@@ -52,6 +52,9 @@ class ReportData(BaseModel):
     plugin_binaries: dict[str, int] = Field(default_factory=dict)
     """Shipped context binary size by plugin path (``qnn/graphllm<k>.bin``)."""
     bundle_files: list[FileRecord] = Field(default_factory=list)
+    """Every file of the bundle stage's manifest (the device dir and the scripts), as the integrity check counts."""
+    bundle_path: str = ""
+    """The bundle's model dir relative to the page (``../bundle/model/<name>/``)."""
     bundle_qnn_build: str | None = None
     plugin_weights: dict[str, list[WeightNote]] = Field(default_factory=dict)
     """How each plugin's shipped binary stores its conv weights (its context manifest's notes), by plugin path."""
@@ -134,18 +137,28 @@ class ReportData(BaseModel):
             )
         )
         gen = v.generation
-        rows.append(
-            (
-                "(c) greedy generation",
-                gen.passed if gen is not None else None,
-                "not run"
-                if gen is None
-                else "identical tokens"
-                if gen.first_divergence is None
-                else f"tokens differ from new token {gen.first_divergence}",
-            )
-        )
+        rows.append(("(c) greedy generation", gen.passed if gen is not None else None, generation_detail(v)))
         return rows
+
+
+def generation_detail(v: VerifyReport) -> str:
+    """Row (c)'s detail: what the tokens did and, when the row fails, why (never "identical tokens" alone beside
+    a FAIL: the logits can be out of tolerance while every token agrees)."""
+    gen = v.generation
+    if gen is None:
+        return "not run"
+    if gen.problem:
+        return gen.problem
+    if gen.first_divergence is None:
+        tokens = f"identical tokens ({len(gen.steps)} steps)"
+    elif gen.steps[gen.first_divergence].tolerated_flip:
+        tokens = f"tokens differ from new token {gen.first_divergence} at a tolerated near-tie"
+    else:
+        tokens = f"tokens differ from new token {gen.first_divergence}"
+    bad = [s for s in gen.steps if not s.logits.passed]
+    if bad:
+        tokens += f", but the logits of {len(bad)} of {len(gen.steps)} steps are out of tolerance"
+    return tokens
 
 
 def op_strip(partition: PartitionReport, plugin_cells: list[OpCell]) -> list[OpCell]:

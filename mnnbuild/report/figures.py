@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import matplotlib
 from matplotlib.colors import to_hex
 from matplotlib.figure import Figure  # no pyplot: no global figure state, no GUI backend
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from mnnbuild.report.data import CPU, OpCell, runs
@@ -80,7 +81,7 @@ def partition_strip(cells: Sequence[OpCell], plugins: Sequence[str]) -> str:
 
 def plugin_sizes(plugins: Sequence[str], weight_bytes: Sequence[int], binary_bytes: Sequence[int]) -> str:
     """Per plugin: its weights in the source model and its shipped context binary, in MiB."""
-    fig = _figure(10, 1.2 + 0.35 * max(len(plugins), 1), left=0.16)
+    fig = _figure(10, 1.5 + 0.35 * max(len(plugins), 1), left=0.16, top=0.6)
     ax = fig.add_subplot()
     y = range(len(plugins))
     ax.barh([i + 0.2 for i in y], [b / 2**20 for b in weight_bytes], height=0.4, label="weights (source model)")
@@ -88,7 +89,8 @@ def plugin_sizes(plugins: Sequence[str], weight_bytes: Sequence[int], binary_byt
     ax.set_yticks(list(y), list(plugins))
     ax.invert_yaxis()
     ax.set_xlabel("MiB")
-    ax.legend(frameon=False, loc="lower right")
+    # above the axes, never over a bar
+    ax.legend(frameon=False, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, borderaxespad=0.2)
     return to_svg(fig, "plugin-sizes")
 
 
@@ -100,31 +102,45 @@ def graph_errors(
     max_rel_err: float,
     min_cosine: float,
 ) -> str:
-    """(a) every graph output: relative max abs error and 1 - cosine, decode and prefill graphs apart."""
-    fig = _figure(10, 3.2)
-    ax_err, ax_cos = fig.subplots(1, 2)
-    x = range(len(labels))
+    """(a) every graph output by name: relative max abs error and 1 - cosine, decode and prefill graphs apart.
+
+    Log axes: an exact 0 is drawn at the axis' left edge as a hollow marker ("0"), and a value the check could not
+    compute (None) is not drawn at all: its row says "n/a" (it must not look like a perfect result)."""
+    n = max(len(labels), 1)
+    fig = _figure(10, 1.3 + 0.2 * n, left=0.3, bottom=0.75, top=0.55)
+    ax_err, ax_cos = fig.subplots(1, 2, sharey=True)
+    y = list(range(len(labels)))
     colors = [PREFILL_COLOR if p else DECODE_COLOR for p in prefill]
-    floor = 1e-9
-    ax_err.scatter(x, [max(v, floor) if v is not None else floor for v in rel_err], c=colors, s=14)
-    ax_err.axhline(max_rel_err, color=FAIL_COLOR, ls="--", lw=1, label=f"tolerance {max_rel_err:.0%}")
-    ax_err.set_yscale("log")
-    ax_err.set_title("max abs error / reference max abs")
-    ax_cos.scatter(x, [max(1 - v, floor) if v is not None else floor for v in cosine], c=colors, s=14)
-    ax_cos.axhline(1 - min_cosine, color=FAIL_COLOR, ls="--", lw=1, label=f"cosine {min_cosine}")
-    ax_cos.set_yscale("log")
-    ax_cos.set_title("1 - cosine")
-    for ax in (ax_err, ax_cos):
-        ax.set_xlabel("graph output (plugin order)")
-        ax.legend(
-            handles=[
-                Patch(color=DECODE_COLOR, label="decode"),
-                Patch(color=PREFILL_COLOR, label="prefill"),
-                *ax.get_legend_handles_labels()[0],
-            ],
-            frameon=False,
-            fontsize="small",
-        )
+    for ax, values, limit, title, line in (
+        (ax_err, rel_err, max_rel_err, "max abs error / reference max abs", f"tolerance {max_rel_err:.0%}"),
+        (ax_cos, [None if c is None else 1 - c for c in cosine], 1 - min_cosine, "1 - cosine", f"cosine {min_cosine}"),
+    ):
+        positive = [v for v in values if v is not None and v > 0]
+        floor = min([*positive, limit]) / 10 if (positive or limit > 0) else 1e-9
+        shown = [(i, v) for i, v in enumerate(values) if v is not None and v > 0]
+        zeros = [i for i, v in enumerate(values) if v is not None and v <= 0]
+        missing = [i for i, v in enumerate(values) if v is None]
+        ax.scatter([v for _, v in shown], [i for i, _ in shown], c=[colors[i] for i, _ in shown], s=16, zorder=3)
+        if zeros:
+            ax.scatter([floor] * len(zeros), zeros, facecolors="none", edgecolors=[colors[i] for i in zeros], s=16)
+        for i in missing:
+            ax.text(floor, i, " n/a", va="center", ha="left", fontsize="small", color=CPU_COLOR)
+        if limit > 0:
+            ax.axvline(limit, color=FAIL_COLOR, ls="--", lw=1, label=line)
+        ax.set_xscale("log")
+        ax.set_xlim(left=floor / 2)
+        ax.set_title(title, fontsize="medium")
+        ax.grid(axis="y", color="#eeeeee", lw=0.5)
+    ax_err.set_yticks(y, list(labels), fontsize="small")
+    ax_err.set_ylim(len(labels) - 0.5, -0.5)
+    handles = [
+        Patch(color=DECODE_COLOR, label="decode graph"),
+        Patch(color=PREFILL_COLOR, label="prefill graph"),
+        Line2D([], [], marker="o", ls="none", mfc="none", mec=CPU_COLOR, label="0 (exact)"),
+        *ax_err.get_legend_handles_labels()[0],
+        *ax_cos.get_legend_handles_labels()[0],
+    ]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize="small")
     return to_svg(fig, "graph-errors")
 
 

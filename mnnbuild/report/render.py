@@ -6,13 +6,34 @@ from typing import Any
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 
-from mnnbuild.pipeline.cache import human_bytes
+from mnnbuild.base.sizes import human_bytes
 from mnnbuild.report import figures
 from mnnbuild.report.data import CPU, ReportData
 from mnnbuild.report.template import TEMPLATE
 
 LARGEST_FILES = 15
 """Bundle files drawn in the size figure (the table lists them all)."""
+GRAPH_OUTPUTS_DRAWN = 40
+"""Graph outputs drawn by name in figure (a); with more, the worst ones (the page says how many of all)."""
+TIMING_LABELS = {
+    "twins": "reading the twins",
+    "cpu_reference": "CPU reference",
+    "bundle_pass": "bundle in the simulator",
+    "generation": "generation",
+    "graphs": "per-graph checks",
+    "total": "total",
+}
+"""verify.json's timing keys in words, in the page's footer."""
+
+
+def output_label(name: str) -> str:
+    """A graph output's tensor name, shortened for an axis: ``/blocks.0/self_attn/Add_output_0`` ->
+    ``blocks.0/self_attn/Add``."""
+    return name.strip("/").removesuffix("_output_0") or name
+
+
+def timing_rows(timings: dict[str, float]) -> list[tuple[str, float]]:
+    return [(TIMING_LABELS.get(k, k.replace("_", " ")), t) for k, t in timings.items()]
 
 
 def size(n: float | None) -> str:
@@ -50,9 +71,12 @@ def _figures(data: ReportData) -> dict[str, str | None]:
         else None
     )
     outputs = [(g, t) for g in v.graphs for t in g.outputs]
+    if len(outputs) > GRAPH_OUTPUTS_DRAWN:  # the worst ones (by how far past the tolerance), in plugin order
+        worst = sorted(range(len(outputs)), key=lambda i: -outputs[i][1].severity(v.graph_tolerance))
+        outputs = [outputs[i] for i in sorted(worst[:GRAPH_OUTPUTS_DRAWN])]
     out["graph_errors"] = (
         figures.graph_errors(
-            [f"{g.graph} {t.qnn_name or t.name}" for g, t in outputs],
+            [f"{g.graph} {output_label(t.name)}" for g, t in outputs],
             ["_" in g.graph for g, _ in outputs],  # graphllm<s>_<k> with s > 0: a prefill shape
             [t.rel_err for _, t in outputs],
             [t.cosine for _, t in outputs],
@@ -109,5 +133,8 @@ def render_html(data: ReportData) -> str:
         "colors": figures.plugin_colors(data.plugins),
         "cpu": CPU,
         "bundle_bytes": sum(r.size for r in data.bundle_files),
+        "timings": timing_rows(data.verify.timings),
+        "graph_outputs": sum(len(g.outputs) for g in data.verify.graphs),
+        "graph_outputs_drawn": min(GRAPH_OUTPUTS_DRAWN, sum(len(g.outputs) for g in data.verify.graphs)),
     }
     return _environment().get_template(TEMPLATE).render(context)

@@ -65,7 +65,7 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
             config=config,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "config %s-%s: %s, chunk_limits %s, tokenizer %s",
         inputs.model, inputs.target, config.llm_model, config.chunk_limits, tokenizer,
     )  # fmt: skip

@@ -67,7 +67,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
             qnn={k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"},
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "context %s %s for %s: %.1f MB, graphs %s, %.1fs",
         inputs.model,
         inputs.binary,
@@ -87,6 +87,7 @@ STAGE = Stage(
     manifest=ContextManifest,
     upstream=("fetch", "partition"),
     upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    defer=("*",),
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),

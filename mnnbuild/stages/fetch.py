@@ -44,13 +44,23 @@ def read_lock(path: Path, source: HfSource) -> HfLock | None:
     return lock
 
 
+def network_cause(exc: BaseException) -> str:
+    """The innermost error behind ``exc`` (a DNS or connection failure under huggingface-hub's wrapper), one line."""
+    seen = {id(exc)}
+    while (inner := exc.__cause__ or exc.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        exc = inner
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def download_hf(source: HfSource, lock_path: Path, files: tuple[str, ...], *, update: bool = False) -> tuple[Path, str]:
     """Download (or find in the HF cache) the chain's files; returns the snapshot dir and commit.
 
     The commit pinned in ``lock_path`` is used when there is one; ``update`` resolves the spec's
     revision again and pins what it resolves to now.
     """
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
 
     lock = None if update else read_lock(lock_path, source)
@@ -58,9 +68,15 @@ def download_hf(source: HfSource, lock_path: Path, files: tuple[str, ...], *, up
     try:
         snapshot = Path(snapshot_download(source.hf, revision=revision, allow_patterns=list(files)))
     except LocalEntryNotFoundError as exc:
+        where = f"HF repo {source.hf}@{revision}: not in the local Hugging Face cache"
+        if constants.is_offline_mode():
+            raise ModelDirError(
+                f"{where} and downloads are off (HF_HUB_OFFLINE is set); unset it, or run once where "
+                f"{constants.ENDPOINT} is reachable"
+            ) from None
         raise ModelDirError(
-            f"HF repo {source.hf}@{revision}: not in the local Hugging Face cache and downloads are off "
-            f"(HF_HUB_OFFLINE); run once with network access: {exc}"
+            f"{where}, and {constants.ENDPOINT} could not be reached ({network_cause(exc)}); check the network "
+            "(DNS, proxy, HF_ENDPOINT) and run again"
         ) from None
     except (HfHubHTTPError, OSError, ValueError) as exc:
         raise ModelDirError(f"HF repo {source.hf}@{revision}: download failed: {exc}") from None
@@ -108,7 +124,7 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
             part=part,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "fetch %s: %d files from %s (%s graph %s)", inputs.model, len(records), where, part.family, part.model_file
     )
     return manifest

@@ -24,6 +24,7 @@ import numpy as np
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
 from mnnbuild.base.fsutil import staged_dir
+from mnnbuild.base.logs import progress
 from mnnbuild.cpu import save_vars, to_numpy
 from mnnbuild.cpu.segments import iter_segmented
 from mnnbuild.manifests.fetch import FetchManifest
@@ -239,9 +240,15 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             fed[i] = _info(arrays)
             return arrays
 
+        bar = progress(desc=f"io {inputs.model}: {len(shapes)} samples on the CPU", unit="run")
+
+        def ran(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
         try:
             for i, outputs in iter_segmented(
-                model_file, rt, model, len(shapes), sample, out_names, label=inputs.model, spill_dir=spill
+                model_file, rt, model, len(shapes), sample, out_names, label=inputs.model, spill_dir=spill, on_run=ran
             ):
                 seq_len, image_size = shapes[i]
                 what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
@@ -260,11 +267,13 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                         outputs=_info(results),
                     )
                 )
-                log.info(
+                log.debug(
                     "io %s: %s -> %s", inputs.model, what, ", ".join(f"{n}{list(a.shape)}" for n, a in results.items())
                 )
         except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
             raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
+        finally:
+            bar.close()
         spill.rmdir()
         used = {part.model_file, part.weight_file, LLM_CONFIG}
         manifest = IoManifest(
@@ -290,6 +299,7 @@ STAGE = Stage(
     params=IoParams,
     manifest=IoManifest,
     upstream=("fetch",),
+    defer=("*",),
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
     doc="Generate each model's decode/prefill reference inputs and outputs.",

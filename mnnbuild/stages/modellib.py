@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from mnnbuild.base.fsutil import staged_dir
+from mnnbuild.base.logs import progress
 from mnnbuild.lowering.graph import GRAPH_JSON, write_graph_dir
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
@@ -92,7 +92,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
     models = {path: load_model(path) for path in set(sources.values())}
     read_dirs = {f"{QNN_DIR}/{g}" for p in partition.plugins for g in p.graphs}
     with staged_dir(out_dir) as tmp, WeightFile(Path(inputs.model_dir) / part.weight_file) as weights:
-        bar = tqdm(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph", disable=len(read_dirs) < 8)
+        bar = progress(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph")
 
         def lower_one(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
             model = models[sources[plugin.plugin]]
@@ -117,7 +117,7 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
             graphs=records,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "modellib %s: %d graphs lowered, %d QNN nodes, %.1f MB of shared weights linked",
         inputs.model, len(records), sum(r.nodes for r in records), saved / 1e6,
     )  # fmt: skip
@@ -134,6 +134,7 @@ STAGE = Stage(
     params=ModellibParams,
     manifest=ModellibManifest,
     upstream=("fetch", "partition"),
+    defer=("*",),
     outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw"),
     doc="Lower each model's graphs to QNN graph descriptions and static tensors.",
 )

@@ -291,7 +291,7 @@ def _split_convolutions(model: MnnModel, max_parameters: int, weight_path: Path)
                 f"joins the {len(new) - 1} parts of {op.name!r}, split by output channels "
                 f"(more than max_plugin_parameters {max_parameters} weights)"
             )
-            log.info("partition: %s (%d weights) split into %d plugins", op.name, conv_parameters(op), len(new) - 1)
+            log.debug("partition: %s (%d weights) split into %d plugins", op.name, conv_parameters(op), len(new) - 1)
     return big[0], joins
 
 
@@ -330,7 +330,7 @@ def _run_samples(
             if m.graph is not None:
                 graph_dir = qnn / graph_name(s, m.graph, part.graph_prefix)
                 _write_graph_dir(graph_dir, cut, m, s, mio, folded, part, split.model_of(m) if split else None)
-        log.info(
+        log.debug(
             "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
             model_name,
             seq,
@@ -468,7 +468,7 @@ def partition(
             weights=shipped,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "partition %s: %d plugins (%d ops on the NPU), %d ops on the CPU",
         inputs.model,
         len(report.plugins),
@@ -494,6 +494,9 @@ STAGE = Stage(
         PARTITION_REPORT_JSON,
         PARTITION_REPORT_TEXT,
     ),
+    # the weight file: only the bundle and verify read it (the plugins' tasks depend on the graph files, and read the
+    # postreat file to be declared)
+    defer=("*.weight",),
     tools=frozenset({"MNN"}),
     doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
 )

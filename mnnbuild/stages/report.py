@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -81,8 +82,9 @@ def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run
     )
 
 
-def gather(inputs: ReportInputs, params: ReportParams) -> ReportData:
-    """Everything the page shows, read from the stage dirs; bad or missing records name their file."""
+def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> ReportData:
+    """Everything the page shows, read from the stage dirs; bad or missing records name their file. Paths on the
+    page are relative to ``page_dir`` (where it goes): right in any artifact root it is restored into."""
     verify_dir = Path(inputs.verify_dir)
     verify_report = _read_json_model(verify_dir / VERIFY_JSON, VerifyReport, VERIFY_JSON)
     assert isinstance(verify_report, VerifyReport)
@@ -122,7 +124,8 @@ def gather(inputs: ReportInputs, params: ReportParams) -> ReportData:
         partition=partition_report,
         ops=op_strip(partition_report, plugin_cells),
         plugin_binaries=binaries,
-        bundle_files=[r for r in bundle.outputs if r.path.startswith("model/")],
+        bundle_files=list(bundle.outputs),  # every file the integrity check counts, the scripts included
+        bundle_path=os.path.relpath(os.path.abspath(Path(inputs.bundle_dir) / prefix), os.path.abspath(page_dir)),
         bundle_qnn_build=bundle.qnn_build,
         plugin_weights=_plugin_weights(Path(inputs.context_dir), [p.name for p in partition_report.plugins]),
         costs=[_cost(stage, label, d, m, run) for stage, label, d, m in stages],
@@ -145,7 +148,7 @@ def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportM
     out_dir = Path(out_dir)
     from mnnbuild.report.render import render_html  # Jinja2 and matplotlib: loaded only to draw a page
 
-    data = gather(inputs, params)
+    data = gather(inputs, params, out_dir)
     page = render_html(data)
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / REPORT_PAGE, page)
@@ -159,7 +162,7 @@ def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportM
             verify_passed=data.verify.passed,
         )
         manifest.write(tmp)
-    log.info("report %s-%s: %s", inputs.model, params.target, out_dir / REPORT_PAGE)
+    log.debug("report %s-%s: %s", inputs.model, params.target, out_dir / REPORT_PAGE)
     return manifest
 
 
@@ -171,6 +174,7 @@ STAGE = Stage(
     manifest=ReportManifest,
     # verify's manifest orders it after a passing verify; partition and bundle hold what the page reads
     upstream=("partition", "bundle", "verify"),
+    reads=("partition", "verify"),  # of the bundle, its manifest only
     outputs=(REPORT_PAGE,),
     per_target=True,
     doc="The page report of each verified bundle (created once the partition ran).",

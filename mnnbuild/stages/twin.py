@@ -60,7 +60,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
             weights=notes,
         )
         manifest.write(tmp)
-    log.info(
+    log.debug(
         "twin %s %s for %s: %.1f MB, graphs %s, %.1fs",
         inputs.model,
         inputs.binary,
@@ -80,6 +80,7 @@ STAGE = Stage(
     manifest=TwinManifest,
     upstream=("fetch", "partition"),
     upstream_files=("fetch", "partition"),  # of the fetch, the lowering source the partition records
+    defer=("*",),
     outputs=("graphllm<k>.bin",),
     per_target=True,
     tools=frozenset({"QNN"}),

@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from mnnbuild_runtime import Bundle, HybridModel
 
 from mnnbuild.base.errors import MnnbuildError, StageError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
+from mnnbuild.base.logs import progress
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
@@ -46,6 +50,7 @@ from mnnbuild.manifests.plugin import plugin_sources
 from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.modeldir import DEFAULT_PROMPT, chain_part
 from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as REPORT_JSON
 from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
@@ -173,7 +178,14 @@ def _run_bundle(
     gen_feeds = gen.feeds() if gen is not None else {}
     t0 = time.perf_counter()
     # captured: each plugin's inputs and outputs serve its per-graph check (no simulator run of its own)
-    runs = model.run_many([*feeds, *gen_feeds.values()], capture=True)
+    passes, what = len(feeds) + len(gen_feeds), "visual encoder" if part.visual else "model"
+    with progress(desc=f"verify: {passes} passes of the {what}", total=model.step_count, unit="step") as bar:
+
+        def stepped(name: str) -> None:
+            bar.set_postfix_str(name, refresh=False)
+            bar.update()
+
+        runs = model.run_many([*feeds, *gen_feeds.values()], capture=True, on_step=stepped)
     timings["bundle_pass"] = timings.get("bundle_pass", 0.0) + time.perf_counter() - t0
     ran = {g: r for g, r in checks.graph_runs(model, runs).items() if r.binary in twins}
     for run in runs:
@@ -188,7 +200,13 @@ def _run_bundle(
         gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
         done = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[done[k]]'s
         gen_runs |= {size: runs[done.index(i)] for size, i in gen.shared.items()}
-        report.generation = gen.conclude(model.forward, gen_runs, params.model_tolerance, release=model.unload)
+        with progress(desc="verify: generation", unit="step") as bar:
+
+            def forward(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                bar.update()
+                return model.forward(feed)
+
+            report.generation = gen.conclude(forward, gen_runs, params.model_tolerance, release=model.unload)
         timings["generation"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     model.unload()  # the graphs' CPU ops take the memory now (an lm_head is 1.2 GB in float32)
@@ -197,7 +215,9 @@ def _run_bundle(
     with SourceSubgraphRunner(
         model_dir / source.model_file, model_dir / source.weight_file, part.partition_dir / QNN_DIR, params.runtime
     ) as reference:
-        found = checks.check_graph_runs(reference, ran.values(), part.partition_dir, params.graph_tolerance)
+        desc = f"verify: graphs of the {what} on the CPU"
+        graph_runs = progress(ran.values(), desc=desc, total=len(ran), unit="graph")
+        found = checks.check_graph_runs(reference, graph_runs, part.partition_dir, params.graph_tolerance)
     timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
     graphs: dict[str, list[GraphCheck]] = {}
     for g in found:
@@ -231,6 +251,7 @@ def _check_part(
     hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
     graphs: dict[str, list[GraphCheck]] = {}
     model = None
+    t0 = time.perf_counter()
     try:
         model = HybridModel(
             Bundle.open(bundle_model_dir, visual=part.visual),
@@ -247,6 +268,7 @@ def _check_part(
             plugins = checks.plugin_checks(model, hashes)
             report.plugins += plugins
             found += failures.plugin_failures(plugins)
+            timings["open_and_plugin_checks"] = timings.get("open_and_plugin_checks", 0.0) + time.perf_counter() - t0
             if twins and all(p.passed for p in plugins):
                 graphs = _run_bundle(model, inputs, part, params, twins, report, timings)
             else:
@@ -282,8 +304,10 @@ def _check_part(
     return found
 
 
-def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
-    """Every check, in order; returns the report (never raises for a failed check)."""
+def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyReport:
+    """Every check, in order; returns the report (never raises for a failed check). It names the bundle relative
+    to ``out_dir`` (where the report goes), so a report restored from the cache into another artifact root names
+    that root's bundle."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
@@ -293,16 +317,22 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
         model=inputs.model,
         target=soc.dsp_arch,
         soc=soc.name,
-        bundle=str(bundle_model_dir),
+        bundle=os.path.relpath(os.path.abspath(bundle_model_dir), os.path.abspath(out_dir)),
         passed=False,
         graph_tolerance=params.graph_tolerance,
         model_tolerance=params.model_tolerance,
         executed_note="",
     )
-    report.integrity = checks.check_integrity(Path(inputs.bundle_dir), bundle.outputs)
+    t0 = time.perf_counter()
+    # the files the bundle stage hashed, unchanged since (their stamps), are not hashed again
+    trusted = trusted_hashes(Path(inputs.bundle_dir), BundleManifest.stage)
+    report.integrity = checks.check_integrity(Path(inputs.bundle_dir), bundle.outputs, trusted)
     found = [failures.Failure(failures.INTEGRITY, 0.0, p) for p in report.integrity.problems]
+    timings["integrity"] = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
     lib = QnnLibrary()
+    timings["qnn_library"] = time.perf_counter() - t0
     report.qnn = {k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"}
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
     for part in _parts(inputs):
@@ -312,6 +342,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams) -> VerifyReport:
     report.executed_note = failures.executed_note(report.plugins)
     failures.conclude(report, found)
     timings["total"] = time.perf_counter() - started
+    timings["other"] = max(0.0, timings["total"] - sum(v for k, v in timings.items() if k != "total"))
     report.timings = {k: round(v, 3) for k, v in timings.items()}
     return report
 
@@ -330,7 +361,7 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
     ]
     for d, m in upstream:
         inputs.manifest(m, Path(d))  # a missing or stale upstream manifest is an error, not a failed check
-    report = run_checks(inputs, params)
+    report = run_checks(inputs, params, out_dir)
     graph_checks = [t for g in report.graphs for t in g.outputs]
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / REPORT_JSON, report.model_dump_json(indent=2) + "\n")
@@ -357,13 +388,14 @@ def verify(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyM
             manifest.write(tmp)
     text = out_dir / REPORT_TEXT
     if manifest is None:
-        more = len(report.failures) - len(report.headline)
+        # one line: the worst failure of the first kind that failed (integrity, structure, graphs, model, generation)
+        more = len(report.failures) - 1
         raise StageError(
-            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {' | '.join(report.headline)}"
-            + (f" (+{more} more)" if more else "")
-            + f"; report: {text}"
+            f"verify {inputs.model}-{params.soc.dsp_arch} FAILED: {report.headline[0]}"
+            + (f" (and {more} more failed check{'s' if more > 1 else ''})" if more else "")
+            + f"; read {text}"
         )
-    log.info("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
+    log.debug("verify %s-%s passed: %s", inputs.model, params.soc.dsp_arch, text)
     return manifest
 
 
@@ -374,6 +406,7 @@ STAGE = Stage(
     params=VerifyParams,
     manifest=VerifyManifest,
     upstream=("fetch", "io", "partition", "context", "twin", "bundle"),
+    reads=("fetch", "io", "partition", "twin", "bundle"),  # of the contexts, their manifests only
     outputs=(REPORT_JSON, REPORT_TEXT),
     per_target=True,
     tools=frozenset({"MNN", "QNN"}),

@@ -26,7 +26,6 @@ from pathlib import Path
 
 import numpy as np
 from mnnbuild_runtime import (
-    BinaryOverride,
     Embeddings,
     ForwardResult,
     HybridModel,
@@ -37,11 +36,14 @@ from mnnbuild_runtime import (
     kv_cache_redraft,
     loop_redraft,
 )
+from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.generate import ForwardFn, Redraft
+from mnnbuild_runtime.twins import Twin as RuntimeTwin
+from mnnbuild_runtime.twins import twin_of
 
 from mnnbuild.base.compare import Tolerance, compare
 from mnnbuild.base.errors import MnnbuildError, StageError, UnsafePathError
-from mnnbuild.base.fsutil import confined, sha256_bytes, sha256_file
+from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.twin import TwinManifest
@@ -81,10 +83,17 @@ def describe_error(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, MnnbuildError) else f"{type(exc).__name__}: {exc}"
 
 
-def check_integrity(bundle_dir: Path, records: list[FileRecord]) -> IntegrityCheck:
-    """Every file the bundle manifest lists must be there with its size and sha256; nothing else may be."""
+def check_integrity(
+    bundle_dir: Path, records: list[FileRecord], trusted: Mapping[str, list[int]] | None = None
+) -> IntegrityCheck:
+    """Every file the bundle manifest lists must be there with its size and sha256; nothing else may be.
+
+    ``trusted``: the `file_stamp` of files hashed when the bundle dir was made (its origin record's ``stamps``): a
+    file with that stamp still is what was hashed, and is not hashed again (4.3 GB at Qwen3-1.7B size)."""
     problems = []
     listed = set()
+    trusted = trusted or {}
+    hashed = 0
     for rec in records:
         listed.add(rec.path)
         try:
@@ -96,7 +105,11 @@ def check_integrity(bundle_dir: Path, records: list[FileRecord]) -> IntegrityChe
             problems.append(f"bundle file {rec.path}: missing (listed in the bundle manifest)")
             continue
         size = path.stat().st_size
+        stamp = trusted.get(rec.path)
+        if stamp is not None and stamp == file_stamp(path) and size == rec.size:
+            continue
         digest = sha256_file(path)
+        hashed += 1
         if size != rec.size or digest != rec.sha256:
             problems.append(
                 f"bundle file {rec.path}: sha256 {digest[:12]}… ({size} bytes) differs from the bundle manifest's "
@@ -108,46 +121,16 @@ def check_integrity(bundle_dir: Path, records: list[FileRecord]) -> IntegrityChe
         if p.is_file() and p.name not in _BOOKKEEPING and p.relative_to(bundle_dir).as_posix() not in listed
     )
     problems += [f"bundle file {e}: not listed in the bundle manifest" for e in extra]
-    return IntegrityCheck(files=len(records), problems=problems, passed=not problems)
+    return IntegrityCheck(files=len(records), hashed=hashed, problems=problems, passed=not problems)
 
 
 @dataclass(frozen=True)
-class Twin:
-    """The binary the simulator runs for one plugin, as the twin stage built and recorded it: the unshared twin
-    of the shipped binary."""
+class Twin(RuntimeTwin):
+    """The runtime's twin record (:mod:`mnnbuild_runtime.twins`, one reading of the twin stage's outputs) with
+    the build's view of its manifest."""
 
-    binary: str
-    graphs: list[str]
-    path: Path
-    sha256: str
-    """Its sha256 in the twin manifest."""
-    shipped_sha256: str
-    """The shipped binary's sha256 in the context manifest."""
     manifest: TwinManifest = field(compare=False, repr=False)
     """The twin manifest (what it was built from, for which SoC)."""
-
-    def read(self) -> bytes:
-        """Its bytes, which must still have the recorded hash."""
-        try:
-            data = self.path.read_bytes()
-        except OSError as exc:
-            raise StageError(f"plugin {self.binary}: cannot read its twin {self.path}: {exc}") from None
-        digest = sha256_bytes(data)
-        if digest != self.sha256:
-            raise StageError(
-                f"plugin {self.binary}: twin {self.path} has sha256 {digest[:12]}…, the twin manifest records "
-                f"{self.sha256[:12]}…: changed after the twin stage built it"
-            )
-        return data
-
-    def override(self) -> BinaryOverride:
-        """What the runtime runs in the shipped binary's place (read from the file when loaded, hash checked)."""
-        return BinaryOverride(
-            self.path,
-            shipped_sha256=self.shipped_sha256,
-            sha256=self.sha256,
-            label=f"unshared twin of {self.binary} (sha256 {self.sha256[:12]}…)",
-        )
 
 
 def read_contexts(context_dir: Path, merge: Mapping[str, list[str]]) -> tuple[dict[str, ContextManifest], list[str]]:
@@ -166,39 +149,27 @@ def read_twins(
     twin_dir: Path, contexts: Mapping[str, ContextManifest], merge: Mapping[str, list[str]]
 ) -> tuple[dict[str, Twin], list[str]]:
     """Each plugin's twin as its twin manifest (in ``twin_dir``, one subdir per plugin) names and hashes it, tied
-    to the shipped binary's hash in its context manifest (nothing is composed here); the problems (a missing or
-    foreign twin manifest, a twin it does not list, a path leaving its dir) are returned, not raised."""
+    to the shipped binary's hash in its context manifest (nothing is composed here; the runtime's
+    :func:`~mnnbuild_runtime.twins.twin_of` reads it); the problems (a missing or foreign twin manifest, a twin it
+    does not list, a path leaving its dir) are returned, not raised."""
     twins: dict[str, Twin] = {}
     problems = []
     for binary, graphs in merge.items():
         ctx = contexts.get(binary)
         if ctx is None:
             continue  # no context manifest: reported with the context problems
-        where = plugin_context_dir(twin_dir, binary)
-        try:
-            manifest = TwinManifest.read(where)
-        except StageError as exc:
-            problems.append(f"plugin {binary}: {exc}")
-            continue
-        if manifest.binary != binary:
-            problems.append(f"plugin {binary}: the twin manifest in {where} is {manifest.binary}'s twin")
-            continue
-        try:
-            path = confined(where, manifest.twin, f"{where / TwinManifest.filename()} field 'twin'")
-        except UnsafePathError as exc:
-            problems.append(f"plugin {binary}: {exc}")
-            continue
-        try:
-            recorded = manifest.output(manifest.twin).sha256
-        except KeyError:
-            problems.append(f"plugin {binary}: the twin manifest in {where} lists no output {manifest.twin!r}")
-            continue
         try:
             shipped = ctx.output(ctx.binary).sha256
         except KeyError:
             problems.append(f"plugin {binary}: its context manifest lists no output {ctx.binary!r}")
             continue
-        twins[binary] = Twin(binary, list(graphs), path, recorded, shipped, manifest)
+        try:
+            manifest = TwinManifest.read(plugin_context_dir(twin_dir, binary))
+            found = twin_of(twin_dir, binary, shipped)
+        except (StageError, BundleError) as exc:
+            problems.append(f"plugin {binary}: {exc}")
+            continue
+        twins[binary] = Twin(binary, list(graphs), found.path, found.sha256, shipped, manifest)
     return twins, problems
 
 
@@ -500,7 +471,7 @@ class GenerationRun:
             draft = redraft(ids, steps)
             cpu = follow_draft(self.cpu_forward, self.cpu_embed, ids, draft, steps, self.limits, redraft=redraft)
             if cpu.rejected is not None:
-                log.info("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
+                log.debug("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
                          "count", draft, cpu.result.tokens, cpu.rejected)  # fmt: skip
             self.cpu_rows = cpu.result.rows
             check.cpu_seconds = time.perf_counter() - t0

@@ -34,7 +34,8 @@ def graph_failures(graphs: list[GraphCheck], tol: Tolerance) -> list[Failure]:
             failures.append(Failure(GRAPHS, float("inf"), f"graph {g.graph} ({g.binary}): {g.problem}"))
         for t in g.outputs:
             if not t.passed:
-                failures.append(Failure(GRAPHS, t.severity(tol), f"graph {g.graph} ({g.binary}) output {t.describe()}"))
+                line = f"graph {g.graph} ({g.binary}) output {t.describe(tol)}"
+                failures.append(Failure(GRAPHS, t.severity(tol), line))
     return failures
 
 
@@ -58,7 +59,7 @@ def whole_model_failures(shapes: list[ShapeCheck], tol: Tolerance) -> list[Failu
             failures.append(Failure(WHOLE_MODEL, float("inf"), f"{where}: {s.problem}"))
         for t in s.outputs:
             if not t.passed:
-                failures.append(Failure(WHOLE_MODEL, t.severity(tol), f"{where}: {t.describe()}"))
+                failures.append(Failure(WHOLE_MODEL, t.severity(tol), f"{where}: {t.describe(tol)}"))
         if s.top1 is not None and not s.top1.passed:
             bad = [d for d in s.top1.disagreements if not d.tolerated]
             line = (
@@ -79,7 +80,8 @@ def generation_failures(gen: GenerationCheck | None, tol: Tolerance) -> list[Fai
     if bad_steps:
         worst = max(bad_steps, key=lambda s: s.logits.severity(tol))
         line = (
-            f"generation: {len(bad_steps)} of {len(gen.steps)} steps out of tolerance; worst: {worst.logits.describe()}"
+            f"generation: the logits of {len(bad_steps)} of {len(gen.steps)} steps out of tolerance; worst: step "
+            f"{worst.step} {worst.logits.describe(tol)}"
         )
         failures.append(Failure(GENERATION, 0.0, line))
     if gen.first_divergence is not None and not gen.steps[gen.first_divergence].tolerated_flip:

@@ -14,6 +14,8 @@ class IntegrityCheck(BaseModel):
     """Every bundle file against the bundle manifest (path, size, sha256)."""
 
     files: int
+    hashed: int = 0
+    """Files hashed; the others had the stamp they had when the bundle stage (or a checked restore) hashed them."""
     problems: list[str] = Field(default_factory=list)
     passed: bool
 
@@ -138,6 +140,7 @@ class VerifyReport(BaseModel):
     target: str
     soc: str
     bundle: str
+    """The bundle's model dir, relative to the verify dir (``../bundle/model/<name>``)."""
     passed: bool
     failures: list[str] = Field(default_factory=list)
     """One line per failed check, the worst first."""
@@ -190,7 +193,7 @@ def format_report(r: VerifyReport) -> str:
     """verify.txt: verdict and failures first, then one table per check."""
     lines = [
         f"verify {r.model} for {r.soc} ({r.target}): {'PASSED' if r.passed else 'FAILED'}",
-        f"bundle {r.bundle}",
+        f"bundle {r.bundle} (relative to this file's directory)",
         f"tolerance per graph: cosine >= {r.graph_tolerance.min_cosine}, max abs err <= "
         f"{r.graph_tolerance.max_rel_err:.1%} of ref max abs; whole model: cosine >= {r.model_tolerance.min_cosine}, "
         f"<= {r.model_tolerance.max_rel_err:.1%}; top-1 flips tolerated only on near-ties (lead <= "
@@ -269,7 +272,9 @@ def format_report(r: VerifyReport) -> str:
         if g.first_divergence is not None and not g.followed:
             lines.append("  (the bundle's tokens stop at its own pick; the spec's verify.follow_divergence runs it on)")
         if g.first_divergence is None:
-            lines.append(f"  identical: {_ok(g.passed)}")
+            bad = sum(not s.logits.passed for s in g.steps)
+            off = f"; the logits of {bad} of {len(g.steps)} steps out of tolerance" if bad else ""
+            lines.append(f"  tokens identical{off}: {_ok(g.passed)}")
         else:
             lines.append(f"  first divergence at new token {g.first_divergence}: {g.divergence_note} {_ok(g.passed)}")
         if g.problem:
@@ -278,7 +283,7 @@ def format_report(r: VerifyReport) -> str:
             worst = max(g.steps, key=lambda s: s.logits.severity(r.model_tolerance))
             lines.append(
                 f"  per step (same prefix): min cpu top-2 margin {min(s.cpu_margin for s in g.steps):.3g}; "
-                f"worst: {worst.logits.describe()}"
+                f"worst: {worst.logits.describe(r.model_tolerance)}"
             )
         lines.append(
             f"  time: cpu {_f(g.cpu_seconds, '.3f')} s, hybrid {_f(g.hybrid_seconds, '.3f')} s "

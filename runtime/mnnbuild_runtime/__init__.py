@@ -2,10 +2,10 @@
 
 ::
 
-    from mnnbuild_runtime import HybridModel, greedy_generate, llm_inputs, Embeddings
+    from mnnbuild_runtime import HybridModel, greedy_generate, llm_inputs, load_twins, Embeddings
 
     with HybridModel("artifacts/tiny-qwen3/v79/bundle/model/tiny-qwen3",
-                     binary_overrides={"qnn/graphllm0.bin": twin_path}) as model:
+                     binary_overrides=load_twins("artifacts/tiny-qwen3/v79")) as model:
         emb = Embeddings(model.bundle.model_dir)
         logits = model.forward(llm_inputs(emb([1, 2, 3]), seq=model.bundle.chunk_size))["logits"]
         tokens = greedy_generate(model, [1, 2, 3], max_new_tokens=8).tokens
@@ -45,6 +45,7 @@ from mnnbuild_runtime.hybrid import (
 )
 from mnnbuild_runtime.plugin import BinaryOverride, PluginRunner, check_structure, select_shape_index, shape_index
 from mnnbuild_runtime.tokenizer import Tokenizer
+from mnnbuild_runtime.twins import Twin, load_twins, read_twins, twin_of
 
 __all__ = [
     "Block",
@@ -89,4 +90,8 @@ __all__ = [
     "recompute_generate",
     "select_shape_index",
     "text_feeds",
+    "Twin",
+    "load_twins",
+    "read_twins",
+    "twin_of",
 ]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnbuild.cpu import NHWC, BoundaryValue, CpuRuntime, load_module
+from mnnbuild.cpu import NHWC, BoundaryValue, CpuRuntime, forward_vars, load_module
 from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.qnn import HtpTarget, QnnLibrary
@@ -272,7 +272,7 @@ class HybridExecutor:
         mod = self._module(step)
         feed = [env[n].as_var() for n in step.inputs]
         t0 = time.perf_counter()
-        outs = mod.forward(feed)
+        outs = forward_vars(mod, feed)
         if len(outs) != len(step.outputs):
             raise BundleError(
                 f"{self.model_file}: segment {step.name} returned {len(outs)} outputs, expected "
@@ -316,11 +316,13 @@ class HybridExecutor:
         feeds: Sequence[Mapping[str, np.ndarray]],
         *,
         capture: bool = False,
+        on_step: Callable[[str], None] | None = None,
     ) -> list[ForwardResult]:
         """Forward passes of several inputs in lockstep: each step runs for every input before the next step
         starts, so each plugin is needed once per call, not once per input. An input whose pass fails gets the
         exception in its result's ``error`` and drops out; the others go on. The results are those of separate
-        passes."""
+        passes. ``on_step``: called with each step's name (segment or plugin) once it ran for every input (a
+        caller's progress display)."""
         passes: list[tuple[dict[str, BoundaryValue], ForwardResult]] = []
         for inputs in feeds:
             result = ForwardResult({}, [])
@@ -337,6 +339,8 @@ class HybridExecutor:
                     self._step(step, env, result, capture)
                 except Exception as exc:  # this input's pass ends; the others do not depend on it
                     result.error = exc
+            if on_step is not None:
+                on_step(step.name)
         for env, result in passes:
             if result.error is None:
                 result.outputs = {n: env[n].as_array() for n in self.model.output_names}
@@ -495,12 +499,19 @@ class HybridModel:
         feeds: Sequence[Mapping[str, np.ndarray]],
         *,
         capture: bool = False,
+        on_step: Callable[[str], None] | None = None,
     ) -> list[ForwardResult]:
         """Forward passes of several inputs in lockstep (:meth:`HybridExecutor.run_many`): with ``max_loaded``,
-        each plugin is loaded once for all of them (``capture=True`` keeps each plugin's inputs and outputs)."""
+        each plugin is loaded once for all of them (``capture=True`` keeps each plugin's inputs and outputs;
+        ``on_step`` is told each step's name once it ran)."""
         if self._closed:
             raise BundleError("HybridModel is closed")
-        return self.executor.run_many(feeds, capture=capture)
+        return self.executor.run_many(feeds, capture=capture, on_step=on_step)
+
+    @property
+    def step_count(self) -> int:
+        """How many steps (CPU segments and plugins) a forward pass runs: what ``on_step`` counts to."""
+        return len(self.steps)
 
     def unload(self) -> None:
         """Free every loaded QNN context now (a later run loads what it needs again), e.g. before other work that

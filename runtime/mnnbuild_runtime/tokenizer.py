@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mnnbuild.base.native import native_output
 from mnnbuild.cpu import import_mnn
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.errors import BundleError
@@ -39,7 +38,7 @@ class Tokenizer:
             )
         import_mnn()
         check_engine_files(path, config_data, links=links)  # MNN opens them by name: checked right before
-        with contextlib.redirect_stdout(io.StringIO()):  # MNN prints progress on stdout
+        with native_output(f"MNN's tokenizer ({path})"):  # MNN prints progress on stdout
             import MNN.llm  # never MNN.tools: it installs packages and sends telemetry
 
             self._llm: Any = MNN.llm.create(str(path))
