@@ -32,6 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
+from bench_scale import MODELS_CACHE_ENV, cache_args  # noqa: E402
 
 BUILD_STAGES = ("fetch", "io", "partition", "config", "context", "bundle", "twin")
 PER_PLUGIN = ("context", "twin")
@@ -181,7 +182,12 @@ def measure(model_dir: Path, label: str, variants: list[list[int]], args: argpar
     }
     return {
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "model_dir": str(model_dir.relative_to(PROJECT_ROOT) if model_dir.is_relative_to(PROJECT_ROOT) else model_dir),
+        # no machine path in the results: the project's models relative to it, an exported one under $MODELS_CACHE
+        "model_dir": str(
+            model_dir.relative_to(PROJECT_ROOT)
+            if model_dir.is_relative_to(PROJECT_ROOT)
+            else f"${MODELS_CACHE_ENV}/{model_dir.name}"
+        ),
         "arch": args.arch,
         "prompt_tokens": args.prompt_tokens,
         "repeat": args.repeat,
@@ -196,8 +202,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-dir", type=Path, default=PROJECT_ROOT / "models" / "tiny-qwen3")
     parser.add_argument("--qwen3-layers", type=int, help="use bench_scale's Qwen3-1.7B slice of this many layers")
-    parser.add_argument("--models-cache", type=Path, default=Path("/work/models-cache"), help="exported models")
-    parser.add_argument("--export-python", type=Path, default=Path("/work/export-venv/bin/python"))
+    cache_args(parser)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 32], help="the several-length variant")
     parser.add_argument("--arch", default="v79")
     parser.add_argument("--prompt-tokens", type=int, default=20)
@@ -205,9 +210,9 @@ def main() -> None:
     parser.add_argument("--builds", type=int, default=2, help="from-scratch builds per variant (fastest counts)")
     args = parser.parse_args()
     if args.qwen3_layers:
-        from bench_scale import ensure_model, model_name
+        from bench_scale import ensure_model, model_name, require_cache
 
-        model_dir = ensure_model(args.qwen3_layers, args.models_cache, args.export_python)
+        model_dir = ensure_model(args.qwen3_layers, require_cache(parser, args), args.export_python)
         label = model_name(args.qwen3_layers)
     else:
         model_dir, label = args.model_dir.resolve(), args.model_dir.name.lower()

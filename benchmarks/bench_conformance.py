@@ -11,7 +11,11 @@ plus a ``boundaries`` and a ``patch_effect`` summary. Not part of CI: the first 
 2 cores; a second build without one patch is mostly ccache hits).
 
     python benchmarks/bench_conformance.py [--arch v79] [--artifacts DIR] [--qnn-headers DIR] [--mnn-source SRC]
-        [--patch-effect 0004-cpu-attention-padded-nc4hw4]
+        [--patch-effect 0004-cpu-attention-padded-nc4hw4] [--npu-weights int4 [--models tiny-qwen3,...]]
+
+``--npu-weights ENC`` builds the chosen models (default: the two tiny ones) as ``<model>-<ENC>`` with that spec
+field ``npu_weights`` and merges their reports into ``conformance.json`` under ``npu_weights.<ENC>``, leaving the
+rest of the file as it was.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
+from _common import PROJECT_ROOT, RESULTS, print_table, write_results  # noqa: E402
 
 from mnnbuild.conform.build import SOURCE_ENV, cache_root  # noqa: E402
 
@@ -52,6 +57,23 @@ def _specs(arch: str, specs_dir: Path) -> list[str]:
             f'name = "{name}"\nsource = {{ local = "{source}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
         )
     return ["tiny-qwen3", "tiny-qwen3-trained", *names, spec]
+
+
+def _encoding_specs(models: list[str], encoding: str, arch: str, specs_dir: Path) -> list[str]:
+    """Specs ``<model>-<encoding>`` on the models' own dirs with ``npu_weights = encoding``."""
+    specs_dir.mkdir(parents=True, exist_ok=True)
+    names = []
+    for model in models:
+        source = PROJECT_ROOT / "models" / model
+        if not (source / "llm.mnn").is_file():
+            source = FIXTURES / model
+        name = f"{model}-{encoding}"
+        (specs_dir / f"{name}.toml").write_text(
+            f'name = "{name}"\nsource = {{ local = "{source}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
+            f'npu_weights = "{encoding}"\n'
+        )
+        names.append(name)
+    return names
 
 
 def summaries(reports: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -127,10 +149,17 @@ def main() -> int:
     parser.add_argument("--mnn-source")
     parser.add_argument("--qnn-headers")
     parser.add_argument("--patch-effect", metavar="NAME", help="passed to conform: what this patch changes")
+    parser.add_argument("--npu-weights", metavar="ENC", help="the chosen models built with this npu_weights")
+    parser.add_argument("--models", default="tiny-qwen3,tiny-qwen3-trained", help="with --npu-weights: which")
     args = parser.parse_args()
     artifacts = args.artifacts.resolve()
-    specs_dir = artifacts / "conformance-specs"
-    models = _specs(args.arch, specs_dir)
+    # specs (and the renamed model's copy) outside the artifact root, which may hold no spec dir of its own
+    scratch = tempfile.TemporaryDirectory(prefix="bench-conformance-")
+    specs_dir = Path(scratch.name) / "specs"
+    if args.npu_weights:
+        models = _encoding_specs([m for m in args.models.split(",") if m], args.npu_weights, args.arch, specs_dir)
+    else:
+        models = _specs(args.arch, specs_dir)
     env = {**os.environ, "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_MODELS_PATH": str(specs_dir)}
     tasks = [f"{stage}:{m}-{args.arch}" for m in models for stage in ("bundle", "twin")]
     subprocess.run([sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *tasks], env=env, check=True)
@@ -177,7 +206,14 @@ def main() -> int:
     if source:
         places[str(Path(source).expanduser().resolve().parent)] = "<mnn source dir>"
     doc = {"arch": args.arch, "boundaries": boundaries, "patch_effect": effects, "models": reports}
-    path = write_results("conformance", portable(doc, places))
+    if args.npu_weights:  # beside the other runs' results, which stay as they were
+        existing = (
+            json.loads((RESULTS / "conformance.json").read_text()) if (RESULTS / "conformance.json").is_file() else {}
+        )
+        existing.pop("machine", None)
+        existing.setdefault("npu_weights", {})[args.npu_weights] = portable(doc, places)
+        doc = existing
+    path = write_results("conformance", doc if args.npu_weights else portable(doc, places))
     sys.stdout.write(f"wrote {path}\n")
     return 0 if all(r.get("passed") for r in reports.values()) else 1
 

@@ -1,13 +1,14 @@
 """The whole chain on a Qwen3-1.7B-shaped model (real dims, N layers), stage by stage, against Qualcomm's floor.
 
-The model is built on demand by ``models/export/make_models.py --qwen3-1.7b-layers N`` into a cache dir
-outside the repo (``--models-cache``, a ``READY`` file marks it complete) and described by a spec written
-into a temp models dir (``MNNBUILD_MODELS_PATH``). Each stage (fetch, io, partition, config, context, bundle,
-then twin, verify, and last the model-lib, which no bundle or verify builds) runs as its own ``doit`` process
-with a fresh artifact cache, recording its wall time, peak RSS (the largest process of its tree), bytes written
-(``du`` of the artifact and cache dirs before and after, hard links counted once, a cache blob linked to an
-artifact too, and the block-device writes of its process tree), and for context the seconds of each plugin (its
-``context.origin.json``).
+The model is built on demand by ``models/export/make_models.py --qwen3-1.7b-layers N`` into a cache dir outside the
+repo (``--models-cache`` or ``$MODELS_CACHE``, a ``READY`` file in it or a ``<dir>.READY`` beside it marks it
+complete; exporting needs ``--export-python`` or ``$EXPORT_PYTHON``, a python with the export extra) and described
+by a spec written into a temp models dir (``MNNBUILD_MODELS_PATH``); ``--npu-weights`` sets the spec's
+``npu_weights``. Each stage (fetch, io, partition, config, context, bundle, then twin, verify, and last the
+model-lib, which no bundle or verify builds) runs as its own ``doit`` process with a fresh artifact cache, recording
+its wall time, peak RSS (the largest process of its tree), bytes written (``du`` of the artifact and cache dirs
+before and after, hard links counted once, a cache blob linked to an artifact too, and the block-device writes of
+its process tree), and for context the seconds of each plugin (its ``context.origin.json``).
 
 The floor, measured in the same run: per plugin, a weight-shared context (same SoC and settings) of its
 decode and prefill graphs holding only their linear ops (Conv2d / FullyConnected, MatMul with a static
@@ -16,10 +17,14 @@ our whole bundle time (fetch ... bundle) over that floor. Optionally ``-n 1`` vs
 (``--end-to-end``) one ``doit -n 1`` / ``-n 2 bundle`` each on a fresh root, what a user waits for, with the floor
 measured again right after.
 
-    python benchmarks/bench_scale.py --layers 4 [--jobs] [--end-to-end] [--keep]
+    MODELS_CACHE=... python benchmarks/bench_scale.py --layers 4 [--npu-weights int4] [--jobs] [--end-to-end] [--keep]
 
-Results are merged into ``benchmarks/results/scale.json`` under the layer count (``--label`` adds a key,
-e.g. ``before`` for a run of older code).
+Besides the stages: the bundle's bytes by part, the twins' bytes, how the contexts store their weights (the NPU
+weight bytes a phone reads per decoded token: every weight once, as stored; a size, not a speed), and verify's
+logits error and greedy agreement against the CPU.
+
+Results are merged into ``benchmarks/results/scale.json`` under the layer count (``--npu-weights`` and
+``--label`` add to the key, e.g. ``28-int4``, ``4-before`` for a run of older code).
 """
 
 from __future__ import annotations
@@ -63,11 +68,17 @@ def model_name(layers: int) -> str:
     return f"qwen3-1.7b-l{layers}"
 
 
-def ensure_model(layers: int, cache: Path, export_python: Path) -> Path:
+MODELS_CACHE_ENV = "MODELS_CACHE"
+EXPORT_PYTHON_ENV = "EXPORT_PYTHON"
+
+
+def ensure_model(layers: int, cache: Path, export_python: Path | None) -> Path:
     """The exported model dir, built by the export script unless a complete one is there."""
     dest = cache / f"qwen3-1.7b-L{layers}"
-    if (dest / READY).is_file():
+    if (dest / READY).is_file() or dest.with_name(f"{dest.name}.{READY}").is_file():  # inside it, or beside it
         return dest
+    if export_python is None:
+        raise SystemExit(f"{dest} is not exported yet: give --export-python or ${EXPORT_PYTHON_ENV} to export it")
     cmd = [str(export_python), str(EXPORT_SCRIPT), "--qwen3-1.7b-layers", str(layers), "--out", str(dest)]
     sys.stderr.write(f"exporting {dest.name}: {' '.join(cmd)}\n")
     subprocess.run(cmd, check=True)
@@ -75,9 +86,11 @@ def ensure_model(layers: int, cache: Path, export_python: Path) -> Path:
     return dest
 
 
-def write_spec(models_dir: Path, name: str, model_dir: Path, arch: str) -> None:
+def write_spec(models_dir: Path, name: str, model_dir: Path, arch: str, npu_weights: str | None = None) -> None:
     models_dir.mkdir(parents=True, exist_ok=True)
     text = f'name = "{name}"\nsource = {{ local = "{model_dir}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
+    if npu_weights is not None:
+        text += f'npu_weights = "{npu_weights}"\n'
     (models_dir / f"{name}.toml").write_text(text)
 
 
@@ -226,13 +239,115 @@ def save_result(key: str, result: dict[str, Any], results: str = "scale.json") -
     return path
 
 
+def _env_path(name: str) -> Path | None:
+    value = os.environ.get(name)
+    return Path(value) if value else None
+
+
+def cache_args(parser: argparse.ArgumentParser) -> None:
+    """Where the exported real-size models are and what exports them: flags or environment, no machine default."""
+    parser.add_argument(
+        "--models-cache",
+        type=Path,
+        default=_env_path(MODELS_CACHE_ENV),
+        help=f"dir of the exported models (default ${MODELS_CACHE_ENV}; one of them is required)",
+    )
+    parser.add_argument(
+        "--export-python",
+        type=Path,
+        default=_env_path(EXPORT_PYTHON_ENV),
+        help=f"python with the export extra (llmexport, torch), to export a missing model (${EXPORT_PYTHON_ENV})",
+    )
+
+
+def require_cache(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Path:
+    if args.models_cache is None:
+        parser.error(f"give --models-cache or set ${MODELS_CACHE_ENV} (the dir of the exported models)")
+    return Path(args.models_cache)
+
+
+def bundle_parts(bundle_dir: Path) -> dict[str, float]:
+    """MB of the device dir by part: the context binaries, the weight file, ``qnn/llm.mnn``, the rest."""
+    model_dirs = [p for p in (bundle_dir / "model").iterdir() if p.is_dir()]
+    parts = {"qnn_binaries": 0, "weight_file": 0, "llm_mnn": 0, "other": 0}
+    for root in model_dirs:
+        for path in root.rglob("*"):
+            if not path.is_file() or path.is_symlink():
+                continue
+            rel = path.relative_to(root).as_posix()
+            kind = (
+                "qnn_binaries"
+                if rel.startswith("qnn/") and rel.endswith(".bin")
+                else "weight_file"
+                if rel.endswith(".mnn.weight") or rel == "embeddings_bf16.bin"
+                else "llm_mnn"
+                if rel == "qnn/llm.mnn"
+                else "other"
+            )
+            parts[kind] += path.stat().st_size
+    out = {k: round(v / 1e6, 1) for k, v in parts.items()}
+    out["total"] = round(sum(parts.values()) / 1e6, 1)
+    return out
+
+
+def weight_storage(context_dir: Path) -> dict[str, Any]:
+    """How the context binaries store the conv weights (their manifests' notes): weights and bytes per encoding,
+    the largest requantization error, and the NPU weight bytes a decoded token reads (every weight once, its codes
+    as stored; scales and offsets come on top)."""
+    by: dict[str, dict[str, float]] = {}
+    worst, inexact, reasons = 0.0, 0, set()
+    for path in sorted(context_dir.glob("*/context.manifest.json")):
+        for note in json.loads(path.read_text()).get("weights", []):
+            entry = by.setdefault(f"{note['encoding']}/{note['bitwidth']}", {"convs": 0, "weights": 0, "bytes": 0})
+            entry["convs"] += 1
+            entry["weights"] += note["weights"]
+            entry["bytes"] += note["weights"] * note["bitwidth"] // 8
+            worst = max(worst, note.get("error", 0.0))
+            inexact += not note.get("exact", True)
+            if note.get("reason"):
+                reasons.add(note["reason"])
+    return {
+        "by_encoding": by,
+        "npu_weight_bytes_per_decoded_token": sum(int(e["bytes"]) for e in by.values()),
+        "requantized_convs": inexact,
+        "max_requantization_error": worst,
+        "float16_reasons": sorted(reasons),
+    }
+
+
+def accuracy(report: dict[str, Any]) -> dict[str, Any]:
+    """verify's whole-model logits error per sample and its greedy generation against the CPU."""
+    samples = []
+    for s in report.get("whole_model", []):
+        logits = next((t for t in s["outputs"] if t["name"] == "logits"), None) or {}
+        top1 = s.get("top1") or {}
+        samples.append(
+            {
+                "seq_len": s["seq_len"],
+                "logits_rel_err": logits.get("rel_err"),
+                "logits_cosine": logits.get("cosine"),
+                "top1_agree": f"{top1.get('agree')}/{top1.get('rows')}" if top1 else None,
+            }
+        )
+    gen = report.get("generation") or {}
+    steps = gen.get("steps") or []
+    return {
+        "samples": samples,
+        "generation": {
+            "tokens": len(gen.get("cpu_tokens") or []),
+            "identical": gen.get("first_divergence") is None if gen else None,
+            "first_divergence": gen.get("first_divergence"),
+            "agree_steps": sum(st["hybrid_pick"] == st["cpu_token"] for st in steps),
+            "max_step_logits_rel_err": max((st["logits"]["rel_err"] or 0.0 for st in steps), default=None),
+        },
+    }
+
+
 def model_args(parser: argparse.ArgumentParser, layers: int) -> None:
     """The options naming the model, its target and where it is exported and built."""
     parser.add_argument("--layers", type=int, default=layers, help=f"layers of the 28 (default {layers})")
     parser.add_argument("--arch", default="v79")
-    parser.add_argument("--models-cache", type=Path, default=Path("/work/models-cache"), help="exported models")
-    parser.add_argument("--export-python", type=Path, default=Path("/work/export-venv/bin/python"),
-                        help="python with the export extra (llmexport, torch)")  # fmt: skip
+    cache_args(parser)
     parser.add_argument("--work", type=Path, default=None, help="dir for artifacts and cache (default: a temp dir)")
 
 
@@ -271,6 +386,8 @@ def main() -> None:
         action="store_true",
         help="also time one `doit -n 1 bundle` and one `doit -n 2 bundle` on fresh roots (cache off) against the floor",
     )
+    parser.add_argument("--npu-weights", help="the spec's npu_weights (float16, int8, int4); default: no field")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor (it costs as much as context)")
     parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument(
@@ -288,17 +405,17 @@ def main() -> None:
     name = model_name(args.layers)
     target = f"{name}-{args.arch}"
     stages = [s for s in args.stages.split(",") if s]
-    model_dir = ensure_model(args.layers, args.models_cache, args.export_python)
-    key = str(args.layers) + (f"-{args.label}" if args.label else "")
+    model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python)
+    key = str(args.layers) + "".join(f"-{v}" for v in (args.npu_weights, args.label) if v)
     work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
     if not args.resume:
         artifacts.mkdir()
         cache.mkdir()
-        write_spec(models, name, model_dir, args.arch)
+        write_spec(models, name, model_dir, args.arch, args.npu_weights)
     env = doit_env(artifacts, cache, models)
     rows: dict[str, dict[str, Any]] = {}
-    result: dict[str, Any] = {"model": name, "target": target, "stages": rows}
+    result: dict[str, Any] = {"model": name, "target": target, "npu_weights": args.npu_weights, "stages": rows}
     if args.resume:  # carry the earlier stages' records on
         earlier = json.loads((RESULTS / "scale.json").read_text())["layers"][key]
         rows.update(earlier.get("stages", {}))
@@ -319,9 +436,17 @@ def main() -> None:
                 report = json.loads((where / VERIFY_REPORT_JSON).read_text())
                 rec["checks_s"] = report.get("timings", {})
                 rec["passed"] = report.get("passed")
+                result["accuracy"] = accuracy(report)
+            if stage == "context":
+                result["weights"] = weight_storage(artifacts / name / args.arch / "context")
+            if stage == "bundle":
+                result["bundle_parts_mb"] = bundle_parts(artifacts / name / args.arch / "bundle")
+            if stage == "twin":
+                twins = (artifacts / name / args.arch / "twin").glob("*/*.bin")
+                result["twin_mb"] = round(sum(p.stat().st_size for p in twins) / 1e6, 1)
             rows[stage] = rec
             sys.stderr.write(f"{stage}: {rec}\n")
-            if stage == "context":  # right after our context build, under the same load
+            if stage == "context" and not args.no_floor:  # right after our context build, under the same load
                 load_before = os.getloadavg()[0]
                 result["floor"] = measure_floor(artifacts, name, args.arch, env)
                 result["floor"]["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
@@ -371,6 +496,15 @@ def main() -> None:
         f"{result['bundle_written_mb']:.0f} MB = {result['bundle_written_over_bundle']}x the final bundle's "
         f"{result['final_bundle_mb']:.0f} MB\n"
     )
+    if "bundle_parts_mb" in result:
+        out("bundle MB by part: " + ", ".join(f"{k} {v}" for k, v in result["bundle_parts_mb"].items()) + "\n")
+    if "weights" in result:
+        w = result["weights"]
+        out(f"NPU weight bytes per decoded token: {w['npu_weight_bytes_per_decoded_token'] / 1e6:.1f} MB (a size)\n")
+    if "accuracy" in result:
+        a = result["accuracy"]
+        out("logits vs CPU: " + ", ".join(f"seq {x['seq_len']} rel {x['logits_rel_err']:.2e}" for x in a["samples"]))
+        out(f"; generation agree {a['generation']['agree_steps']}/{a['generation']['tokens']}\n")
     if "verify" in rows:
         out("verify checks (s): " + ", ".join(f"{k} {v}" for k, v in rows["verify"]["checks_s"].items()) + "\n")
     if "context_jobs" in result:

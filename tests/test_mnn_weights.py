@@ -16,11 +16,13 @@ from mnnbuild.mnn import (
     MnnModel,
     Op,
     WeightFile,
+    conv_codes,
     conv_ops,
     decode_conv,
     embedding_info,
     iter_conv_weights,
     load_model,
+    quantize_blocks,
     quantize_linear,
     read_embeddings,
     save_model,
@@ -450,3 +452,57 @@ def test_in_major_decode_holds_one_full_copy(tmp_path: Path, monkeypatch: pytest
     np.testing.assert_allclose(cw.weight, deq, rtol=0, atol=1e-6)
     # the result, the unpacked codes (1 byte per weight) and one block of temporaries
     assert peak < full + full // 4 + (3 << 20), (peak, full)
+
+
+# ---- a conv's own codes (what the NPU keeps with npu_weights int4/int8) ----------------------------------
+
+
+@model_dirs
+def test_conv_codes_are_the_stored_integers_and_scales(model_dir: Path) -> None:
+    """Codes within the stored bit width, one scale group per block, and codes * scale + zero = MNN's weights."""
+    bits, symmetric, block = EXPECTED_STORAGE[model_dir.name]
+    model = load_model(model_dir / "llm.mnn")
+    with WeightFile(model_dir / "llm.mnn.weight") as wf:
+        for op in conv_ops(model):
+            cc = conv_codes(op, wf)
+            cw = decode_conv(op, wf)
+            assert cc is not None and cc.bits == bits and (cc.zero is None) == symmetric
+            in_ch = cw.weight.shape[1]
+            assert cc.block == (block or in_ch)
+            assert cc.codes.dtype == np.int8 and cc.codes.shape == cw.weight.shape
+            assert -(1 << (bits - 1)) <= int(cc.codes.min()) and int(cc.codes.max()) < (1 << (bits - 1))
+            assert cc.scale.shape == (cw.weight.shape[0], in_ch // cc.block)
+            err = np.abs(cc.dequantized() - cw.weight).max() / np.abs(cw.weight).max()
+            assert err < 1e-6, (op.name, err)
+            np.testing.assert_array_equal(cc.bias, cw.bias)
+
+
+def test_float_weights_have_no_codes() -> None:
+    model = load_model(MODEL_DIRS["tiny-qwen3"] / "llm.mnn")
+    op = conv_ops(model)[0]
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    conv = op.main
+    conv.quanParameter, conv.external, conv.weight = None, None, w.reshape(-1).tolist()
+    conv.bias = [0.0, 0.0, 0.0]
+    conv.common.outputCount, conv.common.inputCount = 3, 4
+    assert conv_codes(op, None) is None
+    np.testing.assert_array_equal(decode_conv(op, None).weight, w)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("block", [0, 32])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_quantize_blocks_rounds_to_nearest(bits: int, block: int, symmetric: bool) -> None:
+    w = np.random.default_rng(3).standard_normal((48, 96)).astype(np.float32)
+    codes, scale, zero = quantize_blocks(w, bits, block, symmetric)
+    blk = block or 96
+    assert scale.shape == (48, 96 // blk) and (zero is None) == symmetric
+    half = 1 << (bits - 1)
+    assert int(codes.min()) >= -half and int(codes.max()) < half
+    deq = codes.reshape(48, -1, blk).astype(np.float32) * scale[:, :, None]
+    if zero is not None:
+        deq += zero[:, :, None]
+    err = np.abs(deq.reshape(48, 96) - w)
+    # within half a step of the nearest code, everywhere
+    assert (err <= np.repeat(scale, blk, axis=1) * 0.5 + 1e-6).all()
+    assert err.max() > 0

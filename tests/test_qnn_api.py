@@ -290,3 +290,91 @@ def test_precompiled_ffi_matches_the_declarations() -> None:
     from mnnbuild.qnn.regen_ffi import OUT_FILE, generate
 
     assert generate() == OUT_FILE.read_text(), "run: python -m mnnbuild.qnn.regen_ffi"
+
+
+def test_quantization_structs_have_the_header_layout(lib: QnnLibrary) -> None:
+    """The encodings the quantized NPU weights use, laid out as QnnTypes.h (API 2.32, x86_64/aarch64) declares them:
+    a wrong offset would hand QNN another tensor's scales, not fail."""
+    ffi = lib.ffi
+    assert ffi.sizeof("Qnn_FloatScaleOffset_t") == 8
+    assert ffi.sizeof("Qnn_BlockEncoding_t") == 16
+    assert ffi.sizeof("Qnn_BwAxisScaleOffset_t") == 32
+    assert [ffi.offsetof("Qnn_BwAxisScaleOffset_t", f) for f in ("axis", "numElements", "scales", "offsets")] == [
+        4,
+        8,
+        16,
+        24,
+    ]
+    assert ffi.sizeof("Qnn_BwFloatBlockEncoding_t") == 24
+    assert [ffi.offsetof("Qnn_BwFloatBlockEncoding_t", f) for f in ("blockSize", "floatScaleOffset")] == [8, 16]
+    assert ffi.sizeof("Qnn_QuantizeParams_t") == 40 and ffi.offsetof("Qnn_QuantizeParams_t", "blockEncoding") == 8
+    assert ffi.sizeof("Qnn_TensorV1_t") == 112
+
+
+def _quantized_conv(kind: str, w: np.ndarray, block: int) -> tuple[np.ndarray, str, Quant | None, np.ndarray]:
+    """HWIO data, its QNN type, its quantization and the weights it stands for, in each encoding the lowering uses."""
+    from mnnbuild.mnn.weights import quantize_blocks
+
+    out_ch, in_ch = w.shape
+    if kind == "float32":
+        return np.ascontiguousarray(w.T).reshape(1, 1, in_ch, out_ch), "float32", None, w
+    bits, blk, symmetric = {"block": (4, block, True), "bw_float_block": (4, block, False)}.get(kind, (4, 0, True))
+    if kind == "axis8":
+        bits = 8
+    q, scale, zero = quantize_blocks(w, bits, blk, symmetric)
+    deq = q.reshape(out_ch, -1, blk or in_ch).astype(np.float64) * scale[:, :, None]
+    if zero is not None:
+        deq += zero[:, :, None]
+    data = np.ascontiguousarray(q.T).reshape(1, 1, in_ch, out_ch)
+    quant = {
+        "block": Quant(scale.reshape(-1), 0, block_size=[1, 1, block, 1], bitwidth=4),
+        "bw_float_block": Quant(
+            scale.reshape(-1),
+            (zero / scale).reshape(-1) if zero is not None else 0,
+            block_size=[1, 1, block, 1],
+            bitwidth=4,
+            float_offset=True,
+        ),
+        "bw_axis4": Quant(scale.reshape(-1), 0, axis=3, bitwidth=4),
+        "axis8": Quant(scale.reshape(-1), 0, axis=3),
+    }[kind]
+    return data, "sfixed8", quant, deq.reshape(out_ch, in_ch)
+
+
+@pytest.mark.parametrize("kind", ["block", "bw_float_block", "bw_axis4", "axis8"])
+def test_quantized_conv_weights_in_the_cast_form(lib: QnnLibrary, kind: str) -> None:
+    """Each weight encoding in a 1x1 Conv2d between Casts to and from fp16 (the form the HTP finalizes) computes
+    with the weights it encodes, in a binary smaller than the float one by what the codes save."""
+    in_ch, out_ch, rows, block = 256, 128, 4, 64
+    w = np.random.default_rng(0).standard_normal((out_ch, in_ch)).astype(np.float32)
+    x_in = np.random.default_rng(1).standard_normal((1, 1, rows, in_ch)).astype(np.float32)
+    sizes, results = {}, {}
+    for variant in ("float32", kind):
+        data, dtype, quant, deq = _quantized_conv(variant, w, block)
+        ft = "float32" if quant is None else "float16"
+        with ContextBuilder(lib, V79) as ctx:
+            g = ctx.add_graph("g")
+            x = g.add_input("x", (1, 1, rows, in_ch))
+            y = g.add_output("y", (1, 1, rows, out_ch))
+            xi, yo = x, y
+            if quant is not None:
+                xi = g.add_native("x16", (1, 1, rows, in_ch), "float16")
+                g.add_node("cast_in", "Cast", [x], [xi])
+                yo = g.add_native("y16", (1, 1, rows, out_ch), "float16")
+            weight = g.add_static("w", data, dtype, quant=quant)
+            bias = g.add_static("b", np.zeros(out_ch, ft))
+            conv = {"stride": np.array([1, 1], np.uint32), "pad_amount": np.zeros((2, 2), np.uint32)}
+            g.add_node("conv", "Conv2d", [xi, weight, bias], [yo], conv)
+            if quant is not None:
+                g.add_node("cast_out", "Cast", [yo], [y])
+            binary = ctx.serialize()
+        with load_context(lib, binary) as runner:
+            out = runner.execute("g", {"x": x_in})["y"].reshape(rows, out_ch).astype(np.float64)
+        ref = x_in.reshape(rows, in_ch).astype(np.float64) @ deq.T
+        results[variant] = float(np.abs(out - ref).max() / np.abs(ref).max())
+        sizes[variant] = len(binary)
+    assert results[kind] < 2e-3, results  # fp16 arithmetic on the encoded weights, not int4 rounding (~1e-1)
+    weight_bytes = in_ch * out_ch * 2  # fp16 weights in the float binary
+    saved = sizes["float32"] - sizes[kind]
+    expected = weight_bytes * (0.5 if kind == "axis8" else 0.75)  # 1 byte or half a byte per weight
+    assert 0.8 * expected <= saved <= 1.2 * expected, (sizes, expected)

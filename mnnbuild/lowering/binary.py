@@ -30,6 +30,7 @@ from mnnbuild.base.errors import QnnError
 from mnnbuild.base.fsutil import atomic_write_bytes
 from mnnbuild.base.logs import configure_logging
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, StaticSource, composed_context
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.model.targets import Soc
 from mnnbuild.qnn import BinaryInfo, HtpTarget, QnnLibrary, read_binary_info
 
@@ -38,15 +39,29 @@ log = logging.getLogger(__name__)
 GraphSource = Callable[[], Mapping[str, tuple[GraphDescription, StaticSource]]]
 
 
-def compose_to_file(target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path, log_level: str) -> None:
-    """`composed_context` of ``source``'s graphs into ``dest``; meant to run in a fresh process (see the module doc)."""
+def weight_notes(graphs: Mapping[str, tuple[GraphDescription, StaticSource]]) -> list[WeightNote]:
+    """How each weight of the graphs is stored, once per weight (the graphs of a plugin share them)."""
+    notes: dict[str, WeightNote] = {}
+    for name in graphs:
+        for note in graphs[name][0].weights:
+            notes.setdefault(note.tensor, note)
+    return list(notes.values())
+
+
+def compose_to_file(
+    target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path, log_level: str
+) -> list[WeightNote]:
+    """`composed_context` of ``source``'s graphs into ``dest``; meant to run in a fresh process (see the module doc).
+    Returns how the binary stores each weight."""
     configure_logging(log_level)  # as in the parent: each finalized graph is logged with its time
     graphs = dict(source())
+    notes = weight_notes(graphs)
     with composed_context(QnnLibrary(), target, graphs, weight_sharing, label=dest.stem) as ctx:
         # QNN copied every static when it was created: let go of ours before serializing, QNN's peak
         graphs.clear()
         with ctx.binary_view() as binary:
             atomic_write_bytes(dest, binary)  # straight from QNN's buffer: no copy of a GB-sized binary
+    return notes
 
 
 def _fresh_processes(source: GraphSource) -> multiprocessing.context.BaseContext:
@@ -63,9 +78,11 @@ def _fresh_processes(source: GraphSource) -> multiprocessing.context.BaseContext
     return ctx
 
 
-def compose_in_fresh_process(target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path) -> None:
-    """Compose ``source``'s graphs into the binary ``dest`` in a fresh process; a ``LoweringError`` when that
-    process dies.
+def compose_in_fresh_process(
+    target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path
+) -> list[WeightNote]:
+    """Compose ``source``'s graphs into the binary ``dest`` in a fresh process (returns how it stores each weight);
+    a ``LoweringError`` when that process dies.
 
     That process never outlives this one: stopped here (Ctrl-C, SIGTERM as KeyboardInterrupt), this one kills it
     before passing the interrupt on; killed here (``kill -9``, the OOM killer), it kills itself (`_compose_child`)."""
@@ -90,11 +107,12 @@ def compose_in_fresh_process(target: HtpTarget, source: GraphSource, weight_shar
         ours.close()
     if status == "error":
         raise payload
+    return [WeightNote.model_validate(n) for n in payload]
 
 
 def _await_result(conn: Connection, child: BaseProcess) -> tuple[str, Any]:
-    """What the compose process sent (``("ok", None)`` or ``("error", exception)``); a ``LoweringError`` when it died
-    without a word. Polls in short waits, so an interrupt of this process is seen at once."""
+    """What the compose process sent (``("ok", weight notes)`` or ``("error", exception)``); a ``LoweringError``
+    when it died without a word. Polls in short waits, so an interrupt of this process is seen at once."""
     while True:
         if conn.poll(0.2):
             try:
@@ -116,11 +134,11 @@ def _compose_child(
     of its children: a parent-death signal would wait for the forkserver, and the forkserver for this.)"""
     threading.Thread(target=_die_when_closed, args=(conn,), name="requester-watch", daemon=True).start()
     try:
-        compose_to_file(target, source, weight_sharing, dest, log_level)
+        notes = compose_to_file(target, source, weight_sharing, dest, log_level)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the requester
         conn.send(("error", _picklable(exc)))
     else:
-        conn.send(("ok", None))
+        conn.send(("ok", [n.model_dump() for n in notes]))
 
 
 def _die_when_closed(conn: Connection) -> None:
@@ -163,15 +181,16 @@ def compose_checked(
     weight_sharing: bool,
     dest: Path,
     what: str,
-) -> tuple[BinaryInfo, int, float]:
+) -> tuple[BinaryInfo, int, float, list[WeightNote]]:
     """:func:`compose_in_fresh_process` for ``soc``, then :func:`checked_info` of what it wrote (it must hold the
-    graphs ``names``, in order): the binary's info, its size and the seconds composing it took. A
-    ``LoweringError`` names ``what``."""
+    graphs ``names``, in order): the binary's info, its size, the seconds composing it took and how it stores each
+    weight. A ``LoweringError`` names ``what``."""
     started = time.perf_counter()
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
     try:
-        compose_in_fresh_process(HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb), source, weight_sharing, dest)
+        notes = compose_in_fresh_process(target, source, weight_sharing, dest)
     except LoweringError as exc:  # the same type, named after the binary
         raise type(exc)(f"{what}: {exc}") from None
     seconds = time.perf_counter() - started
     data = dest.read_bytes()
-    return checked_info(lib, what, data, names, soc, weight_sharing), len(data), seconds
+    return checked_info(lib, what, data, names, soc, weight_sharing), len(data), seconds, notes

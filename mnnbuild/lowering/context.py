@@ -18,14 +18,18 @@ from mnnbuild.lowering.graph import (
     Param,
     QnnNodeDesc,
     QnnTensorDesc,
+    QuantDesc,
     ScalarParam,
     TensorKind,
     TensorParam,
+    quant_key,
     raw_file_name,
 )
+from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
+from mnnbuild.model.npu_weights import WeightNote
 
 
 @dataclass(frozen=True)
@@ -88,12 +92,18 @@ class LoweringContext:
         constants: Mapping[int, np.ndarray],
         inputs: Sequence[int],
         outputs: Sequence[int],
-        conv_weights: MutableMapping[str, ConvWeights] | None = None,
+        conv_weights: MutableMapping[str, ConvWeights | QuantizedWeight] | None = None,
+        npu_weights: str = DEFAULT_NPU_WEIGHTS,
     ) -> None:
         self.model = model
         self.weights = weights
         self.conv_weights = conv_weights
         """Decoded conv weights by op name, shared with other graphs of the plugin (None: decode each time)."""
+        self.npu_weights = npu_weights
+        """How conv weights are stored: ``float16``, or the model's codes where a QNN encoding keeps them."""
+        self.weight_notes: list[WeightNote] = []
+        self.fp16_copies: dict[tuple[str, tuple[int, ...]], str] = {}
+        """fp16 casts of float32 tensors, by the tensor they view and their dims (one Cast feeds every reader)."""
         self.info = tensor_info
         self.constants = constants
         self.graph_inputs = list(inputs)
@@ -171,6 +181,37 @@ class LoweringContext:
             return name
         self.statics[name] = arr
         return self._add(desc.model_copy(update={"raw": raw_file_name(name)}))
+
+    def quantized_static(self, name: str, qw: QuantizedWeight) -> str:
+        """A quantized STATIC tensor (``sfixed8`` codes, their (scale, offset) rows beside them)."""
+        quant = QuantDesc(
+            encoding=qw.encoding,  # type: ignore[arg-type]
+            bitwidth=qw.bitwidth,
+            axis=qw.axis,
+            block_size=qw.block_size,
+            raw=raw_file_name(quant_key(name)),
+        )
+        desc = QnnTensorDesc(
+            name=name, kind=TensorKind.STATIC, dims=list(qw.codes.shape), dtype="sfixed8", raw="", quant=quant
+        )
+        if name in self.statics:
+            old_codes, old_params = self.statics[name], self.statics[quant_key(name)]
+            if not (np.array_equal(old_codes, qw.codes) and np.array_equal(old_params, qw.params)):
+                raise self.error(f"static tensor {name!r} defined twice with different data")
+            return name
+        self.statics[name] = qw.codes
+        self.statics[quant_key(name)] = qw.params
+        return self._add(desc.model_copy(update={"raw": raw_file_name(name)}))
+
+    def fp16(self, src: str, dims: Sequence[int], viewed: str) -> str:
+        """float32 tensor ``src`` (a view of ``viewed`` as ``dims``) cast to float16: one Cast for every reader of
+        that view (q, k and v read one)."""
+        key = (viewed, tuple(dims))
+        if key not in self.fp16_copies:
+            dst = self.temp("fp16", dims, "float16")
+            self.node("Cast", [src], [dst], suffix="fp16")
+            self.fp16_copies[key] = dst
+        return self.fp16_copies[key]
 
     def const_static(self, t: int, shape: Sequence[int] | None = None, dtype: str | None = None) -> str:
         """Constant tensor ``t`` as a STATIC tensor (optionally reshaped), named from its producer op."""

@@ -26,13 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mnnbuild.base.errors import MnnbuildError, QnnError
 from mnnbuild.base.fsutil import confined, sha256_bytes
 from mnnbuild.base.logs import progress
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.pipeline.layout import GRAPH_FILE
-from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Scalar
+from mnnbuild.qnn import ContextBuilder, GraphBuilder, HtpTarget, QnnLibrary, Quant, Scalar
 from mnnbuild.qnn import dtypes as qdt
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: STATIC tensors may name a narrower storage type for their raw file
+SCHEMA_VERSION = 3  # 2: STATIC tensors may name a narrower storage type; 3: quantized STATIC tensors, weight notes
 GRAPH_JSON = GRAPH_FILE
 DEFAULT_PACKAGE = "qti.aisw"
 
@@ -57,6 +58,40 @@ class TensorKind(str, Enum):
     STATIC = "STATIC"  # constant, data in a .raw file
 
 
+QUANT_ENCODINGS = ("axis_scale_offset", "bw_axis_scale_offset", "block", "bw_float_block")
+
+
+class QuantDesc(BaseModel):
+    """How a quantized STATIC tensor's stored integers map to reals (QNN's encodings, see `Quant`); its (scale,
+    offset) pairs, one per channel or block in channel-major order, are float32 ``[n, 2]`` in the raw file ``raw``
+    (in memory: the statics under `quant_key` of the tensor's name)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    encoding: Literal["axis_scale_offset", "bw_axis_scale_offset", "block", "bw_float_block"]
+    bitwidth: int
+    """Bits of each stored value (8, or 4 in an 8-bit container)."""
+    axis: int = 0
+    block_size: list[int] = Field(default_factory=list)
+    raw: str
+
+    def quant(self, params: np.ndarray) -> Quant:
+        """The builder's `Quant` for the (scale, offset) rows ``params``."""
+        scale = params[:, 0]
+        if self.encoding == "bw_float_block":
+            return Quant(scale, params[:, 1], block_size=self.block_size, bitwidth=self.bitwidth, float_offset=True)
+        offset = np.rint(params[:, 1]).astype(np.int32)
+        if self.encoding == "block":
+            return Quant(scale, offset, block_size=self.block_size, bitwidth=self.bitwidth)
+        bits = self.bitwidth if self.encoding == "bw_axis_scale_offset" else 0
+        return Quant(scale, offset, axis=self.axis, bitwidth=bits)
+
+
+def quant_key(tensor_name: str) -> str:
+    """The key of a quantized tensor's (scale, offset) rows among a graph's statics."""
+    return f"{tensor_name}#quant"
+
+
 class QnnTensorDesc(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -70,6 +105,8 @@ class QnnTensorDesc(BaseModel):
     storage: str | None = None
     """STATIC only: the data type of the ``.raw`` file when it is not ``dtype`` (``float16`` for a ``float32``
     weight). The tensor is still ``dtype`` to QNN; its values are the stored ones, widened exactly."""
+    quant: QuantDesc | None = None
+    """STATIC only: the stored values are integers of this quantization (``dtype`` ``sfixed8``)."""
 
     @model_validator(mode="after")
     def _check(self) -> QnnTensorDesc:
@@ -82,6 +119,8 @@ class QnnTensorDesc(BaseModel):
                 raise ValueError(f"tensor {self.name!r}: only STATIC tensors have a storage type")
             if self.storage not in NARROWER_STORAGE.get(self.dtype, ()):
                 raise ValueError(f"tensor {self.name!r}: {self.dtype} cannot be stored as {self.storage!r}")
+        if self.quant is not None and (self.kind != TensorKind.STATIC or self.dtype != "sfixed8"):
+            raise ValueError(f"tensor {self.name!r}: only sfixed8 STATIC tensors are quantized")
         return self
 
     @property
@@ -146,6 +185,8 @@ class GraphDescription(BaseModel):
     outputs: list[str]
     tensors: list[QnnTensorDesc]
     nodes: list[QnnNodeDesc]
+    weights: list[WeightNote] = Field(default_factory=list)
+    """One note per convolution weight, in lowering order."""
 
     @model_validator(mode="after")
     def _check(self) -> GraphDescription:
@@ -160,7 +201,7 @@ class GraphDescription(BaseModel):
         for n in self.outputs:
             if by_name.get(n) is None or by_name[n].kind != TensorKind.APP_READ:
                 raise ValueError(f"graph output {n!r} is not an APP_READ tensor")
-        raws = [t.raw for t in self.tensors if t.raw is not None]
+        raws = [t.raw for t in self.tensors if t.raw is not None] + [t.quant.raw for t in self.tensors if t.quant]
         if len(set(raws)) != len(raws):
             raise ValueError("two static tensors share a raw file name")
         for node in self.nodes:
@@ -229,6 +270,12 @@ def write_graph_dir(
             with open(path, "wb") as f:
                 arr.tofile(f)
         written.append(path)
+        if t.quant is not None:
+            params = np.ascontiguousarray(statics[quant_key(t.name)], dtype="<f4")
+            qpath = directory / t.quant.raw
+            with open(qpath, "wb") as f:
+                params.tofile(f)
+            written.append(qpath)
     path = directory / GRAPH_JSON
     path.write_text(json.dumps(desc.model_dump(mode="json"), indent=1, sort_keys=True) + "\n")
     written.append(path)
@@ -286,6 +333,19 @@ def read_static(directory: Path, t: QnnTensorDesc, chunk: int = 16 << 20) -> np.
     return out.reshape(t.dims)
 
 
+def read_quant_params(directory: Path, t: QnnTensorDesc) -> np.ndarray:
+    """The (scale, offset) rows of quantized static ``t`` from its raw file in ``directory``."""
+    assert t.quant is not None
+    path = Path(directory) / t.quant.raw
+    try:
+        data = np.fromfile(path, dtype="<f4")
+    except OSError as exc:
+        raise LoweringError(f"{path}: missing quantization raw of static tensor {t.name!r}") from exc
+    if data.size % 2:
+        raise LoweringError(f"{path}: {data.size * 4} bytes is not a whole number of (scale, offset) pairs")
+    return data.reshape(-1, 2)
+
+
 def _param_value(p: Param) -> object:
     if isinstance(p, TensorParam):
         return p.array()
@@ -315,7 +375,15 @@ def compose(desc: GraphDescription, raw_source: Path | Mapping[str, np.ndarray],
                 data = np.asarray(raw_source[t.name], dtype=t.numpy_dtype).reshape(t.dims)
             else:
                 data = read_static(Path(raw_source), t)
-            graph.add_static(t.name, data, t.dtype)
+            quant = None
+            if t.quant is not None:
+                params = (
+                    np.asarray(raw_source[quant_key(t.name)], dtype=np.float32)
+                    if isinstance(raw_source, Mapping)
+                    else read_quant_params(Path(raw_source), t)
+                )
+                quant = t.quant.quant(params)
+            graph.add_static(t.name, data, t.dtype, quant=quant)
     for node in desc.nodes:
         params = {p.name: _param_value(p) for p in node.params}
         try:

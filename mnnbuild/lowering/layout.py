@@ -36,7 +36,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from mnnbuild.lowering.graph import GraphDescription, QnnNodeDesc, QnnTensorDesc, TensorKind, raw_file_name
+from mnnbuild.lowering.graph import (
+    GraphDescription,
+    QnnNodeDesc,
+    QnnTensorDesc,
+    TensorKind,
+    quant_key,
+    raw_file_name,
+)
 
 # Ops that work element by element (with broadcasting over equal-rank operands) and have no parameter
 # that names an axis: their result does not depend on how the elements are grouped into dims.
@@ -282,4 +289,5 @@ def channel_last(
     _write_outputs_directly(g)
     out = g.description()
     names = {t.name for t in out.static_tensors}
-    return out, {n: a for n, a in data.items() if n in names}
+    names |= {quant_key(t.name) for t in out.static_tensors if t.quant is not None}
+    return out.model_copy(update={"weights": desc.weights}), {n: a for n, a in data.items() if n in names}

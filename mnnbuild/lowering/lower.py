@@ -26,6 +26,7 @@ from mnnbuild.lowering.context import LoweringContext, TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
 from mnnbuild.lowering.layout import channel_last
 from mnnbuild.lowering.ops import REGISTRY
+from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.lowering.support import FOLDED_OP_TYPES as FOLDED_OP_TYPES
 from mnnbuild.lowering.support import LOWERED_OP_TYPES as LOWERED_OP_TYPES
 from mnnbuild.lowering.support import blob_value, precision_reason
@@ -84,7 +85,8 @@ def lower_subgraph(
     tensor_info: Mapping[int, TensorMeta],
     inputs: Sequence[int],
     outputs: Sequence[int],
-    conv_weights: MutableMapping[str, ConvWeights] | None = None,
+    conv_weights: MutableMapping[str, ConvWeights | QuantizedWeight] | None = None,
+    npu_weights: str = DEFAULT_NPU_WEIGHTS,
 ) -> LoweredGraph:
     """Lower the ops ``op_indexes`` of ``model`` (in that order, topologically sorted) to one QNN graph.
 
@@ -99,7 +101,7 @@ def lower_subgraph(
     own_file = weights is not None and not isinstance(weights, WeightFile)
     wf = WeightFile(weights) if own_file else weights  # type: ignore[arg-type]
     try:
-        return _lower(model, wf, op_indexes, tensor_info, inputs, outputs, conv_weights)
+        return _lower(model, wf, op_indexes, tensor_info, inputs, outputs, conv_weights, npu_weights)
     finally:
         if own_file and wf is not None:
             wf.close()
@@ -112,13 +114,14 @@ def _lower(
     tensor_info: Mapping[int, TensorMeta],
     inputs: Sequence[int],
     outputs: Sequence[int],
-    conv_weights: MutableMapping[str, ConvWeights] | None = None,
+    conv_weights: MutableMapping[str, ConvWeights | QuantizedWeight] | None = None,
+    npu_weights: str = DEFAULT_NPU_WEIGHTS,
 ) -> LoweredGraph:
     const = constant_tensors(model)
     ops = [model.ops[i] for i in op_indexes]
     involved = {t for op in ops for t in (*op.inputs, *op.outputs)} | set(outputs)
     values = _constant_values(model, const, involved, tensor_info)
-    ctx = LoweringContext(model, weights, tensor_info, values, inputs, outputs, conv_weights)
+    ctx = LoweringContext(model, weights, tensor_info, values, inputs, outputs, conv_weights, npu_weights)
     folded = 0
     for op in ops:
         ctx.op = op
@@ -151,6 +154,7 @@ def _lower(
         outputs=[ctx.names[t] for t in outputs],
         tensors=list(ctx.tensors.values()),
         nodes=ctx.nodes,
+        weights=ctx.weight_notes,
     )
     # op-by-op lowering leaves MNN's [N, C, 1, 1] between ops, which the HTP prepares very slowly
     desc, statics = channel_last(desc, ctx.statics)

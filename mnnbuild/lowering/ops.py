@@ -16,6 +16,7 @@ from types import MappingProxyType
 import numpy as np
 
 from mnnbuild.lowering.context import LoweringContext, b8, digest, f32, i32, tensor_param, u32
+from mnnbuild.lowering.quantized import QuantizedWeight, npu_weight
 from mnnbuild.lowering.support import (
     BINARY_QNN,
     CHECKS,
@@ -26,6 +27,7 @@ from mnnbuild.lowering.support import (
 )
 from mnnbuild.mnn import Op
 from mnnbuild.mnn.weights import ConvWeights, WeightFile, decode_conv
+from mnnbuild.model.npu_weights import WeightNote
 
 Lower = Callable[[LoweringContext, Op], None]
 
@@ -101,21 +103,47 @@ def htp_conv_weights(op: Op, weights: WeightFile | None) -> ConvWeights:
     return decode_conv(op, weights, in_major=True)
 
 
-def _lower_conv(ctx: LoweringContext, op: Op) -> None:
+def _conv_weights(ctx: LoweringContext, op: Op) -> tuple[ConvWeights | QuantizedWeight, WeightNote]:
+    """The conv's weight as this graph stores it (decoded once per plugin) and the note saying how."""
     cache = ctx.conv_weights
     cw = cache.get(op.name) if cache is not None else None
+    reason = ""
     if cw is None:
-        cw = htp_conv_weights(op, ctx.weights)
+        quantized, reason = npu_weight(op, ctx.weights, ctx.npu_weights)
+        cw = quantized if quantized is not None else htp_conv_weights(op, ctx.weights)
         if cache is not None:
             cache[op.name] = cw
+    elif not isinstance(cw, QuantizedWeight) and ctx.npu_weights != "float16":
+        reason = "float weights: no codes to keep"
+    tensor = f"{op.name}.weight"
+    if isinstance(cw, QuantizedWeight):
+        note = WeightNote(
+            op=op.name,
+            tensor=tensor,
+            encoding=cw.encoding,
+            bitwidth=cw.bitwidth,
+            weights=cw.codes.size,
+            exact=cw.exact,
+            error=cw.error,
+        )
+    else:
+        note = WeightNote(op=op.name, tensor=tensor, encoding="float16", bitwidth=16, weights=cw.weight.size)
+        note = note.model_copy(update={"reason": reason})
+    return cw, note
+
+
+def _lower_conv(ctx: LoweringContext, op: Op) -> None:
+    cw, note = _conv_weights(ctx, op)
+    ctx.weight_notes.append(note)
     src, dst = op.inputs[0], op.outputs[0]
     in_shape, out_shape = ctx.shape(src), ctx.shape(dst)
     if len(in_shape) != 4:
         raise ctx.error(f"convolution input has shape {in_shape}; expected NCHW")
     n, c, h, w = in_shape
-    o = cw.weight.shape[0]
-    if cw.weight.shape[1] != c:
-        raise ctx.error(f"weight is {list(cw.weight.shape)} but the input has {c} channels")
+    quantized = isinstance(cw, QuantizedWeight)
+    in_ch, o = (cw.codes.shape[2], cw.codes.shape[3]) if quantized else (cw.weight.shape[1], cw.weight.shape[0])
+    if in_ch != c:
+        raise ctx.error(f"weight is {[o, in_ch]} but the input has {c} channels")
     x = ctx.input(src)
     # QNN Conv2d is NHWC with HWIO weights. A 1x1 conv over [N, C, 1, 1] (every LLM linear layer) runs
     # as one image row [1, 1, N, C]: no transposes. (FullyConnected fed by a Reshape of a 4-D graph input
@@ -127,12 +155,20 @@ def _lower_conv(ctx: LoweringContext, op: Op) -> None:
         nhwc = (n, h, w, c)
         x4 = ctx.temp("nhwc", nhwc)
         ctx.node("Transpose", [x], [x4], {"perm": tensor_param([0, 2, 3, 1])}, suffix="nhwc")
-    weight = ctx.static(f"{op.name}.weight", cw.weight.T.reshape(1, 1, c, o), "float32")
-    bias = ctx.static(f"{op.name}.bias", cw.bias.astype(np.float32))
     y_shape = (*nhwc[:3], o)
     y = ctx.temp("conv", y_shape)
     conv_params = {"stride": tensor_param([1, 1]), "pad_amount": tensor_param(np.zeros((2, 2), np.uint32))}
-    ctx.node("Conv2d", [x4, weight, bias], [y], conv_params, suffix="conv")
+    if isinstance(cw, QuantizedWeight):
+        # the HTP takes quantized weights only with fp16 tensors at the op: a Cast before and after it
+        weight = ctx.quantized_static(f"{op.name}.weight", cw)
+        bias = ctx.static(f"{op.name}.bias", cw.bias.astype(np.float16), "float16")
+        y16 = ctx.temp("conv16", y_shape, "float16")
+        ctx.node("Conv2d", [ctx.fp16(x4, nhwc, x), weight, bias], [y16], conv_params, suffix="conv")
+        ctx.node("Cast", [y16], [y], suffix="fp32")
+    else:
+        weight = ctx.static(f"{op.name}.weight", cw.weight.T.reshape(1, 1, c, o), "float32")
+        bias = ctx.static(f"{op.name}.bias", cw.bias.astype(np.float32))
+        ctx.node("Conv2d", [x4, weight, bias], [y], conv_params, suffix="conv")
     common = op.main.common
     if common.relu6:
         act = ctx.temp("relu6", y_shape)

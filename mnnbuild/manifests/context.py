@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import From, StageInputs
@@ -28,6 +29,8 @@ class ContextParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     soc: Soc
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
+    """How conv weights are stored (spec field ``npu_weights``): context, twin and modellib store the same."""
     weight_sharing: bool = True
 
 
@@ -44,5 +47,7 @@ class ContextManifest(Manifest):
     graphs: list[GraphIo]
     weight_shared: bool
     soc_type: str | None
+    weights: list[WeightNote] = []
+    """How the binary stores each conv weight (encoding, exactness, requantization error, why float16)."""
     qnn: dict[str, str]
     """QNN library versions (build id, API versions)."""

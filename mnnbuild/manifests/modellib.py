@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import From, StageInputs
 
@@ -20,6 +21,9 @@ class ModellibInputs(StageInputs):
 
 class ModellibParams(BaseModel):
     model_config = ConfigDict(frozen=True)
+
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
+    """How conv weights are stored (spec field ``npu_weights``), as in the context binaries."""
 
 
 class LoweredRecord(BaseModel):

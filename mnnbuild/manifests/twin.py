@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import From, StageInputs
@@ -29,6 +30,8 @@ class TwinParams(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     soc: Soc
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
+    """How conv weights are stored (spec field ``npu_weights``): context, twin and modellib store the same."""
 
 
 class TwinManifest(Manifest):
@@ -41,3 +44,5 @@ class TwinManifest(Manifest):
     graphs: list[str]
     """Its graph names, in order."""
     soc_type: str | None
+    weights: list[WeightNote] = []
+    """How the binary stores each conv weight (encoding, exactness, requantization error, why float16)."""

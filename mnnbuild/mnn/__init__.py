@@ -60,6 +60,7 @@ from mnnbuild.mnn.model import (
 from mnnbuild.mnn.strip import KeptBlock, WeightPlan, plan_weights, relocate_model, write_weights
 from mnnbuild.mnn.summary import input_dtypes, summarize
 from mnnbuild.mnn.weights import (
+    ConvCodes,
     ConvWeights,
     EmbeddingInfo,
     QuantInfo,
@@ -68,6 +69,7 @@ from mnnbuild.mnn.weights import (
     WeightFile,
     WeightRange,
     check_weight_ranges,
+    conv_codes,
     conv_ops,
     conv_stored_bytes,
     decode_conv,
@@ -75,6 +77,7 @@ from mnnbuild.mnn.weights import (
     external_ranges,
     external_tables,
     iter_conv_weights,
+    quantize_blocks,
     quantize_linear,
     read_embeddings,
     tie_embeddings,
@@ -104,6 +107,8 @@ __all__ = [
     "check_weight_ranges",
     "conv_ops",
     "conv_stored_bytes",
+    "ConvCodes",
+    "conv_codes",
     "decode_conv",
     "embedding_info",
     "external_ranges",
@@ -120,6 +125,7 @@ __all__ = [
     "parse_model",
     "plan_weights",
     "plugin_attributes",
+    "quantize_blocks",
     "quantize_linear",
     "read_embeddings",
     "relocate_model",

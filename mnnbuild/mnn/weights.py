@@ -333,16 +333,21 @@ def conv_ops(model: MnnModel) -> list[Op]:
     return [op for op in model.ops if op.type in _CONV_TYPES and op.param_type == "Convolution2D"]
 
 
-def decode_conv(
-    op: Op, weights: WeightFile | None, *, dtype: DTypeLike = np.float32, in_major: bool = False
-) -> ConvWeights:
-    """Decode one Convolution op into an ``[out, in]`` weight of ``dtype`` (float32 unless asked) and a float32
-    ``[out]`` bias.
+@dataclass
+class _StoredConv:
+    """One Convolution's weights as stored: float values, or integer values with their scale groups."""
 
-    ``weights`` is the model's external weight file (``None`` is fine when everything is inline). With
-    ``in_major`` the weight is the transpose of a C-contiguous ``[in, out]`` array, so ``weight.T`` (what a
-    QNN conv reads) needs no copy; either way it is decoded a block of output channels at a time into the
-    result, the only full-size array (an lm_head is 1.2 GB in float32)."""
+    out_ch: int
+    bias: np.ndarray | None
+    info: QuantInfo
+    count: int
+    floats: np.ndarray | None = None
+    values: np.ndarray | None = None  # a weight's integer is ``value - value_offset``
+    value_offset: int = 0
+    alpha: np.ndarray | None = None  # scales, or (zero, scale) pairs when asymmetric, as MNN dequantizes them
+
+
+def _read_conv(op: Op, weights: WeightFile | None) -> _StoredConv:
     c = op.param("Convolution2D")
     where = f"op {op.name!r}"
     common = c.common
@@ -357,8 +362,6 @@ def decode_conv(
         return weights
 
     bias: np.ndarray | None = None
-    floats: np.ndarray | None = None  # float weights as stored (a view where possible), else a dequantizer
-    groups = 0
     if q is None:
         if external:
             f = need_file()
@@ -369,8 +372,7 @@ def decode_conv(
             if c.weight is None:
                 raise MNNFormatError(f"{where}: Convolution2D has neither weights nor external data")
             floats = np.asarray(c.weight, dtype=np.float32)
-        info = QuantInfo(0, 32, 0, 0, True, "")
-        count = floats.size
+        stored = _StoredConv(out_ch, bias, QuantInfo(0, 32, 0, 0, True, ""), floats.size, floats=floats)
     else:
         qtype = int(q.type)
         if qtype not in _SUPPORTED_QUANT:
@@ -399,7 +401,7 @@ def decode_conv(
         if qtype in (QUANT_FP16, QUANT_EXTERNAL_FLOAT):
             floats = raw.view("<f2") if qtype == QUANT_FP16 else raw.view("<f4")
             info = QuantInfo(qtype, 16 if qtype == QUANT_FP16 else 32, 0, 0, True, "")
-            count = floats.size
+            stored = _StoredConv(out_ch, bias, info, floats.size, floats=floats)
         else:
             if qtype == QUANT_IDST:
                 ints, value_offset, _dims, bits = _decode_idst_block(np.asarray(raw), bool(q.shapeInt32), where)
@@ -416,7 +418,6 @@ def decode_conv(
                     alpha[0::2] -= clamp_min * alpha[1::2]
             if not q.hasScaleInt and not old_type4 and q.quantScale != 1.0:
                 alpha *= np.float32(q.quantScale)
-            dequantize = _dequantizer(ints, value_offset, alpha, asymmetric, where)
             groups = alpha.size // 2 if asymmetric else alpha.size
             info = QuantInfo(
                 qtype,
@@ -426,26 +427,96 @@ def decode_conv(
                 not asymmetric,
                 "fp16" if fp16_alpha else "fp32",
             )
-            count = ints.size
-    if bias is None and c.bias is not None and len(c.bias):
-        bias = np.asarray(c.bias, dtype=np.float32)
-    if out_ch <= 0:
-        out_ch = bias.size if bias is not None else 1
-    if count % out_ch:
-        raise MNNFormatError(f"{where}: {count} weights do not split into {out_ch} output channels")
-    in_ch = count // out_ch
-    if floats is not None:
-        rows = _slices(floats.reshape(out_ch, in_ch))
-    elif groups % out_ch == 0:  # scale groups are [out, blocks] ordered: whole output channels decode alone
-        rows = _group_rows(dequantize, groups // out_ch, in_ch)
-    else:  # a scale group spans output channels (no exporter writes this): decode it whole
-        rows = _slices(dequantize(0, groups).reshape(out_ch, in_ch))
+            stored = _StoredConv(out_ch, bias, info, ints.size, values=ints, value_offset=value_offset, alpha=alpha)
+    if stored.bias is None and c.bias is not None and len(c.bias):
+        stored.bias = np.asarray(c.bias, dtype=np.float32)
+    if stored.out_ch <= 0:
+        stored.out_ch = stored.bias.size if stored.bias is not None else 1
+    if stored.count % stored.out_ch:
+        raise MNNFormatError(f"{where}: {stored.count} weights do not split into {stored.out_ch} output channels")
+    if stored.bias is None:
+        stored.bias = np.zeros(stored.out_ch, dtype=np.float32)
+    if stored.bias.size != stored.out_ch:
+        raise MNNFormatError(f"{where}: bias has {stored.bias.size} values, expected {stored.out_ch}")
+    return stored
+
+
+def decode_conv(
+    op: Op, weights: WeightFile | None, *, dtype: DTypeLike = np.float32, in_major: bool = False
+) -> ConvWeights:
+    """Decode one Convolution op into an ``[out, in]`` weight of ``dtype`` (float32 unless asked) and a float32
+    ``[out]`` bias.
+
+    ``weights`` is the model's external weight file (``None`` is fine when everything is inline). With
+    ``in_major`` the weight is the transpose of a C-contiguous ``[in, out]`` array, so ``weight.T`` (what a
+    QNN conv reads) needs no copy; either way it is decoded a block of output channels at a time into the
+    result, the only full-size array (an lm_head is 1.2 GB in float32)."""
+    s = _read_conv(op, weights)
+    where = f"op {op.name!r}"
+    out_ch, in_ch = s.out_ch, s.count // s.out_ch
+    groups = s.info.groups
+    if s.floats is not None:
+        rows = _slices(s.floats.reshape(out_ch, in_ch))
+    else:
+        assert s.values is not None and s.alpha is not None
+        dequantize = _dequantizer(s.values, s.value_offset, s.alpha, not s.info.symmetric, where)
+        if groups % out_ch == 0:  # scale groups are [out, blocks] ordered: whole output channels decode alone
+            rows = _group_rows(dequantize, groups // out_ch, in_ch)
+        else:  # a scale group spans output channels (no exporter writes this): decode it whole
+            rows = _slices(dequantize(0, groups).reshape(out_ch, in_ch))
     weight = _assemble(rows, out_ch, in_ch, np.dtype(dtype), in_major)
-    if bias is None:
-        bias = np.zeros(out_ch, dtype=np.float32)
-    if bias.size != out_ch:
-        raise MNNFormatError(f"{where}: bias has {bias.size} values, expected {out_ch}")
-    return ConvWeights(op.name, weight, bias, info, conv_stored_bytes(op))
+    assert s.bias is not None
+    return ConvWeights(op.name, weight, s.bias, s.info, conv_stored_bytes(op))
+
+
+@dataclass
+class ConvCodes:
+    """A quantized conv's own integers and scale groups: ``w[o, b*block + i] = codes[o, b*block + i] * scale[o, b]
+    + zero[o, b]`` (``zero`` None when symmetric), exactly what MNN dequantizes (in float32)."""
+
+    name: str
+    codes: np.ndarray  # int8 [out, in], in [-2^(bits-1), 2^(bits-1) - 1]
+    scale: np.ndarray  # float32 [out, blocks]
+    zero: np.ndarray | None  # float32 [out, blocks], or None
+    bias: np.ndarray  # float32 [out]
+    bits: int
+    block: int  # inputs per scale group (== in for channel-wise)
+
+    @property
+    def channel_wise(self) -> bool:
+        return self.scale.shape[1] == 1
+
+    def dequantized(self) -> np.ndarray:
+        """float32 ``[out, in]``, computed as MNN does (`decode_conv` gives the same numbers)."""
+        out_ch, in_ch = self.codes.shape
+        blocks = self.codes.reshape(out_ch, -1, self.block).astype(np.float32) * self.scale[:, :, None]
+        if self.zero is not None:
+            blocks += self.zero[:, :, None]
+        return blocks.reshape(out_ch, in_ch)
+
+
+def conv_codes(op: Op, weights: WeightFile | None) -> ConvCodes | None:
+    """The stored integers and per-group scales of a quantized conv (None for float or fp16 weights, or a scale
+    group spanning output channels, which no exporter writes). Codes of up to 8 bits come back as int8."""
+    s = _read_conv(op, weights)
+    if s.values is None or s.alpha is None or s.info.bits > 8:
+        return None
+    out_ch, in_ch = s.out_ch, s.count // s.out_ch
+    groups = s.info.groups
+    if groups % out_ch or in_ch % (groups // out_ch):
+        return None
+    blocks = groups // out_ch
+    ints = s.values.astype(np.int16) - s.value_offset if s.value_offset else s.values.astype(np.int16)
+    half = 1 << (s.info.bits - 1)
+    if ints.size and (ints.min() < -half or ints.max() >= half):
+        raise MNNFormatError(f"op {op.name!r}: codes beyond {s.info.bits} bits")
+    if s.info.symmetric:
+        scale, zero = s.alpha.reshape(out_ch, blocks), None
+    else:
+        scale, zero = s.alpha[1::2].reshape(out_ch, blocks), s.alpha[0::2].reshape(out_ch, blocks)
+    assert s.bias is not None
+    codes = ints.astype(np.int8).reshape(out_ch, in_ch)
+    return ConvCodes(op.name, codes, scale.astype(np.float32), zero, s.bias, s.info.bits, in_ch // blocks)
 
 
 def iter_conv_weights(model: MnnModel, weight_path: str | os.PathLike[str] | None = None) -> Iterator[ConvWeights]:
@@ -678,10 +749,12 @@ class QuantizedLinear:
         return q
 
 
-def quantize_linear(
-    w: np.ndarray, bits: int, block_size: int = 0, symmetric: bool = False, alpha_fp16: bool = False
-) -> QuantizedLinear:
-    """Quantize float ``w`` [out, in] to ``bits`` (1..8) per ``block_size`` inputs (0: channel-wise)."""
+def quantize_blocks(
+    w: np.ndarray, bits: int, block_size: int = 0, symmetric: bool = True
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Round float ``w`` [out, in] to ``bits`` (1..8) per ``block_size`` inputs (0: channel-wise) -> int8 codes
+    [out, in], float32 scales [out, blocks] and, when asymmetric, zeros [out, blocks]: ``w ~ q * scale + zero``.
+    Symmetric codes use [-(2^(b-1) - 1), 2^(b-1) - 1]; asymmetric ones the full range."""
     w = np.asarray(w, dtype=np.float32)
     out_ch, in_ch = w.shape
     block = block_size or in_ch
@@ -693,15 +766,33 @@ def quantize_linear(
         scale = np.abs(groups).max(axis=1) / max(offset - 1, 1)
         scale[scale == 0] = 1.0
         q = np.clip(np.rint(groups / scale[:, None]), -(offset - 1), offset - 1)
-        alpha = scale
-        zero = np.zeros_like(scale)
+        zero = None
     else:
         lo, hi = groups.min(axis=1), groups.max(axis=1)
         scale = (hi - lo) / (2 * offset - 1)
         scale[scale == 0] = 1.0
         q = np.clip(np.rint((groups - lo[:, None]) / scale[:, None]) - offset, -offset, offset - 1)
-        zero = lo + scale * offset
-        alpha = np.stack([zero, scale], axis=1).reshape(-1)
+        zero = (lo + scale * offset).astype(np.float32).reshape(out_ch, -1)
+    codes = q.astype(np.int8).reshape(out_ch, in_ch)
+    return codes, scale.astype(np.float32).reshape(out_ch, -1), zero
+
+
+def quantize_linear(
+    w: np.ndarray, bits: int, block_size: int = 0, symmetric: bool = False, alpha_fp16: bool = False
+) -> QuantizedLinear:
+    """Quantize float ``w`` [out, in] to ``bits`` (1..8) per ``block_size`` inputs (0: channel-wise)."""
+    w = np.asarray(w, dtype=np.float32)
+    out_ch, in_ch = w.shape
+    block = block_size or in_ch
+    q8, scale2, zero2 = quantize_blocks(w, bits, block_size, symmetric)
+    q = q8.astype(np.float32).reshape(-1, block)
+    scale = scale2.reshape(-1)
+    offset = 1 << (bits - 1)
+    if symmetric:
+        alpha = scale
+    else:
+        assert zero2 is not None
+        alpha = np.stack([zero2.reshape(-1), scale], axis=1).reshape(-1)
     stored = alpha.astype("<f2" if alpha_fp16 else "<f4")
     a = stored.astype(np.float32)
     scale_s, zero_s = (a, np.zeros_like(a)) if symmetric else (a[1::2], a[0::2])

@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from mnnbuild.base.errors import SpecError
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.model.targets import Soc, known_archs, soc_for_arch
 
 if sys.version_info >= (3, 11):
@@ -245,6 +246,11 @@ class ModelSpec(BaseModel):
         description="Most convolution weights in one plugin; a bigger convolution (an lm_head) is split by output "
         "channels over several plugins, so no context build holds it whole (0: no limit).",
     )
+    npu_weights: NpuWeights = Field(
+        default=DEFAULT_NPU_WEIGHTS,
+        description="How the plugins store convolution weights: float16 (every weight decoded), int4 (the model's "
+        "own int4 codes and scales, 8-bit ones as int8 per channel) or int8 (int8 per channel).",
+    )
     family: Family = Field(default="llm", description="llm (llm.mnn), vl (llm.mnn + visual.mnn) or embedding.")
     visual_encoder: VisualEncoderKind | None = Field(
         default=None,
@@ -387,6 +393,11 @@ class ModelSpec(BaseModel):
     def soc(self, arch: str) -> Soc:
         """The SoC this spec builds for ``arch``."""
         return soc_for_arch(arch, self.socs.get(arch))
+
+    def npu_weights_of(self, part: str | None) -> NpuWeights:
+        """How the plugins of model part ``part`` store conv weights: ``npu_weights`` for the language model; a VL
+        model's vision encoder keeps float16 (quantized weights were measured on linear layers only)."""
+        return self.npu_weights if part in (None, "llm") else DEFAULT_NPU_WEIGHTS
 
     def local_dir(self) -> Path:
         """The model directory of a ``local`` source, resolved against the spec file."""

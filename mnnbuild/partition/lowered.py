@@ -20,6 +20,7 @@ from mnnbuild.base.fsutil import confined
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError
 from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
+from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
 from mnnbuild.model.modeldir import ModelPart
@@ -40,12 +41,17 @@ def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta
 
 
 def lower_plugin(
-    model: MnnModel, weights: WeightFile, partition_dir: Path, graphs: Sequence[str]
+    model: MnnModel,
+    weights: WeightFile,
+    partition_dir: Path,
+    graphs: Sequence[str],
+    npu_weights: str = DEFAULT_NPU_WEIGHTS,
 ) -> Iterator[tuple[Path, LoweredGraph]]:
     """Lower one plugin's graph dirs (``qnn/graphllm0``, ``qnn/graphllm1_0``: decode, then each prefill length,
     relative to ``partition_dir``), yielding each dir with its lowering. The graphs share the plugin's weights:
-    each conv is decoded once, and a later graph's static holds the first graph's very array."""
-    conv_weights: dict[str, ConvWeights] = {}
+    each conv is decoded once, and a later graph's static holds the first graph's very array. ``npu_weights``: how
+    their conv weights are stored (`mnnbuild.lowering.quantized.NpuWeights`)."""
+    conv_weights: dict[str, ConvWeights | QuantizedWeight] = {}
     for graph in graphs:
         src = confined(Path(partition_dir), graph, MERGE_FIELD)
         record = SubgraphRecord.read(src)
@@ -59,6 +65,7 @@ def lower_plugin(
                 [t.index for t in record.inputs],
                 [t.index for t in record.outputs],
                 conv_weights,
+                npu_weights,
             )
         except LoweringError as exc:
             raise type(exc)(f"{src / GRAPH_FILE}: graph {src.name} cannot be lowered: {exc}") from None
@@ -88,14 +95,22 @@ class PluginGraphs:
     partition_dir: Path
     graphs: tuple[str, ...]
     """Graph dirs relative to ``partition_dir``, in ``allGraphName`` order (``qnn/graphllm0``, ...)."""
+    npu_weights: str = DEFAULT_NPU_WEIGHTS
 
     @classmethod
-    def of(cls, model_dir: Path, part: ModelPart, partition_dir: Path, graphs: Sequence[str]) -> PluginGraphs:
+    def of(
+        cls,
+        model_dir: Path,
+        part: ModelPart,
+        partition_dir: Path,
+        graphs: Sequence[str],
+        npu_weights: str = DEFAULT_NPU_WEIGHTS,
+    ) -> PluginGraphs:
         """The graphs ``graphs`` of a partition of ``part`` (its model and weight file are in ``model_dir``; the
         graphs index the partition's split model instead when their ``graph.json`` says so)."""
         model_dir, partition_dir = Path(model_dir), Path(partition_dir)
         model = source_model(model_dir, part, partition_dir, graphs)
-        return cls(model, model_dir / part.weight_file, partition_dir, tuple(graphs))
+        return cls(model, model_dir / part.weight_file, partition_dir, tuple(graphs), npu_weights)
 
     @property
     def names(self) -> list[str]:
@@ -106,5 +121,5 @@ class PluginGraphs:
         with WeightFile(self.weight_file) as weights:
             return {
                 src.name: (lowered.description, lowered.statics)
-                for src, lowered in lower_plugin(model, weights, self.partition_dir, self.graphs)
+                for src, lowered in lower_plugin(model, weights, self.partition_dir, self.graphs, self.npu_weights)
             }

@@ -34,6 +34,9 @@ DEFINITION_DEFINED = 1
 DEFINITION_UNDEFINED = 0x7FFFFFFF
 ENCODING_SCALE_OFFSET = 0
 ENCODING_AXIS_SCALE_OFFSET = 1
+ENCODING_BW_AXIS_SCALE_OFFSET = 3
+ENCODING_BLOCK = 4
+ENCODING_BW_FLOAT_BLOCK = 11
 ENCODING_UNDEFINED = 0x7FFFFFFF
 SPARSE_LAYOUT_UNDEFINED = 0x7FFFFFFF
 # QnnContext/QnnGraph config options and HTP custom options
@@ -49,14 +52,32 @@ PRECISION_FLOAT16 = 1
 
 @dataclass(frozen=True)
 class Quant:
-    """Scale/offset quantization of a tensor: per tensor (``axis=None``) or per channel along ``axis``.
+    """Quantization of a tensor, as QNN defines it: real value = scale * (stored + offset) (offsets usually <= 0).
 
-    Real value = scale * (stored + offset), as QNN defines it (offsets are usually <= 0).
+    - per tensor (``axis`` None, no ``block_size``): ``SCALE_OFFSET``;
+    - per channel along ``axis``: ``AXIS_SCALE_OFFSET``, or with a ``bitwidth`` below the data type's (e.g. 4 in
+      an 8-bit container, one value per byte) ``BW_AXIS_SCALE_OFFSET``;
+    - per block (``block_size``: elements per block along each dim, e.g. ``[1, 1, 64, 1]``): one scale/offset per
+      block, listed in the order the caller gives them (``BLOCK``, integer offsets), or with ``float_offset``
+      ``BW_FLOAT_BLOCK`` (``bitwidth``, float offsets in units of the scale).
     """
 
-    scale: float | Sequence[float]
-    offset: int | Sequence[int] = 0
+    scale: float | Sequence[float] | np.ndarray
+    offset: int | float | Sequence[int] | Sequence[float] | np.ndarray = 0
     axis: int | None = None
+    bitwidth: int = 0
+    """Bits the stored values use when fewer than the data type's (0: the type's)."""
+    block_size: Sequence[int] | None = None
+    float_offset: bool = False
+
+    @property
+    def encoding(self) -> int:
+        """The ``Qnn_QuantizationEncoding_t`` this describes."""
+        if self.block_size is not None:
+            return ENCODING_BW_FLOAT_BLOCK if self.float_offset else ENCODING_BLOCK
+        if self.axis is None:
+            return ENCODING_SCALE_OFFSET
+        return ENCODING_BW_AXIS_SCALE_OFFSET if self.bitwidth else ENCODING_AXIS_SCALE_OFFSET
 
 
 @dataclass(frozen=True)
@@ -127,24 +148,48 @@ class GraphBuilder:
             q.quantizationEncoding = ENCODING_UNDEFINED
             return
         q.encodingDefinition = DEFINITION_DEFINED
-        if quant.axis is None:
+        encoding = quant.encoding
+        q.quantizationEncoding = encoding
+        if encoding == ENCODING_SCALE_OFFSET:
             if not isinstance(quant.scale, (int, float)) or not isinstance(quant.offset, (int, np.integer)):
                 raise QnnError("per-tensor quantization needs a scalar scale and offset (or set axis)")
-            q.quantizationEncoding = ENCODING_SCALE_OFFSET
             q.scaleOffsetEncoding.scale = float(quant.scale)
             q.scaleOffsetEncoding.offset = int(quant.offset)
             return
-        scales = np.atleast_1d(np.asarray(quant.scale, dtype=np.float32))
-        offsets = np.broadcast_to(np.asarray(quant.offset, dtype=np.int32), scales.shape)
-        arr = self.ffi.new("Qnn_ScaleOffset_t[]", len(scales))
-        for i, (s, o) in enumerate(zip(scales, offsets, strict=True)):
-            arr[i].scale = float(s)
-            arr[i].offset = int(o)
+        scales = np.atleast_1d(np.asarray(quant.scale, dtype=np.float32)).reshape(-1)
+        offset_type = np.float32 if quant.float_offset else np.int32
+        offsets = np.broadcast_to(np.asarray(quant.offset, dtype=offset_type).reshape(-1), scales.shape)
+        if encoding == ENCODING_BW_AXIS_SCALE_OFFSET:
+            e = q.bwAxisScaleOffsetEncoding
+            e.bitwidth, e.axis, e.numElements = int(quant.bitwidth), int(quant.axis or 0), scales.size
+            e.scales = self._c_array("float[]", scales, owners)
+            e.offsets = self._c_array("int32_t[]", offsets, owners) if offsets.any() else self.ffi.NULL
+            return
+        # arrays of {float scale; int32/float offset} records, filled in bulk (an lm_head has millions of blocks)
+        record = "Qnn_FloatScaleOffset_t[]" if quant.float_offset else "Qnn_ScaleOffset_t[]"
+        arr = self.ffi.new(record, max(scales.size, 1))
+        fields = np.frombuffer(self.ffi.buffer(arr), dtype=np.dtype([("s", "<f4"), ("o", offset_type)]))
+        fields["s"][: scales.size], fields["o"][: scales.size] = scales, offsets
         owners.append(arr)
-        q.quantizationEncoding = ENCODING_AXIS_SCALE_OFFSET
-        q.axisScaleOffsetEncoding.axis = int(quant.axis)
-        q.axisScaleOffsetEncoding.numScaleOffsets = len(scales)
-        q.axisScaleOffsetEncoding.scaleOffset = arr
+        if encoding == ENCODING_AXIS_SCALE_OFFSET:
+            q.axisScaleOffsetEncoding.axis = int(quant.axis or 0)
+            q.axisScaleOffsetEncoding.numScaleOffsets = scales.size
+            q.axisScaleOffsetEncoding.scaleOffset = arr
+            return
+        block = self._c_array("uint32_t[]", np.asarray(quant.block_size, dtype=np.uint32), owners)
+        if encoding == ENCODING_BLOCK:
+            q.blockEncoding.blockSize = block
+            q.blockEncoding.scaleOffset = arr
+        else:
+            q.bwFloatBlockEncoding.bitwidth = int(quant.bitwidth)
+            q.bwFloatBlockEncoding.blockSize = block
+            q.bwFloatBlockEncoding.floatScaleOffset = arr
+
+    def _c_array(self, ctype: str, values: np.ndarray, owners: list[Any]) -> Any:
+        arr = self.ffi.new(ctype, max(values.size, 1))
+        np.frombuffer(self.ffi.buffer(arr), dtype=values.dtype)[: values.size] = values.reshape(-1)
+        owners.append(arr)
+        return arr
 
     def _new_struct(
         self,

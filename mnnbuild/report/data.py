@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.pipeline.manifest import FileRecord
 from mnnbuild.verify.report import VerifyReport
@@ -55,11 +56,48 @@ class ReportData(BaseModel):
     bundle_path: str = ""
     """The bundle's model dir relative to the page (``../bundle/model/<name>/``)."""
     bundle_qnn_build: str | None = None
+    plugin_weights: dict[str, list[WeightNote]] = Field(default_factory=dict)
+    """How each plugin's shipped binary stores its conv weights (its context manifest's notes), by plugin path."""
     costs: list[StageCost] = Field(default_factory=list)
 
     @property
     def plugins(self) -> list[str]:
         return [p.name for p in self.partition.plugins]
+
+    def weight_encoding(self, plugin: str) -> str:
+        """One line saying how ``plugin`` stores its conv weights: each encoding with its count, whether it holds
+        the model's own codes (or its requantization error), and why a weight stayed float16."""
+        groups: dict[tuple[str, int], list[WeightNote]] = {}
+        for note in self.plugin_weights.get(plugin, []):
+            groups.setdefault((note.encoding, note.bitwidth), []).append(note)
+        parts = []
+        for (encoding, bits), notes in groups.items():
+            what = f"{encoding} {bits}-bit x{len(notes)}"
+            if encoding == "float16":
+                reasons = sorted({n.reason for n in notes if n.reason})
+                parts.append(what + (f" ({'; '.join(reasons)})" if reasons else ""))
+            elif all(n.exact for n in notes):
+                parts.append(what + " (the model's codes)")
+            else:
+                parts.append(what + f" (requantized, max error {max(n.error for n in notes):.1e})")
+        return ", ".join(parts) or "n/a"
+
+    def bundle_parts(self) -> list[tuple[str, int]]:
+        """The device dir's bytes by part: context binaries, the weight file(s) the CPU ops read, qnn/llm.mnn, the
+        rest."""
+        sizes = {"context binaries (qnn/*.bin)": 0, "CPU weights (*.weight, embeddings)": 0, "qnn/llm.mnn": 0}
+        rest = 0
+        for r in self.bundle_files:
+            name = r.path.split("/", 2)[-1]  # model/<name>/<file>
+            if name.startswith("qnn/") and name.endswith(".bin"):
+                sizes["context binaries (qnn/*.bin)"] += r.size
+            elif name.endswith(".weight") or name.startswith("embeddings_"):
+                sizes["CPU weights (*.weight, embeddings)"] += r.size
+            elif name == "qnn/llm.mnn":
+                sizes["qnn/llm.mnn"] += r.size
+            else:
+                rest += r.size
+        return [*sizes.items(), ("the rest (configs, tokenizer, ...)", rest)]
 
     def check_verdicts(self) -> list[tuple[str, bool | None, str]]:
         """(check, passed or None when it did not run, one-line detail), in verify's order."""

@@ -40,10 +40,11 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
     soc = params.soc
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, inputs.binary, "npu_postreat.json field 'merge'")
-        source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
+        part = plugin_part(fetch, partition)
+        source = PluginGraphs.of(inputs.model_dir, part, inputs.partition_dir, inputs.graphs, params.npu_weights)
         # a one-graph plugin (a VL encoder built for one image size) has nothing to share: QNN marks it unshared
         sharing = params.weight_sharing and len(source.graphs) > 1
-        info, size, seconds = compose_checked(lib, soc, source, source.names, sharing, dest, inputs.binary)
+        info, size, seconds, notes = compose_checked(lib, soc, source, source.names, sharing, dest, inputs.binary)
         manifest = ContextManifest(
             model=inputs.model,
             target=soc.dsp_arch,
@@ -58,6 +59,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
             ],
             weight_shared=info.weight_shared,
             soc_type=info.soc_type,
+            weights=notes,
             qnn={k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"},
         )
         manifest.write(tmp)
@@ -74,7 +76,7 @@ def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -
 
 
 def context_params(spec: ModelSpec, at: At) -> ContextParams:
-    return ContextParams(soc=spec.soc(str(at.arch)))
+    return ContextParams(soc=spec.soc(str(at.arch)), npu_weights=spec.npu_weights_of(at.part))
 
 
 def describe(spec: ModelSpec, at: At) -> str:

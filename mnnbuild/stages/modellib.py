@@ -43,7 +43,12 @@ _PLUGINS_AT_ONCE = 2
 
 
 def _lower_plugin(
-    model: MnnModel, weights: WeightFile, partition_dir: Path, dest_root: Path, plugin: PluginRecord
+    model: MnnModel,
+    weights: WeightFile,
+    partition_dir: Path,
+    dest_root: Path,
+    plugin: PluginRecord,
+    npu_weights: str,
 ) -> tuple[list[LoweredRecord], int]:
     """Lower one plugin's graphs (decode, then each prefill length) into ``dest_root``; returns their records and
     the bytes of weights the later graphs link from the first instead of writing again."""
@@ -51,7 +56,7 @@ def _lower_plugin(
     first: tuple[Path, dict[str, np.ndarray]] | None = None
     saved = 0
     graphs = [f"{QNN_DIR}/{g}" for g in plugin.graphs]
-    for src, lowered in lower_plugin(model, weights, partition_dir, graphs):
+    for src, lowered in lower_plugin(model, weights, partition_dir, graphs, npu_weights):
         dest = dest_root / src.name
         desc, data = lowered.description, lowered.statics
         # the later graphs hold the first graph's very arrays: their raws become links to its files
@@ -91,7 +96,8 @@ def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path
         bar = progress(total=len(read_dirs), desc=f"lower {inputs.model}", unit="graph")
 
         def lower_one(plugin: PluginRecord) -> tuple[list[LoweredRecord], int]:
-            done = _lower_plugin(models[sources[plugin.plugin]], weights, partition_dir, tmp / QNN_DIR, plugin)
+            model = models[sources[plugin.plugin]]
+            done = _lower_plugin(model, weights, partition_dir, tmp / QNN_DIR, plugin, params.npu_weights)
             bar.update(len(plugin.graphs))
             return done
 
@@ -123,7 +129,7 @@ __all__ = ["GRAPH_JSON", "ModellibInputs", "ModellibManifest", "ModellibParams",
 
 
 def modellib_params(spec: ModelSpec, at: At) -> ModellibParams:
-    return ModellibParams()
+    return ModellibParams(npu_weights=spec.npu_weights_of(at.part))
 
 
 def describe(spec: ModelSpec, at: At) -> str:

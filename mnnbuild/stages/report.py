@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.base.errors import StageError, UpstreamError
+from mnnbuild.base.errors import MnnbuildError, StageError, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.config import ConfigManifest
@@ -26,6 +26,7 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.report import ReportInputs, ReportManifest, ReportParams
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.manifests.verify import VerifyManifest
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
@@ -127,8 +128,20 @@ def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> Report
         bundle_files=list(bundle.outputs),  # every file the integrity check counts, the scripts included
         bundle_path=os.path.relpath(os.path.abspath(Path(inputs.bundle_dir) / prefix), os.path.abspath(page_dir)),
         bundle_qnn_build=bundle.qnn_build,
+        plugin_weights=_plugin_weights(Path(inputs.context_dir), [p.name for p in partition_report.plugins]),
         costs=[_cost(stage, label, d, m, run) for stage, label, d, m in stages],
     )
+
+
+def _plugin_weights(context_dir: Path, plugins: list[str]) -> dict[str, list[WeightNote]]:
+    """Each plugin's weight notes from its context manifest (none where the manifest is missing or older)."""
+    found: dict[str, list[WeightNote]] = {}
+    for plugin in plugins:
+        try:
+            found[plugin] = ContextManifest.read(context_dir / Path(plugin).stem).weights
+        except MnnbuildError:
+            continue
+    return found
 
 
 def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportManifest:

@@ -39,8 +39,9 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
     what = f"unshared twin of {inputs.binary}"
     with staged_dir(out_dir) as tmp:
         dest = confined(tmp, name, "npu_postreat.json field 'merge'")
-        source = PluginGraphs.of(inputs.model_dir, plugin_part(fetch, partition), inputs.partition_dir, inputs.graphs)
-        info, size, seconds = compose_checked(lib, soc, source, source.names, False, dest, what)
+        part = plugin_part(fetch, partition)
+        source = PluginGraphs.of(inputs.model_dir, part, inputs.partition_dir, inputs.graphs, params.npu_weights)
+        info, size, seconds, notes = compose_checked(lib, soc, source, source.names, False, dest, what)
         manifest = TwinManifest(
             model=inputs.model,
             target=soc.dsp_arch,
@@ -52,6 +53,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
             twin=name,
             graphs=info.graph_names,
             soc_type=info.soc_type,
+            weights=notes,
         )
         manifest.write(tmp)
     log.debug(
@@ -67,7 +69,7 @@ def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinMan
 
 
 def twin_params(spec: ModelSpec, at: At) -> TwinParams:
-    return TwinParams(soc=spec.soc(str(at.arch)))
+    return TwinParams(soc=spec.soc(str(at.arch)), npu_weights=spec.npu_weights_of(at.part))
 
 
 def describe(spec: ModelSpec, at: At) -> str:

@@ -1,0 +1,123 @@
+"""Which QNN weight encoding keeps a convolution's own quantized weights on the HTP (spec field ``npu_weights``).
+
+Facts it builds on (x86 HTP library, API 2.40 / build 2.51, v79; `README.md` here, "Quantized weights"):
+
+- quantized weights need fp16 tensors at the op (the lowering casts before and after it);
+- values travel in ``sfixed8``, one per byte, also 4-bit ones (``sfixed4``/``ufixed4`` tensors are refused);
+- integer offsets are not honoured: a symmetric code (offset 0) maps exactly through ``BLOCK`` (always 4 bits),
+  ``BW_AXIS_SCALE_OFFSET`` or ``AXIS_SCALE_OFFSET``, an asymmetric one only through ``BW_FLOAT_BLOCK``, whose
+  float offsets mean real = (q + offset) * scale (so offset = zero / scale); it takes 4- and 8-bit values.
+
+So, for llmexport's layouts (``w = q * scale + zero`` per block of inputs of one output channel):
+
+| model's codes | ``int4`` (the model's own codes, exact) | ``int8`` (int8 per channel) |
+|---|---|---|
+| <= 4 bits, symmetric, blocks | ``BLOCK`` | requantized |
+| <= 4 bits, symmetric, per channel | ``BW_AXIS_SCALE_OFFSET`` 4 bits | ``AXIS_SCALE_OFFSET`` (exact) |
+| <= 4 bits, asymmetric | ``BW_FLOAT_BLOCK`` 4 bits | requantized |
+| 5-8 bits, symmetric, per channel | ``AXIS_SCALE_OFFSET`` | ``AXIS_SCALE_OFFSET`` (exact) |
+| 5-8 bits otherwise | ``BW_FLOAT_BLOCK`` 8 bits | requantized |
+| float / fp16 weights | float16 (no codes to keep) | float16 (no codes to keep) |
+
+``int4`` never rounds a weight: it keeps every code and scale the model has, at 4 bits where the model's are, else
+at 8. ``int8`` requantizes to one symmetric scale per output channel (QNN's common w8a16 form) where the model's
+codes are not that already; its error against the model's (dequantized) weights is measured here and recorded
+with the graph (``WeightNote``), so the context manifest and the report show it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mnnbuild.mnn import Op
+from mnnbuild.mnn.weights import ConvCodes, WeightFile, conv_codes, quantize_blocks
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS as DEFAULT_NPU_WEIGHTS
+from mnnbuild.model.npu_weights import NPU_WEIGHTS as NPU_WEIGHTS
+from mnnbuild.model.npu_weights import NpuWeights as NpuWeights
+
+# QuantDesc.encoding values (QNN's Qnn_QuantizationEncoding_t names, lower case)
+AXIS = "axis_scale_offset"
+BW_AXIS = "bw_axis_scale_offset"
+BLOCK = "block"
+BW_FLOAT_BLOCK = "bw_float_block"
+ENCODINGS = (AXIS, BW_AXIS, BLOCK, BW_FLOAT_BLOCK)
+
+
+@dataclass
+class QuantizedWeight:
+    """A 1x1 conv's weight for QNN: ``codes`` int8 HWIO ``[1, 1, in, out]``, one (scale, offset) row per channel or
+    block in ``params`` (float32 ``[n, 2]``, channel-major), the encoding's fields, and how far it is from the
+    model's weights (``error``: max |dw| / max |w|, 0 when the model's codes and scales are kept)."""
+
+    codes: np.ndarray
+    params: np.ndarray
+    encoding: str
+    bitwidth: int
+    axis: int
+    block_size: list[int]
+    bias: np.ndarray
+    exact: bool
+    error: float
+
+
+def _relative_error(approx: np.ndarray, ref: np.ndarray) -> float:
+    top = float(np.abs(ref).max()) if ref.size else 0.0
+    return float(np.abs(approx - ref).max()) / top if top else 0.0
+
+
+def _hwio(codes: np.ndarray) -> np.ndarray:
+    out_ch, in_ch = codes.shape
+    return np.ascontiguousarray(codes.T).reshape(1, 1, in_ch, out_ch)
+
+
+def _params(scale: np.ndarray, offset: np.ndarray | None = None) -> np.ndarray:
+    s = scale.reshape(-1).astype(np.float32)
+    o = np.zeros_like(s) if offset is None else offset.reshape(-1).astype(np.float32)
+    return np.stack([s, o], axis=1)
+
+
+def _int8_per_channel(cc: ConvCodes) -> QuantizedWeight:
+    if cc.zero is None and cc.channel_wise:  # the model's own codes and scales, widened to 8-bit storage
+        return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), AXIS, 8, 3, [], cc.bias, True, 0.0)
+    ref = cc.dequantized()
+    codes, scale, _ = quantize_blocks(ref, 8, 0, symmetric=True)
+    error = _relative_error(codes.astype(np.float32) * scale, ref)
+    return QuantizedWeight(_hwio(codes), _params(scale), AXIS, 8, 3, [], cc.bias, False, error)
+
+
+def _own_codes(cc: ConvCodes) -> QuantizedWeight:
+    """The model's codes and scales as they are: 4-bit ones in 4 bits, wider ones in 8."""
+    block = [1, 1, cc.block, 1]
+    bits = 4 if cc.bits <= 4 else 8
+    if cc.zero is None and cc.channel_wise:
+        encoding = BW_AXIS if bits == 4 else AXIS
+        return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), encoding, bits, 3, [], cc.bias, True, 0.0)
+    if cc.zero is None and bits == 4:
+        return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), BLOCK, 4, 3, block, cc.bias, True, 0.0)
+    # w = q * scale + zero = (q + zero / scale) * scale (symmetric 8-bit blocks: zero 0); a block with scale 0
+    # holds only its zero: codes 0, scale 1 (or |zero|), offset zero / scale
+    zero = cc.zero if cc.zero is not None else np.zeros_like(cc.scale)
+    scale, codes = cc.scale.copy(), cc.codes
+    flat = scale == 0
+    if flat.any():
+        scale[flat] = np.where(zero[flat] != 0, np.abs(zero[flat]), 1.0)
+        codes = codes.copy()
+        mask = np.repeat(flat, cc.block, axis=1)
+        codes[mask] = 0
+    offset = zero / scale
+    return QuantizedWeight(_hwio(codes), _params(scale, offset), BW_FLOAT_BLOCK, bits, 3, block, cc.bias, True, 0.0)
+
+
+def npu_weight(op: Op, weights: WeightFile | None, mode: str) -> tuple[QuantizedWeight | None, str]:
+    """The quantized weight of conv ``op`` for ``mode`` (a `NpuWeights`), or None and why it stays float16 (empty
+    when float16 was asked for)."""
+    if mode == "float16":
+        return None, ""
+    cc = conv_codes(op, weights)
+    if cc is None:
+        return None, "float weights: no codes to keep"
+    if mode == "int4":
+        return _own_codes(cc), ""
+    return _int8_per_channel(cc), ""
