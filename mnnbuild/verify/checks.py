@@ -159,12 +159,16 @@ def read_twins(
         if ctx is None:
             continue  # no context manifest: reported with the context problems
         try:
+            manifest = TwinManifest.read(plugin_context_dir(twin_dir, binary))  # a missing twin first: it names a task
+        except UpstreamError as exc:
+            problems.append(f"plugin {binary}: {exc}")
+            continue
+        try:
             shipped = ctx.output(ctx.binary).sha256
         except KeyError:
             problems.append(f"plugin {binary}: its context manifest lists no output {ctx.binary!r}")
             continue
         try:
-            manifest = TwinManifest.read(plugin_context_dir(twin_dir, binary))
             found = twin_of(twin_dir, binary, shipped)
         except (UpstreamError, BundleError) as exc:
             problems.append(f"plugin {binary}: {exc}")
