@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from moto.server import ThreadedMotoServer
 
 from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
-from tests.conftest import PROJECT_ROOT, copy_project, doit
+from tests.conftest import PROJECT_ROOT, attach_record, copy_project, doit
 from tests.test_cache import guard_env, summary
 
 BUCKET = "mnnbuild-ci"
@@ -85,9 +86,9 @@ def cold(tmp_path_factory: pytest.TempPathFactory, s3: dict[str, str]) -> tuple[
     env = {**s3, "MNNBUILD_CACHE": str(work / "cache"), "MNNBUILD_CACHE_REMOTE": REMOTE}
     proc = doit(work, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    built = summary(proc.stdout)["built"]
-    assert "from cache" not in summary(proc.stdout)
-    assert "remote" in proc.stdout.split("moved:")[1], proc.stdout
+    built = summary(proc)["built"]
+    assert "from cache" not in summary(proc)
+    assert proc.record["bytes_stored"].get("remote", 0) > 0, proc.record  # type: ignore[attr-defined]
     return work, built
 
 
@@ -119,7 +120,7 @@ def test_second_clone_restores_from_the_remote_byte_for_byte(
     }
     proc = doit(tmp_path, env=env, project=clone)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert sorted(rows["from cache"]) == sorted(set(built) - {"fetch:tiny-qwen3"}), proc.stdout
     assert sorted(rows["from remote"]) == sorted(rows["from cache"])
     origin = json.loads((tmp_path / "artifacts/tiny-qwen3/v79/verify/verify.origin.json").read_text())
@@ -130,11 +131,13 @@ def test_second_clone_restores_from_the_remote_byte_for_byte(
              "bundle:tiny-qwen3-v79"]  # fmt: skip
     cli = [sys.executable, "-m", "mnnbuild", "cache", "materialize", *tasks]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    started = time.time()
     got = subprocess.run([*cli, "--project", str(clone)], env={**full_env, **env, "HF_HUB_OFFLINE": "1"},
                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    got = attach_record(got, tmp_path / "artifacts", started)
     assert got.returncode == 0, got.stdout + got.stderr
     # what the first run restored without its files comes now, from the remote (it was never in the local tier)
-    assert sorted(summary(got.stdout)["from remote"]) == sorted(rows["no bytes"]), got.stdout
+    assert sorted(summary(got)["from remote"]) == sorted(rows["no bytes"]), got.stdout
     restored, first = stage_files(tmp_path / "artifacts"), stage_files(work / "artifacts")
     assert restored.keys() == first.keys() and restored == first
     local = ArtifactCache(str(tmp_path / "cache")).usage()
@@ -240,7 +243,7 @@ def test_a_corrupted_remote_blob_is_discarded_and_rebuilt(
     }
     proc = doit(tmp_path, "io:tiny-qwen3", env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert summary(proc.stdout)["built"] == ["fetch:tiny-qwen3", "io:tiny-qwen3"], proc.stdout
+    assert summary(proc)["built"] == ["fetch:tiny-qwen3", "io:tiny-qwen3"], proc.stdout
     assert "does not match its sha256; entry discarded" in proc.stderr
     assert (tmp_path / "artifacts" / "tiny-qwen3/io" / target.path).read_bytes() == good
     again = remote()
@@ -287,7 +290,7 @@ def test_a_read_only_runner_restores_from_the_remote_and_writes_nothing_there(
     }
     proc = doit(tmp_path, "io:tiny-qwen3", "config:tiny-qwen3-v75", env=env, project=clone)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = summary(proc.stdout)
+    rows = summary(proc)
     assert rows["from remote"] == ["io:tiny-qwen3"] and "config:tiny-qwen3-v75" in rows["built"], proc.stdout
     assert {(e.stage, e.key) for e in remote().usage().entries} == before
     local = {e.stage for e in ArtifactCache(str(tmp_path / "cache")).usage().entries}
