@@ -10,20 +10,12 @@ from mnnbuild.base.sizes import human_bytes
 from mnnbuild.report import figures
 from mnnbuild.report.data import CPU, ReportData
 from mnnbuild.report.template import TEMPLATE
+from mnnbuild.verify.report import TIMING_LABELS
 
 LARGEST_FILES = 15
 """Bundle files drawn in the size figure (the table lists them all)."""
 GRAPH_OUTPUTS_DRAWN = 40
 """Graph outputs drawn by name in figure (a); with more, the worst ones (the page says how many of all)."""
-TIMING_LABELS = {
-    "twins": "reading the twins",
-    "cpu_reference": "CPU reference",
-    "bundle_pass": "bundle in the simulator",
-    "generation": "generation",
-    "graphs": "per-graph checks",
-    "total": "total",
-}
-"""verify.json's timing keys in words, in the page's footer."""
 
 
 def output_label(name: str) -> str:
