@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -98,8 +99,10 @@ class ReferenceWork:
     """The reference's steps, in whichever process runs them: :meth:`draft`, :meth:`confirm`, :meth:`shared`. A
     failed step records its problem in :attr:`reference` (and the later steps do nothing)."""
 
-    def __init__(self, spec: ReferenceSpec) -> None:
+    def __init__(self, spec: ReferenceSpec, beside: CpuRuntime | None = None) -> None:
+        """``beside``: the runtime of the forwards after the draft (fewer threads beside the simulator)."""
         self.spec = spec
+        self.beside = beside or spec.runtime
         self.draft_ = Draft()
         self.reference = Reference()
         self._forward: ForwardFn | None = None
@@ -131,12 +134,12 @@ class ReferenceWork:
         if ref.problem is not None:
             return
         try:
-            self._forward = forward = cpu_forward_fn(spec.model_dir, spec.runtime)
+            self._forward = forward = cpu_forward_fn(spec.model_dir, self.beside)
             ids = self.draft_.prompt_ids
             steps = min(spec.max_new_tokens, max(spec.limits) - len(ids))
             cpu = follow_draft(
                 forward, Embeddings(spec.model_dir, links=True), ids, self.draft_.tokens, steps, spec.limits,
-                redraft=kv_cache_redraft(spec.model_dir, spec.runtime),
+                redraft=kv_cache_redraft(spec.model_dir, self.beside),
             )  # fmt: skip
             if cpu.rejected is not None:
                 log.debug("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
@@ -152,7 +155,7 @@ class ReferenceWork:
         if ref.problem is not None or not feeds:
             return
         try:
-            forward = self._forward or cpu_forward_fn(self.spec.model_dir, self.spec.runtime)
+            forward = self._forward or cpu_forward_fn(self.spec.model_dir, self.beside)
             ref.outputs = {size: {k: np.asarray(v) for k, v in forward(feed).items()} for size, feed in feeds.items()}
         except Exception as exc:
             self._failed("the shared samples' forwards", exc)
@@ -212,10 +215,19 @@ class InProcessReference(ReferenceJob):
         return self.work.reference
 
 
+def beside_runtime(runtime: CpuRuntime) -> CpuRuntime:
+    """``runtime`` with a thread fewer than this process may use, at most its own count and at least one: the
+    simulator runs on one core (its pass keeps it), and MNN's threads split work by output, so the values are the
+    same with any count (`CpuRuntime.num_thread`)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return runtime.model_copy(update={"num_thread": max(1, min(runtime.num_thread, cpus - 1))})
+
+
 def _reference_child(channel: Channel, spec: ReferenceSpec, spawned: float) -> Reference:
-    """The child process: the draft sent at once, then the confirming forwards, then the shared samples'.
+    """The child process: the draft sent at once (all threads: the requester reads and checks binaries meanwhile),
+    then the confirming forwards and the shared samples', beside the simulator (`beside_runtime`).
     ``spawned``: ``time.monotonic()`` when the requester started it (one clock for every process of the machine)."""
-    work = ReferenceWork(spec)
+    work = ReferenceWork(spec, beside_runtime(spec.runtime))
     work.reference.seconds["start"] = time.monotonic() - spawned
     channel.send(work.draft())
     work.confirm()
