@@ -10,7 +10,7 @@ from mnnbuild.base.sizes import human_bytes
 from mnnbuild.report import figures
 from mnnbuild.report.data import CPU, ReportData
 from mnnbuild.report.template import TEMPLATE
-from mnnbuild.verify.report import TIMING_LABELS
+from mnnbuild.verify.report import timing_groups
 
 LARGEST_FILES = 15
 """Bundle files drawn in the size figure (the table lists them all)."""
@@ -22,10 +22,6 @@ def output_label(name: str) -> str:
     """A graph output's tensor name, shortened for an axis: ``/blocks.0/self_attn/Add_output_0`` ->
     ``blocks.0/self_attn/Add``."""
     return name.strip("/").removesuffix("_output_0") or name
-
-
-def timing_rows(timings: dict[str, float]) -> list[tuple[str, float]]:
-    return [(TIMING_LABELS.get(k, k.replace("_", " ")), t) for k, t in timings.items()]
 
 
 def size(n: float | None) -> str:
@@ -125,7 +121,7 @@ def render_html(data: ReportData) -> str:
         "colors": figures.plugin_colors(data.plugins),
         "cpu": CPU,
         "bundle_bytes": sum(r.size for r in data.bundle_files),
-        "timings": timing_rows(data.verify.timings),
+        "timings": timing_groups(data.verify.timings),
         "graph_outputs": sum(len(g.outputs) for g in data.verify.graphs),
         "graph_outputs_drawn": min(GRAPH_OUTPUTS_DRAWN, sum(len(g.outputs) for g in data.verify.graphs)),
     }

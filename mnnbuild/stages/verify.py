@@ -18,7 +18,10 @@ The x86 library cannot load weight-shared binaries, so the simulator runs the un
 built from the same graphs and weights (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
 The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
 with at most ``max_loaded_plugins`` contexts loaded, and its executions serve the per-graph checks too. Where a
-prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``).
+prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``). A big model's
+CPU reference runs in a child process beside the pass, which runs on its draft (`mnnbuild.verify.reference`); no
+file the bundle or twin stage hashed, unchanged since, is hashed again (`mnnbuild_runtime.hashes`). The report's
+``timings`` say where each second went.
 
 Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
 the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:

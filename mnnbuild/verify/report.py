@@ -214,6 +214,22 @@ def finish_timings(timings: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 3) for k, v in sorted(found.items(), key=lambda kv: order.get(kv[0], len(order)))}
 
 
+def timing_groups(timings: dict[str, float]) -> dict[str, list[tuple[str, float]]]:
+    """``timings`` in words, in three groups: ``steps`` (verify's own, one after the other, and ``total``),
+    ``parts`` (what steps spent on one thing) and ``reference`` (the CPU reference's own time, its parts and how much
+    ran beside the steps)."""
+    groups: dict[str, list[tuple[str, float]]] = {"steps": [], "parts": [], "reference": []}
+    for key, value in timings.items():
+        words = TIMING_LABELS.get(key, key.replace("_", " "))
+        if key in TIME_PHASES or key == "total":
+            groups["steps"].append((words, value))
+        elif key in TIME_PARTS and TIME_PARTS[key][1] != "cpu_reference":
+            groups["parts"].append((words, value))
+        else:
+            groups["reference"].append((words, value))
+    return groups
+
+
 def timing_lines(timings: dict[str, float]) -> list[str]:
     """verify.txt's account of where each second went: the steps, what each spent on what, and what ran beside."""
     if not timings:
