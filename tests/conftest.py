@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -29,35 +30,12 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture
 def run_doit(tmp_path: Path) -> RunDoit:
-    """Run ``doit`` on the project's dodo.py from an unrelated directory, artifacts under tmp_path.
+    """Run ``doit`` on the project's dodo.py from an unrelated directory, artifacts under tmp_path: `doit` in it.
 
     Keywords: ``env`` adds environment variables; ``check`` (default True) asserts success;
     ``project`` runs another copy of the project (its own dodo.py and mnnbuild package).
     """
-    artifacts = tmp_path / "artifacts"
-
-    def run(
-        *args: str, env: Mapping[str, str] | None = None, check: bool = True, project: Path = PROJECT_ROOT
-    ) -> subprocess.CompletedProcess[str]:
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
-        # the cache is off unless a test turns it on, so no test reads or fills ~/.cache
-        full_env.update({"MNNBUILD_ARTIFACTS": str(artifacts), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
-        full_env.update(env or {})
-        started = time.time()
-        proc = subprocess.run(
-            [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
-            cwd=tmp_path,
-            env=full_env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        attach_record(proc, Path(full_env["MNNBUILD_ARTIFACTS"]), started)
-        if check:
-            assert proc.returncode == 0, f"doit {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
-        return proc
-
-    return run
+    return functools.partial(doit, tmp_path, check=True, timeout=600)
 
 
 def executed_tasks(output: str) -> list[str]:
@@ -77,11 +55,18 @@ def copy_project(dest: Path) -> Path:
 
 
 def doit(
-    cwd: Path, *args: str, env: Mapping[str, str] | None = None, project: Path = PROJECT_ROOT
+    cwd: Path,
+    *args: str,
+    env: Mapping[str, str] | None = None,
+    project: Path = PROJECT_ROOT,
+    check: bool = False,
+    timeout: float = 900,
 ) -> subprocess.CompletedProcess[str]:
-    """``doit`` on the project's dodo.py (or ``project``'s) with artifacts under ``cwd/artifacts``, cache off (run_doit
-    for module-wide fixtures, which cannot use a per-test tmp_path)."""
+    """``doit`` on the project's dodo.py (or ``project``'s) run in ``cwd``, with artifacts under ``cwd/artifacts``
+    and the cache off (``env`` may say otherwise); ``check``: assert it succeeded. Module-wide fixtures call it,
+    which cannot use a per-test tmp_path (`run_doit`)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    # the cache is off unless a test turns it on, so no test reads or fills ~/.cache
     full_env.update({"MNNBUILD_ARTIFACTS": str(cwd / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
     full_env.update(env or {})
     started = time.time()
@@ -91,9 +76,12 @@ def doit(
         env=full_env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=timeout,
     )
-    return attach_record(proc, Path(full_env["MNNBUILD_ARTIFACTS"]), started)
+    attach_record(proc, Path(full_env["MNNBUILD_ARTIFACTS"]), started)
+    if check:
+        assert proc.returncode == 0, f"doit {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
 
 
 def attach_record(

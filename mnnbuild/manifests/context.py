@@ -2,36 +2,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
+from pydantic import BaseModel
 
-from pydantic import BaseModel, ConfigDict
-
-from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
-from mnnbuild.model.targets import Soc
+from mnnbuild.manifests.plugin import PluginInputs, PluginParams
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import From, StageInputs
 
 
-class ContextInputs(StageInputs):
-    model: str
-    # of the fetch, the lowering source the partition records (`PartitionManifest.plugin_files`)
-    model_dir: Annotated[Path, From("fetch", reads="files")]
-    """fetch output: the model and weight file the graphs are lowered from."""
-    partition_dir: Annotated[Path, From("partition", reads="files")]
-    binary: str
-    """The merge entry's key, e.g. ``qnn/graphllm0.bin``."""
-    graphs: list[str]
-    """Its graph dirs in allGraphName order, e.g. ``["qnn/graphllm0", "qnn/graphllm1_0"]``."""
+class ContextInputs(PluginInputs):
+    """`PluginInputs`, of the shipped binary."""
 
 
-class ContextParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    soc: Soc
-    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
-    """How conv weights are stored (spec field ``npu_weights``): context, twin and modellib store the same."""
+class ContextParams(PluginParams):
     weight_sharing: bool = True
+    """Whether the plugin's graphs share their weights (a one-graph plugin has nothing to share)."""
 
 
 class GraphIo(BaseModel):

@@ -2,36 +2,18 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated
-
-from pydantic import BaseModel, ConfigDict
-
-from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights, WeightNote
-from mnnbuild.model.targets import Soc
+from mnnbuild.manifests.plugin import PluginInputs, PluginParams
+from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.stage import From, StageInputs
 
 
-class TwinInputs(StageInputs):
-    """ContextInputs' fields, declared again rather than inherited: the twin's key then does not follow the
-    context manifest's code (a new context manifest field rebuilds no twin)."""
-
-    model: str
-    model_dir: Annotated[Path, From("fetch", reads="files")]
-    partition_dir: Annotated[Path, From("partition", reads="files")]
-    binary: str
-    """The shipped binary it stands in for (the merge entry's key, e.g. ``qnn/graphllm0.bin``)."""
-    graphs: list[str]
-    """Its graph dirs in allGraphName order, e.g. ``["qnn/graphllm0", "qnn/graphllm1_0"]``."""
+class TwinInputs(PluginInputs):
+    """`PluginInputs`, of the shipped binary the twin stands in for. Not ContextInputs: the twin's key then does
+    not follow the context manifest's code (a new context manifest field rebuilds no twin)."""
 
 
-class TwinParams(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    soc: Soc
-    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
-    """How conv weights are stored (spec field ``npu_weights``): context, twin and modellib store the same."""
+class TwinParams(PluginParams):
+    """`PluginParams`: a twin is never weight-shared (the simulator could not load it)."""
 
 
 class TwinManifest(Manifest):

@@ -147,17 +147,23 @@ def open_bundle_file(path: Path, links: bool = False) -> BinaryIO:
         raise
 
 
-def _read_json(path: Path, links: bool = False) -> dict[str, Any]:
+def read_json_object(path: Path, missing: str, *, links: bool = False) -> dict[str, Any]:
+    """The JSON object in ``path``, opened as `open_bundle_file` does; a problem is one BundleError naming the file,
+    ``missing`` saying what a missing one means (``<path>: <missing>``)."""
     try:
         with open_bundle_file(path, links) as fh:
             data = json.loads(fh.read().decode("utf-8"))
     except FileNotFoundError:
-        raise BundleError(f"{path}: file missing; a bundle model dir must have {path.name}") from None
+        raise BundleError(f"{path}: {missing}") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BundleError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _read_bundle_json(path: Path, links: bool) -> dict[str, Any]:
+    return read_json_object(path, f"file missing; a bundle model dir must have {path.name}", links=links)
 
 
 FILE_FIELDS = (
@@ -220,7 +226,7 @@ def check_config_files(config_path: Path, config: dict[str, Any], *, links: bool
         model_dir, config.get("llm_config", "llm_config.json"), f"{config_path}: field 'llm_config'", links=links
     )
     if llm_config.is_file():
-        sources.append((llm_config, _read_json(llm_config, links)))
+        sources.append((llm_config, _read_bundle_json(llm_config, links)))
     for source, values in sources:
         refused = [field for field in REFUSED_FIELDS if field in values]
         if refused:
@@ -244,7 +250,7 @@ def read_config(config_path: Path, *, links: bool = False) -> dict[str, Any]:
     gives MNN's engine to read stays inside its model dir. ``links``: see `bundle_path`."""
     config_path = Path(config_path)
     bundle_path(config_path.parent, config_path.name, f"{config_path}", links=links)
-    config = _read_json(config_path, links)
+    config = _read_bundle_json(config_path, links)
     check_config_files(config_path, config, links=links)
     return config
 

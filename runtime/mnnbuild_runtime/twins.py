@@ -10,7 +10,6 @@ of the build), and no path read from them leaves its plugin's dir.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 from mnnbuild.base.errors import UnsafePathError
 from mnnbuild.base.fsutil import MANIFEST_SUFFIX, confined
+from mnnbuild_runtime.bundle import read_json_object
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hashes import FileHashes, read_stamped
 from mnnbuild_runtime.plugin import BinaryOverride
@@ -73,15 +73,8 @@ def plugin_subdir(stage_dir: Path, binary: str) -> Path:
 
 
 def _manifest(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BundleError(f"{path}: manifest missing; run the {path.name.split('.')[0]} stage first") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"{path}: manifest cannot be read as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise BundleError(f"{path}: manifest is not a JSON object")
-    return data
+    # a stage dir's manifest, not a bundle file: links are followed, as for any file of the build
+    return read_json_object(path, f"manifest missing; run the {path.name.split('.')[0]} stage first", links=True)
 
 
 def _field(data: Mapping[str, Any], path: Path, name: str) -> str:
