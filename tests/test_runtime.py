@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,6 +255,66 @@ def test_override_from_file_is_reported(synthetic: Synthetic, tmp_path: Path, qn
         reports = model.check_binaries()
     assert [r["executed_source"] for r in reports] == [str(files["qnn/graphllm0.bin"]), str(files["qnn/graphllm1.bin"])]
     assert all(r["executed"] == "override" and r["shipped_sha256"] for r in reports)
+
+
+def test_a_known_hash_holds_only_while_the_file_keeps_its_stamp(tmp_path: Path) -> None:
+    """A hash known with a file's stamp (size, mtime, ctime, inode) is taken as long as the stamp holds, never
+    further: an in-place rewrite of the same size with the mtime put back moves the ctime, and is hashed anew;
+    what is hashed is remembered per file part; bytes of no file are always hashed."""
+    from mnnbuild_runtime import FileHashes, KnownHash
+    from mnnbuild_runtime.hashes import read_stamped
+
+    from mnnbuild.base.fsutil import sha256_bytes
+
+    path = tmp_path / "graph.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    with open(path, "rb") as fh:
+        data, stamp = read_stamped(fh)
+    assert stamp is not None
+    hashes = FileHashes({path: KnownHash("0" * 64, stamp)})  # a wrong hash shows it is taken, not recomputed
+    assert hashes.digest(path, data, stamp) == "0" * 64 and (hashes.hashed, hashes.trusted) == (0, 1)
+    time.sleep(0.05)  # past the file system's timestamp tick: the rewrite gets another ctime
+    st = path.stat()
+    flipped = bytearray(data)
+    flipped[100] ^= 0x01
+    with open(path, "r+b") as fh:  # in place: same inode, same size
+        fh.write(flipped)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with open(path, "rb") as fh:
+        data, now = read_stamped(fh)
+    assert data == bytes(flipped) and now is not None and now != stamp
+    assert hashes.digest(path, data, now) == sha256_bytes(data) and hashes.hashed == 1
+    assert hashes.digest(path, data, now) == sha256_bytes(data) and hashes.hashed == 1, "remembered with its stamp"
+    assert hashes.digest(path, data[:10], now, 0, 10) == sha256_bytes(data[:10]) and hashes.hashed == 2
+    assert hashes.digest(None, data, None) == sha256_bytes(data) and hashes.hashed == 3
+
+
+def test_each_binary_is_hashed_once_however_often_it_loads(
+    synthetic: Synthetic, bundle_copy: Path, tmp_path: Path, qnn_lib: QnnLibrary
+) -> None:
+    """One plugin context loaded at a time and three forwards: each context loads three times, its binaries are
+    read at each load and checked against the hash of the bytes checked first, hashed only once each; a twin
+    replaced after the check (its mtime put back) is hashed again and refused."""
+    twins = {}
+    for path, twin in synthetic.twins.items():
+        twins[path] = tmp_path / Path(path).name
+        twins[path].write_bytes(twin)
+    x = np.ones((PREFILL, 8), dtype=np.float32)
+    with HybridModel(bundle_copy, binary_overrides=twins, qnn_lib=qnn_lib, max_loaded=1) as model:
+        for _ in range(3):
+            model.forward({"x": x})
+        assert [r.loads for r in model.plugins.values()] == [3, 3]
+        assert model.hashes.hashed == 4, "a shipped binary and a twin per plugin, once each"
+        assert model.hashes.trusted == 6, "every load after the check took the hash of the unchanged file"
+        target = twins["qnn/graphllm1.bin"]
+        st = target.stat()
+        data = bytearray(target.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        target.unlink()
+        target.write_bytes(bytes(data))
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with pytest.raises(BinaryCheckError, match=r"qnn1.*changed after it was checked"):
+            model.forward({"x": x})
 
 
 def test_weight_shared_binary_without_override_is_refused(synthetic: Synthetic, qnn_lib: QnnLibrary) -> None:

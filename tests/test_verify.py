@@ -31,7 +31,7 @@ from mnnbuild.pipeline.layout import REPORT_PAGE as PAGE
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.verify import checks
-from mnnbuild.verify.report import VerifyReport, format_report
+from mnnbuild.verify.report import TIME_PHASES, VerifyReport, format_report
 from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks
 
 TINY = "tiny-qwen3"
@@ -129,6 +129,8 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
     report = read_report(out)
     assert report.passed and not report.failures
     assert report.integrity is not None and report.integrity.passed
+    # the bundle stage hashed the bundle, the twin stage the twins; unchanged since, nothing is hashed again
+    assert report.integrity.hashed == 0 and report.binaries_hashed == 0 and report.binaries_trusted > 0
     assert len(report.graphs) == 2 * len(report.plugins) and all(g.passed for g in report.graphs)
     for g in report.graphs:
         # every graph ran in the whole-model pass: that run is its check (against its ops in MNN, same inputs)
@@ -233,6 +235,80 @@ def test_a_tolerated_flip_ends_the_bundles_tokens_unless_followed(built: tuple[P
                     generation=check,
                 )  # fmt: skip
             )
+
+
+def test_the_cpu_reference_beside_the_pass_gives_the_same_report(
+    built: tuple[Path, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A big model's CPU reference runs in a child process beside the simulator pass (forced here for the tiny
+    one): the same tokens, the same whole-model numbers and the same shared forward as in this process, the
+    timings account for it, and no process is left when verify returns. Nothing verify read was hashed again."""
+    import multiprocessing
+
+    from mnnbuild.verify import reference
+
+    monkeypatch.setattr(reference, "CHILD_ABOVE", 0)
+    root = model_root(built)
+    out = tmp_path / "verify"
+    verify(inputs_for(root), VerifyParams(soc=soc_for_arch(ARCH)), out)
+    assert not multiprocessing.active_children(), "the CPU reference's process ended with verify"
+    report, here = read_report(out), read_report(root / ARCH / "verify")
+    assert report.passed and report.generation is not None and here.generation is not None
+    assert report.generation.cpu_tokens == here.generation.cpu_tokens == report.generation.hybrid_tokens
+    assert report.generation.shared_lengths == [128] and report.generation.hybrid_forwards == 1
+    for a, b in zip(report.whole_model, here.whole_model, strict=True):
+        assert [t.model_dump() for t in a.outputs] == [t.model_dump() for t in b.outputs], a.seq_len
+    t = report.timings
+    assert t["cpu_reference_start"] > 0 and t["cpu_reference_confirm"] > 0 and "overlap" in t
+    assert t["cpu_reference"] == pytest.approx(sum(v for k, v in t.items() if k.startswith("cpu_reference_")), abs=0.01)
+    phases = [k for k in t if k in ("integrity", "bundle_pass", "graphs", "reference_wait", "other")]
+    assert len(phases) == 5 and sum(t[k] for k in TIME_PHASES if k in t) == pytest.approx(t["total"], abs=0.01)
+    assert report.integrity is not None and report.integrity.hashed == 0 and report.timings["hashing"] == 0.0
+    assert report.binaries_hashed == 0 and report.binaries_trusted >= 2 * len(report.plugins)
+    text = (out / REPORT_TEXT).read_text(encoding="utf-8")
+    assert "CPU reference" in text and "of work in" in text and "process start" in text
+
+
+def test_runs_on_a_guess_the_cpu_did_not_keep_run_again(built: tuple[Path, object]) -> None:
+    """The pass runs the generation on MNN's KV-cache guess while the CPU confirms it: where the confirmed tokens
+    differ, the pass's run of that length is no forward of the check (nor is the io sample it shared, whose
+    whole-model check stands on the CPU's outputs for its inputs), and the check runs the length itself. The CPU
+    stands in for the bundle here."""
+    from mnnbuild.verify.reference import Draft, InProcessReference, Reference
+
+    root = model_root(built)
+    bundle = root / ARCH / "bundle" / "model" / TINY
+    gen = checks.GenerationRun(root / "model", bundle, Bundle.open(bundle).block_sizes, "hello", 8, CpuRuntime())
+    truth = InProcessReference(gen.spec)
+    confirmed = truth.draft()
+    assert confirmed.confirmed and confirmed.problem is None and len(confirmed.tokens) == 8
+    guess = list(confirmed.tokens)
+    guess[3] = (guess[3] + 1) % 1024
+    gen.take_draft(Draft(confirmed.prompt_ids, guess))
+    io = root / "io" / "testdir"
+    samples = checks.load_samples([(1, io / "1"), (128, io / "128")])
+    shared = gen.share(samples)
+    assert list(shared) == [128] and not gen.feeds(), "the io prefill sample serves the guess's one length"
+    cpu = cpu_forward_fn(root / "model")
+    ref = Reference(truth.work.reference.tokens, truth.work.reference.rows,
+                    outputs={size: cpu(feed) for size, feed in shared.items()})  # fmt: skip
+    assert gen.take_reference(ref, samples) == set() and gen.check.shared_lengths == []
+    assert samples[1].feed is shared[128] and set(samples[1].refs) == {"logits", "hidden_states"}
+    calls: list[int] = []
+
+    def forward(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        calls.append(1)
+        return cpu(feed)
+
+    check = gen.conclude(forward, {}, Tolerance())
+    assert check.passed and check.hybrid_tokens == check.cpu_tokens == confirmed.tokens and len(calls) == 1
+    # the same guess held: the pass's run is the check's forward, nothing runs again
+    gen = checks.GenerationRun(root / "model", bundle, Bundle.open(bundle).block_sizes, "hello", 8, CpuRuntime())
+    gen.take_draft(Draft(confirmed.prompt_ids, list(confirmed.tokens)))
+    samples = checks.load_samples([(1, io / "1"), (128, io / "128")])
+    shared = gen.share(samples)
+    ref = Reference(ref.tokens, ref.rows, outputs={size: cpu(feed) for size, feed in shared.items()})
+    assert gen.take_reference(ref, samples) == {128} and gen.check.shared_lengths == [128]
 
 
 def test_bounded_plugin_loading_is_bit_identical(built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -34,9 +34,9 @@ def sha256_file(path: Path) -> str:
         return digest.hexdigest()
 
 
-def file_stamp(path: Path) -> list[int] | None:
+def file_stamp(path: Path | int) -> list[int] | None:
     """What changes whenever a file's content may have: size, mtime, ctime and inode (a write, a replacement, a
-    ``touch -d`` all move one of them); None when it cannot be stat'ed."""
+    ``touch -d`` all move one of them); None when it cannot be stat'ed. ``path`` may be an open file descriptor."""
     try:
         st = os.stat(path)
     except OSError:

@@ -15,17 +15,12 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
-import pickle
-import signal
-import threading
 import time
 from collections.abc import Callable, Mapping
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from mnnbuild.base.child import Channel, Child, ChildDiedError
 from mnnbuild.base.errors import QnnError
 from mnnbuild.base.fsutil import atomic_write_bytes
 from mnnbuild.base.logs import configure_logging
@@ -84,78 +79,24 @@ def compose_in_fresh_process(
     """Compose ``source``'s graphs into the binary ``dest`` in a fresh process (returns how it stores each weight);
     a ``LoweringError`` when that process dies.
 
-    That process never outlives this one: stopped here (Ctrl-C, SIGTERM as KeyboardInterrupt), this one kills it
-    before passing the interrupt on; killed here (``kill -9``, the OOM killer), it kills itself (`_compose_child`)."""
+    That process never outlives this one (`mnnbuild.base.child`): stopped here (Ctrl-C, SIGTERM as
+    KeyboardInterrupt), this one kills it before passing the interrupt on; killed here (``kill -9``, the OOM
+    killer), it kills itself."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    ctx = _fresh_processes(source)
-    ours, theirs = ctx.Pipe()
-    level = logging.getLevelName(log.getEffectiveLevel())
-    child = ctx.Process(
-        target=_compose_child, args=(theirs, target, source, weight_sharing, dest, level), name="compose", daemon=True
-    )
-    try:
-        child.start()
-        theirs.close()
-        status, payload = _await_result(ours, child)
-        child.join(timeout=60)
-    except BaseException:
-        if child.pid is not None and child.is_alive():  # not a finished compose: it has nothing left to say
-            child.kill()
-            child.join()
-        raise
-    finally:
-        ours.close()
-    if status == "error":
-        raise payload
-    return [WeightNote.model_validate(n) for n in payload]
-
-
-def _await_result(conn: Connection, child: BaseProcess) -> tuple[str, Any]:
-    """What the compose process sent (``("ok", weight notes)`` or ``("error", exception)``); a ``LoweringError``
-    when it died without a word. Polls in short waits, so an interrupt of this process is seen at once."""
-    while True:
-        if conn.poll(0.2):
-            try:
-                return conn.recv()
-            except EOFError:
-                break
-        if not child.is_alive() and not conn.poll(0):
-            break
-    child.join()
-    raise LoweringError(f"the process composing it died (exit code {child.exitcode})")
+    with Child(_fresh_processes(source), _compose_child, (target, source, weight_sharing, dest), "compose") as child:
+        try:
+            notes = child.result()
+        except ChildDiedError as exc:
+            raise LoweringError(str(exc).replace("the compose process", "the process composing it")) from None
+    return [WeightNote.model_validate(n) for n in notes]
 
 
 def _compose_child(
-    conn: Connection, target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path, log_level: str
-) -> None:
-    """The compose process: `compose_to_file`, its outcome sent back on ``conn``. A thread watches ``conn``: its
-    other end closes when the process that asked for the binary is gone (killed by any signal), and then this one
-    kills itself, whatever QNN is busy with. (Its parent is multiprocessing's forkserver, which lives as long as any
-    of its children: a parent-death signal would wait for the forkserver, and the forkserver for this.)"""
-    threading.Thread(target=_die_when_closed, args=(conn,), name="requester-watch", daemon=True).start()
-    try:
-        notes = compose_to_file(target, source, weight_sharing, dest, log_level)
-    except BaseException as exc:  # noqa: BLE001 - every failure goes back to the requester
-        conn.send(("error", _picklable(exc)))
-    else:
-        conn.send(("ok", [n.model_dump() for n in notes]))
-
-
-def _die_when_closed(conn: Connection) -> None:
-    try:
-        conn.recv()  # the requester never sends: this returns only by EOF
-    except (EOFError, OSError):
-        pass
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` if it crosses a pipe whole, else a ``LoweringError`` saying what it was."""
-    try:
-        pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - any pickling problem
-        return LoweringError(f"{type(exc).__name__}: {exc}")
-    return exc
+    channel: Channel, target: HtpTarget, source: GraphSource, weight_sharing: bool, dest: Path
+) -> list[dict[str, Any]]:
+    """The compose process: `compose_to_file`, its weight notes returned as data."""
+    level = logging.getLevelName(logging.getLogger("mnnbuild").getEffectiveLevel())
+    return [n.model_dump() for n in compose_to_file(target, source, weight_sharing, dest, level)]
 
 
 def checked_info(lib: QnnLibrary, what: str, data: bytes, names: list[str], soc: Soc, shared: bool) -> BinaryInfo:

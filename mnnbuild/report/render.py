@@ -10,30 +10,18 @@ from mnnbuild.base.sizes import human_bytes
 from mnnbuild.report import figures
 from mnnbuild.report.data import CPU, ReportData
 from mnnbuild.report.template import TEMPLATE
+from mnnbuild.verify.report import timing_groups
 
 LARGEST_FILES = 15
 """Bundle files drawn in the size figure (the table lists them all)."""
 GRAPH_OUTPUTS_DRAWN = 40
 """Graph outputs drawn by name in figure (a); with more, the worst ones (the page says how many of all)."""
-TIMING_LABELS = {
-    "twins": "reading the twins",
-    "cpu_reference": "CPU reference",
-    "bundle_pass": "bundle in the simulator",
-    "generation": "generation",
-    "graphs": "per-graph checks",
-    "total": "total",
-}
-"""verify.json's timing keys in words, in the page's footer."""
 
 
 def output_label(name: str) -> str:
     """A graph output's tensor name, shortened for an axis: ``/blocks.0/self_attn/Add_output_0`` ->
     ``blocks.0/self_attn/Add``."""
     return name.strip("/").removesuffix("_output_0") or name
-
-
-def timing_rows(timings: dict[str, float]) -> list[tuple[str, float]]:
-    return [(TIMING_LABELS.get(k, k.replace("_", " ")), t) for k, t in timings.items()]
 
 
 def size(n: float | None) -> str:
@@ -133,7 +121,7 @@ def render_html(data: ReportData) -> str:
         "colors": figures.plugin_colors(data.plugins),
         "cpu": CPU,
         "bundle_bytes": sum(r.size for r in data.bundle_files),
-        "timings": timing_rows(data.verify.timings),
+        "timings": timing_groups(data.verify.timings),
         "graph_outputs": sum(len(g.outputs) for g in data.verify.graphs),
         "graph_outputs_drawn": min(GRAPH_OUTPUTS_DRAWN, sum(len(g.outputs) for g in data.verify.graphs)),
     }

@@ -18,7 +18,10 @@ The x86 library cannot load weight-shared binaries, so the simulator runs the un
 built from the same graphs and weights (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
 The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
 with at most ``max_loaded_plugins`` contexts loaded, and its executions serve the per-graph checks too. Where a
-prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``).
+prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``). A big model's
+CPU reference runs in a child process beside the pass, which runs on its draft (`mnnbuild.verify.reference`); no
+file the bundle or twin stage hashed, unchanged since, is hashed again (`mnnbuild_runtime.hashes`). The report's
+``timings`` say where each second went.
 
 Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
 the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:
@@ -27,6 +30,7 @@ a failed verify never looks done, and the stage raises a ``ToleranceError`` nami
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -36,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from mnnbuild_runtime import Bundle, HybridModel
+from mnnbuild_runtime import Bundle, FileHashes, HybridModel
 
 from mnnbuild.base.errors import MnnbuildError, StageError, ToleranceError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
@@ -59,7 +63,8 @@ from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.verify import checks, failures
-from mnnbuild.verify.report import GraphCheck, VerifyReport, format_report
+from mnnbuild.verify.reference import ReferenceJob
+from mnnbuild.verify.report import GraphCheck, VerifyReport, finish_timings, format_report
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +143,13 @@ def _parts(inputs: VerifyInputs) -> list[Part]:
     return parts
 
 
+def _add(timings: dict[str, float], key: str, since: float) -> float:
+    """Add the seconds since ``since`` to ``timings[key]``; returns now."""
+    now = time.perf_counter()
+    timings[key] = timings.get(key, 0.0) + now - since
+    return now
+
+
 def _run_bundle(
     model: HybridModel,
     inputs: VerifyInputs,
@@ -146,40 +158,33 @@ def _run_bundle(
     twins: dict[str, checks.Twin],
     report: VerifyReport,
     timings: dict[str, float],
+    gen: checks.GenerationRun | None,
+    job: ReferenceJob | None,
 ) -> dict[str, list[GraphCheck]]:
     """The whole model and (language model) generation checks in one pass of the bundle over every input (io
     samples and the generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; then
-    the per-graph checks of every graph the pass ran, on the CPU. Returns them by plugin path."""
+    the per-graph checks of every graph the pass ran, on the CPU. Returns them by plugin path.
+
+    ``job``: the generation's CPU reference (`mnnbuild.verify.reference`); the pass needs only its draft, and the
+    rest of it is awaited after the per-graph checks (for a big model it runs beside the pass and them)."""
     t0 = time.perf_counter()
-    gen = None
-    fetched = inputs.manifest(FetchManifest, Path(inputs.model_dir)).part
-    if not part.visual and fetched.generates:
-        gen = checks.GenerationRun(
-            Path(inputs.model_dir),
-            model.bundle.model_dir,
-            model.bundle.block_sizes,
-            _read_prompt(model.bundle.model_dir, params.prompt),
-            params.max_new_tokens,
-            params.runtime,
-            params.follow_divergence,
-        )
-        gen.reference()
     io = IoManifest.read(part.io_dir)
     samples = checks.load_samples(
         [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(part.io_dir), strict=True)],
         [s.image_size for s in io.samples],
     )
-    timings["cpu_reference"] = timings.get("cpu_reference", 0.0) + time.perf_counter() - t0
-
-    if gen is not None:
-        t0 = time.perf_counter()
-        gen.share(samples)
-        timings["cpu_reference"] += time.perf_counter() - t0
-    feeds = [s.feed for s in samples if s.problem is None]
+    t0 = _add(timings, "samples", t0)
+    if gen is not None and job is not None:
+        gen.take_draft(job.draft())
+        t0 = _add(timings, "reference_wait", t0)
+        job.send_shared(gen.share(samples))
+    done = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[done[k]]'s
+    feeds = [samples[i].feed for i in done]
     gen_feeds = gen.feeds() if gen is not None else {}
-    t0 = time.perf_counter()
     # captured: each plugin's inputs and outputs serve its per-graph check (no simulator run of its own)
     passes, what = len(feeds) + len(gen_feeds), "visual encoder" if part.visual else "model"
+    loads = sum(r.load_seconds for r in model.plugins.values())
+    t0 = time.perf_counter()
     with progress(desc=f"verify: {passes} passes of the {what}", total=model.step_count, unit="step") as bar:
 
         def stepped(name: str) -> None:
@@ -187,30 +192,17 @@ def _run_bundle(
             bar.update()
 
         runs = model.run_many([*feeds, *gen_feeds.values()], capture=True, on_step=stepped)
-    timings["bundle_pass"] = timings.get("bundle_pass", 0.0) + time.perf_counter() - t0
+    _add(timings, "bundle_pass", t0)
+    timings["loads"] = timings.get("loads", 0.0) + sum(r.load_seconds for r in model.plugins.values()) - loads
+    timings["simulator"] = timings.get("simulator", 0.0) + sum(r.qnn_seconds for r in runs)
+    timings["cpu_segments"] = timings.get("cpu_segments", 0.0) + sum(r.mnn_seconds for r in runs)
     ran = {g: r for g, r in checks.graph_runs(model, runs).items() if r.binary in twins}
     for run in runs:
         run.plugin_io.clear()  # the graph runs hold what the checks need
-    loaded = iter(runs[: len(feeds)])
-    report.whole_model += [
-        checks.check_whole_model(s, next(loaded) if s.problem is None else None, params.model_tolerance)
-        for s in samples
-    ]
-    if gen is not None:
-        t0 = time.perf_counter()
-        gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
-        done = [i for i, s in enumerate(samples) if s.problem is None]  # runs[k] is samples[done[k]]'s
-        gen_runs |= {size: runs[done.index(i)] for size, i in gen.shared.items()}
-        with progress(desc="verify: generation", unit="step") as bar:
 
-            def forward(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-                bar.update()
-                return model.forward(feed)
-
-            report.generation = gen.conclude(forward, gen_runs, params.model_tolerance, release=model.unload)
-        timings["generation"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     model.unload()  # the graphs' CPU ops take the memory now (an lm_head is 1.2 GB in float32)
+    fetched = inputs.manifest(FetchManifest, Path(inputs.model_dir)).part
     source = chain_part(fetched, inputs.manifest(PartitionManifest, part.partition_dir).params.part)
     model_dir = Path(inputs.model_dir)
     with SourceSubgraphRunner(
@@ -219,7 +211,32 @@ def _run_bundle(
         desc = f"verify: graphs of the {what} on the CPU"
         graph_runs = progress(ran.values(), desc=desc, total=len(ran), unit="graph")
         found = checks.check_graph_runs(reference, graph_runs, part.partition_dir, params.graph_tolerance)
-    timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
+    t0 = _add(timings, "graphs", t0)
+
+    held: set[int] = set()
+    if gen is not None and job is not None:
+        ref = job.result()
+        t0 = _add(timings, "reference_wait", t0)
+        held = gen.take_reference(ref, samples)
+        for k, v in ref.seconds.items():
+            timings[f"cpu_reference_{k}"] = timings.get(f"cpu_reference_{k}", 0.0) + v
+        timings["cpu_reference"] = timings.get("cpu_reference", 0.0) + sum(ref.seconds.values())
+    by_sample = dict(zip(done, runs, strict=False))
+    report.whole_model += [
+        checks.check_whole_model(s, by_sample.get(i), params.model_tolerance) for i, s in enumerate(samples)
+    ]
+    t0 = _add(timings, "comparison", t0)
+    if gen is not None:
+        gen_runs = {size: r for size, r in zip(gen_feeds, runs[len(feeds) :], strict=True) if size in held}
+        gen_runs |= {size: by_sample[i] for size, i in gen.shared.items()}
+        with progress(desc="verify: generation", unit="step") as bar:
+
+            def forward(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                bar.update()
+                return model.forward(feed)
+
+            report.generation = gen.conclude(forward, gen_runs, params.model_tolerance, release=model.unload)
+        _add(timings, "generation", t0)
     graphs: dict[str, list[GraphCheck]] = {}
     for g in found:
         graphs.setdefault(g.binary, []).append(g)
@@ -235,65 +252,95 @@ def _check_part(
     target: HtpTarget,
     report: VerifyReport,
     timings: dict[str, float],
+    hashes: FileHashes,
 ) -> list[failures.Failure]:
     """Plugins, per-graph and whole-model checks of one part (and generation, for the language model); adds them
-    to ``report`` and returns the failures found."""
+    to ``report`` and returns the failures found. The language model's CPU reference starts first: for a big model
+    it runs beside everything up to the whole-model comparison (`mnnbuild.verify.reference`)."""
     model_prefix = f"model/{bundle.model_name}/"
     bundle_model = bundle_model_dir(inputs.bundle_dir, bundle.model_name)
     found: list[failures.Failure] = []
     merge = read_merge(part.partition_dir)
     t0 = time.perf_counter()
-    contexts, problems = checks.read_contexts(Path(inputs.context_dir), merge)
-    twins, twin_problems = checks.read_twins(Path(inputs.twin_dir), contexts, merge)
-    found += [failures.structure(p) for p in problems + twin_problems]
-    found += [failures.structure(p) for p in _context_problems(inputs, part, params, merge, contexts, twins)]
-    timings["twins"] = timings.get("twins", 0.0) + time.perf_counter() - t0
-
-    hashes = _expected_hashes(bundle, model_prefix, contexts, twins)
-    graphs: dict[str, list[GraphCheck]] = {}
-    model = None
-    t0 = time.perf_counter()
+    opened = None
     try:
-        model = HybridModel(
-            Bundle.open(bundle_model, visual=part.visual),
-            binary_overrides={path: twin.override() for path, twin in twins.items()},
-            expected_target=target,
-            qnn_lib=lib,
-            runtime=params.runtime,
-            max_loaded=params.max_loaded_plugins,
-        )
+        opened = Bundle.open(bundle_model, visual=part.visual)
     except MnnbuildError as exc:
         found.append(failures.structure(f"bundle {bundle_model}: {exc}"))
-    try:
-        if model is not None:
-            plugins = checks.plugin_checks(model, hashes)
-            report.plugins += plugins
-            found += failures.plugin_failures(plugins)
-            timings["open_and_plugin_checks"] = timings.get("open_and_plugin_checks", 0.0) + time.perf_counter() - t0
-            if twins and all(p.passed for p in plugins):
-                graphs = _run_bundle(model, inputs, part, params, twins, report, timings)
-            else:
-                found.append(
-                    failures.structure("whole model and generation not run: a plugin binary failed its checks", -1.0)
+    t0 = _add(timings, "open", t0)
+    gen, job = None, None
+    if opened is not None and not part.visual and inputs.manifest(FetchManifest, Path(inputs.model_dir)).part.generates:
+        gen = checks.GenerationRun(
+            Path(inputs.model_dir),
+            opened.model_dir,
+            opened.block_sizes,
+            _read_prompt(opened.model_dir, params.prompt),
+            params.max_new_tokens,
+            params.runtime,
+            params.follow_divergence,
+        )
+        job = gen.start()
+    with job if job is not None else contextlib.nullcontext():
+        t0 = time.perf_counter()
+        contexts, problems = checks.read_contexts(Path(inputs.context_dir), merge)
+        twins, twin_problems = checks.read_twins(Path(inputs.twin_dir), contexts, merge)
+        for path, known in checks.twin_hashes(twins.values(), Path(inputs.twin_dir)).items():
+            hashes.add(path, known)
+        found += [failures.structure(p) for p in problems + twin_problems]
+        found += [failures.structure(p) for p in _context_problems(inputs, part, params, merge, contexts, twins)]
+        t0 = _add(timings, "twins", t0)
+
+        expected = _expected_hashes(bundle, model_prefix, contexts, twins)
+        graphs: dict[str, list[GraphCheck]] = {}
+        model = None
+        try:
+            if opened is not None:
+                model = HybridModel(
+                    opened,
+                    binary_overrides={path: twin.override() for path, twin in twins.items()},
+                    expected_target=target,
+                    qnn_lib=lib,
+                    runtime=params.runtime,
+                    max_loaded=params.max_loaded_plugins,
+                    hashes=hashes,
                 )
-            for p, runner in zip(plugins, model.plugins.values(), strict=True):
-                rep = runner.report()
-                p.load_seconds, p.loads, p.simulator_seconds = (
-                    rep["load_seconds"],
-                    rep["loads"],
-                    rep["simulator_seconds"],
-                )
-    finally:
-        if model is not None:
-            model.close()
+        except MnnbuildError as exc:
+            found.append(failures.structure(f"bundle {bundle_model}: {exc}"))
+        t0 = _add(timings, "open", t0)
+        try:
+            if model is not None:
+                plugins = checks.plugin_checks(model, expected)
+                report.plugins += plugins
+                found += failures.plugin_failures(plugins)
+                _add(timings, "plugin_checks", t0)
+                if twins and all(p.passed for p in plugins):
+                    graphs = _run_bundle(model, inputs, part, params, twins, report, timings, gen, job)
+                else:
+                    found.append(
+                        failures.structure(
+                            "whole model and generation not run: a plugin binary failed its checks", -1.0
+                        )
+                    )
+                for p, runner in zip(plugins, model.plugins.values(), strict=True):
+                    rep = runner.report()
+                    p.load_seconds, p.loads, p.simulator_seconds = (
+                        rep["load_seconds"],
+                        rep["loads"],
+                        rep["simulator_seconds"],
+                    )
+        finally:
+            if model is not None:
+                model.close()
     # the graphs the pass did not run: each twin on its own (they do not depend on the bundle)
     t0 = time.perf_counter()
     checked = {g.graph for found_graphs in graphs.values() for g in found_graphs}
     missing = [
         dataclasses.replace(t, graphs=[g for g in t.graphs if Path(g).name not in checked]) for t in twins.values()
     ]
-    rest = checks.check_graphs(lib, [t for t in missing if t.graphs], part.partition_dir, params.graph_tolerance)
-    timings["graphs"] = timings.get("graphs", 0.0) + time.perf_counter() - t0
+    rest = checks.check_graphs(
+        lib, [t for t in missing if t.graphs], part.partition_dir, params.graph_tolerance, hashes
+    )
+    _add(timings, "graphs", t0)
     for g in rest:
         graphs.setdefault(g.binary, []).append(g)
     for binary, graph_dirs in merge.items():
@@ -308,7 +355,7 @@ def _check_part(
 def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyReport:
     """Every check, in order; returns the report (never raises for a failed check). It names the bundle relative
     to ``out_dir`` (where the report goes), so a report restored from the cache into another artifact root names
-    that root's bundle."""
+    that root's bundle. Its ``timings`` say where each second went (`mnnbuild.verify.report.TIMINGS`)."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
@@ -325,26 +372,30 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> Ver
         executed_note="",
     )
     t0 = time.perf_counter()
-    # the files the bundle stage hashed, unchanged since (their stamps), are not hashed again
+    # the files the bundle stage hashed, unchanged since (their stamps), are not hashed again; nor, by the runtime,
+    # what integrity found unchanged
     trusted = trusted_hashes(Path(inputs.bundle_dir), BundleManifest.stage)
-    report.integrity = checks.check_integrity(Path(inputs.bundle_dir), bundle.outputs, trusted)
+    report.integrity, known = checks.integrity_hashes(Path(inputs.bundle_dir), bundle.outputs, trusted)
+    hashes = FileHashes(known)
     found = [failures.Failure(failures.INTEGRITY, 0.0, p) for p in report.integrity.problems]
-    timings["integrity"] = time.perf_counter() - t0
+    t0 = _add(timings, "integrity", t0)
 
-    t0 = time.perf_counter()
     lib = QnnLibrary()
-    timings["qnn_library"] = time.perf_counter() - t0
+    _add(timings, "qnn_library", t0)
     report.qnn = {k: str(v) for k, v in lib.version.as_dict().items() if k != "lib_dir"}
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
     for part in _parts(inputs):
-        found += _check_part(inputs, params, part, bundle, lib, target, report, timings)
+        found += _check_part(inputs, params, part, bundle, lib, target, report, timings, hashes)
+    t0 = time.perf_counter()
     found += failures.whole_model_failures(report.whole_model, params.model_tolerance)
     found += failures.generation_failures(report.generation, params.model_tolerance)
     report.executed_note = failures.executed_note(report.plugins)
     failures.conclude(report, found)
+    _add(timings, "comparison", t0)
+    timings["hashing"] = report.integrity.hash_seconds + hashes.seconds
+    report.binaries_hashed, report.binaries_trusted = hashes.hashed, hashes.trusted
     timings["total"] = time.perf_counter() - started
-    timings["other"] = max(0.0, timings["total"] - sum(v for k, v in timings.items() if k != "total"))
-    report.timings = {k: round(v, 3) for k, v in timings.items()}
+    report.timings = finish_timings(timings)
     return report
 
 

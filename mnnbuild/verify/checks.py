@@ -18,6 +18,7 @@ ran is run alone, on the partition's reference inputs (:func:`check_plugin_graph
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,17 +39,19 @@ from mnnbuild_runtime import (
 )
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.generate import ForwardFn, Redraft
+from mnnbuild_runtime.hashes import FileHashes, KnownHash
 from mnnbuild_runtime.twins import Twin as RuntimeTwin
 from mnnbuild_runtime.twins import twin_of
 
 from mnnbuild.base.compare import Tolerance, compare
-from mnnbuild.base.errors import MnnbuildError, SpecError, ToleranceError, UnsafePathError, UpstreamError
+from mnnbuild.base.errors import ToleranceError, UnsafePathError, UpstreamError
 from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.cpu import CpuRuntime, load_vars
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.reference import SourceSubgraphRunner
+from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import (
     CONFIG_FILE,
     QNN_DIR,
@@ -61,6 +64,15 @@ from mnnbuild.pipeline.layout import (
 from mnnbuild.pipeline.manifest import FileRecord
 from mnnbuild.qnn import ContextRunner, QnnLibrary, read_binary_info
 from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
+from mnnbuild.verify.reference import (
+    Draft,
+    InProcessReference,
+    Reference,
+    ReferenceJob,
+    ReferenceSpec,
+    describe_error,
+    start_reference,
+)
 from mnnbuild.verify.report import (
     GenerationCheck,
     GenerationStep,
@@ -78,22 +90,28 @@ log = logging.getLogger(__name__)
 _BOOKKEEPING = (manifest_file("bundle"), origin_file("bundle"))
 
 
-def describe_error(exc: BaseException) -> str:
-    # MNN raises bare RuntimeError/SystemError; keep the type so a bug is not mistaken for a bad bundle
-    return str(exc) if isinstance(exc, MnnbuildError) else f"{type(exc).__name__}: {exc}"
-
-
 def check_integrity(
     bundle_dir: Path, records: list[FileRecord], trusted: Mapping[str, list[int]] | None = None
 ) -> IntegrityCheck:
-    """Every file the bundle manifest lists must be there with its size and sha256; nothing else may be.
+    """Every file the bundle manifest lists must be there with its size and sha256; nothing else may be
+    (:func:`integrity_hashes`, without the hashes)."""
+    return integrity_hashes(bundle_dir, records, trusted)[0]
+
+
+def integrity_hashes(
+    bundle_dir: Path, records: list[FileRecord], trusted: Mapping[str, list[int]] | None = None
+) -> tuple[IntegrityCheck, dict[Path, KnownHash]]:
+    """The integrity check, and each file that passed it with its sha256 and the stamp it had when checked, for the
+    runtime (`mnnbuild_runtime.hashes`): what verify read again from the bundle is then not hashed again.
 
     ``trusted``: the `file_stamp` of files hashed when the bundle dir was made (its origin record's ``stamps``): a
     file with that stamp still is what was hashed, and is not hashed again (4.3 GB at Qwen3-1.7B size)."""
     problems = []
     listed = set()
     trusted = trusted or {}
+    known: dict[Path, KnownHash] = {}
     hashed = 0
+    seconds = 0.0
     for rec in records:
         listed.add(rec.path)
         try:
@@ -106,22 +124,47 @@ def check_integrity(
             continue
         size = path.stat().st_size
         stamp = trusted.get(rec.path)
-        if stamp is not None and stamp == file_stamp(path) and size == rec.size:
+        now = file_stamp(path)
+        if stamp is not None and stamp == now and size == rec.size:
+            known[path] = KnownHash(rec.sha256, tuple(now))
             continue
+        t0 = time.perf_counter()
         digest = sha256_file(path)
+        seconds += time.perf_counter() - t0
         hashed += 1
         if size != rec.size or digest != rec.sha256:
             problems.append(
                 f"bundle file {rec.path}: sha256 {digest[:12]}… ({size} bytes) differs from the bundle manifest's "
                 f"{rec.sha256[:12]}… ({rec.size} bytes): changed after bundling"
             )
+        elif now is not None and now == file_stamp(path):  # unchanged while hashed: these bytes have that stamp
+            known[path] = KnownHash(rec.sha256, tuple(now))
     extra = sorted(
         p.relative_to(bundle_dir).as_posix()
         for p in bundle_dir.rglob("*")
         if p.is_file() and p.name not in _BOOKKEEPING and p.relative_to(bundle_dir).as_posix() not in listed
     )
     problems += [f"bundle file {e}: not listed in the bundle manifest" for e in extra]
-    return IntegrityCheck(files=len(records), hashed=hashed, problems=problems, passed=not problems)
+    check = IntegrityCheck(files=len(records), hashed=hashed, hash_seconds=seconds, problems=problems,
+                           passed=not problems)  # fmt: skip
+    return check, known
+
+
+def twin_hashes(twins: Iterable[RuntimeTwin], twin_dir: Path) -> dict[Path, KnownHash]:
+    """Each twin whose file still has the stamp the twin stage's origin record gave it when it hashed it: its
+    recorded sha256 with that stamp, for the runtime (the twin is then not hashed again when it loads)."""
+    known: dict[Path, KnownHash] = {}
+    for twin in twins:
+        where = plugin_context_dir(twin_dir, twin.binary)
+        stamps = trusted_hashes(where, TwinManifest.stage)
+        try:
+            rel = twin.path.relative_to(where).as_posix()
+        except ValueError:
+            continue
+        stamp, now = stamps.get(rel), file_stamp(twin.path)
+        if stamp is not None and stamp == now:
+            known[twin.path] = KnownHash(twin.sha256, tuple(now))
+    return known
 
 
 @dataclass(frozen=True)
@@ -279,13 +322,15 @@ def graphs_not_run(binary: str, graphs: Sequence[str], problem: str) -> list[Gra
     return [GraphCheck(graph=Path(g).name, binary=binary, passed=False, problem=problem) for g in graphs]
 
 
-def check_graphs(lib: QnnLibrary, twins: Iterable[Twin], partition_dir: Path, tol: Tolerance) -> list[GraphCheck]:
+def check_graphs(
+    lib: QnnLibrary, twins: Iterable[Twin], partition_dir: Path, tol: Tolerance, hashes: FileHashes | None = None
+) -> list[GraphCheck]:
     """(a) for graphs no bundle pass ran (``twin.graphs``): each twin loaded on its own, its graphs run on the
-    partition's reference inputs, and freed before the next."""
+    partition's reference inputs, and freed before the next (``hashes``: the twins' known hashes)."""
     results = []
     for twin in twins:
         try:
-            data = twin.read()
+            data = twin.read(hashes)
             runner = ContextRunner(lib, data, info=read_binary_info(lib, data))
         except Exception as exc:
             results += graphs_not_run(twin.binary, twin.graphs, describe_error(exc))
@@ -365,8 +410,9 @@ def load_samples(samples: list[tuple[int, Path]], image_sizes: Sequence[str | No
 
 def check_whole_model(sample: Sample, run: ForwardResult | None, tol: Tolerance) -> ShapeCheck:
     """(b) The bundle's pass on one io sample vs the original model's CPU outputs."""
-    if sample.problem is not None or run is None or run.error is not None:
-        problem = sample.problem or (describe_error(run.error) if run is not None and run.error else "not run")
+    if sample.problem is not None or not sample.refs or run is None or run.error is not None:
+        problem = sample.problem or ("no reference outputs" if not sample.refs else None)
+        problem = problem or (describe_error(run.error) if run is not None and run.error else "not run")
         return ShapeCheck(seq_len=sample.seq_len, image_size=sample.image_size, passed=False, problem=problem)
     checks = []
     for name, ref in sample.refs.items():
@@ -424,15 +470,17 @@ class GenerationRun:
     """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, each step at the
     smallest of the bundle's ``chunk_limits`` that holds the sequence).
 
-    :meth:`reference` computes the CPU's tokens (MNN's KV-cache engine guesses them, one forward per length the
-    loop uses confirms them: ``mnnbuild_runtime.follow_draft``). The bundle then runs once per such length on the
-    CPU's sequence (:meth:`feeds`, in the verify pass with the io samples): with the causal mask, row ``i``
-    depends only on tokens ``0..i``, so those forwards give the bundle's greedy pick for every CPU prefix and its
-    logits to compare. Where the picks all agree, the bundle's greedy tokens *are* the CPU's. A first divergence
-    ends the bundle's tokens (the check needs nothing more: every step is compared on the CPU's sequence), unless
-    ``follow_divergence``: then the bundle's own loop continues for real (:meth:`conclude`), confirming MNN's
-    KV-cache guesses for its own sequence (a forward per wrong guess, not per token: each is a whole prefill in
-    the simulator).
+    The CPU's tokens come from MNN's KV-cache engine's guess, confirmed by one forward per length the loop uses
+    (``mnnbuild_runtime.follow_draft``; :mod:`mnnbuild.verify.reference` runs it, beside the pass for a big model).
+    The bundle then runs once per such length on a sequence (:meth:`feeds`, in the verify pass with the io samples):
+    with the causal mask, row ``i`` depends only on tokens ``0..i``, so those forwards give the bundle's greedy
+    pick for every CPU prefix and its logits to compare. Where the picks all agree, the bundle's greedy tokens *are*
+    the CPU's. That sequence is the CPU's (:meth:`reference`), or the engine's guess when the confirming forwards
+    run beside the pass (:meth:`take_draft`); the runs on a guess the CPU did not keep are dropped
+    (:meth:`take_reference`) and run again by :meth:`conclude`. A first divergence ends the bundle's tokens (the
+    check needs nothing more: every step is compared on the CPU's sequence), unless ``follow_divergence``: then the
+    bundle's own loop continues for real (:meth:`conclude`), confirming MNN's KV-cache guesses for its own sequence
+    (a forward per wrong guess, not per token: each is a whole prefill in the simulator).
     """
 
     def __init__(
@@ -447,65 +495,102 @@ class GenerationRun:
     ) -> None:
         self.model_dir, self.bundle_dir, self.limits, self.runtime = model_dir, bundle_dir, limits, runtime
         self.follow = follow_divergence
+        self.spec = ReferenceSpec(Path(model_dir), Path(bundle_dir), list(limits), prompt, max_new_tokens, runtime)
         self.check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
         self.tokenizer: Tokenizer | None = None
         self.cpu_rows: list[np.ndarray] = []
         self.embed: Embeddings | None = None
-        self.cpu_forward: ForwardFn | None = None
-        self.cpu_embed: Embeddings | None = None
-        self.guess: Redraft | None = None
+        self.pass_tokens: list[int] = []
+        """The tokens after the prompt that the bundle's generation forwards run on (:meth:`feeds`)."""
         self.shared: dict[int, int] = {}
         """By prefill length: the io sample whose bundle run is also this check's forward (:meth:`share`)."""
+        self._pads: dict[int, np.ndarray] = {}
+        self._wanted: dict[int, list[str]] = {}
+        self._cpu: tuple[ForwardFn, Embeddings, Redraft] | None = None
 
     def reference(self) -> None:
-        """The CPU's greedy tokens and, per step, the logits row that picked it (a failure is recorded)."""
-        check = self.check
+        """The CPU's greedy tokens and, per step, the logits row that picked it, here and now (a failure is
+        recorded)."""
+        with InProcessReference(self.spec) as job:
+            self.take_draft(job.draft())
+            self.take_reference(job.result(), [])
+
+    def start(self, in_child: bool | None = None) -> ReferenceJob:
+        """The CPU reference, in a child process beside the pass or here (`mnnbuild.verify.reference`)."""
+        return start_reference(self.spec, in_child)
+
+    def take_draft(self, draft: Draft) -> None:
+        """The sequence to run the bundle's forwards on (a failure is recorded)."""
+        self.check.prompt_ids = list(draft.prompt_ids)
+        if draft.problem is not None:
+            self.check.problem = draft.problem
+            return
         try:
             self.tokenizer = Tokenizer(self.bundle_dir / CONFIG_FILE)
-            ids = self.tokenizer.encode(check.prompt)
-            chunk = max(self.limits)
-            steps = min(check.max_new_tokens, chunk - len(ids))
-            check.prompt_ids = ids
-            if steps <= 0:
-                raise SpecError(f"prompt {check.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
-            t0 = time.perf_counter()
-            self.guess = redraft = kv_cache_redraft(self.model_dir, self.runtime)
-            self.cpu_forward = cpu_forward_fn(self.model_dir, self.runtime)
-            self.cpu_embed = Embeddings(self.model_dir, links=True)  # the fetched model: links to its files
-            draft = redraft(ids, steps)
-            cpu = follow_draft(self.cpu_forward, self.cpu_embed, ids, draft, steps, self.limits, redraft=redraft)
-            if cpu.rejected is not None:
-                log.debug("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
-                         "count", draft, cpu.result.tokens, cpu.rejected)  # fmt: skip
-            self.cpu_rows = cpu.result.rows
-            check.cpu_seconds = time.perf_counter() - t0
-            check.cpu_tokens = list(cpu.result.tokens)
             self.embed = Embeddings(self.bundle_dir)  # the bundle's own embeddings, as the phone reads them
         except Exception as exc:
             log.debug("generation reference failed", exc_info=True)
-            check.problem = describe_error(exc)
+            self.check.problem = describe_error(exc)
+            return
+        self.pass_tokens = list(draft.tokens)
 
-    def _feeds(self, pads: Mapping[int, np.ndarray] | None = None) -> dict[int, dict[str, np.ndarray]]:
+    def take_reference(self, ref: Reference, samples: list[Sample]) -> set[int]:
+        """The CPU's tokens and rows, and the shared io samples' reference outputs (into ``samples``); returns the
+        prefill lengths whose run in the pass was on the CPU's sequence (the others are no forward of this check:
+        :meth:`conclude` runs them)."""
+        check = self.check
+        for size, i in self.shared.items():
+            sample, outputs = samples[i], ref.outputs.get(size, {})
+            missing = [k for k in self._wanted[size] if k not in outputs]
+            if ref.problem is not None or missing:
+                why = ref.problem or f"the original model gives no {missing}"
+                samples[i] = dataclasses.replace(sample, refs={}, problem=f"its CPU reference failed: {why}")
+            else:
+                samples[i] = dataclasses.replace(sample, refs={k: outputs[k] for k in self._wanted[size]})
+        check.cpu_seconds = ref.seconds.get("draft", 0.0) + ref.seconds.get("confirm", 0.0)
+        if ref.problem is not None:
+            check.problem = check.problem or ref.problem
+            self.shared = {}
+            check.shared_lengths = []
+            return set()
+        check.cpu_tokens, self.cpu_rows = list(ref.tokens), ref.rows
+        ran = self._feeds(self.pass_tokens, self._pads)
+        wanted = self._feeds(check.cpu_tokens, self._pads)
+        held = {
+            size
+            for size, feed in ran.items()
+            if size in wanted
+            and feed.keys() == wanted[size].keys()
+            and all(np.array_equal(v, wanted[size][k]) for k, v in feed.items())
+        }
+        if held != set(ran):
+            log.info("verify: MNN's KV-cache guess parts from the CPU's tokens; prefill lengths %s run again",
+                     sorted(set(wanted) - held))  # fmt: skip
+        self.shared = {size: i for size, i in self.shared.items() if size in held}
+        check.shared_lengths = sorted(self.shared)
+        return held
+
+    def _feeds(
+        self, tokens: list[int], pads: Mapping[int, np.ndarray] | None = None
+    ) -> dict[int, dict[str, np.ndarray]]:
         if self.check.problem is not None or self.embed is None:
             return {}
-        check = self.check
-        return draft_feeds(self.embed, check.prompt_ids, check.cpu_tokens, len(check.cpu_tokens), self.limits, pads)
+        return draft_feeds(self.embed, self.check.prompt_ids, tokens, len(tokens), self.limits, pads)
 
     def feeds(self) -> dict[int, dict[str, np.ndarray]]:
-        """The bundle's inputs for the prompt and the CPU's tokens, one per length the loop uses and no io sample
+        """The bundle's inputs for the prompt and :attr:`pass_tokens`, one per length the loop uses and no io sample
         serves (:meth:`share`); none when the reference failed."""
-        return {size: feed for size, feed in self._feeds().items() if size not in self.shared}
+        return {size: feed for size, feed in self._feeds(self.pass_tokens).items() if size not in self.shared}
 
-    def share(self, samples: list[Sample]) -> None:
+    def share(self, samples: list[Sample]) -> dict[int, dict[str, np.ndarray]]:
         """Let the whole-model check's bundle runs serve this check's forwards: one simulator prefill fewer per
         length (at real size, minutes). An io sample of such a length with the same other inputs (a text LLM's
-        causal mask, positions, ``logits_index`` 0) takes the prompt and the CPU's tokens in its first rows and
+        causal mask, positions, ``logits_index`` 0) takes the prompt and :attr:`pass_tokens` in its first rows and
         keeps its own random rows after them, which the causal mask keeps out of the generation's rows; its
-        reference outputs are then the original model's on the CPU for exactly those inputs."""
-        if self.cpu_forward is None:
-            return
+        reference outputs are then the original model's on the CPU for exactly those inputs, which the CPU
+        reference computes: returns those inputs by length (their outputs come with :meth:`take_reference`)."""
         matches: dict[int, int] = {}
-        for size, feed in self._feeds().items():
+        for size, feed in self._feeds(self.pass_tokens).items():
             for i, sample in enumerate(samples):
                 same = (
                     sample.problem is None
@@ -518,17 +603,25 @@ class GenerationRun:
                 if same:
                     matches[size] = i
                     break
-        pads = {size: samples[i].feed["input_ids"] for size, i in matches.items()}
-        for size, feed in self._feeds(pads).items():
+        self._pads = {size: samples[i].feed["input_ids"] for size, i in matches.items()}
+        shared = {}
+        for size, feed in self._feeds(self.pass_tokens, self._pads).items():
             if size not in matches:
                 continue
             sample = samples[matches[size]]
-            outputs = self.cpu_forward(feed)
-            if not set(sample.refs) <= set(outputs):
-                continue
-            samples[matches[size]] = Sample(sample.seq_len, feed, {k: np.asarray(outputs[k]) for k in sample.refs})
+            self._wanted[size] = list(sample.refs)
+            samples[matches[size]] = Sample(sample.seq_len, feed, {})  # its reference outputs: take_reference's
             self.shared[size] = matches[size]
+            shared[size] = feed
         self.check.shared_lengths = sorted(self.shared)
+        return shared
+
+    def _cpu_loop(self) -> tuple[ForwardFn, Embeddings, Redraft]:
+        """The original model's forward, embeddings and KV-cache guess here (a followed divergence only)."""
+        if self._cpu is None:
+            self._cpu = (cpu_forward_fn(self.model_dir, self.runtime), Embeddings(self.model_dir, links=True),
+                         kv_cache_redraft(self.model_dir, self.runtime))  # fmt: skip
+        return self._cpu
 
     def conclude(
         self,
@@ -538,7 +631,8 @@ class GenerationRun:
         release: Callable[[], None] | None = None,
     ) -> GenerationCheck:
         """Judge the bundle's passes over the CPU's sequence (``runs``, by length, of :meth:`feeds`); ``forward``
-        continues the bundle's loop after a divergence, and ``release`` (the bundle's unload) runs before each
+        runs the lengths ``runs`` lacks and continues the bundle's loop after a divergence, and ``release`` (the
+        bundle's unload) runs before each
         CPU guess, so a plugin context (an lm_head's is over 1 GB) and the CPU's decoded weights are never in
         memory together."""
         check = self.check
@@ -548,21 +642,20 @@ class GenerationRun:
             failed = [r.error for r in runs.values() if r.error is not None]
             if failed:
                 raise failed[0]
-            if not runs:
-                raise ToleranceError("the bundle did not run: nothing to compare")
+            if not check.cpu_tokens:
+                raise ToleranceError("the CPU reference gave no tokens: nothing to compare")
             assert self.tokenizer is not None and self.embed is not None
             ids, cpu_tokens, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
             t0 = time.perf_counter()
             logits = {size: run.outputs["logits"] for size, run in runs.items()}
+
             # after a divergence the bundle's own loop goes on, from MNN's guesses for its sequence
             # (each guess: the CPU's own loop from the bundle's sequence; they part only on near-ties)
-            assert self.cpu_forward is not None and self.cpu_embed is not None
-            cpu_loop = loop_redraft(self.cpu_forward, self.cpu_embed, self.limits, self.guess)
-
             def guess(seq: list[int], n: int) -> Sequence[int]:
                 if release is not None:
                     release()
-                return cpu_loop(seq, n)
+                cpu_forward, cpu_embed, cpu_guess = self._cpu_loop()
+                return loop_redraft(cpu_forward, cpu_embed, self.limits, cpu_guess)(seq, n)
 
             hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits,
                                redraft=guess, follow=self.follow)  # fmt: skip

@@ -16,6 +16,8 @@ class IntegrityCheck(BaseModel):
     files: int
     hashed: int = 0
     """Files hashed; the others had the stamp they had when the bundle stage (or a checked restore) hashed them."""
+    hash_seconds: float = 0.0
+    """Time spent hashing them."""
     problems: list[str] = Field(default_factory=list)
     passed: bool
 
@@ -155,7 +157,100 @@ class VerifyReport(BaseModel):
     whole_model: list[ShapeCheck] = Field(default_factory=list)
     generation: GenerationCheck | None = None
     qnn: dict[str, str] = Field(default_factory=dict)
+    binaries_hashed: int = 0
+    """Reads of context binaries (shipped, twins; at each check and load) that hashed them; the others took a hash
+    known with the file's unchanged stamp (integrity's, the twin stage's, an earlier read's)."""
+    binaries_trusted: int = 0
     timings: dict[str, float] = Field(default_factory=dict)
+    """Where each second went (:data:`TIMING_LABELS`)."""
+
+
+TIME_PHASES = {
+    "integrity": "integrity",
+    "qnn_library": "QNN library",
+    "open": "opening the bundle",
+    "twins": "reading the twins",
+    "plugin_checks": "plugin checks",
+    "samples": "reading the io samples",
+    "bundle_pass": "simulator pass",
+    "graphs": "per-graph checks",
+    "reference_wait": "waiting for the CPU reference",
+    "comparison": "comparison",
+    "generation": "generation",
+    "other": "other",
+}
+"""``timings`` keys of verify's own steps, one after the other: with ``other`` they add up to ``total``."""
+TIME_PARTS = {
+    "loads": ("context loads", "bundle_pass"),
+    "simulator": ("graphs in the simulator", "bundle_pass"),
+    "cpu_segments": ("CPU segments", "bundle_pass"),
+    "hashing": ("hashing", None),
+    "cpu_reference_start": ("process start", "cpu_reference"),
+    "cpu_reference_draft": ("KV-cache draft", "cpu_reference"),
+    "cpu_reference_confirm": ("confirming forwards", "cpu_reference"),
+    "cpu_reference_shared": ("shared samples' forwards", "cpu_reference"),
+}
+"""``timings`` keys of what a step (or, for ``hashing``, all of them) spent on one thing: counted in it already."""
+TIME_TOTALS = {
+    "cpu_reference": "CPU reference",
+    "overlap": "ran beside",
+    "total": "total",
+}
+"""``cpu_reference``: the generation reference's own time, here or in its child process beside the other steps;
+``overlap``: how much of it ran beside them (``total`` + ``overlap`` is the work done); ``total``: verify's wall
+time."""
+TIMING_LABELS = {**TIME_PHASES, **{k: words for k, (words, _) in TIME_PARTS.items()}, **TIME_TOTALS}
+"""Every ``timings`` key in words, in order."""
+
+
+def finish_timings(timings: dict[str, float]) -> dict[str, float]:
+    """``timings`` with ``other`` (the part of ``total`` no step counted) and ``overlap``, rounded, in the order of
+    :data:`TIMING_LABELS`."""
+    found = dict(timings)
+    found["other"] = max(0.0, found.get("total", 0.0) - sum(found.get(k, 0.0) for k in TIME_PHASES if k != "other"))
+    if "cpu_reference" in found:
+        found["overlap"] = max(0.0, found["cpu_reference"] - found.get("reference_wait", 0.0))
+    order = {k: i for i, k in enumerate(TIMING_LABELS)}
+    return {k: round(v, 3) for k, v in sorted(found.items(), key=lambda kv: order.get(kv[0], len(order)))}
+
+
+def timing_groups(timings: dict[str, float]) -> dict[str, list[tuple[str, float]]]:
+    """``timings`` in words, in three groups: ``steps`` (verify's own, one after the other, and ``total``),
+    ``parts`` (what steps spent on one thing) and ``reference`` (the CPU reference's own time, its parts and how much
+    ran beside the steps)."""
+    groups: dict[str, list[tuple[str, float]]] = {"steps": [], "parts": [], "reference": []}
+    for key, value in timings.items():
+        words = TIMING_LABELS.get(key, key.replace("_", " "))
+        if key in TIME_PHASES or key == "total":
+            groups["steps"].append((words, value))
+        elif key in TIME_PARTS and TIME_PARTS[key][1] != "cpu_reference":
+            groups["parts"].append((words, value))
+        else:
+            groups["reference"].append((words, value))
+    return groups
+
+
+def timing_lines(timings: dict[str, float]) -> list[str]:
+    """verify.txt's account of where each second went: the steps, what each spent on what, and what ran beside."""
+    if not timings:
+        return []
+    total = timings.get("total", 0.0)
+    lines = ["", f"time: {total:.2f} s wall"]
+    for key, words in TIME_PHASES.items():
+        if key not in timings:
+            continue
+        parts = [f"{w} {timings[k]:.2f}" for k, (w, of) in TIME_PARTS.items() if of == key and k in timings]
+        lines.append(f"  {words:<30} {timings[key]:8.2f} s" + (f"  (of which {', '.join(parts)})" if parts else ""))
+    if "hashing" in timings:
+        lines.append(f"  {'hashing, in the steps above':<30} {timings['hashing']:8.2f} s")
+    if "cpu_reference" in timings:
+        parts = [f"{w} {timings[k]:.2f}" for k, (w, of) in TIME_PARTS.items() if of == "cpu_reference" and k in timings]
+        overlap = timings.get("overlap", 0.0)
+        lines.append(
+            f"  {'CPU reference':<30} {timings['cpu_reference']:8.2f} s  ({', '.join(parts)}); "
+            f"{overlap:.2f} s of it beside the steps above: {total + overlap:.2f} s of work in {total:.2f} s"
+        )
+    return lines
 
 
 def _ok(passed: bool) -> str:
@@ -203,7 +298,11 @@ def format_report(r: VerifyReport) -> str:
     if r.failures:
         lines += ["", "failures (worst first):", *(f"  - {f}" for f in r.failures)]
     if r.integrity is not None:
-        lines += ["", f"bundle integrity: {r.integrity.files} files vs bundle manifest: {_ok(r.integrity.passed)}"]
+        hashed = f"{r.integrity.hashed} hashed, the others unchanged since hashed"
+        lines += [
+            "",
+            f"bundle integrity: {r.integrity.files} files vs bundle manifest ({hashed}): {_ok(r.integrity.passed)}",
+        ]
         lines += [f"  - {p}" for p in r.integrity.problems]
     if r.plugins:
         lines += ["", "plugins (shipped binary checked by sha256 and binary info; which binary ran):"]
@@ -221,6 +320,10 @@ def format_report(r: VerifyReport) -> str:
             for p in r.plugins
         ]
         lines += _table(["plugin", "graphs", "sha256", "=context", "shared", "soc", "executed", "result"], rows)
+        lines.append(
+            f"  binaries read {r.binaries_hashed + r.binaries_trusted} times: hashed {r.binaries_hashed}, the others "
+            "unchanged (same size, mtime, ctime, inode) since their hash was known"
+        )
     if r.graphs:
         lines += [
             "",
@@ -289,6 +392,5 @@ def format_report(r: VerifyReport) -> str:
             f"  time: cpu {_f(g.cpu_seconds, '.3f')} s, hybrid {_f(g.hybrid_seconds, '.3f')} s "
             f"({g.hybrid_forwards} forwards)"
         )
-    if r.timings:
-        lines += ["", "time (s): " + ", ".join(f"{k} {v:.2f}" for k, v in r.timings.items())]
+    lines += timing_lines(r.timings)
     return "\n".join(lines) + "\n"

@@ -31,6 +31,7 @@ from mnnbuild_runtime.generate import (
     loop_redraft,
     recompute_generate,
 )
+from mnnbuild_runtime.hashes import FileHashes, KnownHash
 from mnnbuild_runtime.hybrid import (
     ForwardResult,
     HybridExecutor,
@@ -48,6 +49,8 @@ from mnnbuild_runtime.tokenizer import Tokenizer
 from mnnbuild_runtime.twins import Twin, load_twins, read_twins, twin_of
 
 __all__ = [
+    "FileHashes",
+    "KnownHash",
     "Block",
     "block_sizes",
     "fit_block",

@@ -31,6 +31,7 @@ from mnnbuild.mnn import (
 from mnnbuild.mnn.llm import DEFAULT_MODEL, DEFAULT_TOKENIZER, DEFAULT_WEIGHT
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
 from mnnbuild_runtime.errors import BundleError
+from mnnbuild_runtime.hashes import read_stamped
 
 log = logging.getLogger(__name__)
 
@@ -115,15 +116,15 @@ class PluginSpec:
 
     def read_binary(self) -> bytes:
         """The bytes of this plugin's context binary (honouring the ``offset``/``size`` attributes)."""
+        return self.read_binary_stamped()[0]
+
+    def read_binary_stamped(self) -> tuple[bytes, tuple[int, ...] | None]:
+        """:meth:`read_binary`, with the file's stamp while it was read (`mnnbuild_runtime.hashes.read_stamped`)."""
         if self.model_dir is not None:
             bundle_path(self.model_dir, self.path, f"{self.where()}: attribute 'path'")
         try:
             with open_bundle_file(self.file) as fh:
-                if self.size:
-                    fh.seek(self.offset)
-                    data = fh.read(self.size)
-                else:
-                    data = fh.read()
+                data, stamp = read_stamped(fh, self.offset, self.size)
         except OSError as exc:
             raise BundleError(f"{self.where()}: cannot read context binary {self.file}: {exc}") from exc
         if self.size and len(data) != self.size:
@@ -131,7 +132,7 @@ class PluginSpec:
                 f"{self.where()}: {self.file} is too short: expected {self.size} bytes at offset {self.offset}, "
                 f"got {len(data)}"
             )
-        return data
+        return data, stamp
 
 
 def open_bundle_file(path: Path, links: bool = False) -> BinaryIO:

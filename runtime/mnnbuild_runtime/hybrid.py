@@ -32,6 +32,7 @@ from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild_runtime.bundle import Bundle, PluginSpec
 from mnnbuild_runtime.errors import BundleError
+from mnnbuild_runtime.hashes import FileHashes
 from mnnbuild_runtime.plugin import OverrideLike, PluginRunner, as_override, select_shape_index
 
 log = logging.getLogger(__name__)
@@ -393,7 +394,9 @@ class HybridModel:
     binary's SoC/arch tags checked. Contexts are created lazily and freed by :meth:`close` (or ``with``).
     ``max_loaded`` bounds how many plugin contexts are loaded at once: before another is loaded, the least
     recently run one is freed (and loaded again when next needed), so memory follows the largest plugins, not
-    the model. ``None`` (the default, as on the phone) keeps every context once loaded.
+    the model. ``None`` (the default, as on the phone) keeps every context once loaded. ``hashes``: the binaries'
+    remembered hashes (`mnnbuild_runtime.hashes`; seed it with hashes known with their files' stamps), shared by
+    every plugin; by default a new one, so each binary is hashed once while unchanged, however often it loads.
     """
 
     def __init__(
@@ -406,6 +409,7 @@ class HybridModel:
         qnn_lib: QnnLibrary | None = None,
         allow_weight_shared: bool = False,
         max_loaded: int | None = None,
+        hashes: FileHashes | None = None,
     ) -> None:
         if max_loaded is not None and max_loaded < 1:
             raise ValueError(f"max_loaded must be at least 1 (or None: no bound), got {max_loaded}")
@@ -414,6 +418,7 @@ class HybridModel:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.open(Path(bundle))
         self.runtime = runtime or CpuRuntime()
         self._lib = qnn_lib
+        self.hashes = hashes if hashes is not None else FileHashes()
         overrides = dict(binary_overrides or {})
         paths = {p.path for p in self.bundle.plugins}
         unknown = sorted(set(overrides) - paths)
@@ -429,6 +434,7 @@ class HybridModel:
                 override=as_override(overrides[p.path]) if p.path in overrides else None,
                 expected_target=expected_target,
                 allow_weight_shared=allow_weight_shared,
+                hashes=self.hashes,
             )
             for p in self.bundle.plugins
         }

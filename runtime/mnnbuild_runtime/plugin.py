@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 
 from mnnbuild.base.errors import QnnError
-from mnnbuild.base.fsutil import sha256_bytes
 from mnnbuild.cpu import return_freed_memory
 from mnnbuild.mnn import schema
 from mnnbuild.qnn import BinaryInfo, ContextRunner, HtpTarget, QnnLibrary, read_binary_info, same_element_order
 from mnnbuild_runtime.bundle import PluginSpec
 from mnnbuild_runtime.errors import BinaryCheckError, PluginShapeError
+from mnnbuild_runtime.hashes import FileHashes, read_stamped
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,21 @@ class BinaryOverride:
     sha256: str | None = None
 
     def read(self) -> bytes:
+        return self.read_stamped()[0]
+
+    @property
+    def file(self) -> Path | None:
+        """The file it is read from (None: bytes in memory)."""
+        return None if isinstance(self.binary, (bytes, bytearray)) else Path(self.binary)
+
+    def read_stamped(self) -> tuple[bytes, tuple[int, ...] | None]:
+        """Its bytes, with the file's stamp while they were read (`mnnbuild_runtime.hashes.read_stamped`; None for
+        bytes in memory)."""
         if isinstance(self.binary, (bytes, bytearray)):
-            return bytes(self.binary)
+            return bytes(self.binary), None
         try:
-            return Path(self.binary).read_bytes()
+            with open(self.binary, "rb") as fh:
+                return read_stamped(fh)
         except OSError as exc:
             raise BinaryCheckError(f"binary override {self.binary}: cannot read: {exc}") from exc
 
@@ -199,7 +210,8 @@ class PluginStats:
 
 class PluginRunner:
     """Loads one plugin's context binary lazily and executes its graphs; :meth:`close` frees the context, and the
-    next run loads it again (from the checked bytes, read anew)."""
+    next run loads it again (from the checked bytes, read anew). ``hashes``: where the binaries' hashes are
+    remembered (`mnnbuild_runtime.hashes`: a file unchanged since it was hashed is not hashed again)."""
 
     def __init__(
         self,
@@ -209,8 +221,10 @@ class PluginRunner:
         override: BinaryOverride | None = None,
         expected_target: HtpTarget | None = None,
         allow_weight_shared: bool = False,
+        hashes: FileHashes | None = None,
     ) -> None:
         self.spec = spec
+        self.hashes = hashes if hashes is not None else FileHashes()
         self._lib_factory = lib_factory
         self.override = override
         self.expected_target = expected_target
@@ -246,8 +260,7 @@ class PluginRunner:
         if self._checked:
             return
         lib: QnnLibrary = self._lib_factory()
-        shipped = self.spec.read_binary()
-        self.shipped_sha256 = sha256_bytes(shipped)
+        shipped, self.shipped_sha256 = self._shipped()
         self.shipped_info = self._info(lib, shipped, f"shipped binary {self.spec.file}")
         check_structure(self.spec, self.shipped_info, f"shipped binary {self.spec.file}")
         self._check_target(self.shipped_info, f"shipped binary {self.spec.file}")
@@ -259,8 +272,7 @@ class PluginRunner:
                     f"override {ov.source} was built next to a binary with sha256 {ov.shipped_sha256}: the bundle's "
                     "binary is not the one the twin stands in for (corrupted or swapped?)"
                 )
-            twin = ov.read()
-            twin_sha256 = sha256_bytes(twin)
+            twin, twin_sha256 = self._override(ov)
             if ov.sha256 is not None and ov.sha256 != twin_sha256:
                 raise BinaryCheckError(
                     f"{self.spec.where()}: override {ov.source} has sha256 {twin_sha256}, but {ov.sha256} was recorded "
@@ -291,14 +303,23 @@ class PluginRunner:
             self.executed_info, self.executed_sha256, self.executed = self.shipped_info, self.shipped_sha256, "shipped"
         self._checked = True
 
+    def _shipped(self) -> tuple[bytes, str]:
+        data, stamp = self.spec.read_binary_stamped()
+        return data, self.hashes.digest(self.spec.file, data, stamp, self.spec.offset, self.spec.size)
+
+    def _override(self, ov: BinaryOverride) -> tuple[bytes, str]:
+        data, stamp = ov.read_stamped()
+        return data, self.hashes.digest(ov.file, data, stamp)
+
     def _executed_bytes(self) -> bytes:
         """The checked binary read again (nothing is held between check and load, so a model of many plugins
-        keeps none of them in memory); it must still be the bytes that were checked."""
+        keeps none of them in memory); it must still be the bytes that were checked (the same hash, or the
+        stamp it had when hashed)."""
         if self.executed == "override" and self.override is not None:
-            data, what = self.override.read(), f"override {self.override.source}"
+            (data, digest), what = self._override(self.override), f"override {self.override.source}"
         else:
-            data, what = self.spec.read_binary(), f"shipped binary {self.spec.file}"
-        if sha256_bytes(data) != self.executed_sha256:
+            (data, digest), what = self._shipped(), f"shipped binary {self.spec.file}"
+        if digest != self.executed_sha256:
             raise BinaryCheckError(f"{self.spec.where()}: {what} changed after it was checked")
         return data
 

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.base.errors import UnsafePathError
-from mnnbuild.base.fsutil import MANIFEST_SUFFIX, confined, sha256_bytes
+from mnnbuild.base.fsutil import MANIFEST_SUFFIX, confined
 from mnnbuild_runtime.bundle import read_json_object
 from mnnbuild_runtime.errors import BundleError
+from mnnbuild_runtime.hashes import FileHashes, read_stamped
 from mnnbuild_runtime.plugin import BinaryOverride
 
 TWIN_DIR = "twin"
@@ -40,13 +41,15 @@ class Twin:
     shipped_sha256: str
     """The shipped binary's sha256 in the context manifest."""
 
-    def read(self) -> bytes:
-        """Its bytes, which must still have the recorded hash."""
+    def read(self, hashes: FileHashes | None = None) -> bytes:
+        """Its bytes, which must still have the recorded hash (``hashes``: where a hash known with the file's stamp
+        is found, `mnnbuild_runtime.hashes`)."""
         try:
-            data = self.path.read_bytes()
+            with open(self.path, "rb") as fh:
+                data, stamp = read_stamped(fh)
         except OSError as exc:
             raise BundleError(f"plugin {self.binary}: cannot read its twin {self.path}: {exc}") from None
-        digest = sha256_bytes(data)
+        digest = (hashes if hashes is not None else FileHashes()).digest(self.path, data, stamp)
         if digest != self.sha256:
             raise BundleError(
                 f"plugin {self.binary}: twin {self.path} has sha256 {digest[:12]}…, the twin manifest records "
