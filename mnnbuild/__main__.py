@@ -200,8 +200,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` by ``parser``, options anywhere among a subcommand's task names: argparse ends a ``nargs="*"``
+    list at the first option (``cache materialize --project X task`` left ``task`` over), and its
+    ``parse_intermixed_args`` takes no subcommands, so the words left after the options join the list."""
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "tasks", None), list) and not any(w.startswith("-") for w in extra):
+        args.tasks.extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(build_parser(), argv)
     handler: Handler = args.handler
     try:
         # -v / -q over MNNBUILD_LOG_LEVEL over warnings only

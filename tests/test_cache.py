@@ -463,6 +463,38 @@ def test_cache_cli(tmp_path: Path) -> None:
     assert "of it hard links to artifact files" in proc.stdout, "the blobs are the files of src"
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["t:a", "x=1", "--project", "{project}"],
+        ["--project", "{project}", "t:a", "x=1"],
+        ["t:a", "--project", "{project}", "x=1"],
+    ],
+    ids=["tasks-first", "project-first", "between"],
+)
+def test_cache_materialize_takes_its_options_in_any_order(
+    tmp_path: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each order reaches the task check with both words as tasks (``x=1``, a doit setting, is refused before doit
+    runs: no build), instead of argparse refusing the words after ``--project``."""
+    from mnnbuild.__main__ import main
+
+    (tmp_path / "dodo.py").write_text("")
+    assert main(["cache", "materialize", *(a.format(project=tmp_path) for a in argv)]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: cache materialize 'x=1': not a task name; expected one such as io:tiny-qwen3\n"
+    )
+
+
+def test_unknown_options_are_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from mnnbuild.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["cache", "materialize", "t:a", "--no-such-option"])
+    assert exc.value.code == 2 and "unrecognized arguments: --no-such-option" in capsys.readouterr().err
+
+
 def test_same_device_stores_and_restores_hard_links(tmp_path: Path) -> None:
     """A local cache beside the artifacts: a stored blob is the artifact file, a restored file is the blob."""
     src = make_tree(tmp_path / "src")

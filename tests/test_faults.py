@@ -20,7 +20,7 @@ import pytest
 
 from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.pipeline.cache import ArtifactCache
-from tests.conftest import PROJECT_ROOT, RunDoit, executed_tasks
+from tests.conftest import PROJECT_ROOT, RunDoit, doit, executed_tasks
 
 
 def in_namespace(
@@ -354,13 +354,8 @@ def test_non_utf8_spec_is_one_line(tmp_path: Path) -> None:
 
 
 def run_in_root(root: Path, *doit_args: str) -> subprocess.CompletedProcess[str]:
-    """`doit <doit_args>` into the artifact root ``root``, cache off; it must succeed."""
-    env = {"MNNBUILD_ARTIFACTS": str(root), "MNNBUILD_CACHE": "off", "HF_HUB_OFFLINE": "1"}
-    full_env = {**{k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}, **env}
-    proc = subprocess.run(doit_argv(*doit_args), env=full_env, capture_output=True, text=True, timeout=600,
-                          cwd=root.parent)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+    """`doit <doit_args>` into the artifact root ``root`` (run in its parent), cache off; it must succeed."""
+    return doit(root.parent, *doit_args, env={"MNNBUILD_ARTIFACTS": str(root)}, check=True, timeout=600)
 
 
 def build_bundle(root: Path, *doit_args: str) -> Path:

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,20 +16,14 @@ import pytest
 from mnnbuild.base.errors import OutputError, SettingsError
 from mnnbuild.base.fsutil import made_by_mnnbuild, staged_dir
 from mnnbuild.pipeline.settings import Settings
-from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, attach_record, copy_project
+from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, copy_project, doit
 from tests.test_cache import summary
 
 
 def doit_in(project: Path, cwd: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``doit`` on ``project``'s dodo.py with exactly the MNNBUILD_* variables of ``env`` (cache off by default)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
-    full_env.update({"HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off", **env})
-    started = time.time()
-    proc = subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(project / "dodo.py"), *args],
-        cwd=cwd, env=full_env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    return attach_record(proc, Path(full_env.get("MNNBUILD_ARTIFACTS", project / "artifacts")), started)
+    """``doit`` on ``project``'s dodo.py in ``cwd`` with the MNNBUILD_* variables of ``env`` only (cache off unless it
+    says otherwise); each caller names the artifact root (``MNNBUILD_ARTIFACTS``, empty for the unset case)."""
+    return doit(cwd, *args, env=env, project=project, timeout=600)
 
 
 def tree_state(root: Path) -> dict[str, bytes]:
@@ -343,10 +336,7 @@ def test_a_read_only_cache_does_not_claim_to_discard_a_bad_entry(tmp_path: Path)
 
 
 def doit_root(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = doit_in(PROJECT_ROOT, root.parent, *args, env={"MNNBUILD_ARTIFACTS": str(root)})
-    if check:
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
+    return doit(root.parent, *args, env={"MNNBUILD_ARTIFACTS": str(root)}, check=check, timeout=600)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 
 from mnnbuild.base.errors import ModelDirError
 from mnnbuild.base.fsutil import sha256_file
+from mnnbuild.model.modeldir import read_model_config
 from mnnbuild.model.spec import LocalSource
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, fetch
 from tests.conftest import TINY_MODEL_DIR, RunDoit, executed_tasks, skipped_tasks
@@ -69,6 +70,31 @@ def test_bad_model_dir_leaves_nothing(tmp_path: Path, mutate, expected: str) -> 
     # the previous good output is untouched and no temp dir is left behind
     assert sorted(p.name for p in out.iterdir()) == before
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "{path}: file missing; an MNN LLM directory must have config.json"),
+        (
+            b"{nope",
+            "{path}: not valid JSON: Expecting property name enclosed in double quotes: line 1 column 2 (char 1)",
+        ),
+        (b"\xff{}", "{path}: not valid JSON: 'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+        (b"[1]", "{path}: expected a JSON object, got list"),
+        ("a directory", "{path}: cannot read: [Errno 21] Is a directory: '{path}'"),
+    ],
+    ids=["missing", "not-json", "not-utf8", "not-an-object", "a-directory"],
+)
+def test_model_config_problems_are_one_line(tmp_path: Path, content: bytes | str | None, expected: str) -> None:
+    path = tmp_path / "config.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.mkdir()
+    with pytest.raises(ModelDirError) as exc:
+        read_model_config(tmp_path)
+    assert str(exc.value) == expected.format(path=path)
 
 
 def make_hf_cache(cache: Path, repo: str, files: dict[str, bytes], commit: str = "a" * 40) -> str:

@@ -108,6 +108,24 @@ def test_decoding_is_one_op_at_a_time() -> None:
 # ---- embeddings ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "{path}: cannot read llm_config.json: [Errno 2] No such file or directory: '{path}'"),
+        (b"[", "{path}: cannot read llm_config.json: Expecting value: line 1 column 2 (char 1)"),
+        (b'"x"', "{path}: expected a JSON object, got str"),
+    ],
+    ids=["missing", "not-json", "not-an-object"],
+)
+def test_unreadable_llm_config_is_one_line(tmp_path: Path, content: bytes | None, expected: str) -> None:
+    path = tmp_path / "llm_config.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(MNNFormatError) as exc:
+        embedding_info(tmp_path)
+    assert str(exc.value) == expected.format(path=path)
+
+
 def test_tied_embeddings_are_the_lm_head() -> None:
     model_dir = MODEL_DIRS["tiny-qwen3"]
     info = embedding_info(model_dir)

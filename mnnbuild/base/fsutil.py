@@ -1,4 +1,5 @@
-"""Content hashing and atomic outputs: a stage's output directory appears whole or not at all."""
+"""Content hashing and atomic outputs: a stage's output directory appears whole or not at all; reading the JSON
+objects the build's inputs and records are."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from mnnbuild.base.errors import OutputError, UnsafePathError
+from mnnbuild.base.errors import MnnbuildError, OutputError, UnsafePathError
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +289,31 @@ def atomic_write_bytes(path: Path, data: bytes | memoryview) -> None:
 
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_json_object(
+    path: Path,
+    error: type[MnnbuildError],
+    *,
+    missing: str | None = None,
+    unreadable: str = "cannot read",
+    invalid: str | None = None,
+) -> dict[str, Any]:
+    """The JSON object in ``path`` (UTF-8); any problem is one ``error`` naming the file: ``<path>: <missing>`` for
+    a missing file when ``missing`` says what that means, ``<path>: <unreadable>: <why>`` for a file that cannot be
+    read, ``<path>: <invalid>: <why>`` for one that is not JSON (``invalid`` defaults to ``unreadable``), and
+    ``<path>: expected a JSON object, got <type>`` for other JSON."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        if missing is not None and isinstance(exc, FileNotFoundError):
+            raise error(f"{path}: {missing}") from None
+        raise error(f"{path}: {unreadable}: {exc}") from None
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise error(f"{path}: {invalid or unreadable}: {exc}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def relative_symlink(target: Path, link: Path) -> None:

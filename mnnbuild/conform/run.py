@@ -30,7 +30,7 @@ from pydantic import BaseModel
 
 from mnnbuild.base.compare import TensorCheck, Tolerance, compare
 from mnnbuild.base.errors import MnnbuildError
-from mnnbuild.base.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from mnnbuild.base.fsutil import atomic_write_text, read_json_object, sha256_bytes, sha256_file
 from mnnbuild.conform.boundaries import BoundaryReport, format_boundaries
 from mnnbuild.conform.build import MnnBuild
 from mnnbuild.conform.effect import PatchEffect, RunTokens, format_effect, length_effect, padding, summarize
@@ -165,16 +165,6 @@ def run_configs(
     original = {**original, **{k: bundle[k] for k in RUNTIME_KEYS if k in bundle}, **ENGINE_SETTINGS}
     unchunked = {k: v for k, v in original.items() if k != "chunk_limits"}
     return bundle, original, unchunked
-
-
-def _read_json(path: Path) -> dict[str, object]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConformError(f"{path}: cannot read: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConformError(f"{path}: expected a JSON object")
-    return data
 
 
 DRIVER_JSON = '{"stepped"'
@@ -319,12 +309,12 @@ def conform_model(
 
     started = time.perf_counter()
     tol = tol or Tolerance()
-    bundle_config = _read_json(bundle_model_dir / BUNDLE_CONFIG)
+    bundle_config = read_json_object(bundle_model_dir / BUNDLE_CONFIG, ConformError)
     limits = bundle_config.get("chunk_limits")
     if not isinstance(limits, list) or not limits or not all(isinstance(x, int) for x in limits):
         raise ConformError(f"{bundle_model_dir / BUNDLE_CONFIG}: field 'chunk_limits' must be a list of ints")
     chunk = max(limits)
-    original_json = _read_json(original_dir / "config.json")
+    original_json = read_json_object(original_dir / "config.json", ConformError)
     bundle_config, original_config, unchunked_config = run_configs(bundle_config, original_json)
     claim_dir(out_dir)
 
@@ -414,7 +404,7 @@ def measure_patch_effect(
 
     tol = tol or Tolerance()
     bundle_cfg, unchunked_cfg = staged_config(out_dir, "bundle"), staged_config(out_dir, "unchunked")
-    limits = _read_json(bundle_cfg)["chunk_limits"]
+    limits = read_json_object(bundle_cfg, ConformError)["chunk_limits"]
     assert isinstance(limits, list)
     chunk = max(limits)
     tokenizer = Tokenizer(staged_config(out_dir, "original"), links=True)  # staged: links to the model's files

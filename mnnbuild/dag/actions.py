@@ -19,7 +19,7 @@ from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import sha256_bytes, sha256_file
 from mnnbuild.dag.uptodate import deferred_origin, outputs_intact
 from mnnbuild.model.spec import HfSource
-from mnnbuild.pipeline.cache import CacheTiers, cache_key, stamps, trusted_hashes, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, cache_key, read_origin, stamps, trusted_hashes, write_origin
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss, run_id
@@ -48,11 +48,8 @@ def recorded(
     the content of every input file), every output is there with its recorded sha256 (or, ``deferred_ok``, was
     restored without the bytes: `outputs_intact`), and ``checks`` (the stateless counterparts of the task's other
     up-to-date checks) hold. As strict as doit's up-to-date, by hashes."""
-    try:
-        origin = json.loads((out_dir / origin_file(stage.name)).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    if not isinstance(origin, dict) or origin.get("origin") not in ("built", "cache") or origin.get("key") != key:
+    origin = read_origin(out_dir, stage.name)
+    if origin.get("origin") not in ("built", "cache") or origin.get("key") != key:
         return False
     return outputs_intact(out_dir, stage.manifest, links, deferred_ok).intact() and all(check() for check in checks)
 

@@ -10,7 +10,7 @@ from typing import Any
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
 from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
-from mnnbuild.pipeline.cache import trusted_hashes
+from mnnbuild.pipeline.cache import read_origin, trusted_hashes
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 
@@ -53,11 +53,8 @@ def _in_dir(base: Path, rel: str, links: bool) -> Path | None:
 def deferred_origin(out_dir: Path, stage: str) -> dict[str, Any] | None:
     """The origin record of a stage dir that a cache hit restored without its files (only its manifest and this
     record: `mnnbuild.dag.actions.run_stage`), or None."""
-    try:
-        origin = json.loads((Path(out_dir) / origin_file(stage)).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(origin, dict) or origin.get("origin") != "cache" or origin.get("deferred") is not True:
+    origin = read_origin(out_dir, stage)
+    if origin.get("origin") != "cache" or origin.get("deferred") is not True:
         return None
     return origin
 

@@ -20,7 +20,6 @@ Layout facts (MNN ``ConvolutionCommon::load`` / ``IDSTDecoder`` and llmexport's 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -34,7 +33,7 @@ import numpy as np
 from numpy.typing import DTypeLike
 
 from mnnbuild.base.errors import MNNFormatError, UnsafePathError
-from mnnbuild.base.fsutil import confined
+from mnnbuild.base.fsutil import confined, read_json_object
 from mnnbuild.mnn.model import MnnModel, Op, _walk_t
 
 log = logging.getLogger(__name__)
@@ -555,17 +554,6 @@ class EmbeddingInfo:
     alpha_fp16: bool = False
 
 
-def _read_config(model_dir: Path) -> dict[str, Any]:
-    path = model_dir / "llm_config.json"
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise MNNFormatError(f"{path}: cannot read llm_config.json: {exc}") from exc
-    if not isinstance(data, dict):
-        raise MNNFormatError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
 def _integer(value: Any, what: str) -> int:
     """A JSON integer (not a string, float or bool: int() would take "7", 7.9 and true)."""
     if not isinstance(value, int) or isinstance(value, bool):
@@ -653,8 +641,8 @@ def tie_embeddings(config: dict[str, Any], where: str | os.PathLike[str]) -> Tie
 def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
     """Locate the embeddings of an exported LLM dir the way MNN's llm engine does."""
     model_dir = Path(model_dir)
-    cfg = _read_config(model_dir)
     cfg_path = model_dir / "llm_config.json"
+    cfg = read_json_object(cfg_path, MNNFormatError, unreadable="cannot read llm_config.json")
     hidden = _integer(cfg.get("hidden_size", 0), f"{cfg_path}: field 'hidden_size'")
     if hidden <= 0:
         raise MNNFormatError(f"{cfg_path}: field 'hidden_size' missing or not positive")

@@ -7,7 +7,6 @@ by. Every stage reads the part the fetch stage recorded instead of assuming ``ll
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
+from mnnbuild.base.fsutil import read_json_object
 from mnnbuild.mnn.llm import DEEPSTACK_INPUT, DEFAULT_MODEL, DEFAULT_WEIGHT, LLM_INPUTS, MODEL_CONFIG
 from mnnbuild.model.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
 from mnnbuild.model.spec import Family
@@ -138,15 +138,9 @@ ALL_FILES = family_files("llm")
 
 
 def _read_json_object(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelDirError(f"{path}: file missing; an MNN LLM directory must have {what}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelDirError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelDirError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
+    return read_json_object(
+        path, ModelDirError, missing=f"file missing; an MNN LLM directory must have {what}", invalid="not valid JSON"
+    )
 
 
 def read_model_config(model_dir: Path) -> dict[str, Any]:

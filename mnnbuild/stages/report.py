@@ -8,7 +8,6 @@ writes ``index.html``: styles and SVG figures inline, nothing fetched when it is
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -29,8 +28,9 @@ from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
+from mnnbuild.pipeline.cache import read_origin
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
-from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, origin_file, plugin_context_dir
+from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, plugin_context_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
 from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
@@ -51,17 +51,8 @@ def _read_json_model(path: Path, model: type[BaseModel], what: str) -> BaseModel
         raise StageError(f"{path}: not a valid {what}: {first}") from None
 
 
-def _origin(stage_dir: Path, stage: str) -> dict[str, object]:
-    path = stage_dir / origin_file(stage)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run: object) -> StageCost:
-    origin = _origin(stage_dir, stage)
+    origin = read_origin(stage_dir, stage)
     outputs: list[FileRecord] = []
     try:
         outputs = manifest.read(stage_dir).outputs
@@ -100,7 +91,7 @@ def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> Report
     prefix = f"model/{bundle.model_name}/"
     binaries = {r.path[len(prefix) :]: r.size for r in bundle.outputs if r.path.startswith(prefix + QNN_DIR + "/")}
 
-    run = _origin(verify_dir, "verify").get("run")
+    run = read_origin(verify_dir, "verify").get("run")
     stages: list[tuple[str, str, Path, type[Manifest]]] = [
         ("fetch", "fetch", Path(inputs.model_dir), FetchManifest),
         ("io", "io", Path(inputs.io_dir), IoManifest),
