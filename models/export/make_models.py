@@ -18,6 +18,7 @@ the converter core ``_tools.mnnconvert`` directly (see README.md).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -933,7 +934,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="instead of the test models: a Qwen3-1.7B-shaped model (real dims) with N layers, into --out",
     )
-    parser.add_argument("--out", type=Path, help="output dir for --qwen3-1.7b-layers (replaced as a whole)")
+    parser.add_argument(
+        "--out", type=Path, help="output dir for --qwen3-1.7b-layers or one --only model (replaced as a whole)"
+    )
+    parser.add_argument(
+        "--symmetric",
+        action="store_true",
+        help="symmetric int4/int8 codes (llmexport --sym) instead of the model's own setting; needs --out",
+    )
     args = parse_export_args(parser, argv)
 
     if args.qwen3_layers is not None:
@@ -941,12 +949,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--qwen3-1.7b-layers: expected 1..28 (Qwen3-1.7B has 28 layers)")
         if args.out is None or args.only:
             parser.error("--qwen3-1.7b-layers needs --out DIR and excludes --only")
-    elif args.out is not None:
-        parser.error("--out is only for --qwen3-1.7b-layers")
+    elif args.out is not None and not (args.only and len(args.only) == 1):
+        parser.error("--out is for --qwen3-1.7b-layers or one --only model")
+    if args.symmetric and args.out is None:
+        parser.error("--symmetric needs --out DIR (the shipped models stay as they are)")
 
     tokenizer = train_tokenizer(args.seed, args.vocab_size)
     if args.qwen3_layers is not None:
         spec = qwen3_1_7b_spec(args.qwen3_layers)
+        spec = dataclasses.replace(spec, symmetric=True) if args.symmetric else spec
         make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify, out=args.out.resolve())
         return 0
     for spec in MODELS:
@@ -954,7 +965,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if args.family and spec.family not in args.family:
             continue
-        make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify)
+        spec = dataclasses.replace(spec, symmetric=True) if args.symmetric else spec
+        make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify, out=args.out and args.out.resolve())
     return 0
 
 
