@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
 
+from mnnbuild.base.errors import MnnbuildError  # noqa: E402
 from mnnbuild.mnn import load_model  # noqa: E402
 from mnnbuild.mnn.weights import ConvCodes, WeightFile, conv_codes, conv_ops, quantize_blocks, weight_path_for  # noqa: E402
 
@@ -85,7 +86,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     model_path = args.model_dir / "llm.mnn"
-    model = load_model(model_path)
+    try:
+        model = load_model(model_path)
+    except MnnbuildError as exc:
+        raise SystemExit(f"--model-dir: {exc}") from None
     rng = np.random.default_rng(0)
     per_conv: dict[str, dict[str, dict[str, float]]] = {}
     with WeightFile(weight_path_for(model_path)) as wf:
