@@ -119,6 +119,12 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     origin = json.loads((bundle / "bundle.origin.json").read_text())
     assert origin["origin"] == "cache" and origin["deferred"] is True and origin["tier"] == "local"
     assert sorted(p.name for p in bundle.iterdir()) == ["bundle.manifest.json", "bundle.origin.json"]
+    # the plugins hit, so nothing read the partition's graphs and weights: they stay in the cache (the plugin tasks
+    # are keyed on the partition manifest's records of the graph files, not on the files)
+    partition = artifacts / "tiny-qwen3" / "partition"
+    assert json.loads((partition / "partition.origin.json").read_text()).get("deferred") is True
+    assert not (partition / "qnn").exists() and not list(partition.glob("*.weight"))
+    assert (partition / "npu_postreat.json").is_file(), "what declares the plugin tasks comes with the manifest"
     cold = tmp_path / "artifacts" / "tiny-qwen3" / "v79" / "bundle"
     assert (bundle / "bundle.manifest.json").read_bytes() == (cold / "bundle.manifest.json").read_bytes()
     # verify, restored too, has its files; and the run after is up to date

@@ -38,11 +38,14 @@ def stage_key(
     params: BaseModel,
     tools: dict[str, str],
     memo: DigestMemo | None = None,
+    reads: dict[str, str] | None = None,
 ) -> str:
     """What a stage's result depends on besides its input files' content, as one string for doit.
 
     The code is the stage's own (other stages are not imported), so an upstream edit reaches a
     downstream stage only through the upstream outputs: when they come out identical, it stays up to date.
+    ``reads``: upstream files the stage reads by their manifest's record (``<stage>/<path>`` -> sha256), in the key
+    as their content would be through the file_dep.
     """
     code = code_fingerprint(stage_module, memo)
     if memo is not None:
@@ -54,6 +57,7 @@ def stage_key(
             "inputs": input_identity(inputs),
             "params": params.model_dump(mode="json"),
             "tools": tools,
+            **({"reads": reads} if reads else {}),
         },
         sort_keys=True,
     )

@@ -120,6 +120,13 @@ def _key_changes(old_key: str, new_key: str, old_modules: Any, new_modules: dict
     lines += _changes("builds", old.get("inputs"), new.get("inputs"))
     lines += _changes("param", old.get("params"), new.get("params"))
     lines += _changes("tool", old.get("tools"), new.get("tools"))
+    old_reads, new_reads = old.get("reads") or {}, new.get("reads") or {}
+    if isinstance(old_reads, dict) and isinstance(new_reads, dict):
+        for path in sorted(old_reads.keys() | new_reads.keys()):
+            if path not in old_reads or path not in new_reads:
+                lines.append(f"input {'added' if path in new_reads else 'removed'}: {path}")
+            elif old_reads[path] != new_reads[path]:
+                lines.append(f"input changed: {path} (by its manifest's record)")
     return lines or ["task key changed"]
 
 

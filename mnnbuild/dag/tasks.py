@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import materialize_all, run_after_failure, run_stage, run_update, task_identity
+from mnnbuild.dag.actions import run_after_failure, run_stage, run_update, task_identity
 from mnnbuild.dag.keys import qnn_build_id, stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.status import code_record, group
@@ -48,7 +48,10 @@ class Run:
     doc: str
     at: At = At()
     file_dep: tuple[Path, ...] = ()
-    """Files read besides the upstream manifests (a local model's source files; a plugin's partition files)."""
+    """Files read besides the upstream manifests (a local model's source files)."""
+    recorded: tuple[tuple[str, str], ...] = ()
+    """Upstream files read by their manifest's record, (``<stage>/<path>``, sha256): a plugin's partition files. They
+    enter the task key, not the file_dep, so a warm cache can leave them in the cache until the plugin must run."""
     checks: tuple[Callable[[], bool], ...] = ()
     """Stateless up-to-date checks (an HF fetch's pinned commit): also what must still hold for outputs on record
     to count when doit has lost its state (`mnnbuild.dag.actions.recorded`)."""
@@ -77,9 +80,12 @@ def out_dir(project: Project, stage: Stage, at: At, spec: ModelSpec) -> Path:
     return project.stage_dir(stage.name, spec, at.arch, at.part if stage.placement == "part" else None)
 
 
-def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[Path, ...]]]:
-    """Every (target, plugin) of a model, every part's, with the partition files of its graphs and of the split
-    model they index, if any (what a per-plugin stage reads of the partition: its file_dep)."""
+def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
+    """Every (target, plugin) of a model, every part's, with the partition's records of the files of its graphs and
+    of the split model they index, if any (what a per-plugin stage reads of the partition), by path and sha256.
+
+    By record, not by file: the partition's own up-to-date check holds its files to those records, and a partition
+    restored without its weights (`Stage.defer`) needs not fetch them for plugins that are up to date or hit."""
     for part in model_parts(spec):
         partition_dir = project.stage_dir(PLUGINS_FROM, spec, part=part)
         merge = read_merge(partition_dir)
@@ -90,17 +96,14 @@ def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[Path
         for arch in spec.targets:
             for binary, graphs in by_cost:
                 records = partition.plugin_files(graphs)
-                files = tuple(confined(partition_dir, r.path, "partition manifest outputs") for r in records)
-                if not all(f.exists() for f in files):  # depended on by name: one the cache left out comes now
-                    try:
-                        materialize_all(((project.chain[PLUGINS_FROM], partition_dir),))
-                    except MnnbuildError as exc:
-                        log.warning("%s", exc)  # doit then names the missing file
-                yield At(arch=arch, part=part, binary=binary, graphs=tuple(graphs)), files
+                for r in records:
+                    confined(partition_dir, r.path, "partition manifest outputs")
+                read = tuple((f"{PLUGINS_FROM}/{r.path}", r.sha256) for r in records)
+                yield At(arch=arch, part=part, binary=binary, graphs=tuple(graphs)), read
 
 
-def placements(project: Project, stage: Stage, spec: ModelSpec) -> Iterator[tuple[At, tuple[Path, ...]]]:
-    """Where a stage's runs sit for ``spec`` (with the upstream files a per-plugin run reads)."""
+def placements(project: Project, stage: Stage, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
+    """Where a stage's runs sit for ``spec`` (with the upstream file records a per-plugin run reads)."""
     if stage.placement == "model":
         yield At(), ()
     elif stage.placement == "part":
@@ -151,7 +154,7 @@ def stage_runs(project: Project, name: str, spec: ModelSpec) -> Iterator[Run]:
     """The runs of stage ``name`` for ``spec``: Inputs from where each sits and what it reads, Params from the spec."""
     stage = project.chain[name]
     fields = stage.inputs.model_fields
-    for at, files in placements(project, stage, spec):
+    for at, recorded in placements(project, stage, spec):
         values: dict[str, Any] = {"model": spec.name}
         if "target" in fields:
             values["target"] = at.arch
@@ -163,10 +166,12 @@ def stage_runs(project: Project, name: str, spec: ModelSpec) -> Iterator[Run]:
             values.update(stage.fields_of(spec, at))
         params = stage.params_of(spec, at)
         checks: tuple[Callable[[], bool], ...] = ()
+        files: tuple[Path, ...] = ()
         if stage.reads_source:
             files, checks = source_deps(spec, params, out_dir(project, stage, at, spec))
         inputs = stage.inputs(**values)
-        yield Run(spec, inputs, params, doc=stage.describe(spec, at), at=at, file_dep=files, checks=checks)
+        doc = stage.describe(spec, at)
+        yield Run(spec, inputs, params, doc=doc, at=at, file_dep=files, recorded=recorded, checks=checks)
 
 
 def task_name(project: Project, name: str, spec: ModelSpec, at: At) -> str:
@@ -202,7 +207,9 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     tools = tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None)
     if stage.versions is not None:
         tools.update(stage.versions())
-    key = stage_key(stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo)
+    key = stage_key(
+        stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo, dict(run.recorded)
+    )
     dest = out_dir(project, stage, run.at, run.spec)
     guards = [
         (Path(getattr(run.inputs, field)), chain[stage.edges[field].stage].manifest, sub)
