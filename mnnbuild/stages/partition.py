@@ -278,9 +278,10 @@ STAGE = Stage(
         PARTITION_REPORT_JSON,
         PARTITION_REPORT_TEXT,
     ),
-    # the graphs, the split model and its weight file are read only by the stages that run on them (the plugins' tasks
-    # are keyed on this manifest's records of the graph files, and read the postreat file to be declared)
-    defer=(f"{QNN_DIR}/*", "*.weight"),
+    # the graphs, the split model (an lm_head split over plugins) and the weight file are read only by the stages that
+    # run on them (the plugins' tasks are keyed on this manifest's records of those files, and read the postreat file
+    # to be declared)
+    defer=(f"{QNN_DIR}/*", f"{SPLIT_DIR}/*", "*.weight"),
     tools=frozenset({"MNN"}),
     doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
 )
