@@ -98,7 +98,7 @@ def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[tupl
                 records = partition.plugin_files(graphs)
                 for r in records:
                     confined(partition_dir, r.path, "partition manifest outputs")
-                read = tuple((f"{PLUGINS_FROM}/{r.path}", r.sha256) for r in records)
+                read = tuple((r.under(PLUGINS_FROM).path, r.sha256) for r in records)
                 yield At(arch=arch, part=part, binary=binary, graphs=tuple(graphs)), read
 
 

@@ -506,8 +506,8 @@ class ArtifactCache:
 
     def _get_hashed(self, blob: str, dest: Path) -> str:
         """Copy ``blob`` to ``dest`` and return the sha256 of what was written, reading the bytes once. A blob of
-        more than one chunk is hashed in a second thread beside the copy (hashlib and file I/O release the GIL), so
-        restoring a bundle takes about the time of copying it, not that plus hashing it."""
+        more than one chunk is hashed in a second thread beside the copy (hashlib and file I/O release the GIL): a
+        restore takes the longer of the two, not their sum."""
         digest = hashlib.sha256()
         with self.fs.open(blob, "rb") as src, open(dest, "wb") as out:
             chunk = src.read(_COPY_CHUNK)
