@@ -22,7 +22,7 @@ from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
 ARCH = "v79"
 MODELS = {
     # spec name -> (model dir, npu_weights, the encoding its convs get, exact)
-    "tiny-int4": (TINY_MODEL_DIR, "int4", "bw_float_block", True),
+    "tiny-int4": (TINY_MODEL_DIR, "int4", "block", True),
     "cw-int4": (FIXTURE_MODELS / "llama-int4-cw", "int4", "bw_axis_scale_offset", True),
     "int8-int4": (FIXTURE_MODELS / "qwen3-untied-int8-b32", "int4", "bw_float_block", True),
     "tiny-f16": (TINY_MODEL_DIR, "float16", "float16", True),
@@ -128,25 +128,36 @@ def test_float16_is_todays_binaries_byte_for_byte(built: Path) -> None:
     ids=["tiny-int4", "cw-int4", "int8-int4", "tiny-int8"],
 )
 def test_mapping_keeps_the_models_weights(model_dir: Path, mode: str) -> None:
-    """Decoded back as QNN reads them (real = (q + offset) * scale), the int4 form of every model's convs is the
-    model's weights up to float rounding; int8 per channel of the asymmetric int4 model is within half its step."""
+    """What a graph computes from the int4 form of every model's convs (real = (q + offset) * scale; asymmetric
+    codes on the input centered per block, the block means times the weights' block sums added back) is the model's
+    conv up to float rounding; int8 per channel of the asymmetric int4 model is within half its step."""
     model = load_model(model_dir / "llm.mnn")
+    rng = np.random.default_rng(0)
     with WeightFile(model_dir / "llm.mnn.weight") as wf:
         for op in conv_ops(model)[:4]:
             qw, reason = npu_weight(op, wf, mode)
             assert qw is not None and not reason
-            ref = decode_conv(op, wf).weight  # [out, in]
+            ref = decode_conv(op, wf).weight.astype(np.float64)  # [out, in]
             codes = qw.codes.reshape(qw.codes.shape[2], qw.codes.shape[3]).T.astype(np.float64)  # [out, in]
             out_ch, in_ch = codes.shape
-            block = qw.block_size[2] if qw.block_size else in_ch
             scale = qw.params[:, 0].reshape(out_ch, -1, 1)
             offset = qw.params[:, 1].reshape(out_ch, -1, 1)
-            real = ((codes.reshape(out_ch, -1, block) + offset) * scale).reshape(out_ch, in_ch)
-            err = np.abs(real - ref).max() / np.abs(ref).max()
+            real = ((codes.reshape(out_ch, -1, qw.block) + offset) * scale).reshape(out_ch, in_ch)
+            x = rng.standard_normal((8, in_ch)) + 1.0  # a common part, which the centering must keep
+            if qw.block_sums is None:
+                y = x @ real.T
+            else:
+                assert mode == "int4" and qw.encoding == "block"
+                means = x.reshape(8, -1, qw.block).mean(2)
+                y = (x - np.repeat(means, qw.block, axis=1)) @ real.T + means @ qw.block_sums.astype(np.float64)
+            expected = x @ ref.T
+            err = np.abs(y - expected).max() / np.abs(expected).max()
             if mode == "int4":
                 assert qw.exact and err < 1e-5, (op.name, err)
             else:
-                assert not qw.exact and 0 < err <= 0.5 / 127 + 1e-6 and abs(err - qw.error) < 1e-4, (op.name, err)
+                weight_err = np.abs(real - ref).max() / np.abs(ref).max()
+                assert not qw.exact and 0 < weight_err <= 0.5 / 127 + 1e-6 and abs(weight_err - qw.error) < 1e-4
+                assert 0 < err < 0.05, (op.name, err)
 
 
 def test_bad_npu_weights_is_one_line(tmp_path: Path) -> None:
@@ -177,7 +188,7 @@ def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: 
     modellib = built / "tiny-int4" / "modellib"
     desc = read_graph_description(modellib / "qnn" / "graphllm1")
     quantized = [t for t in desc.static_tensors if t.quant is not None]
-    assert quantized and all(t.dtype == "sfixed8" and t.quant.encoding == "bw_float_block" for t in quantized)
+    assert quantized and all(t.dtype == "sfixed8" and t.quant.encoding == "block" for t in quantized)
     soc = soc_for_arch(ARCH)
     target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
     shipped = _binaries(built, "tiny-int4")

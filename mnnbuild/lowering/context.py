@@ -104,6 +104,8 @@ class LoweringContext:
         self.weight_notes: list[WeightNote] = []
         self.fp16_copies: dict[tuple[str, tuple[int, ...]], str] = {}
         """fp16 casts of float32 tensors, by the tensor they view and their dims (one Cast feeds every reader)."""
+        self.centered_copies: dict[tuple[str, tuple[int, ...], int], tuple[str, str]] = {}
+        """fp16 tensors centered per block of channels and their means, by the tensor they view, dims and block."""
         self.info = tensor_info
         self.constants = constants
         self.graph_inputs = list(inputs)
@@ -212,6 +214,28 @@ class LoweringContext:
             self.node("Cast", [src], [dst], suffix="fp16")
             self.fp16_copies[key] = dst
         return self.fp16_copies[key]
+
+    def block_centered(self, src16: str, dims: Sequence[int], viewed: str, block: int) -> tuple[str, str]:
+        """fp16 tensor ``src16`` (``dims``, channel last; a view of ``viewed``) minus its mean over each ``block``
+        channels, and those means (``dims[:-1] + [channels / block]``): computed once for every reader (q, k and v
+        share them)."""
+        key = (viewed, tuple(dims), block)
+        if key not in self.centered_copies:
+            *rows, channels = dims
+            if channels % block:
+                raise self.error(f"{channels} channels do not split into blocks of {block}")
+            count, blocks = int(np.prod(rows)), channels // block
+            grouped = self.reshape(src16, (1, count, blocks, block), "float16", f"blocks{block}")
+            mean = self.temp(f"mean{block}", (1, count, blocks, 1), "float16")
+            axes = {"axes": tensor_param([3]), "keep_dims": b8(True)}
+            self.node("ReduceMean", [grouped], [mean], axes, suffix=f"mean{block}")
+            centered = self.temp(f"centered{block}", (1, count, blocks, block), "float16")
+            self.node("ElementWiseSubtract", [grouped, mean], [centered], suffix=f"center{block}")
+            self.centered_copies[key] = (
+                self.reshape(centered, dims, "float16", f"centered{block}_nhwc"),
+                self.reshape(mean, (*rows, blocks), "float16", f"mean{block}_nhwc"),
+            )
+        return self.centered_copies[key]
 
     def const_static(self, t: int, shape: Sequence[int] | None = None, dtype: str | None = None) -> str:
         """Constant tensor ``t`` as a STATIC tensor (optionally reshaped), named from its producer op."""

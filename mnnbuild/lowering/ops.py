@@ -125,6 +125,7 @@ def _conv_weights(ctx: LoweringContext, op: Op) -> tuple[ConvWeights | Quantized
             weights=cw.codes.size,
             exact=cw.exact,
             error=cw.error,
+            centered=cw.block_sums is not None,
         )
     else:
         note = WeightNote(op=op.name, tensor=tensor, encoding="float16", bitwidth=16, weights=cw.weight.size)
@@ -162,8 +163,25 @@ def _lower_conv(ctx: LoweringContext, op: Op) -> None:
         # the HTP takes quantized weights only with fp16 tensors at the op: a Cast before and after it
         weight = ctx.quantized_static(f"{op.name}.weight", cw)
         bias = ctx.static(f"{op.name}.bias", cw.bias.astype(np.float16), "float16")
+        x16 = ctx.fp16(x4, nhwc, x)
         y16 = ctx.temp("conv16", y_shape, "float16")
-        ctx.node("Conv2d", [ctx.fp16(x4, nhwc, x), weight, bias], [y16], conv_params, suffix="conv")
+        if cw.block_sums is None:
+            ctx.node("Conv2d", [x16, weight, bias], [y16], conv_params, suffix="conv")
+        else:
+            # asymmetric codes: x @ w = (x - mean) @ (q * scale) + mean @ block_sums (`quantized`: why)
+            centered, mean = ctx.block_centered(x16, nhwc, x, cw.block)
+            part = ctx.temp("codes16", y_shape, "float16")
+            ctx.node("Conv2d", [centered, weight, bias], [part], conv_params, suffix="conv")
+            sums = cw.block_sums.reshape(1, 1, *cw.block_sums.shape).astype(np.float16)
+            mean_part = ctx.temp("means16", y_shape, "float16")
+            ctx.node(
+                "Conv2d",
+                [mean, ctx.static(f"{op.name}.block_sums", sums, "float16")],
+                [mean_part],
+                conv_params,
+                suffix="means",
+            )
+            ctx.node("ElementWiseAdd", [part, mean_part], [y16], suffix="add")
         ctx.node("Cast", [y16], [y], suffix="fp32")
     else:
         weight = ctx.static(f"{op.name}.weight", cw.weight.T.reshape(1, 1, c, o), "float32")

@@ -6,7 +6,13 @@ Facts it builds on (x86 HTP library, API 2.40 / build 2.51, v79; `README.md` her
 - values travel in ``sfixed8``, one per byte, also 4-bit ones (``sfixed4``/``ufixed4`` tensors are refused);
 - integer offsets are not honoured: a symmetric code (offset 0) maps exactly through ``BLOCK`` (always 4 bits),
   ``BW_AXIS_SCALE_OFFSET`` or ``AXIS_SCALE_OFFSET``, an asymmetric one only through ``BW_FLOAT_BLOCK``, whose
-  float offsets mean real = (q + offset) * scale (so offset = zero / scale); it takes 4- and 8-bit values.
+  float offsets mean real = (q + offset) * scale (so offset = zero / scale); it takes 4- and 8-bit values;
+- an asymmetric code's zero is large against what the codes add where the input has a common part (its mean over a
+  block): the fp16 arithmetic then loses what the two cancel (``BW_FLOAT_BLOCK``: 3.8-4x fp16 weights' error on a
+  2048 -> 6144 op fed inputs of mean 1, ``benchmarks/bench_int4_split.py``). So 4-bit asymmetric codes run on the
+  input centered per block: with ``m`` the mean of each block of ``x`` and ``T`` each block's sum of the weights,
+  ``x @ w = (x - m) @ (q * scale) + m @ T`` exactly (a centered block sums to 0, so the zeros drop out): the codes
+  and scales through ``BLOCK`` (offset 0, exact), ``T`` a small fp16 convolution (``QuantizedWeight.block_sums``).
 
 So, for llmexport's layouts (``w = q * scale + zero`` per block of inputs of one output channel):
 
@@ -14,7 +20,7 @@ So, for llmexport's layouts (``w = q * scale + zero`` per block of inputs of one
 |---|---|---|
 | <= 4 bits, symmetric, blocks | ``BLOCK`` | requantized |
 | <= 4 bits, symmetric, per channel | ``BW_AXIS_SCALE_OFFSET`` 4 bits | ``AXIS_SCALE_OFFSET`` (exact) |
-| <= 4 bits, asymmetric | ``BW_FLOAT_BLOCK`` 4 bits | requantized |
+| <= 4 bits, asymmetric | ``BLOCK`` (per channel ``BW_AXIS``) on the centered input, + fp16 block sums | requantized |
 | 5-8 bits, symmetric, per channel | ``AXIS_SCALE_OFFSET`` | ``AXIS_SCALE_OFFSET`` (exact) |
 | 5-8 bits otherwise | ``BW_FLOAT_BLOCK`` 8 bits | requantized |
 | float / fp16 weights | float16 (no codes to keep) | float16 (no codes to keep) |
@@ -60,6 +66,14 @@ class QuantizedWeight:
     bias: np.ndarray
     exact: bool
     error: float
+    block_sums: np.ndarray | None = None
+    """For asymmetric codes: each block's sum of the model's weights, float32 ``[blocks, out]``. The conv then reads
+    its input minus the input's mean over each block (``block`` inputs), and ``mean @ block_sums`` is added back."""
+
+    @property
+    def block(self) -> int:
+        """Inputs per scale (all of them per channel)."""
+        return self.block_size[2] if self.block_size else self.codes.shape[2]
 
 
 def _relative_error(approx: np.ndarray, ref: np.ndarray) -> float:
@@ -96,18 +110,32 @@ def _own_codes(cc: ConvCodes) -> QuantizedWeight:
         return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), encoding, bits, 3, [], cc.bias, True, 0.0)
     if cc.zero is None and bits == 4:
         return QuantizedWeight(_hwio(cc.codes), _params(cc.scale), BLOCK, 4, 3, block, cc.bias, True, 0.0)
-    # w = q * scale + zero = (q + zero / scale) * scale (symmetric 8-bit blocks: zero 0); a block with scale 0
-    # holds only its zero: codes 0, scale 1 (or |zero|), offset zero / scale
+    if bits == 4:
+        # w = q * scale + zero on an input centered per block: the codes and scales exact, the zeros drop out
+        scale, codes = _flat_blocks(cc, cc.zero)
+        sums = np.ascontiguousarray(cc.dequantized().reshape(cc.codes.shape[0], -1, cc.block).sum(2, np.float64).T)
+        sums = sums.astype(np.float32)
+        if cc.channel_wise:
+            return QuantizedWeight(_hwio(codes), _params(scale), BW_AXIS, 4, 3, [], cc.bias, True, 0.0, sums)
+        return QuantizedWeight(_hwio(codes), _params(scale), BLOCK, 4, 3, block, cc.bias, True, 0.0, sums)
+    # 8-bit codes (BLOCK reads 4 bits): w = q * scale + zero = (q + zero / scale) * scale (symmetric blocks: zero 0);
+    # a block with scale 0 holds only its zero: codes 0, scale |zero| (or 1), offset zero / scale
     zero = cc.zero if cc.zero is not None else np.zeros_like(cc.scale)
+    scale, codes = _flat_blocks(cc, zero)
+    offset = zero / scale
+    return QuantizedWeight(_hwio(codes), _params(scale, offset), BW_FLOAT_BLOCK, bits, 3, block, cc.bias, True, 0.0)
+
+
+def _flat_blocks(cc: ConvCodes, zero: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Scales and codes with every block of scale 0 (its weights all equal its zero) given codes 0 and a nonzero
+    scale (|zero|, or 1), so no encoding divides by 0."""
     scale, codes = cc.scale.copy(), cc.codes
     flat = scale == 0
     if flat.any():
-        scale[flat] = np.where(zero[flat] != 0, np.abs(zero[flat]), 1.0)
+        scale[flat] = 1.0 if zero is None else np.where(zero[flat] != 0, np.abs(zero[flat]), 1.0)
         codes = codes.copy()
-        mask = np.repeat(flat, cc.block, axis=1)
-        codes[mask] = 0
-    offset = zero / scale
-    return QuantizedWeight(_hwio(codes), _params(scale, offset), BW_FLOAT_BLOCK, bits, 3, block, cc.bias, True, 0.0)
+        codes[np.repeat(flat, cc.block, axis=1)] = 0
+    return scale, codes
 
 
 def npu_weight(op: Op, weights: WeightFile | None, mode: str) -> tuple[QuantizedWeight | None, str]:

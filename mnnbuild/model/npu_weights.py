@@ -19,7 +19,8 @@ DEFAULT_NPU_WEIGHTS: NpuWeights = "float16"
 class WeightNote(BaseModel):
     """How one convolution's weight is stored in a graph: ``float16`` or a quantized encoding (QNN's name, lower
     case), whether that is the model's own codes and scales (``exact``), its error against the model's weights when
-    not (max |dw| / max |w|), and why it is float16 when another ``npu_weights`` was asked for."""
+    not (max |dw| / max |w|), why it is float16 when another ``npu_weights`` was asked for, and whether the op reads
+    its input centered per block (asymmetric codes)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -31,6 +32,9 @@ class WeightNote(BaseModel):
     exact: bool = True
     error: float = 0.0
     reason: str = ""
+    centered: bool = False
+    """The conv reads its input minus the input's mean per block and adds back the means times the weights' block
+    sums (fp16): how asymmetric codes stay exact without fp16 losing what their zeros cancel."""
 
     @property
     def stored_bytes(self) -> int:

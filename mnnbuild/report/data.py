@@ -67,12 +67,12 @@ class ReportData(BaseModel):
     def weight_encoding(self, plugin: str) -> str:
         """One line saying how ``plugin`` stores its conv weights: each encoding with its count, whether it holds
         the model's own codes (or its requantization error), and why a weight stayed float16."""
-        groups: dict[tuple[str, int], list[WeightNote]] = {}
+        groups: dict[tuple[str, int, bool], list[WeightNote]] = {}
         for note in self.plugin_weights.get(plugin, []):
-            groups.setdefault((note.encoding, note.bitwidth), []).append(note)
+            groups.setdefault((note.encoding, note.bitwidth, note.centered), []).append(note)
         parts = []
-        for (encoding, bits), notes in groups.items():
-            what = f"{encoding} {bits}-bit x{len(notes)}"
+        for (encoding, bits, centered), notes in groups.items():
+            what = f"{encoding} {bits}-bit{' on the input centered per block' if centered else ''} x{len(notes)}"
             if encoding == "float16":
                 reasons = sorted({n.reason for n in notes if n.reason})
                 parts.append(what + (f" ({'; '.join(reasons)})" if reasons else ""))
