@@ -36,6 +36,7 @@ from mnnbuild.conform.build import MnnBuild
 from mnnbuild.conform.effect import PatchEffect, RunTokens, format_effect, length_effect, padding, summarize
 from mnnbuild.conform.workdir import claim_dir, fresh_dir
 from mnnbuild.manifests.partition import read_merge
+from mnnbuild.mnn.llm import MODEL_CONFIG
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.layout import PROMPT_FILE
 from mnnbuild.qnn.library import find_qnn_libraries
@@ -314,12 +315,12 @@ def conform_model(
     if not isinstance(limits, list) or not limits or not all(isinstance(x, int) for x in limits):
         raise ConformError(f"{bundle_model_dir / BUNDLE_CONFIG}: field 'chunk_limits' must be a list of ints")
     chunk = max(limits)
-    original_json = read_json_object(original_dir / "config.json", ConformError)
+    original_json = read_json_object(original_dir / MODEL_CONFIG, ConformError)
     bundle_config, original_config, unchunked_config = run_configs(bundle_config, original_json)
     claim_dir(out_dir)
 
-    orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, "config.json")
-    unch_cfg = stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, "config.json")
+    orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, MODEL_CONFIG)
+    unch_cfg = stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, MODEL_CONFIG)
     prompt_text = (bundle_model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
     tokenizer = Tokenizer(orig_cfg, links=True)  # staged: links to the model's files
     prompts = prompt_ids(tokenizer.encode(prompt_text), tokenizer.encode(FILLER), chunk)
@@ -386,7 +387,7 @@ def write_report(report: ConformReport, out_dir: Path) -> None:
 
 def staged_config(out_dir: Path, label: str) -> Path:
     """The config a conform run staged for ``bundle``, ``original`` or ``unchunked`` in ``out_dir``."""
-    return out_dir / label / (BUNDLE_CONFIG if label == "bundle" else "config.json")
+    return out_dir / label / (BUNDLE_CONFIG if label == "bundle" else MODEL_CONFIG)
 
 
 def measure_patch_effect(

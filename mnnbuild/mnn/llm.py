@@ -15,6 +15,8 @@ DEFAULT_WEIGHT = "llm.mnn.weight"
 """MNN's default graph and weight file when a config names none (llmconfig.hpp ``llm_model``, ``llm_weight``)."""
 DEFAULT_TOKENIZER = "tokenizer.txt"
 """MNN's default ``tokenizer_file``."""
+DEFAULT_EMBEDDINGS = "embeddings_bf16.bin"
+"""MNN's default ``embedding_file``: an untied model's token embeddings, bf16."""
 
 LLM_INPUTS = ("input_ids", "attention_mask", "position_ids", "logits_index")
 """A language model graph's inputs as MNN's engine feeds them, in that order (``input_ids`` holds the embeddings)."""

@@ -34,6 +34,7 @@ from numpy.typing import DTypeLike
 
 from mnnbuild.base.errors import MNNFormatError, UnsafePathError
 from mnnbuild.base.fsutil import confined, read_json_object
+from mnnbuild.mnn.llm import DEFAULT_EMBEDDINGS, DEFAULT_WEIGHT
 from mnnbuild.mnn.model import MnnModel, Op, _walk_t
 
 log = logging.getLogger(__name__)
@@ -652,15 +653,15 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
             tie.weight_offset, tie.alpha_offset, tie.alpha_size, tie.bits, tie.block, tie.alpha_fp16,
         )  # fmt: skip
         if w_off == 0:  # a separate embedding_int4/8.bin
-            path = _model_file(model_dir, cfg, "embedding_file", "embeddings_bf16.bin")
+            path = _model_file(model_dir, cfg, "embedding_file", DEFAULT_EMBEDDINGS)
         else:
-            path = _model_file(model_dir, cfg, "llm_weight", "llm.mnn.weight")
+            path = _model_file(model_dir, cfg, "llm_weight", DEFAULT_WEIGHT)
         if bits == 16:
             vocab = (a_off - w_off) // (2 * hidden) if a_off > w_off else 0
             return EmbeddingInfo(path, hidden, vocab, "fp16", w_off, a_off, a_size, 16, 0, a_fp16)
         vocab = (a_off - w_off) * 8 // bits // hidden
         return EmbeddingInfo(path, hidden, vocab, "quant", w_off, a_off, a_size, bits, block, a_fp16)
-    path = _model_file(model_dir, cfg, "embedding_file", "embeddings_bf16.bin")
+    path = _model_file(model_dir, cfg, "embedding_file", DEFAULT_EMBEDDINGS)
     try:
         size = path.stat().st_size
     except OSError as exc:

@@ -15,14 +15,21 @@ from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
 from mnnbuild.base.fsutil import read_json_object
-from mnnbuild.mnn.llm import DEEPSTACK_INPUT, DEFAULT_MODEL, DEFAULT_WEIGHT, LLM_INPUTS, MODEL_CONFIG
+from mnnbuild.mnn.llm import (
+    DEEPSTACK_INPUT,
+    DEFAULT_EMBEDDINGS,
+    DEFAULT_MODEL,
+    DEFAULT_WEIGHT,
+    LLM_INPUTS,
+    MODEL_CONFIG,
+)
 from mnnbuild.model.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
 from mnnbuild.model.spec import Family
 from mnnbuild.pipeline.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 
 LLM_CONFIG = "llm_config.json"
 TOKENIZER_FILES = ("tokenizer.txt", "tokenizer.mtok")
-OPTIONAL_FILES = ("embeddings_bf16.bin",)
+OPTIONAL_FILES = (DEFAULT_EMBEDDINGS,)
 VISUAL_FILE = "visual.mnn"
 VISUAL_WEIGHT_FILE = "visual.mnn.weight"
 VISUAL_FILES = (VISUAL_FILE, VISUAL_WEIGHT_FILE)
