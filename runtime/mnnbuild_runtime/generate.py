@@ -12,7 +12,8 @@ causal mask, row ``i`` of a forward over prompt + guess depends on tokens ``0..i
 bit-identical to the loop's), so one forward per length the loop would use confirms every guessed token up to
 the first wrong one, and gives the right one in its place; the loop goes on from there, from a new guess when
 there is a guesser (:func:`kv_cache_redraft`). The guesses come from MNN's own LLM engine and its KV cache
-(:func:`kv_cache_draft`), one cheap decode step per token.
+(:func:`kv_cache_draft`), one cheap decode step per token. The same forwards (:func:`draft_feeds`) give every step's
+logits row on the draft's own sequence (:func:`draft_rows`), which is how two models are compared on one sequence.
 """
 
 from __future__ import annotations
@@ -255,6 +256,20 @@ def draft_feeds(
     :func:`llm_inputs`), so that the forward can serve another check too."""
     plan = _DraftPlan.of(prompt_ids, draft, max_new_tokens, chunk)
     return {size: plan.feed(embed, size, (pads or {}).get(size)) for size in plan.longest}
+
+
+def draft_rows(
+    logits: Mapping[int, np.ndarray], prompt_ids: Sequence[int], draft: Sequence[int], chunk: int | Sequence[int]
+) -> list[np.ndarray]:
+    """Per token of ``draft``, the logits row that picks it in the loop (its prefix, at its length), from the
+    ``logits`` of :func:`draft_feeds`' forwards (by length; every draft token's length must be there)."""
+    plan = _DraftPlan.of(prompt_ids, draft, len(draft), chunk)
+    start = len(plan.prompt) - 1
+    rows = {size: _logit_rows({"logits": logits[size]}, size) for size in plan.longest if size in logits}
+    missing = sorted(set(plan.sizes[: len(plan.guess)]) - set(rows))
+    if missing:
+        raise BundleError(f"no logits for prefill lengths {missing} of the draft's steps")
+    return [rows[size][start + i] for i, size in enumerate(plan.sizes[: len(plan.guess)])]
 
 
 @dataclass
