@@ -92,10 +92,12 @@ class Draft:
 
 @dataclass
 class Reference:
-    """Per draft token, the original model's recompute logits row for its prefix; and its outputs for the shared io
-    samples' inputs (by prefill length)."""
+    """Per draft token, the original model's recompute logits row for its prefix (and the engine's own row); and its
+    outputs for the shared io samples' inputs (by prefill length)."""
 
     rows: list[np.ndarray] = field(default_factory=list)
+    engine_rows: list[np.ndarray] = field(default_factory=list)
+    """Per draft token from MNN's engine, the engine's own logits row that picked it."""
     outputs: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     """``start`` (a child process's, until it runs), ``draft``, ``confirm`` (the recompute forwards on the draft),
@@ -135,7 +137,7 @@ class ReferenceWork:
             steps = min(spec.max_new_tokens, chunk - len(ids))
             if steps <= 0:
                 raise SpecError(f"prompt {spec.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
-            tokens = kv_cache_draft(spec.model_dir, ids, steps, spec.runtime)
+            tokens = kv_cache_draft(spec.model_dir, ids, steps, spec.runtime, rows=self.reference.engine_rows)
             if len(tokens) < steps:  # the engine cannot run this model: slower, not wrong
                 forward, embed = self._model()
                 tokens += recompute_generate(forward, embed, ids + tokens, steps - len(tokens), spec.limits).tokens
