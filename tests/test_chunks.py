@@ -17,12 +17,14 @@ from mnnbuild_runtime import (
     Embeddings,
     HybridModel,
     draft_feeds,
+    draft_rows,
     fit_block,
     follow_draft,
     greedy_generate,
     llm_inputs,
     prefill_blocks,
 )
+from mnnbuild_runtime.errors import BundleError
 
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.context import ContextManifest
@@ -234,3 +236,10 @@ def test_generation_check_runs_each_step_at_the_loops_length() -> None:
     batch = {size: forward(f)["logits"] for size, f in feeds.items()}
     again = follow_draft(forward, embed, prompt, draft, 10, [1, 32, 128], logits=batch)
     assert again.forwards == 0 and all(np.array_equal(a, b) for a, b in zip(again.step_rows, rows, strict=True))
+    # the same rows taken from the batch directly, whatever the draft's tokens are (no confirming: a comparison)
+    other = [3] * 10
+    other_feeds = draft_feeds(embed, prompt, other, 10, [1, 32, 128])
+    direct = draft_rows({size: forward(f)["logits"] for size, f in other_feeds.items()}, prompt, other, [1, 32, 128])
+    assert [(int(r[0]), int(r[1])) for r in direct] == [(int(r[0]), int(r[1])) for r in rows]
+    with pytest.raises(BundleError, match=r"no logits for prefill lengths \[128\]"):
+        draft_rows({32: batch[32]}, prompt, draft, [1, 32, 128])

@@ -579,8 +579,14 @@ def test_cpu_reference_is_the_recompute_loop_in_one_forward(model_dir: Path) -> 
     ids = Tokenizer(model_dir / "config.json").encode("hello")
     forward, embed = cpu_forward_fn(model_dir), Embeddings(model_dir)
     loop = recompute_generate(forward, embed, ids, 16, 128)
-    draft = kv_cache_draft(model_dir, ids, 16)
+    engine_rows: list[np.ndarray] = []
+    draft = kv_cache_draft(model_dir, ids, 16, rows=engine_rows)
     assert draft == loop.tokens, "MNN's KV-cache path agrees with the recompute loop on these models"
+    # the engine's own row of each token is the one that picked it, for the same prefix as the loop's row
+    assert [int(r.argmax()) for r in engine_rows] == draft
+    assert all(
+        np.allclose(e, r, rtol=0, atol=1e-3 * np.abs(r).max()) for e, r in zip(engine_rows, loop.rows, strict=True)
+    )
     got = follow_draft(forward, embed, ids, draft, 16, 128)
     assert got.result.tokens == loop.tokens and got.result.top2_margins == loop.top2_margins
     assert got.forwards == 1 and got.rejected is None

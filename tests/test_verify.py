@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -269,46 +270,131 @@ def test_the_cpu_reference_beside_the_pass_gives_the_same_report(
     assert "CPU reference" in text and "of work in" in text and "process start" in text
 
 
-def test_runs_on_a_guess_the_cpu_did_not_keep_run_again(built: tuple[Path, object]) -> None:
-    """The pass runs the generation on MNN's KV-cache guess while the CPU confirms it: where the confirmed tokens
-    differ, the pass's run of that length is no forward of the check (nor is the io sample it shared, whose
-    whole-model check stands on the CPU's outputs for its inputs), and the check runs the length itself. The CPU
-    stands in for the bundle here."""
-    from mnnbuild.verify.reference import Draft, InProcessReference, Reference
+def test_the_generation_is_judged_on_the_engines_tokens_with_the_recompute_rows(
+    built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sequence is MNN's KV-cache engine's tokens and each step's reference is the recompute forward's row on it,
+    so where the engine parts from that forward the steps after it still compare both on the engine's tokens, and
+    nothing runs again. The parting (an engine stood in for by its draft with step 3 changed; the rest is the
+    recompute loop's from there, so it parts there only) is recorded and named in the report, near-tie or not, and
+    never fails the check: the bundle is judged against the forward. The CPU stands in for the bundle."""
+    from mnnbuild_runtime import Embeddings, llm_inputs, recompute_generate
+
+    from mnnbuild.verify import failures, reference
 
     root = model_root(built)
     bundle = root / ARCH / "bundle" / "model" / TINY
-    gen = checks.GenerationRun(root / "model", bundle, Bundle.open(bundle).block_sizes, "hello", 8, CpuRuntime())
-    truth = InProcessReference(gen.spec)
-    confirmed = truth.draft()
-    assert confirmed.confirmed and confirmed.problem is None and len(confirmed.tokens) == 8
-    guess = list(confirmed.tokens)
-    guess[3] = (guess[3] + 1) % 1024
-    gen.take_draft(Draft(confirmed.prompt_ids, guess))
-    io = root / "io" / "testdir"
-    samples = checks.load_samples([(1, io / "1"), (128, io / "128")])
-    shared = gen.share(samples)
-    assert list(shared) == [128] and not gen.feeds(), "the io prefill sample serves the guess's one length"
+    limits = Bundle.open(bundle).block_sizes
+    cpu, embed = cpu_forward_fn(root / "model"), Embeddings(root / "model", links=True)
+    ids = Tokenizer(bundle / "config_qnn.json").encode("hello")
+    truth = recompute_generate(cpu, embed, ids, 8, limits).tokens
+    turned = (truth[3] + 1) % embed.vocab
+    engine = truth[:3] + [turned] + recompute_generate(cpu, embed, ids + truth[:3] + [turned], 4, limits).tokens
+    monkeypatch.setattr(reference, "kv_cache_draft", lambda *args, **kwargs: list(engine))
+    # the CPU's rows on the engine's tokens, computed here on their own
+    rows = np.asarray(cpu(llm_inputs(embed(ids + engine), 128, logits_index=0))["logits"]).reshape(128, -1)
+    rows = rows[len(ids) - 1 : len(ids) - 1 + 8]
+    assert [int(r.argmax()) for r in rows] == truth[:4] + engine[4:], "the engine parts at step 3 only"
+    for tie_margin, near in ((Tolerance().tie_margin, False), (2.0, True)):  # 2: any lead is a near-tie
+        tol = Tolerance(tie_margin=tie_margin)
+        gen = checks.GenerationRun(root / "model", bundle, limits, "hello", 8, CpuRuntime())
+        gen.reference()
+        assert gen.check.problem is None and gen.check.cpu_tokens == engine and gen.check.sequence == "engine"
+        runs = {size: ForwardResult({"logits": cpu(feed)["logits"]}, []) for size, feed in gen.feeds().items()}
+        calls: list[int] = []
+
+        def forward(feed: dict[str, np.ndarray], calls: list[int] = calls) -> dict[str, np.ndarray]:
+            calls.append(1)
+            return cpu(feed)
+
+        check = gen.conclude(forward, runs, tol)
+        assert check.problem is None and check.passed and not calls, "no forward runs again"
+        assert not failures.generation_failures(check, tol)
+        assert [(p.step, p.engine_token, p.recompute_token, p.near_tie) for p in check.engine_partings] == [
+            (3, turned, truth[3], near)
+        ]
+        assert check.engine_partings[0].lead == pytest.approx(float(rows[3][truth[3]] - rows[3][turned]))
+        # every step: the CPU's pick and margin are the recompute row's on the engine's tokens, the bundle's the same
+        for step, row in zip(check.steps, rows, strict=True):
+            assert step.cpu_token == step.hybrid_pick == int(row.argmax()) and not step.tolerated_flip
+            assert step.cpu_margin == pytest.approx(float(np.sort(row)[-1] - np.sort(row)[-2]), abs=1e-6)
+            assert step.logits.passed and step.logits.max_abs_err == 0.0, "the same inputs on both sides"
+        # the bundle's own tokens leave the engine's where it picks the recompute forward's token
+        assert check.first_divergence == 3 and check.hybrid_tokens == truth[:4]
+        assert "picks what the CPU's recompute forward picks" in (check.divergence_note or "")
+        text = format_report(VerifyReport(model=TINY, target=ARCH, soc="x", bundle="b", passed=True,
+                                          graph_tolerance=tol, model_tolerance=tol, executed_note="",
+                                          generation=check))  # fmt: skip
+        said = f"MNN's KV-cache engine and its recompute forward part at new token 3: engine {turned}, forward"
+        assert said in text and ("(a near-tie)" if near else "(beyond a near-tie)") in text
+
+
+def test_without_the_engine_the_sequence_is_the_recompute_loops(
+    built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model MNN's engine cannot run gets no draft (``kv_cache_draft`` gives ``[]``): the sequence is then the
+    recompute loop's own tokens, which the report says, and every step's CPU pick is its token."""
+    from mnnbuild_runtime import Embeddings, recompute_generate
+
+    from mnnbuild.verify import reference
+
+    monkeypatch.setattr(reference, "kv_cache_draft", lambda *args, **kwargs: [])
+    root = model_root(built)
+    bundle = root / ARCH / "bundle" / "model" / TINY
+    limits = Bundle.open(bundle).block_sizes
+    gen = checks.GenerationRun(root / "model", bundle, limits, "hello", 8, CpuRuntime())
+    gen.reference()
     cpu = cpu_forward_fn(root / "model")
-    ref = Reference(truth.work.reference.tokens, truth.work.reference.rows,
-                    outputs={size: cpu(feed) for size, feed in shared.items()})  # fmt: skip
-    assert gen.take_reference(ref, samples) == set() and gen.check.shared_lengths == []
-    assert samples[1].feed is shared[128] and set(samples[1].refs) == {"logits", "hidden_states"}
-    calls: list[int] = []
+    loop = recompute_generate(cpu, Embeddings(root / "model", links=True), gen.check.prompt_ids, 8, limits)
+    assert gen.check.problem is None and gen.check.sequence == "recompute" and gen.check.cpu_tokens == loop.tokens
+    runs = {size: ForwardResult({"logits": cpu(feed)["logits"]}, []) for size, feed in gen.feeds().items()}
+    check = gen.conclude(cpu, runs, Tolerance())
+    assert check.passed and not check.engine_partings and [s.cpu_token for s in check.steps] == loop.tokens
+    text = format_report(VerifyReport(model=TINY, target=ARCH, soc="x", bundle="b", passed=True,
+                                      graph_tolerance=Tolerance(), model_tolerance=Tolerance(), executed_note="",
+                                      generation=check))  # fmt: skip
+    assert "cpu    (original model, MNN's recompute loop)" in text
 
-    def forward(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        calls.append(1)
-        return cpu(feed)
 
-    check = gen.conclude(forward, {}, Tolerance())
-    assert check.passed and check.hybrid_tokens == check.cpu_tokens == confirmed.tokens and len(calls) == 1
-    # the same guess held: the pass's run is the check's forward, nothing runs again
-    gen = checks.GenerationRun(root / "model", bundle, Bundle.open(bundle).block_sizes, "hello", 8, CpuRuntime())
-    gen.take_draft(Draft(confirmed.prompt_ids, list(confirmed.tokens)))
-    samples = checks.load_samples([(1, io / "1"), (128, io / "128")])
-    shared = gen.share(samples)
-    ref = Reference(ref.tokens, ref.rows, outputs={size: cpu(feed) for size, feed in shared.items()})
-    assert gen.take_reference(ref, samples) == {128} and gen.check.shared_lengths == [128]
+def test_a_near_tie_parting_passes_with_one_simulator_pass(
+    held_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MNN's engine with its low-memory arithmetic (what a big model's draft uses) parts from the recompute forward
+    on the untied int8 fixture at step 7, on a near-tie. Verify runs the generation on the engine's tokens and passes
+    with one simulator pass (the io samples and the generation's forward in one lockstep run, each plugin loaded
+    once), the parting named in the report; each step's CPU pick is the recompute forward's on the engine's tokens."""
+    from mnnbuild_runtime import Embeddings, HybridExecutor, kv_cache_draft, llm_inputs
+
+    from mnnbuild.verify import reference
+
+    monkeypatch.setattr(reference, "kv_cache_draft", partial(kv_cache_draft, low_memory_above=0))
+    passes: list[int] = []
+    run_many = HybridExecutor.run_many
+
+    def counted(self: HybridExecutor, feeds: Any, **kwargs: Any) -> Any:
+        passes.append(len(feeds))
+        return run_many(self, feeds, **kwargs)
+
+    monkeypatch.setattr(HybridExecutor, "run_many", counted)
+    root, out = held_out / "qwen3-untied-int8-b32", tmp_path / "verify"
+    verify(inputs_for(root), VerifyParams(soc=soc_for_arch(ARCH)), out)
+    report = read_report(out)
+    gen = report.generation
+    assert report.passed and gen is not None and gen.passed and gen.sequence == "engine"
+    assert passes == [2], "one simulator pass: the decode and prefill samples, the prefill one the generation's too"
+    assert gen.shared_lengths == [128] and gen.hybrid_forwards == 1 and all(p.loads == 1 for p in report.plugins)
+    assert [(p.step, p.near_tie) for p in gen.engine_partings] == [(7, True)], "the engine parts at step 7"
+    parting = gen.engine_partings[0]
+    # the engine's own row there against the forward's: other arithmetic, so not the same row
+    assert parting.engine_rel_err is not None and 0.0 < parting.engine_rel_err < 1.0 and parting.engine_cosine
+    assert gen.cpu_tokens[7] == parting.engine_token != parting.recompute_token == gen.steps[7].cpu_token
+    model = root / "model"
+    embed = Embeddings(model, links=True)
+    seq = gen.prompt_ids + gen.cpu_tokens
+    rows = np.asarray(cpu_forward_fn(model)(llm_inputs(embed(seq), 128, logits_index=0))["logits"]).reshape(128, -1)
+    assert [s.cpu_token for s in gen.steps] == [int(rows[len(gen.prompt_ids) - 1 + s.step].argmax()) for s in gen.steps]
+    text = (out / REPORT_TEXT).read_text(encoding="utf-8")
+    assert "part at new token 7" in text and "(a near-tie); the engine's own logits are " in text
 
 
 def test_bounded_plugin_loading_is_bit_identical(built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,10 +73,16 @@ def return_freed_memory() -> None:
         trim(0)
 
 
-def llm_engine_greedy(config: Path, prompt_ids: Sequence[int], n: int, settings: Mapping[str, Any]) -> list[int]:
+def llm_engine_greedy(
+    config: Path,
+    prompt_ids: Sequence[int],
+    n: int,
+    settings: Mapping[str, Any],
+    rows: list[np.ndarray] | None = None,
+) -> list[int]:
     """``n`` greedy tokens of the model ``config`` describes from PyPI MNN's LLM engine (``MNN.llm``, the engine
     ``llm_demo`` runs: one prefill of the prompt, then one decode step per token against its KV cache), with
-    ``settings`` over the config's."""
+    ``settings`` over the config's. ``rows``: each token's logits row (float32) is appended to it."""
     import_mnn()
     with native_output(f"MNN's LLM engine ({config})"):
         import MNN.llm  # never MNN.tools
@@ -89,7 +95,11 @@ def llm_engine_greedy(config: Path, prompt_ids: Sequence[int], n: int, settings:
         tokens: list[int] = []
         logits = engine.forward([int(t) for t in prompt_ids])
         while len(tokens) < n:
-            tokens.append(int(np.argmax(to_numpy(logits).reshape(-1))))
+            out = to_numpy(logits)
+            row = out.reshape(-1, out.shape[-1])[-1]  # the last token's
+            tokens.append(int(np.argmax(row)))
+            if rows is not None:
+                rows.append(np.array(row, dtype=np.float32))  # a copy: the engine reuses its output
             if len(tokens) < n:
                 logits = engine.forward(tokens[-1:])
         del logits  # before the engine: freeing its output after the engine crashes (SIGSEGV)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.pipeline.manifest import FileRecord
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.report import VerifyReport, parting_note
 
 CPU = "CPU"
 
@@ -149,15 +149,23 @@ def generation_detail(v: VerifyReport) -> str:
         return "not run"
     if gen.problem:
         return gen.problem
-    if gen.first_divergence is None:
+    first = None if gen.first_divergence is None else gen.steps[gen.first_divergence]
+    if first is None:
         tokens = f"identical tokens ({len(gen.steps)} steps)"
-    elif gen.steps[gen.first_divergence].tolerated_flip:
-        tokens = f"tokens differ from new token {gen.first_divergence} at a tolerated near-tie"
+    elif first.tolerated_flip:
+        tokens = f"tokens differ from new token {first.step} at a tolerated near-tie"
+    elif first.hybrid_pick == first.cpu_token:
+        tokens = f"tokens differ from new token {first.step}, where the bundle picks the CPU forward's token"
     else:
-        tokens = f"tokens differ from new token {gen.first_divergence}"
+        tokens = f"tokens differ from new token {first.step}"
+    flips = gen.bad_flips
+    if flips and (first is None or flips[0].step != first.step):
+        tokens += f", the bundle's pick differs from the CPU's beyond a near-tie at new token {flips[0].step}"
     bad = [s for s in gen.steps if not s.logits.passed]
     if bad:
         tokens += f", but the logits of {len(bad)} of {len(gen.steps)} steps are out of tolerance"
+    for p in gen.engine_partings:
+        tokens += f"; {parting_note(p)}"
     return tokens
 
 

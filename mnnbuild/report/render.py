@@ -10,7 +10,7 @@ from mnnbuild.base.sizes import human_bytes
 from mnnbuild.report import figures
 from mnnbuild.report.data import CPU, ReportData
 from mnnbuild.report.template import TEMPLATE
-from mnnbuild.verify.report import timing_groups
+from mnnbuild.verify.report import parting_note, timing_groups
 
 LARGEST_FILES = 15
 """Bundle files drawn in the size figure (the table lists them all)."""
@@ -122,6 +122,7 @@ def render_html(data: ReportData) -> str:
         "cpu": CPU,
         "bundle_bytes": sum(r.size for r in data.bundle_files),
         "timings": timing_groups(data.verify.timings),
+        "parting_note": parting_note,
         "graph_outputs": sum(len(g.outputs) for g in data.verify.graphs),
         "graph_outputs_drawn": min(GRAPH_OUTPUTS_DRAWN, sum(len(g.outputs) for g in data.verify.graphs)),
     }

@@ -11,15 +11,18 @@ Checks (tolerances in :class:`VerifyParams`):
   outputs (the io stage's samples), decode and prefill, with top-1 agreement of the logits rows;
   a VL model's encoder (``qnn/visual.mnn``, its visual part) gets the plugin, per-graph and whole-encoder checks
   too, at every image size (its io samples);
-- (c) generation: greedy tokens of the bundle vs MNN CPU on the original model for the same prompt (models that
-  generate: not an embedding model, whose whole-model check compares ``sentence_embeddings`` by cosine and error).
+- (c) generation: the bundle's greedy pick and logits vs MNN CPU's on the original model at every step of MNN's own
+  greedy tokens for the same prompt (models that generate: not an embedding model, whose whole-model check compares
+  ``sentence_embeddings`` by cosine and error).
 
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same graphs and weights (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
 The simulator work is one pass: the io samples and the generation sequence run through the bundle in lockstep
 with at most ``max_loaded_plugins`` contexts loaded, and its executions serve the per-graph checks too. Where a
-prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``). A big model's
-CPU reference runs in a child process beside the pass, which runs on its draft (`mnnbuild.verify.reference`); no
+prefill sample has the generation's length, one run serves both checks (``GenerationRun.share``). The generation
+runs on MNN's own greedy tokens (its KV-cache engine's) and each step is compared with the original model's
+recompute forward on the same tokens, so the pass never runs twice; a big model's CPU reference runs in a child
+process beside the pass (`mnnbuild.verify.reference`); no
 file the bundle or twin stage hashed, unchanged since, is hashed again (`mnnbuild_runtime.hashes`). The report's
 ``timings`` say where each second went.
 
@@ -165,8 +168,9 @@ def _run_bundle(
     samples and the generation sequence), ``params.max_loaded_plugins`` plugin contexts loaded at a time; then
     the per-graph checks of every graph the pass ran, on the CPU. Returns them by plugin path.
 
-    ``job``: the generation's CPU reference (`mnnbuild.verify.reference`); the pass needs only its draft, and the
-    rest of it is awaited after the per-graph checks (for a big model it runs beside the pass and them)."""
+    ``job``: the generation's CPU reference (`mnnbuild.verify.reference`); the pass needs only its draft (the
+    sequence the generation runs on), and the rest of it is awaited after the per-graph checks (for a big model it
+    runs beside the pass and them)."""
     t0 = time.perf_counter()
     io = IoManifest.read(part.io_dir)
     samples = checks.load_samples(
@@ -213,11 +217,10 @@ def _run_bundle(
         found = checks.check_graph_runs(reference, graph_runs, part.partition_dir, params.graph_tolerance)
     t0 = _add(timings, "graphs", t0)
 
-    held: set[int] = set()
     if gen is not None and job is not None:
         ref = job.result()
         t0 = _add(timings, "reference_wait", t0)
-        held = gen.take_reference(ref, samples)
+        gen.take_reference(ref, samples)
         for k, v in ref.seconds.items():
             timings[f"cpu_reference_{k}"] = timings.get(f"cpu_reference_{k}", 0.0) + v
         timings["cpu_reference"] = timings.get("cpu_reference", 0.0) + sum(ref.seconds.values())
@@ -227,7 +230,7 @@ def _run_bundle(
     ]
     t0 = _add(timings, "comparison", t0)
     if gen is not None:
-        gen_runs = {size: r for size, r in zip(gen_feeds, runs[len(feeds) :], strict=True) if size in held}
+        gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
         gen_runs |= {size: by_sample[i] for size, i in gen.shared.items()}
         with progress(desc="verify: generation", unit="step") as bar:
 

@@ -33,6 +33,7 @@ from mnnbuild_runtime import (
     Tokenizer,
     cpu_forward_fn,
     draft_feeds,
+    draft_rows,
     follow_draft,
     kv_cache_redraft,
     loop_redraft,
@@ -74,6 +75,7 @@ from mnnbuild.verify.reference import (
     start_reference,
 )
 from mnnbuild.verify.report import (
+    EngineParting,
     GenerationCheck,
     GenerationStep,
     GraphCheck,
@@ -467,20 +469,21 @@ def _top1(got: np.ndarray | None, ref: np.ndarray | None, tol: Tolerance) -> Top
 
 
 class GenerationRun:
-    """(c) Greedy tokens of the bundle vs MNN CPU on the original model (same recompute loop, each step at the
-    smallest of the bundle's ``chunk_limits`` that holds the sequence).
+    """(c) Greedy generation of the bundle vs MNN CPU on the original model, step by step on one sequence (each step
+    at the smallest of the bundle's ``chunk_limits`` that holds it).
 
-    The CPU's tokens come from MNN's KV-cache engine's guess, confirmed by one forward per length the loop uses
-    (``mnnbuild_runtime.follow_draft``; :mod:`mnnbuild.verify.reference` runs it, beside the pass for a big model).
-    The bundle then runs once per such length on a sequence (:meth:`feeds`, in the verify pass with the io samples):
-    with the causal mask, row ``i`` depends only on tokens ``0..i``, so those forwards give the bundle's greedy
-    pick for every CPU prefix and its logits to compare. Where the picks all agree, the bundle's greedy tokens *are*
-    the CPU's. That sequence is the CPU's (:meth:`reference`), or the engine's guess when the confirming forwards
-    run beside the pass (:meth:`take_draft`); the runs on a guess the CPU did not keep are dropped
-    (:meth:`take_reference`) and run again by :meth:`conclude`. A first divergence ends the bundle's tokens (the
-    check needs nothing more: every step is compared on the CPU's sequence), unless ``follow_divergence``: then the
-    bundle's own loop continues for real (:meth:`conclude`), confirming MNN's KV-cache guesses for its own sequence
-    (a forward per wrong guess, not per token: each is a whole prefill in the simulator).
+    The sequence is MNN's own greedy tokens: its KV-cache engine's (the draft; :mod:`mnnbuild.verify.reference`
+    makes it, in a child process beside the pass for a big model). The bundle runs once per length the steps use
+    (:meth:`feeds`, in the verify pass with the io samples) and the original model's recompute forward once per
+    length on the same inputs: with the causal mask, row ``i`` depends only on tokens ``0..i``, so those forwards give
+    both picks and both logits rows of every step, on identical prefixes. Each step compares the bundle's pick with
+    the recompute forward's (a flip only on a near-tie) and the rows (the model tolerance). Where the engine's token
+    is not the recompute forward's pick, MNN's two CPU arithmetics take a close call differently: recorded
+    (``engine_partings``, with the engine's own row against the forward's), never a failure (the bundle is judged
+    against the forward, on the engine's tokens). Where the bundle's pick leaves the sequence,
+    its own tokens end (the check needs nothing more), unless ``follow_divergence``: then the bundle's own loop
+    continues for real (:meth:`conclude`), from the CPU loop's guesses for its own sequence (a forward per wrong
+    guess, not per token: each is a whole prefill in the simulator).
     """
 
     def __init__(
@@ -499,18 +502,15 @@ class GenerationRun:
         self.check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
         self.tokenizer: Tokenizer | None = None
         self.cpu_rows: list[np.ndarray] = []
+        self.engine_rows: list[np.ndarray] = []
         self.embed: Embeddings | None = None
-        self.pass_tokens: list[int] = []
-        """The tokens after the prompt that the bundle's generation forwards run on (:meth:`feeds`)."""
         self.shared: dict[int, int] = {}
         """By prefill length: the io sample whose bundle run is also this check's forward (:meth:`share`)."""
-        self._pads: dict[int, np.ndarray] = {}
         self._wanted: dict[int, list[str]] = {}
         self._cpu: tuple[ForwardFn, Embeddings, Redraft] | None = None
 
     def reference(self) -> None:
-        """The CPU's greedy tokens and, per step, the logits row that picked it, here and now (a failure is
-        recorded)."""
+        """The sequence and, per step, the CPU's logits row, here and now (a failure is recorded)."""
         with InProcessReference(self.spec) as job:
             self.take_draft(job.draft())
             self.take_reference(job.result(), [])
@@ -532,12 +532,11 @@ class GenerationRun:
             log.debug("generation reference failed", exc_info=True)
             self.check.problem = describe_error(exc)
             return
-        self.pass_tokens = list(draft.tokens)
+        self.check.cpu_tokens = list(draft.tokens)
+        self.check.sequence = "engine" if draft.from_engine else "recompute"
 
-    def take_reference(self, ref: Reference, samples: list[Sample]) -> set[int]:
-        """The CPU's tokens and rows, and the shared io samples' reference outputs (into ``samples``); returns the
-        prefill lengths whose run in the pass was on the CPU's sequence (the others are no forward of this check:
-        :meth:`conclude` runs them)."""
+    def take_reference(self, ref: Reference, samples: list[Sample]) -> None:
+        """The CPU's rows on the sequence, and the shared io samples' reference outputs (into ``samples``)."""
         check = self.check
         for size, i in self.shared.items():
             sample, outputs = samples[i], ref.outputs.get(size, {})
@@ -552,23 +551,8 @@ class GenerationRun:
             check.problem = check.problem or ref.problem
             self.shared = {}
             check.shared_lengths = []
-            return set()
-        check.cpu_tokens, self.cpu_rows = list(ref.tokens), ref.rows
-        ran = self._feeds(self.pass_tokens, self._pads)
-        wanted = self._feeds(check.cpu_tokens, self._pads)
-        held = {
-            size
-            for size, feed in ran.items()
-            if size in wanted
-            and feed.keys() == wanted[size].keys()
-            and all(np.array_equal(v, wanted[size][k]) for k, v in feed.items())
-        }
-        if held != set(ran):
-            log.info("verify: MNN's KV-cache guess parts from the CPU's tokens; prefill lengths %s run again",
-                     sorted(set(wanted) - held))  # fmt: skip
-        self.shared = {size: i for size, i in self.shared.items() if size in held}
-        check.shared_lengths = sorted(self.shared)
-        return held
+            return
+        self.cpu_rows, self.engine_rows = ref.rows, ref.engine_rows
 
     def _feeds(
         self, tokens: list[int], pads: Mapping[int, np.ndarray] | None = None
@@ -578,19 +562,19 @@ class GenerationRun:
         return draft_feeds(self.embed, self.check.prompt_ids, tokens, len(tokens), self.limits, pads)
 
     def feeds(self) -> dict[int, dict[str, np.ndarray]]:
-        """The bundle's inputs for the prompt and :attr:`pass_tokens`, one per length the loop uses and no io sample
-        serves (:meth:`share`); none when the reference failed."""
-        return {size: feed for size, feed in self._feeds(self.pass_tokens).items() if size not in self.shared}
+        """The bundle's inputs for the prompt and the sequence, one per length the steps use and no io sample serves
+        (:meth:`share`); none when the reference failed."""
+        return {size: feed for size, feed in self._feeds(self.check.cpu_tokens).items() if size not in self.shared}
 
     def share(self, samples: list[Sample]) -> dict[int, dict[str, np.ndarray]]:
         """Let the whole-model check's bundle runs serve this check's forwards: one simulator prefill fewer per
         length (at real size, minutes). An io sample of such a length with the same other inputs (a text LLM's
-        causal mask, positions, ``logits_index`` 0) takes the prompt and :attr:`pass_tokens` in its first rows and
-        keeps its own random rows after them, which the causal mask keeps out of the generation's rows; its
-        reference outputs are then the original model's on the CPU for exactly those inputs, which the CPU
-        reference computes: returns those inputs by length (their outputs come with :meth:`take_reference`)."""
+        causal mask, positions, ``logits_index`` 0) takes the prompt and the sequence in its first rows and keeps its
+        own random rows after them, which the causal mask keeps out of the generation's rows; its reference outputs
+        are then the original model's on the CPU for exactly those inputs, which the CPU reference computes: returns
+        those inputs by length (their outputs come with :meth:`take_reference`)."""
         matches: dict[int, int] = {}
-        for size, feed in self._feeds(self.pass_tokens).items():
+        for size, feed in self._feeds(self.check.cpu_tokens).items():
             for i, sample in enumerate(samples):
                 same = (
                     sample.problem is None
@@ -603,9 +587,9 @@ class GenerationRun:
                 if same:
                     matches[size] = i
                     break
-        self._pads = {size: samples[i].feed["input_ids"] for size, i in matches.items()}
+        pads = {size: samples[i].feed["input_ids"] for size, i in matches.items()}
         shared = {}
-        for size, feed in self._feeds(self.pass_tokens, self._pads).items():
+        for size, feed in self._feeds(self.check.cpu_tokens, pads).items():
             if size not in matches:
                 continue
             sample = samples[matches[size]]
@@ -623,6 +607,22 @@ class GenerationRun:
                          kv_cache_redraft(self.model_dir, self.runtime))  # fmt: skip
         return self._cpu
 
+    def _partings(self, tol: Tolerance) -> list[EngineParting]:
+        """The steps whose sequence token (MNN's KV-cache engine's) is not the recompute forward's pick, with the
+        engine's own row there against the forward's."""
+        found = []
+        for i, (token, row) in enumerate(zip(self.check.cpu_tokens, self.cpu_rows, strict=True)):
+            pick = int(row.argmax())
+            if pick == token:
+                continue
+            parting = EngineParting(step=i, engine_token=token, recompute_token=pick, lead=lead(row, pick, token),
+                                    near_tie=is_near_tie(row, pick, token, tol))  # fmt: skip
+            if i < len(self.engine_rows):
+                engine = compare(f"step {i} engine logits", self.engine_rows[i], row, tol)
+                parting.engine_rel_err, parting.engine_cosine = engine.rel_err, engine.cosine
+            found.append(parting)
+        return found
+
     def conclude(
         self,
         forward: ForwardFn,
@@ -630,11 +630,10 @@ class GenerationRun:
         tol: Tolerance,
         release: Callable[[], None] | None = None,
     ) -> GenerationCheck:
-        """Judge the bundle's passes over the CPU's sequence (``runs``, by length, of :meth:`feeds`); ``forward``
-        runs the lengths ``runs`` lacks and continues the bundle's loop after a divergence, and ``release`` (the
-        bundle's unload) runs before each
-        CPU guess, so a plugin context (an lm_head's is over 1 GB) and the CPU's decoded weights are never in
-        memory together."""
+        """Judge the bundle's passes over the sequence (``runs``, by length: of :meth:`feeds` and the shared samples)
+        against the CPU's rows on it; ``forward`` continues the bundle's loop after a divergence when it is followed,
+        and ``release`` (the bundle's unload) runs before each CPU guess, so a plugin context (an lm_head's is over
+        1 GB) and the CPU's decoded weights are never in memory together."""
         check = self.check
         if check.problem is not None:
             return check
@@ -644,36 +643,42 @@ class GenerationRun:
                 raise failed[0]
             if not check.cpu_tokens:
                 raise ToleranceError("the CPU reference gave no tokens: nothing to compare")
+            if len(self.cpu_rows) != len(check.cpu_tokens):
+                raise ToleranceError(f"the CPU reference gave {len(self.cpu_rows)} rows for {len(check.cpu_tokens)} "
+                                     "tokens")  # fmt: skip
             assert self.tokenizer is not None and self.embed is not None
-            ids, cpu_tokens, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
+            ids, seq, cpu_rows = check.prompt_ids, check.cpu_tokens, self.cpu_rows
             t0 = time.perf_counter()
             logits = {size: run.outputs["logits"] for size, run in runs.items()}
+            hyb_rows = draft_rows(logits, ids, seq, self.limits)
 
             # after a divergence the bundle's own loop goes on, from MNN's guesses for its sequence
             # (each guess: the CPU's own loop from the bundle's sequence; they part only on near-ties)
-            def guess(seq: list[int], n: int) -> Sequence[int]:
+            def guess(prefix: list[int], n: int) -> Sequence[int]:
                 if release is not None:
                     release()
                 cpu_forward, cpu_embed, cpu_guess = self._cpu_loop()
-                return loop_redraft(cpu_forward, cpu_embed, self.limits, cpu_guess)(seq, n)
+                return loop_redraft(cpu_forward, cpu_embed, self.limits, cpu_guess)(prefix, n)
 
-            hyb = follow_draft(forward, self.embed, ids, cpu_tokens, len(cpu_tokens), self.limits, logits=logits,
-                               redraft=guess, follow=self.follow)  # fmt: skip
-            hyb_rows = hyb.step_rows
+            # the bundle's own tokens: the sequence's while its picks keep it (no forward: the runs hold every row)
+            hyb = follow_draft(forward, self.embed, ids, seq, len(seq), self.limits, logits=logits, redraft=guess,
+                               follow=self.follow)  # fmt: skip
+            check.engine_partings = self._partings(tol)  # recorded: the steps are judged against the forward
             ok = True
-            for i, token in enumerate(cpu_tokens):
-                pick = int(hyb_rows[i].argmax())
+            for i, (hyb_row, cpu_row) in enumerate(zip(hyb_rows, cpu_rows, strict=True)):
+                token, pick = int(cpu_row.argmax()), int(hyb_row.argmax())
                 flip = pick != token
-                tolerated = flip and is_near_tie(cpu_rows[i], token, pick, tol)
-                step_logits = compare(f"step {i} logits", hyb_rows[i], cpu_rows[i], tol)
+                tolerated = flip and is_near_tie(cpu_row, token, pick, tol)
+                step_logits = compare(f"step {i} logits", hyb_row, cpu_row, tol)
                 check.steps.append(
                     GenerationStep(
                         step=i,
                         cpu_token=token,
                         hybrid_pick=pick,
-                        cpu_margin=top2_margin(cpu_rows[i]),
+                        cpu_margin=top2_margin(cpu_row),
                         logits=step_logits,
                         tolerated_flip=tolerated,
+                        cpu_lead=lead(cpu_row, token, pick) if flip else None,
                     )
                 )
                 ok = ok and step_logits.passed and (not flip or tolerated)
@@ -681,12 +686,7 @@ class GenerationRun:
             check.hybrid_tokens = list(hyb.result.tokens)
             check.followed = first is not None and self.follow
             if first is not None:
-                s = check.steps[first]
-                check.divergence_note = (
-                    f"cpu {s.cpu_token}, hybrid {s.hybrid_pick}; the CPU prefers {s.cpu_token} by "
-                    f"{lead(cpu_rows[first], s.cpu_token, s.hybrid_pick):.4g} (top-2 margin {s.cpu_margin:.4g}, "
-                    f"{'a near-tie, tolerated' if s.tolerated_flip else 'NOT a near-tie'})"
-                )
+                check.divergence_note = _divergence_note(check.steps[first], seq[first])
             check.first_divergence = first
             passes = sum(run.mnn_seconds + run.qnn_seconds for run in runs.values())
             check.hybrid_seconds = passes + time.perf_counter() - t0
@@ -699,6 +699,17 @@ class GenerationRun:
             check.problem = describe_error(exc)
             check.passed = False
         return check
+
+
+def _divergence_note(s: GenerationStep, engine_token: int) -> str:
+    """Why the bundle's pick at step ``s`` leaves the sequence, whose token there is ``engine_token``."""
+    if s.hybrid_pick == s.cpu_token:  # the bundle agrees with the CPU's forward; MNN's engine went the other way
+        return (f"engine {engine_token}, hybrid {s.hybrid_pick}: the bundle picks what the CPU's recompute forward "
+                "picks; MNN's KV-cache engine parts from both (see the engine partings)")  # fmt: skip
+    tie = "a near-tie, tolerated" if s.tolerated_flip else "NOT a near-tie"
+    note = (f"cpu {s.cpu_token}, hybrid {s.hybrid_pick}; the CPU prefers {s.cpu_token} by {s.cpu_lead:.4g} (top-2 "
+            f"margin {s.cpu_margin:.4g}, {tie})")  # fmt: skip
+    return note if engine_token == s.cpu_token else f"{note}; MNN's KV-cache engine picks {engine_token}"
 
 
 def _decode(tokenizer: Tokenizer, ids: list[int]) -> str:

@@ -84,9 +84,12 @@ def generation_failures(gen: GenerationCheck | None, tol: Tolerance) -> list[Fai
             f"{worst.step} {worst.logits.describe(tol)}"
         )
         failures.append(Failure(GENERATION, 0.0, line))
-    if gen.first_divergence is not None and not gen.steps[gen.first_divergence].tolerated_flip:
+    flips = gen.bad_flips
+    if flips:
+        s, more = flips[0], f" (and {len(flips) - 1} more steps)" if len(flips) > 1 else ""
         line = (
-            f"generation: tokens differ from new token {gen.first_divergence} on: {gen.divergence_note}; "
+            f"generation: at new token {s.step} the bundle picks {s.hybrid_pick} where the CPU picks {s.cpu_token}, "
+            f"which it prefers by {s.cpu_lead or 0.0:.4g} (top-2 margin {s.cpu_margin:.4g}, NOT a near-tie){more}; "
             f"cpu {gen.cpu_tokens}, hybrid {gen.hybrid_tokens}"
         )
         failures.append(Failure(GENERATION, 0.0, line))

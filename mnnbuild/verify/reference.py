@@ -1,16 +1,16 @@
 """The generation check's CPU reference, beside the simulator pass.
 
-The reference is the original model's greedy tokens in MNN on the CPU: MNN's KV-cache engine guesses them (the
-draft, one cheap decode step per token), and a forward per prefill length the recompute loop uses confirms them
-(`mnnbuild_runtime.follow_draft`); an io sample that serves the generation's forward too needs the original
-model's outputs for its new inputs, one more forward. At Qwen3-1.7B size those forwards take minutes, and the
-simulator pass does not need them: only the sequence it runs on, which is the draft's wherever MNN's two
-arithmetics agree (they part on near-ties only). So a big model's reference runs in a child process
-(:class:`ChildReference`; MNN holds the GIL through a forward, a thread would stall the simulator loop): it sends
-the draft as soon as it has it, the pass runs on it, and the confirming forwards run beside the pass. Where the
-confirmed tokens are not the draft's, the lengths the pass ran on the draft's sequence run again after it
-(``GenerationRun.take_reference``). A small model's reference takes less time than a process takes to start: it
-runs here, whole, before the pass (:class:`InProcessReference`), the same steps (:class:`ReferenceWork`).
+The generation runs on MNN's own greedy tokens: those of its LLM engine with its KV cache (the draft, one cheap
+decode step per token), what MNN itself generates on the CPU. The reference for each step is the original model's
+recompute forward on that same sequence (one forward per prefill length the steps use, `mnnbuild_runtime.draft_rows`:
+row ``i`` sees tokens ``0..i`` only), the rows the bundle's pass is compared with; where its argmax is not the
+draft's token, MNN's two CPU arithmetics part (``GenerationRun.conclude`` judges it). An io sample that serves the
+generation's forward too needs the original model's outputs for its new inputs, one more forward. At Qwen3-1.7B size
+those forwards take minutes, and the simulator pass needs only the sequence: a big model's reference runs in a child
+process (:class:`ChildReference`; MNN holds the GIL through a forward, a thread would stall the simulator loop) that
+sends the draft as soon as it has it, and runs the forwards beside the pass. A small model's reference takes less
+time than a process takes to start: it runs here (:class:`InProcessReference`), the draft before the pass and the
+forwards after it, the same steps (:class:`ReferenceWork`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,15 @@ from pathlib import Path
 from types import TracebackType
 
 import numpy as np
-from mnnbuild_runtime import Embeddings, Tokenizer, cpu_forward_fn, follow_draft, kv_cache_draft, kv_cache_redraft
+from mnnbuild_runtime import (
+    Embeddings,
+    Tokenizer,
+    cpu_forward_fn,
+    draft_feeds,
+    draft_rows,
+    kv_cache_draft,
+    recompute_generate,
+)
 from mnnbuild_runtime.generate import ForwardFn
 
 from mnnbuild.base.child import Channel, Child
@@ -58,7 +66,8 @@ def model_bytes(model_dir: Path) -> int:
 
 @dataclass(frozen=True)
 class ReferenceSpec:
-    """What the reference computes: the original model dir's greedy tokens for the bundle's prompt."""
+    """What the reference computes: MNN's greedy tokens of the original model dir for the bundle's prompt, and its
+    recompute logits rows on them."""
 
     model_dir: Path
     bundle_dir: Path
@@ -71,27 +80,28 @@ class ReferenceSpec:
 
 @dataclass
 class Draft:
-    """The sequence the simulator pass runs the generation on: the prompt's ids and tokens after it."""
+    """The sequence the generation runs on: the prompt's ids and MNN's greedy tokens after it."""
 
     prompt_ids: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
-    confirmed: bool = False
-    """The tokens are the reference's own (it ran whole first), not MNN's KV-cache guess."""
+    from_engine: bool = True
+    """The tokens are MNN's KV-cache engine's; False: the engine cannot run the model, and (some of) the tokens are
+    the recompute loop's (one forward per token)."""
     problem: str | None = None
 
 
 @dataclass
 class Reference:
-    """The CPU's greedy tokens, the logits row that picked each, and the original model's outputs for the shared io
-    samples' inputs (by prefill length)."""
+    """Per draft token, the original model's recompute logits row for its prefix (and the engine's own row); and its
+    outputs for the shared io samples' inputs (by prefill length)."""
 
-    tokens: list[int] = field(default_factory=list)
     rows: list[np.ndarray] = field(default_factory=list)
-    rejected: int | None = None
-    """The first draft token the confirming forwards did not keep (None: the draft held)."""
+    engine_rows: list[np.ndarray] = field(default_factory=list)
+    """Per draft token from MNN's engine, the engine's own logits row that picked it."""
     outputs: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
-    """``start`` (a child process's, until it runs), ``draft``, ``confirm``, ``shared``: where its time went."""
+    """``start`` (a child process's, until it runs), ``draft``, ``confirm`` (the recompute forwards on the draft),
+    ``shared``: where its time went."""
     problem: str | None = None
 
 
@@ -105,14 +115,20 @@ class ReferenceWork:
         self.beside = beside or spec.runtime
         self.draft_ = Draft()
         self.reference = Reference()
-        self._forward: ForwardFn | None = None
+        self._cpu: tuple[ForwardFn, Embeddings] | None = None
 
     def _failed(self, what: str, exc: BaseException) -> None:
         log.debug("generation reference: %s failed", what, exc_info=True)
         self.reference.problem = self.draft_.problem = describe_error(exc)
 
+    def _model(self) -> tuple[ForwardFn, Embeddings]:
+        """The original model's recompute forward and its embeddings, made once."""
+        if self._cpu is None:
+            self._cpu = (cpu_forward_fn(self.spec.model_dir, self.beside), Embeddings(self.spec.model_dir, links=True))
+        return self._cpu
+
     def draft(self) -> Draft:
-        """The prompt's ids and MNN's KV-cache tokens after it."""
+        """The prompt's ids and MNN's KV-cache tokens after it; where the engine gives none, the recompute loop's."""
         spec, t0 = self.spec, time.perf_counter()
         try:
             ids = Tokenizer(spec.bundle_dir / CONFIG_FILE).encode(spec.prompt)
@@ -121,32 +137,31 @@ class ReferenceWork:
             steps = min(spec.max_new_tokens, chunk - len(ids))
             if steps <= 0:
                 raise SpecError(f"prompt {spec.prompt!r} has {len(ids)} tokens; no room left in the chunk of {chunk}")
-            self.draft_.tokens = kv_cache_draft(spec.model_dir, ids, steps, spec.runtime)
+            tokens = kv_cache_draft(spec.model_dir, ids, steps, spec.runtime, rows=self.reference.engine_rows)
+            if len(tokens) < steps:  # the engine cannot run this model: slower, not wrong
+                forward, embed = self._model()
+                tokens += recompute_generate(forward, embed, ids + tokens, steps - len(tokens), spec.limits).tokens
+                self.draft_.from_engine = False
+            self.draft_.tokens = tokens
         except Exception as exc:
             self._failed("the draft", exc)
         self.reference.seconds["draft"] = time.perf_counter() - t0
         return self.draft_
 
     def confirm(self) -> None:
-        """The recompute loop's tokens, found from the draft (a forward per prefill length; a new guess after a wrong
-        token)."""
+        """The recompute forwards on the draft (one per prefill length its steps use): per draft token, the row of
+        its prefix, the reference's logits and pick for that step."""
         spec, ref, t0 = self.spec, self.reference, time.perf_counter()
         if ref.problem is not None:
             return
         try:
-            self._forward = forward = cpu_forward_fn(spec.model_dir, self.beside)
-            ids = self.draft_.prompt_ids
-            steps = min(spec.max_new_tokens, max(spec.limits) - len(ids))
-            cpu = follow_draft(
-                forward, Embeddings(spec.model_dir, links=True), ids, self.draft_.tokens, steps, spec.limits,
-                redraft=kv_cache_redraft(spec.model_dir, self.beside),
-            )  # fmt: skip
-            if cpu.rejected is not None:
-                log.debug("verify: MNN's KV-cache tokens %s part from the recompute loop's %s at step %d; the loop's "
-                          "count", self.draft_.tokens, cpu.result.tokens, cpu.rejected)  # fmt: skip
-            ref.tokens, ref.rows, ref.rejected = list(cpu.result.tokens), cpu.result.rows, cpu.rejected
+            forward, embed = self._model()
+            ids, tokens = self.draft_.prompt_ids, self.draft_.tokens
+            feeds = draft_feeds(embed, ids, tokens, len(tokens), spec.limits)
+            ref.rows = draft_rows({size: forward(feed)["logits"] for size, feed in feeds.items()}, ids, tokens,
+                                  spec.limits)  # fmt: skip
         except Exception as exc:
-            self._failed("the confirming forwards", exc)
+            self._failed("the recompute forwards", exc)
         ref.seconds["confirm"] = time.perf_counter() - t0
 
     def shared(self, feeds: Mapping[int, Mapping[str, np.ndarray]]) -> None:
@@ -155,7 +170,7 @@ class ReferenceWork:
         if ref.problem is not None or not feeds:
             return
         try:
-            forward = self._forward or cpu_forward_fn(self.spec.model_dir, self.beside)
+            forward, _ = self._model()
             ref.outputs = {size: {k: np.asarray(v) for k, v in forward(feed).items()} for size, feed in feeds.items()}
         except Exception as exc:
             self._failed("the shared samples' forwards", exc)
@@ -191,26 +206,21 @@ class ReferenceJob:
 
 
 class InProcessReference(ReferenceJob):
-    """The reference in this process: whole at :meth:`draft` (so the pass runs on the confirmed tokens), the shared
-    samples' forwards at :meth:`result` (after the pass: the simulator's contexts are freed by then)."""
+    """The reference in this process: the draft at :meth:`draft`, the forwards at :meth:`result` (after the pass:
+    the simulator's contexts are freed by then)."""
 
     def __init__(self, spec: ReferenceSpec) -> None:
         self.work = ReferenceWork(spec)
         self._feeds: Mapping[int, Mapping[str, np.ndarray]] = {}
 
     def draft(self) -> Draft:
-        draft = self.work.draft()
-        self.work.confirm()
-        if self.work.reference.problem is None:
-            draft = Draft(draft.prompt_ids, list(self.work.reference.tokens), True)
-        else:
-            draft = Draft(draft.prompt_ids, [], problem=self.work.reference.problem)
-        return draft
+        return self.work.draft()
 
     def send_shared(self, feeds: Mapping[int, Mapping[str, np.ndarray]]) -> None:
         self._feeds = feeds
 
     def result(self) -> Reference:
+        self.work.confirm()
         self.work.shared(self._feeds)
         return self.work.reference
 
@@ -225,7 +235,7 @@ def beside_runtime(runtime: CpuRuntime) -> CpuRuntime:
 
 def _reference_child(channel: Channel, spec: ReferenceSpec, spawned: float) -> Reference:
     """The child process: the draft sent at once (all threads: the requester reads and checks binaries meanwhile),
-    then the confirming forwards and the shared samples', beside the simulator (`beside_runtime`).
+    then the recompute forwards on it and the shared samples', beside the simulator (`beside_runtime`).
     ``spawned``: ``time.monotonic()`` when the requester started it (one clock for every process of the machine)."""
     work = ReferenceWork(spec, beside_runtime(spec.runtime))
     work.reference.seconds["start"] = time.monotonic() - spawned
@@ -237,7 +247,7 @@ def _reference_child(channel: Channel, spec: ReferenceSpec, spawned: float) -> R
 
 class ChildReference(ReferenceJob):
     """The reference in a child process that dies with this one (`mnnbuild.base.child`), started at once: the pass
-    can run on its draft while it confirms it."""
+    runs on its draft while it runs the recompute forwards on the same sequence."""
 
     beside = True
 

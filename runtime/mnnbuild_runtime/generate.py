@@ -12,7 +12,8 @@ causal mask, row ``i`` of a forward over prompt + guess depends on tokens ``0..i
 bit-identical to the loop's), so one forward per length the loop would use confirms every guessed token up to
 the first wrong one, and gives the right one in its place; the loop goes on from there, from a new guess when
 there is a guesser (:func:`kv_cache_redraft`). The guesses come from MNN's own LLM engine and its KV cache
-(:func:`kv_cache_draft`), one cheap decode step per token.
+(:func:`kv_cache_draft`), one cheap decode step per token. The same forwards (:func:`draft_feeds`) give every step's
+logits row on the draft's own sequence (:func:`draft_rows`), which is how two models are compared on one sequence.
 """
 
 from __future__ import annotations
@@ -257,6 +258,20 @@ def draft_feeds(
     return {size: plan.feed(embed, size, (pads or {}).get(size)) for size in plan.longest}
 
 
+def draft_rows(
+    logits: Mapping[int, np.ndarray], prompt_ids: Sequence[int], draft: Sequence[int], chunk: int | Sequence[int]
+) -> list[np.ndarray]:
+    """Per token of ``draft``, the logits row that picks it in the loop (its prefix, at its length), from the
+    ``logits`` of :func:`draft_feeds`' forwards (by length; every draft token's length must be there)."""
+    plan = _DraftPlan.of(prompt_ids, draft, len(draft), chunk)
+    start = len(plan.prompt) - 1
+    rows = {size: _logit_rows({"logits": logits[size]}, size) for size in plan.longest if size in logits}
+    missing = sorted(set(plan.sizes[: len(plan.guess)]) - set(rows))
+    if missing:
+        raise BundleError(f"no logits for prefill lengths {missing} of the draft's steps")
+    return [rows[size][start + i] for i, size in enumerate(plan.sizes[: len(plan.guess)])]
+
+
 @dataclass
 class DraftOutcome:
     result: GenerationResult
@@ -410,11 +425,13 @@ def kv_cache_draft(
     runtime: CpuRuntime | None = None,
     *,
     low_memory_above: int = DRAFT_LOW_MEMORY_ABOVE,
+    rows: list[np.ndarray] | None = None,
 ) -> list[int]:
     """``n`` greedy tokens of the ORIGINAL model dir from MNN's own LLM engine with its KV cache
     (:func:`mnnbuild.cpu.llm_engine_greedy`), with ``runtime``'s backend, precision and threads. A guess for
-    :func:`follow_draft`: fast, but other arithmetic than the prefill-shape loop's, so a near-tie may go the
-    other way. ``[]`` when the engine cannot run the model."""
+    :func:`follow_draft`: fast, but other arithmetic than the prefill-shape loop's, so a close call may go the
+    other way. ``[]`` when the engine cannot run the model. ``rows``: the engine's logits row of each token is
+    appended to it (nothing when it gives no tokens)."""
     config = Path(model_dir) / MODEL_CONFIG
     if n <= 0 or not config.is_file():
         return []
@@ -428,16 +445,21 @@ def kv_cache_draft(
         "thread_num": rt.num_thread,
         "precision": rt.precision,
         # "normal" decodes every quantized weight to fp32 (GBs for Qwen3-1.7B). A big model's draft keeps them as
-        # stored: the same tokens in a fraction of the memory and time (docs/benchmarks.md). Its arithmetic differs
-        # (an int8 fixture's draft goes another way at token 8), which costs confirming forwards, never tokens.
+        # stored: in a fraction of the memory and time (docs/benchmarks.md). Its arithmetic differs, so close calls
+        # may go another way (the int8 fixture's at token 8; a 2-layer model of Qwen3-1.7B's dims twice in 16 tokens,
+        # on leads of 0.5-0.9% of the row's max |logit|): that costs confirming forwards, never tokens.
         "memory": "low" if decoded > low_memory_above else "normal",
         "sampler_type": "greedy",
     }
+    found: list[np.ndarray] = []
     try:
-        return llm_engine_greedy(config, prompt_ids, n, settings)
+        tokens = llm_engine_greedy(config, prompt_ids, n, settings, found)
     except Exception as exc:  # only a guess: without it the reference is slower, not wrong
         log.warning("%s: no KV-cache draft (%s); the reference recomputes the prefill per token", config, exc)
         return []
+    if rows is not None:
+        rows += found
+    return tokens
 
 
 def kv_cache_redraft(model_dir: str | os.PathLike[str], runtime: CpuRuntime | None = None) -> Redraft:
