@@ -27,6 +27,7 @@ puts the old mtime back moves the ctime), a replacement the inode: such a blob i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -372,9 +373,10 @@ class ArtifactCache:
         try:
             tmp.write_text(json.dumps(stamp), encoding="utf-8")
             os.replace(tmp, path)
-        except OSError as exc:
+        except OSError as exc:  # a read-only cache: a hash when restored
             log.debug("cache: cannot record the stamp of blob %s (%s)", sha[:12], exc)
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
 
     def _vouched(self, sha: str, size: int) -> list[int] | None:
         """The stamp of blob ``sha`` when it is the one recorded when its bytes were checked (`_vouch`): those bytes
@@ -428,7 +430,8 @@ class ArtifactCache:
             stamp = file_stamp(tmp)
             os.replace(tmp, dest)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
             raise
         after = file_stamp(dest)  # the rename may move the ctime: only that
         if stamp is not None and after is not None and [after[0], after[1], after[3]] == [stamp[0], stamp[1], stamp[3]]:
