@@ -689,3 +689,152 @@ def test_verify_trusts_the_stamps_of_files_the_bundle_hashed(tmp_path: Path, mon
     hashed.clear()
     result = checks.check_integrity(bundle, records, trusted)
     assert not result.passed and hashed == ["a.bin"] and "changed after bundling" in result.problems[0]
+
+
+def aged_tree(root: Path) -> Path:
+    """`make_tree`, its files as if written a while ago (an old mtime; their ctime is now): their stamps prove their
+    content (`settled`), as a build's big outputs are by the time they are hashed."""
+    make_tree(root)
+    old = time.time() - 3600
+    for p in (root / "a.bin", root / "sub" / "b.json"):
+        os.utime(p, (old, old))
+    return root
+
+
+def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every file the cache hashes from now on (by name: a blob's is its sha256), by any of its ways to hash one."""
+    import mnnbuild.pipeline.cache as cache_module
+
+    hashed: list[str] = []
+    for name in ("sha256_file", "hash_stamped", "copy_hashed"):
+        real = getattr(cache_module, name)
+        monkeypatch.setattr(cache_module, name, lambda p, *a, real=real: hashed.append(Path(p).name) or real(p, *a))
+    return hashed
+
+
+def test_a_blob_hashed_once_is_restored_without_hashing_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A file stored with the stamp it had while its stage hashed it is vouched for: restores link or copy its blob
+    without hashing it, and the copies are its bytes. Edited in place (its blob is the same inode) with the old mtime
+    put back, it is hashed and caught: the entry is discarded, the blob and its stamp record removed."""
+    from mnnbuild.pipeline.manifest import record_outputs
+
+    src = aged_tree(tmp_path / "src")
+    records = record_outputs(src)
+    assert all(r.stamp is not None for r in records)
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store(
+        "stage",
+        "k",
+        src,
+        {r.path: (r.size, r.sha256) for r in records},
+        proven={r.path: (r.stamp, r.sha256) for r in records if r.stamp},
+    )
+    blob = Path(cache._blob(sha256_file(src / "a.bin")))
+    assert Path(f"{blob}.stamp").is_file()
+
+    hashed = count_hashing(monkeypatch)
+    assert cache.restore("stage", "k", tmp_path / "linked") is not None
+    assert cache.restore("stage", "k", tmp_path / "copied", link=False) is not None
+    assert hashed == [], "a vouched-for blob is not hashed again"
+    assert os.path.samefile(tmp_path / "linked" / "a.bin", blob)
+    copied = tmp_path / "copied" / "a.bin"
+    assert copied.read_bytes() == (src / "a.bin").read_bytes() and copied.stat().st_nlink == 1
+    assert cache.restore("stage", "k", tmp_path / "again") is not None and hashed == [], "a link moves only the ctime"
+
+    before = (src / "a.bin").stat()
+    with open(src / "a.bin", "r+b") as fh:
+        fh.write(b"edited")
+    os.utime(src / "a.bin", ns=(before.st_atime_ns, before.st_mtime_ns))  # the old mtime back: the ctime still moved
+    assert (src / "a.bin").stat().st_size == before.st_size
+    for out, link in ((tmp_path / "out-copy", False), (tmp_path / "out-link", True)):
+        cache.store("stage", "k", src, {r.path: (r.size, r.sha256) for r in records})  # the entry, as before
+        with caplog.at_level(logging.WARNING, logger="mnnbuild.pipeline.cache"):
+            assert cache.restore("stage", "k", out, link=link) is None
+        assert {"a.bin", blob.name} & set(hashed) and "does not match its sha256; entry discarded" in caplog.text
+        assert not out.exists() and not cache.has("stage", "k")
+        assert not blob.exists() and not Path(f"{blob}.stamp").exists()
+        os.link(src / "a.bin", blob)  # the edited bytes under the old name again, for the other way to restore
+        hashed.clear()
+        caplog.clear()
+
+
+def test_a_blob_is_vouched_for_only_by_what_proves_its_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No stamp record without proof: a recorded sha256 without the stamp it was taken with (a stage's record that
+    lies, or one copied with another sha256) is hashed on restore and caught; a blob hashed by a restore is vouched
+    for from then on; a copy into the cache is hashed as it is written."""
+    from mnnbuild.pipeline.manifest import record_outputs
+
+    src = aged_tree(tmp_path / "src")
+    (rec,) = [r for r in record_outputs(src) if r.path == "a.bin"]
+    lie = rec.model_copy(update={"sha256": "1" * 64})
+    assert rec.stamp is not None and lie.stamp is None
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("stage", "lie", src, {"a.bin": (lie.size, lie.sha256)}, proven={"a.bin": (rec.stamp, rec.sha256)})
+    assert not Path(f"{cache._blob(lie.sha256)}.stamp").exists(), (
+        "a stamp vouches only for the sha256 it was taken with"
+    )
+    assert cache.restore("stage", "lie", tmp_path / "out-lie") is None and not cache.has("stage", "lie")
+
+    # stored without stamps: the first restore hashes (and vouches), the next does not
+    other = ArtifactCache(str(tmp_path / "other"))
+    other.store("stage", "k", src)
+    blob = Path(other._blob(rec.sha256))
+    os.utime(blob, ns=(blob.stat().st_atime_ns, blob.stat().st_mtime_ns))  # its last change a tick ago, as in a build
+    hashed = count_hashing(monkeypatch)
+    assert other.restore("stage", "k", tmp_path / "first", link=False) is not None and blob.name in hashed
+    hashed.clear()
+    assert other.restore("stage", "k", tmp_path / "second", link=False) is not None and hashed == []
+
+    # a local copy into the cache (links refused) is hashed as it is written, and a file that is not its record is
+    # refused: no entry
+    monkeypatch.setattr(os, "link", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EXDEV, "cross-device")))
+    third = ArtifactCache(str(tmp_path / "third"))
+    assert (
+        third.store("stage", "k", src, {"a.bin": (rec.size, rec.sha256)}, proven={"a.bin": (rec.stamp, rec.sha256)}) > 0
+    )
+    assert "a.bin" in hashed and Path(f"{third._blob(rec.sha256)}.stamp").is_file()
+    assert third.store("stage", "bad", src, {"a.bin": (rec.size, "2" * 64)}) == 0 and not third.has("stage", "bad")
+
+
+def test_a_stamp_proves_content_only_once_a_write_would_move_it() -> None:
+    """git's "racily clean" files: a write in the clock tick of a file's last change leaves its stamp as it was, so a
+    stamp taken in that tick proves nothing (unless the mtime differs from the ctime: a later write moves both)."""
+    from mnnbuild.base.fsutil import settled
+
+    ms = 1_000_000
+    changed = 1_700_000_000_123_456_789
+    assert not settled([10, changed, changed, 1], changed + 5 * ms)
+    assert settled([10, changed, changed, 1], changed + 25 * ms)
+    assert settled([10, changed - 3600 * 1000 * ms, changed, 1], changed), "an mtime older than the ctime"
+    whole = 1_700_000_000_000_000_000  # a file system with whole-second times: a tick may be 2 s
+    assert not settled([10, whole, whole, 1], whole + 1500 * ms) and settled([10, whole, whole, 1], whole + 2000 * ms)
+
+
+def test_one_run_hashes_a_file_once(tmp_path: Path) -> None:
+    """doit's file check (sha256 where doit has md5, the same rule: the mtime it had, else size and content) and the
+    task keys take the hashes the run took already, by the stamp the file had then; a file edited since, its mtime
+    put back, is hashed again and seen to differ."""
+    from mnnbuild.base.fsutil import KnownHashes
+    from mnnbuild.dag.project import content_checker
+
+    path = aged_tree(tmp_path / "src") / "a.bin"
+    good = sha256_file(path)
+    hashes = KnownHashes()
+    checker = content_checker(hashes)()
+    state = checker.get_state(str(path), None)
+    assert state is not None and state[2] == good
+    calls: list[Path] = []
+    import mnnbuild.base.fsutil as fsutil
+
+    real = fsutil.sha256_file
+    fsutil_hash = lambda p: calls.append(Path(p)) or real(p)  # noqa: E731
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fsutil, "sha256_file", fsutil_hash)
+        assert hashes.sha256(path) == good and calls == [], "known by its stamp"
+        before = path.stat()
+        with open(path, "r+b") as fh:
+            fh.write(b"edited")
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # a new mtime: hashed, differs
+        assert checker.check_modified(str(path), path.stat(), state) and calls == [path]

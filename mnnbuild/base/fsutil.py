@@ -10,9 +10,12 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -23,6 +26,7 @@ from mnnbuild.base.errors import MnnbuildError, OutputError, UnsafePathError
 log = logging.getLogger(__name__)
 
 _CHUNK = 8 << 20
+_RANGE = 64 << 20  # what one copy_file_range call copies: hashed while the next one copies
 
 
 def sha256_file(path: Path) -> str:
@@ -44,6 +48,130 @@ def file_stamp(path: Path | int) -> list[int] | None:
     except OSError:
         return None
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def copy_content(src: Path, dst: Path) -> None:
+    """Write a copy of ``src``'s content (symlinks followed) to a new file ``dst``, in the kernel: copy_file_range, a
+    reflink where the file system shares blocks (btrfs, XFS); a plain copy where that is not supported."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        left = os.fstat(fin.fileno()).st_size
+        try:
+            while left > 0 and (n := os.copy_file_range(fin.fileno(), fout.fileno(), left)) > 0:
+                left -= n
+        except OSError:  # not supported here (old kernel, other file systems): a plain copy
+            left = -1
+    if left != 0:
+        shutil.copyfile(src, dst)
+
+
+def copy_hashed(src: Path, dst: Path) -> str:
+    """`copy_content` to a new file ``dst``, returning the sha256 of what ``dst`` then holds: each range is hashed as
+    read back from ``dst`` once written (from the page cache), in a thread beside the copy of the next one, so a copy
+    takes about as long as hashing alone. Where the kernel cannot copy, ranges go through this process."""
+    digest = hashlib.sha256()
+    written: queue.Queue[int | None] = queue.Queue()
+    failed: list[BaseException] = []
+
+    def hash_written() -> None:
+        with open(dst, "rb", buffering=0) as back:
+            while (n := written.get()) is not None:
+                try:
+                    while n > 0 and not failed:
+                        chunk = back.read(min(n, _CHUNK))
+                        if not chunk:
+                            raise OSError(f"{dst}: shorter than what was written to it")
+                        digest.update(chunk)
+                        n -= len(chunk)
+                except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                    failed.append(exc)
+
+    with open(src, "rb", buffering=0) as fin, open(dst, "wb", buffering=0) as fout:
+        hasher = threading.Thread(target=hash_written, name="copy-hash", daemon=True)
+        hasher.start()
+        try:
+            kernel = True
+            while not failed:
+                try:
+                    n = os.copy_file_range(fin.fileno(), fout.fileno(), _RANGE) if kernel else 0
+                except OSError:
+                    kernel, n = False, 0  # from here on through this process (file positions are where it stopped)
+                if n == 0 and not kernel:
+                    chunk = fin.read(_CHUNK)
+                    n = len(chunk)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[fout.write(view) :]
+                if n == 0:
+                    break
+                written.put(n)
+        finally:
+            written.put(None)
+            hasher.join()
+    if failed:
+        raise failed[0]
+    return digest.hexdigest()
+
+
+_TICK_NS = 20_000_000
+"""A file system's clock tick at most, where its times have sub-second digits: Linux stamps a write with a clock that
+ticks every 1-10 ms (a jiffy)."""
+_COARSE_TICK_NS = 2_000_000_000
+"""Where its times are whole seconds (FAT, HFS+, ext3's small inodes): up to 2 s."""
+_WAIT_FOR_TICK = 16 << 20
+"""`hash_stamped` waits out the tick (at most 20 ms) for a file at least this big: hashing it again costs more."""
+
+
+def settled(stamp: list[int], at_ns: int) -> bool:
+    """Whether a file that had ``stamp`` at ``at_ns`` (``time.time_ns()``) cannot be written since without changing
+    it. A write sets the mtime and the ctime to its time, rounded down to the file system's tick: that changes a stamp
+    whose mtime differs from its ctime, or whose ctime was a tick old at ``at_ns``. A file changed in the last tick
+    (git's "racily clean" files) could be written again in that tick, its stamp left as it was: not settled."""
+    _, mtime, ctime, _ = stamp
+    if not isinstance(mtime, int) or not isinstance(ctime, int):
+        return False  # a stat without nanosecond times: nothing to tell writes apart by
+    second = 1_000_000_000
+    tick = _COARSE_TICK_NS if mtime % second == ctime % second == 0 else _TICK_NS
+    return mtime != ctime or at_ns - ctime >= tick
+
+
+def hash_stamped(path: Path) -> tuple[str, list[int] | None]:
+    """The sha256 of ``path``'s content and the stamp (`file_stamp`) it had throughout the read, when that stamp
+    proves the content later (`settled` before the read, the same after it), else None. A big file written in the
+    last tick is first given the rest of it (at most 20 ms)."""
+    at = time.time_ns()
+    before = file_stamp(path)
+    if before is not None and not settled(before, at) and before[0] >= _WAIT_FOR_TICK:
+        wait = before[2] + _TICK_NS - at
+        if 0 < wait <= _TICK_NS:
+            time.sleep(wait / 1e9)
+            at, before = time.time_ns(), file_stamp(path)
+    digest = sha256_file(path)
+    after = file_stamp(path)
+    proven = before is not None and before == after and settled(before, at)
+    return digest, after if proven else None
+
+
+class KnownHashes:
+    """The sha256 of files by the stamp they had while they were hashed, where it proves their content (`hash_stamped`):
+    a file that still has that stamp is not hashed again. One build's (doit's file checks, task keys) share one: a
+    model's weights are hashed once, not by each."""
+
+    def __init__(self) -> None:
+        self._by_stamp: dict[tuple[int, ...], str] = {}
+
+    def add(self, stamp: list[int] | None, sha256: str) -> None:
+        if stamp is not None:
+            self._by_stamp[tuple(stamp)] = sha256
+
+    def sha256(self, path: Path) -> str:
+        """``path``'s sha256: known by its stamp now, or hashed (and remembered)."""
+        stamp = file_stamp(path)
+        known = self._by_stamp.get(tuple(stamp)) if stamp is not None else None
+        if known is not None:
+            return known
+        digest, proven = hash_stamped(path)
+        self.add(proven, digest)
+        return digest
 
 
 def sha256_bytes(*parts: bytes) -> str:

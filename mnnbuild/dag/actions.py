@@ -16,7 +16,7 @@ from doit.exceptions import TaskFailed
 from pydantic import BaseModel, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError
-from mnnbuild.base.fsutil import sha256_bytes, sha256_file
+from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
 from mnnbuild.dag.uptodate import deferred_origin, outputs_intact
 from mnnbuild.model.spec import HfSource
 from mnnbuild.pipeline.cache import CacheTiers, cache_key, read_origin, stamps, trusted_hashes, write_origin
@@ -89,9 +89,10 @@ def run_stage(
     guards: list[Guard] | None = None,
     reads: tuple[tuple[Stage, Path], ...] = (),
     wanted: bool = False,
+    hashes: KnownHashes | None = None,
 ) -> TaskFailed | dict[str, Any]:
     """doit action: keep what the stage dir already holds for this key (`recorded`), restore the stage's outputs
-    from the cache, or run the stage and store them (`_run_or_restore`).
+    from the cache, or run the stage and store them (`_run_or_restore`). ``hashes``: the files this run hashed.
 
     With ``guards`` (`Stage.guards`: verify's bundle), a guarded upstream file that no longer matches its manifest
     is run on for real instead of restored from the cache (the cache key only sees the manifests), and a result on
@@ -112,7 +113,19 @@ def run_stage(
                 result = TaskFailed(f"{type(exc).__name__}: {exc}")
         checks = (*checks, intact)
     if result is None:
-        result = _run_or_restore(stage, inputs, params, out_dir, key_config, file_dep, upstream, checks, reads, wanted)
+        result = _run_or_restore(
+            stage,
+            inputs,
+            params,
+            out_dir,
+            key_config,
+            file_dep,
+            upstream,
+            checks,
+            reads,
+            wanted,
+            hashes or KnownHashes(),
+        )
     left = stage.leaves_on_failure
     if isinstance(result, TaskFailed) and left and (Path(out_dir) / left).is_file():
         if not (Path(out_dir) / stage.manifest.filename()).exists():
@@ -131,6 +144,7 @@ def _run_or_restore(
     checks: tuple[Callable[[], bool], ...],
     reads: tuple[tuple[Stage, Path], ...],
     wanted: bool,
+    hashes: KnownHashes,
 ) -> TaskFailed | dict[str, Any]:
     """Keep what the stage dir holds for this key, restore it from the cache, or run the stage and store it.
 
@@ -142,15 +156,18 @@ def _run_or_restore(
     input becomes a one-line task failure, not a traceback. The returned values tell the build
     summary whether the outputs were built, restored (from which tier, how many bytes) or found recorded.
     """
-    key = cache_key(stage.name, key_config, file_dep)
     identity = task_identity(key_config)
-    if recorded(Path(out_dir), stage, key, stage.symlinks, checks, deferred_ok=not wanted):
+    # the key hashes every input file: now when a record or the cache asks for it; else once the stage ran, by the
+    # hashes it took (a fresh root's fetch hashes the model's weights once, not twice)
+    key = cache_key(stage.name, key_config, file_dep, hashes) if read_origin(out_dir, stage.name).get("key") else None
+    if key is not None and recorded(Path(out_dir), stage, key, stage.symlinks, checks, deferred_ok=not wanted):
         origin = json.loads((Path(out_dir) / origin_file(stage.name)).read_text(encoding="utf-8"))
         if origin.get("task") != identity:  # a record written before it named its task
             write_origin(out_dir, stage.name, {**origin, "task": identity})
         return {"origin": "recorded"}
     tiers = CacheTiers.from_env() if stage.cacheable else None
     if tiers:
+        key = key or cache_key(stage.name, key_config, file_dep, hashes)
         keep = deferred_keep(stage) if stage.defer and not wanted else None
         hit = tiers.restore(stage.name, key, out_dir, keep=keep, link=stage.links)
         if hit is not None:
@@ -175,10 +192,15 @@ def _run_or_restore(
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     seconds = time.perf_counter() - started
     peak = peak_rss()
+    for record in (*manifest.inputs, *manifest.outputs):
+        hashes.add(record.stamp, record.sha256)
+    key = key or cache_key(stage.name, key_config, file_dep, hashes)
     stored: dict[str, int] = {}
     if tiers:
         hashed = {r.path: (r.size, r.sha256) for r in manifest.outputs}  # hashed by the stage a moment ago
-        stored = tiers.store(stage.name, key, out_dir, hashed, link=stage.links)
+        # and the stamps the files had then: those still unchanged need no hash when restored from a local cache
+        proven = {r.path: (r.stamp, r.sha256) for r in manifest.outputs if r.stamp is not None}
+        stored = tiers.store(stage.name, key, out_dir, hashed, link=stage.links, proven=proven)
     origin = {"origin": "built", "key": key, "task": identity, "seconds": round(seconds, 3), "peak_rss": peak}
     origin.update(run_stamp())
     if not stage.symlinks:  # fetch's outputs are links to the model's files, which it does not hash

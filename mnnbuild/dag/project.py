@@ -15,10 +15,12 @@ from typing import Any
 
 from doit.cmd_base import DodoTaskLoader
 from doit.cmdparse import CmdOption, CmdParse, CmdParseError
+from doit.dependency import MD5Checker
 from doit.exceptions import InvalidDodoFile
 
 from mnnbuild.base import logs
 from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.fsutil import KnownHashes
 from mnnbuild.dag.reporter import reporter_for
 from mnnbuild.dag.status import MnnbuildDoit
 from mnnbuild.model.spec import LocalSource, ModelSpec, discover_specs
@@ -58,6 +60,8 @@ class Project:
     """The stages tasks are declared for (`mnnbuild.stages.chain.STAGES`)."""
     requested: tuple[str, ...] = ()
     """The tasks the command line names (`requested_tasks`): their outputs are restored with their files."""
+    hashes: KnownHashes = field(default_factory=KnownHashes, compare=False)
+    """The files this run hashed (doit's file checks, task keys, the stages' records): each hashed once."""
 
     @classmethod
     def load(cls, project_root: Path, argv: Sequence[str] = (), chain: Chain = CHAIN) -> Project:
@@ -114,12 +118,33 @@ class Project:
         return {
             "dep_file": str(state),
             "backend": "sqlite3",
-            "check_file_uptodate": "md5",
+            "check_file_uptodate": content_checker(self.hashes),
             "subtasks": True,
             "default_tasks": self.default_tasks(),
             "verbosity": 1,
             "reporter": reporter_for(root),
         }
+
+
+def content_checker(hashes: KnownHashes) -> type[MD5Checker]:
+    """doit's file_dep check as its md5 one does it (the mtime it had, else the size and the content), the content
+    by sha256 through ``hashes``: a model's weight file, which its fetch and the task key hash too, is hashed once (and
+    sha256 reads faster than doit's md5, which reads 8 KB at a time)."""
+
+    class ContentChecker(MD5Checker):
+        def check_modified(self, file_path: str, file_stat: os.stat_result, state: Any) -> bool:
+            timestamp, size, digest = state
+            if file_stat.st_mtime == timestamp:
+                return False
+            return file_stat.st_size != size or digest != hashes.sha256(Path(file_path))
+
+        def get_state(self, dep: str, current_state: Any) -> tuple[float, int, str] | None:
+            timestamp = os.path.getmtime(dep)
+            if current_state and current_state[0] == timestamp:
+                return None
+            return timestamp, os.path.getsize(dep), hashes.sha256(Path(dep))
+
+    return ContentChecker
 
 
 def doit_runs_tasks(argv: Sequence[str]) -> bool:

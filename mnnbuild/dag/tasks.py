@@ -219,7 +219,20 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
     reads = tuple((chain[u], d) for u, d in dict.fromkeys(read_dirs) if u in stage.reads)
     name = task_name(project, stage.name, run.spec, run.at)
     wanted = project.wants(name)  # named on the command line: its files, not only its manifest
-    args = [stage, run.inputs, run.params, dest, key, file_dep, upstream, run.checks, guards, reads, wanted]
+    args = [
+        stage,
+        run.inputs,
+        run.params,
+        dest,
+        key,
+        file_dep,
+        upstream,
+        run.checks,
+        guards,
+        reads,
+        wanted,
+        project.hashes,
+    ]
     task: dict[str, Any] = {
         "doc": run.doc,
         "actions": [(run_stage, args)],

@@ -10,9 +10,15 @@ entry is written only after all of its blobs, so concurrent writers of the same 
 A local cache on the artifacts' file system stores a blob as a hard link to the artifact file and
 restores it as a hard link to the blob: no byte is written twice. That is safe because nothing
 writes an artifact in place (stages stage their outputs in a temp dir and rename it into place, so
-a rebuild gets new inodes), the bundle copies what it ships, and a restore still hashes what it
+a rebuild gets new inodes), the bundle copies what it ships, and a restore still checks what it
 links, so a file edited in place under one name is never restored as good under another. Elsewhere
 (another device, a remote fsspec backend, a link refused) blobs are copies.
+
+A local blob is hashed once: when its bytes were checked against its name (stored from a stage's hashed output,
+or hashed on a restore), its stamp (size, mtime, ctime, inode: `file_stamp`) is recorded beside it
+(``<blob>.stamp``), and a restore takes a blob that still has that stamp as its bytes, without hashing it again
+(the trust verify gives the stamps of files the bundle stage hashed). An edit moves the mtime or the ctime (one that
+puts the old mtime back moves the ctime), a replacement the inode: such a blob is hashed, and caught.
 
 ``MNNBUILD_CACHE`` picks the cache: a directory or an fsspec URL (``file://``, ``s3://``,
 ``gs://``, ``hf://`` ...); ``off`` disables it. The default is ``~/.cache/mnnbuild``
@@ -21,6 +27,7 @@ links, so a file edited in place under one name is never restored as good under 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -41,7 +48,19 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
-from mnnbuild.base.fsutil import atomic_write_text, confined, file_stamp, sha256_bytes, sha256_file, staged_dir
+from mnnbuild.base.fsutil import (
+    KnownHashes,
+    atomic_write_text,
+    confined,
+    copy_content,
+    copy_hashed,
+    file_stamp,
+    hash_stamped,
+    settled,
+    sha256_bytes,
+    sha256_file,
+    staged_dir,
+)
 from mnnbuild.base.sizes import human_bytes
 from mnnbuild.base.userdirs import user_cache_dir
 from mnnbuild.pipeline.layout import CODE_DIGESTS, ORIGIN_SUFFIX, origin_file
@@ -63,6 +82,8 @@ Keep = Callable[[str], bool]
 ATOMIC_PUT_PROTOCOLS = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 """Object stores whose uploads appear whole or not at all: written in place, not to a temp name and renamed."""
 _COPY_CHUNK = 8 << 20
+STAMP_SUFFIX = ".stamp"
+"""Beside a local blob: the stamp it had when its bytes were checked (`ArtifactCache._vouch`)."""
 
 MARKER = "CACHEDIR.TAG"
 """Written when a cache is created: what proves a directory is an mnnbuild cache before anything in it is deleted.
@@ -76,8 +97,9 @@ MARKER_PROOF = "mnnbuild artifact cache"
 # Names the cache writes, relative to its root (nothing else in it is ever deleted): blobs, entries, and the temp
 # names of their writes in progress; the code-digest memo beside them (`layout.CODE_DIGESTS`).
 BLOB_NAME = re.compile(r"^blobs/[0-9a-f]{2}/[0-9a-f]{64}$")
+STAMP_NAME = re.compile(r"^blobs/[0-9a-f]{2}/[0-9a-f]{64}\.stamp$")
 ENTRY_NAME = re.compile(r"^[a-z][a-z0-9_-]*/[^/]+\.json$")
-PARTIAL_NAME = re.compile(r"^(blobs/[0-9a-f]{2}/[0-9a-f]{64}|[a-z][a-z0-9_-]*/[^/]+\.json)\.tmp-[0-9a-f]{8}$")
+PARTIAL_NAME = re.compile(r"^(blobs/[0-9a-f]{2}/[0-9a-f]{64}(\.stamp)?|[a-z][a-z0-9_-]*/[^/]+\.json)\.tmp-[0-9a-f]{8}$")
 
 
 class CacheError(MnnbuildError):
@@ -119,9 +141,10 @@ class CacheEntry(BaseModel):
     files: list[CachedFile]
 
 
-def cache_key(stage: str, config: str, input_files: list[Path]) -> str:
-    """The entry key: stage + its fingerprint/params (``config``) + content of every input file."""
-    inputs = [(Path(p).name, sha256_file(p)) for p in input_files]
+def cache_key(stage: str, config: str, input_files: list[Path], hashes: KnownHashes | None = None) -> str:
+    """The entry key: stage + its fingerprint/params (``config``) + content of every input file (``hashes``: those
+    known already)."""
+    inputs = [(Path(p).name, hashes.sha256(Path(p)) if hashes else sha256_file(p)) for p in input_files]
     return sha256_bytes(json.dumps([stage, config, inputs], sort_keys=True).encode())
 
 
@@ -239,6 +262,8 @@ class ArtifactCache:
             rel = path[len(self.root) :].lstrip("/")
             if rel == CODE_DIGESTS or rel.startswith(f".{CODE_DIGESTS}.") or BLOB_NAME.match(rel):
                 continue
+            if STAMP_NAME.match(rel):
+                continue
             if PARTIAL_NAME.match(rel) or (ENTRY_NAME.match(rel) and self._is_entry(path, rel)):
                 continue
             return f"{self.url} holds {rel}, which the cache does not write, and no {MARKER} of mnnbuild"
@@ -332,6 +357,86 @@ class ArtifactCache:
             tmp.unlink(missing_ok=True)
         return True
 
+    # -- blobs hashed once (local caches): the stamp a blob had when its bytes were checked ----------------------
+
+    def _stamp_file(self, sha: str) -> Path:
+        return Path(f"{self._blob(sha)}{STAMP_SUFFIX}")
+
+    def _vouch(self, sha: str, stamp: list[int] | None) -> None:
+        """Record that blob ``sha`` holds the bytes of that name while it has ``stamp`` (taken when they were checked,
+        and `settled` then: None records nothing). Written under a temp name and renamed; only a speed-up, so a
+        write that fails is no error."""
+        if not self.local or not self.writable or stamp is None:
+            return
+        path = self._stamp_file(sha)
+        tmp = path.with_name(f"{path.name}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}")
+        try:
+            tmp.write_text(json.dumps(stamp), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError as exc:  # a read-only cache: a hash when restored
+            log.debug("cache: cannot record the stamp of blob %s (%s)", sha[:12], exc)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+
+    def _vouched(self, sha: str, size: int) -> list[int] | None:
+        """The stamp of blob ``sha`` when it is the one recorded when its bytes were checked (`_vouch`): those bytes
+        are still there. None: not recorded, or the blob changed since (written, replaced, touched)."""
+        if not self.local:
+            return None
+        try:
+            recorded = json.loads(self._stamp_file(sha).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            return None
+        now = file_stamp(Path(self._blob(sha)))
+        return now if now is not None and now == recorded and now[0] == size else None
+
+    def _vouch_linked(self, sha: str, before: list[int]) -> None:
+        """Vouch for blob ``sha``, which had ``before`` (a vouched stamp) just before a hard link to it was made: the
+        link moved its ctime, nothing else (the same size, mtime and inode), so its new stamp holds the same bytes."""
+        after = file_stamp(Path(self._blob(sha)))
+        if after is not None and [after[0], after[1], after[3]] == [before[0], before[1], before[3]]:
+            self._vouch(sha, after if settled(after, time.time_ns()) else None)
+
+    def _hash_vouched(self, path: Path, sha: str) -> str:
+        """The sha256 of ``path``, a hard link to blob ``sha``; vouching for the blob when that is its name."""
+        digest, stamp = hash_stamped(path)
+        if digest == sha:
+            self._vouch(sha, stamp)
+        return digest
+
+    def _copy_vouched(self, sha: str, dest: Path) -> str:
+        """Copy local blob ``sha`` to ``dest`` and return the sha256 of what ``dest`` holds (`copy_hashed`); vouching
+        for the blob when that is its name and it had one stamp, `settled`, throughout."""
+        blob = Path(self._blob(sha))
+        at, before = time.time_ns(), file_stamp(blob)
+        digest = copy_hashed(blob, dest)
+        if digest == sha and before is not None and before == file_stamp(blob) and settled(before, at):
+            self._vouch(sha, before)
+        return digest
+
+    def _put_checked(self, path: Path, sha: str) -> None:
+        """Store a copy of ``path`` as local blob ``sha``, hashed as it is written (`copy_hashed`): a file that is not
+        ``sha`` (changed since its stage hashed it) is refused (an OSError), and the blob is vouched for. The copy
+        gets the file's mtime (its ctime is the copy's), which `settled` tells any later write apart by."""
+        dest = Path(self._blob(sha))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f"{dest.name}{PARTIAL_MARK}{uuid.uuid4().hex[:8]}")
+        try:
+            digest = copy_hashed(path, tmp)
+            if digest != sha:
+                raise OSError(f"{path} changed since it was hashed (sha256 {digest[:12]}, recorded {sha[:12]})")
+            st = os.stat(path)
+            os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+            stamp = file_stamp(tmp)
+            os.replace(tmp, dest)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+        after = file_stamp(dest)  # the rename may move the ctime: only that
+        if stamp is not None and after is not None and [after[0], after[1], after[3]] == [stamp[0], stamp[1], stamp[3]]:
+            self._vouch(sha, after if settled(after, time.time_ns()) else None)
+
     def has(self, stage: str, key: str) -> bool:
         try:
             return bool(self.fs.exists(self._entry(stage, key)))
@@ -347,25 +452,37 @@ class ArtifactCache:
         known: Mapping[str, tuple[int, str]] | None = None,
         *,
         link: bool = True,
+        proven: Mapping[str, tuple[list[int], str]] | None = None,
     ) -> int:
         """Add ``out_dir`` under ``key``; returns the bytes of its new blobs (those already present are skipped),
         whether copied or hard-linked to the files of ``out_dir`` (see `_link`; ``link=False``: always copied).
 
         ``known`` is (size, sha256) by relative path for files the stage has just hashed (its manifest's outputs):
         not hashed again (GBs of context binaries at real size). A wrong one cannot go unnoticed: a
-        restored file is checked against its sha256.
+        restored file is checked against its sha256, unless ``proven`` has the stamp the file had while it was
+        hashed to that sha256 (`FileRecord.stamp`, with the sha256) and the file still has it: then the blob is vouched
+        for (`_vouch`) as it is linked. A blob copied into a local cache is hashed as it is written (beside the copy)
+        and vouched for.
 
         Never raises for a cache problem (read-only, full, unreachable): it is logged and 0 returned.
         """
         if not self.writable:
             return 0
         try:
-            return self._store(stage, key, out_dir, known or {}, link)
+            return self._store(stage, key, out_dir, known or {}, link, proven or {})
         except Exception as exc:  # a cache is an optimisation: never fail a good build on it
             log.warning("cache: could not store %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return 0
 
-    def _store(self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]], link: bool) -> int:
+    def _store(
+        self,
+        stage: str,
+        key: str,
+        out_dir: Path,
+        known: Mapping[str, tuple[int, str]],
+        link: bool,
+        proven: Mapping[str, tuple[list[int], str]],
+    ) -> int:
         if not self.has_marker():
             self.ensure_cache()  # a new cache gets its marker before its first blob
         files: list[CachedFile] = []
@@ -384,8 +501,15 @@ class ArtifactCache:
                 continue
             files.append(CachedFile(path=rel, size=st.st_size, sha256=sha))
             if not self.fs.exists(self._blob(sha)):
+                # the file as the stage hashed it (its stamp then, unchanged): its blob needs no hash when restored
+                stamp, hashed_to = proven.get(rel, (None, ""))
+                hashed = stamp is not None and hashed_to == sha == recorded and file_stamp(path) == stamp
                 if link and self._link(path, self._blob(sha)):
                     linked += st.st_size
+                    if hashed:
+                        self._vouch_linked(sha, stamp)
+                elif self.local:
+                    self._put_checked(path, sha)
                 else:
                     self._put_atomic(path, None, self._blob(sha))
                 moved += st.st_size
@@ -475,13 +599,9 @@ class ArtifactCache:
                     if rec.sha256 in restored:
                         os.link(restored[rec.sha256], dest)
                         continue
-                    blob = self._blob(rec.sha256)
-                    if link and self._link(blob, dest):
-                        digest = sha256_file(dest)  # a linked blob is hashed as a copied one: one edited in place
-                    else:  # under any name is caught here
-                        digest = self._get_hashed(blob, dest)
+                    digest = self._restore_blob(rec, dest, link)
                     if digest != rec.sha256:
-                        blob_gone = self._remove(self._blob(rec.sha256)) is None
+                        blob_gone = self._remove_blob(rec.sha256) is None
                         outcome = self.discard(stage, key)
                         if not blob_gone and outcome.startswith("entry discarded"):
                             outcome += " (its blob could not be removed)"
@@ -503,6 +623,32 @@ class ArtifactCache:
         self._touch(self._entry(stage, key))
         log.debug("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
         return moved
+
+    def _restore_blob(self, rec: CachedFile, dest: Path, link: bool) -> str:
+        """Write blob ``rec`` at ``dest`` (a hard link where ``link`` and the cache allow, else a copy) and return the
+        sha256 of what ``dest`` holds: a blob edited in place under any name is caught by its caller. A local blob
+        vouched for (`_vouched`) is those bytes without a hash: linked, when the link moved only its ctime; copied,
+        when it kept its stamp through the copy. Any other is hashed (and vouched for when it is good)."""
+        blob = self._blob(rec.sha256)
+        trusted = self._vouched(rec.sha256, rec.size)
+        if link and self._link(blob, dest):
+            if trusted is not None:
+                self._vouch_linked(rec.sha256, trusted)
+                if self._vouched(rec.sha256, rec.size) is not None:
+                    return rec.sha256
+            return self._hash_vouched(dest, rec.sha256)
+        if trusted is not None:
+            copy_content(Path(blob), dest)
+            return rec.sha256 if file_stamp(Path(blob)) == trusted else sha256_file(dest)
+        if self.local:
+            return self._copy_vouched(rec.sha256, dest)
+        return self._get_hashed(blob, dest)
+
+    def _remove_blob(self, sha: str) -> str | None:
+        """Delete blob ``sha`` and, first, its stamp record; None when the blob is gone, else why it stays."""
+        if self.local:
+            self._remove(str(self._stamp_file(sha)))
+        return self._remove(self._blob(sha))
 
     def _get_hashed(self, blob: str, dest: Path) -> str:
         """Copy ``blob`` to ``dest`` and return the sha256 of what was written, reading the bytes once. A blob of
@@ -547,6 +693,7 @@ class ArtifactCache:
         blobs: dict[str, tuple[int, float]] = {}
         partial: dict[str, tuple[int, float]] = {}
         entries: list[EntryUsage] = []
+        stamped: list[str] = []
         shared = 0
         for path, info in listing.items():
             # only names the cache writes count (and may be pruned): anything else in the directory is left alone
@@ -557,6 +704,8 @@ class ArtifactCache:
                 blobs[rel.rsplit("/", 1)[1]] = (int(info.get("size") or 0), _changed(info))
                 # a blob with other names is also an artifact file (`_link`): its bytes are on disk once
                 shared += int(info.get("size") or 0) if int(info.get("nlink") or 1) > 1 else 0
+            elif STAMP_NAME.match(rel):
+                stamped.append(rel.rsplit("/", 1)[1].removesuffix(STAMP_SUFFIX))
             elif ENTRY_NAME.match(rel):
                 try:
                     entry = CacheEntry.model_validate_json(self.fs.cat_file(path))
@@ -566,7 +715,7 @@ class ArtifactCache:
                     continue  # not where the cache would have written it: not an entry of this cache
                 shas = frozenset(f.sha256 for f in entry.files if f.link is None)
                 entries.append(EntryUsage(stage=entry.stage, key=entry.key, blobs=shas, last_used=_mtime(info)))
-        return CacheUsage(entries=entries, blobs=blobs, partial=partial, shared_bytes=shared)
+        return CacheUsage(entries=entries, blobs=blobs, partial=partial, shared_bytes=shared, stamped=stamped)
 
     def prune(self, max_bytes: int, *, grace_seconds: float = 3600.0) -> tuple[int, int]:
         """Drop least recently used entries until the blobs still referenced fit in ``max_bytes``, then
@@ -594,9 +743,12 @@ class ArtifactCache:
         freed = 0
         for sha, (size, mtime) in usage.blobs.items():
             if sha not in live and now - mtime > grace_seconds:
-                problem = self._remove(self._blob(sha))
+                problem = self._remove_blob(sha)
                 freed += size if problem is None else 0
                 refused += [problem] if problem else []
+        for sha in usage.stamped:
+            if sha not in usage.blobs:  # the record of a blob removed since: of no use
+                self._remove(str(self._stamp_file(sha)))
         freed += self.sweep_partial(usage, max_age=grace_seconds)
         if refused:
             log.warning("cache: %d files could not be removed (%s)", len(refused), refused[0])
@@ -751,10 +903,21 @@ class CacheTiers:
         return None
 
     def store(
-        self, stage: str, key: str, out_dir: Path, known: Mapping[str, tuple[int, str]], *, link: bool = True
+        self,
+        stage: str,
+        key: str,
+        out_dir: Path,
+        known: Mapping[str, tuple[int, str]],
+        *,
+        link: bool = True,
+        proven: Mapping[str, tuple[list[int], str]] | None = None,
     ) -> dict[str, int]:
-        """Store ``out_dir`` in every writable tier; returns the new bytes by tier."""
-        return {t.name: t.cache.store(stage, key, out_dir, known, link=link) for t in self.tiers if t.cache.writable}
+        """Store ``out_dir`` in every writable tier (`ArtifactCache.store`); returns the new bytes by tier."""
+        return {
+            t.name: t.cache.store(stage, key, out_dir, known, link=link, proven=proven)
+            for t in self.tiers
+            if t.cache.writable
+        }
 
 
 class EntryUsage(BaseModel):
@@ -773,6 +936,8 @@ class CacheUsage(BaseModel):
     shared_bytes: int = 0
     """Bytes of the blobs that are hard links to artifact files (a local cache): pruning them frees no disk
     while those artifacts stay."""
+    stamped: list[str] = Field(default_factory=list)
+    """The blobs (sha256) with a stamp record (`ArtifactCache._vouch`), whether or not the blob is still there."""
 
     @property
     def total_bytes(self) -> int:

@@ -15,11 +15,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 import mnnbuild
 from mnnbuild.base.errors import ManifestMissing, UpstreamError
-from mnnbuild.base.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from mnnbuild.base.fsutil import atomic_write_text, hash_stamped, sha256_bytes
 from mnnbuild.pipeline.layout import manifest_file
 
 M = TypeVar("M", bound="Manifest")
@@ -44,6 +44,22 @@ class FileRecord(BaseModel):
     path: str
     size: int
     sha256: str
+    _hashed: tuple[list[int], str] | None = PrivateAttr(default=None)
+
+    @property
+    def stamp(self) -> list[int] | None:
+        """The stamp the file had while this process hashed it to this sha256 (`of`), when it proves the content later
+        (`mnnbuild.base.fsutil.hash_stamped`); never written: the cache vouches for a blob by it."""
+        if self._hashed is None or self._hashed[1] != self.sha256:
+            return None  # a copy of the record with another sha256 is not what was hashed
+        return self._hashed[0]
+
+    def __eq__(self, other: object) -> bool:
+        # what the record says (path, size, sha256), not how this process came by it (its stamp)
+        return type(other) is type(self) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.path, self.size, self.sha256))
 
     def under(self, stage_dir: str) -> FileRecord:
         """This record re-rooted onto ``stage_dir`` (an upstream stage dir's name, ``model``, ``partition``...): how a
@@ -53,11 +69,14 @@ class FileRecord(BaseModel):
     @classmethod
     def of(cls, path: Path, base: Path) -> FileRecord:
         path = Path(path)
-        return cls(
+        sha, stamp = hash_stamped(path)
+        record = cls(
             path=Path(path).relative_to(base).as_posix() if path.is_absolute() else path.as_posix(),
-            size=path.stat().st_size,
-            sha256=sha256_file(path),
+            size=stamp[0] if stamp is not None else path.stat().st_size,
+            sha256=sha,
         )
+        record._hashed = (stamp, sha) if stamp is not None else None
+        return record
 
 
 class Manifest(BaseModel):

@@ -13,16 +13,14 @@ and again for the device shell that ``adb shell`` hands its command line to.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shlex
-import shutil
 import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from mnnbuild.base.errors import StageError
-from mnnbuild.base.fsutil import atomic_write_text, confined, staged_dir
+from mnnbuild.base.fsutil import atomic_write_text, confined, copy_content, staged_dir
 from mnnbuild.base.sizes import human_bytes
 from mnnbuild.manifests.bundle import BundleInputs, BundleManifest, BundleParams
 from mnnbuild.manifests.context import ContextManifest
@@ -48,18 +46,9 @@ log = logging.getLogger(__name__)
 
 
 def place(src: Path, dst: Path) -> None:
-    """Put a copy of ``src``'s content at ``dst``; copy_file_range lets btrfs/XFS share the blocks (a reflink)."""
-    real = src.resolve()
+    """Put a copy of ``src``'s content at ``dst`` (`copy_content`: a reflink where the file system shares blocks)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    with open(real, "rb") as fin, open(dst, "wb") as fout:
-        left = os.fstat(fin.fileno()).st_size
-        try:
-            while left > 0 and (n := os.copy_file_range(fin.fileno(), fout.fileno(), left)) > 0:
-                left -= n
-        except OSError:  # not supported here (old kernel, other file systems): a plain copy
-            left = -1
-    if left != 0:
-        shutil.copyfile(real, dst)
+    copy_content(src.resolve(), dst)
 
 
 def _script(lines: list[str]) -> str:

@@ -8,6 +8,7 @@ next to the spec, and linked from there.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -104,16 +105,24 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
         where = f"model directory {src_dir} (source of {inputs.model})"
         record = SourceRecord(kind="local", location=inputs.source.local)
 
-    part, present = validate_model_dir(src_dir, where, params.family, params.visual_encoder)
-    # the part's files whatever config.json calls them (an HF download asked only for params.files)
-    names = [n for n in present if n in params.files or n in (part.model_file, part.weight_file)]
+    # the files are hashed while the graph is parsed and checked (hashlib lets go of the GIL): the weights' hash, most
+    # of a fetch, and the parse overlap
+    base = Path(src_dir).absolute()  # records name the files relative to it
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = {n: pool.submit(FileRecord.of, base / n, base) for n in params.files if (base / n).is_file()}
+        try:
+            part, present = validate_model_dir(src_dir, where, params.family, params.visual_encoder)
+        except BaseException:
+            pool.shutdown(cancel_futures=True)
+            raise
+        # the part's files whatever config.json calls them (an HF download asked only for params.files)
+        names = [n for n in present if n in params.files or n in (part.model_file, part.weight_file)]
+        records = [hashing[n].result() if n in hashing else FileRecord.of(base / n, base) for n in names]
     with staged_dir(out_dir) as tmp:
-        records = []
         for name in names:
             # Link to the real file (HF snapshot entries are symlinks themselves): weights are never copied.
             # A relative link keeps working when the checkout and its artifacts move together.
             relative_symlink(src_dir / name, tmp / name)
-            records.append(FileRecord.of(tmp / name, tmp))
         manifest = FetchManifest(
             model=inputs.model,
             inputs=records,
