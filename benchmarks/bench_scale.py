@@ -12,8 +12,9 @@ its process tree), and for context the seconds of each plugin (its ``context.ori
 
 The floor, measured in the same run: per plugin, a weight-shared context (same SoC and settings) of its
 decode and prefill graphs holding only their linear ops (Conv2d / FullyConnected, MatMul with a static
-operand) with the shapes and weights the lowering gave them. The table ends with our context time and
-our whole bundle time (fetch ... bundle) over that floor. Optionally ``-n 1`` vs ``-n 2`` on context, and
+operand) with the shapes and weights the lowering gave them, in fp16; with another ``--npu-weights``, also in
+that encoding (Qualcomm's prepare of the same ops with quantized weights). The table ends with our context time and
+our whole bundle time (fetch ... bundle) over that floor (and over the second). Optionally ``-n 1`` vs ``-n 2`` on context, and
 (``--end-to-end``) one ``doit -n 1`` / ``-n 2 bundle`` each on a fresh root, what a user waits for, with the floor
 measured again right after.
 
@@ -156,9 +157,9 @@ def plugin_dirs(group_dir: Path) -> list[Path]:
     return sorted(group_dir.glob("graph*"), key=lambda p: int(p.name.removeprefix(LLM_GRAPHS)))
 
 
-def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path) -> None:
+def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path, npu_weights: str) -> None:
     """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone
-    (lowered in memory first, not timed: Qualcomm's part only)."""
+    (lowered in memory first, not timed: Qualcomm's part only), their weights stored as ``npu_weights`` says."""
     from _floor import linear_ops_alone
 
     from mnnbuild.lowering.graph import compose_context
@@ -175,7 +176,7 @@ def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path
     part = plugin_part(FetchManifest.read(model_dir), PartitionManifest.read(partition_dir))
     results: dict[str, Any] = {}
     for binary, graphs in read_merge(partition_dir).items():
-        lowered = PluginGraphs.of(model_dir, part, partition_dir, graphs)()
+        lowered = PluginGraphs.of(model_dir, part, partition_dir, graphs, npu_weights)()
         floor = {name: (linear_ops_alone(desc), statics) for name, (desc, statics) in lowered.items()}
         nodes = sum(len(desc.nodes) for desc, _ in floor.values())
         del lowered
@@ -186,11 +187,13 @@ def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path
     out_json.write_text(json.dumps(results, indent=1))
 
 
-def measure_floor(artifacts: Path, name: str, arch: str, env: dict[str, str]) -> dict[str, Any]:
+def measure_floor(
+    artifacts: Path, name: str, arch: str, env: dict[str, str], npu_weights: str = "float16"
+) -> dict[str, Any]:
     out = artifacts / "floor.json"
     cmd = [
         sys.executable, "-c", RUSAGE_WRAPPER, sys.executable, __file__, "--floor-worker",
-        str(artifacts / name / "model"), str(artifacts / name / "partition"), arch, str(out),
+        str(artifacts / name / "model"), str(artifacts / name / "partition"), arch, str(out), npu_weights,
     ]  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -377,7 +380,7 @@ def measure_stage(task: str, env: dict[str, str], artifacts: Path, cache: Path) 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--floor-worker", nargs=4, help=argparse.SUPPRESS)  # MODEL PARTITION ARCH OUT
+    parser.add_argument("--floor-worker", nargs=5, help=argparse.SUPPRESS)  # MODEL PARTITION ARCH OUT NPU_WEIGHTS
     model_args(parser, 4)
     parser.add_argument("--stages", default=",".join(STAGES), help="comma list, a prefix of the chain")
     parser.add_argument("--jobs", action="store_true", help="also time context with -n 1 and -n 2 (cache off)")
@@ -398,8 +401,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.floor_worker:
-        model, partition, arch, out = args.floor_worker
-        floor_worker(Path(model), Path(partition), arch, Path(out))
+        model, partition, arch, out, npu_weights = args.floor_worker
+        floor_worker(Path(model), Path(partition), arch, Path(out), npu_weights)
         return
 
     name = model_name(args.layers)
@@ -451,10 +454,18 @@ def main() -> None:
                 result["floor"] = measure_floor(artifacts, name, args.arch, env)
                 result["floor"]["load_avg"] = round((load_before + os.getloadavg()[0]) / 2, 1)
                 result["context_over_floor"] = round(rec["stage_s"] / result["floor"]["seconds"], 2)
+                if args.npu_weights not in (None, "float16"):
+                    # the same linear ops with the run's own weight encoding: what Qualcomm's prepare of them costs
+                    own = measure_floor(artifacts, name, args.arch, env, args.npu_weights)
+                    result["floor_npu_weights"] = own
+                    result["context_over_floor_npu_weights"] = round(rec["stage_s"] / own["seconds"], 2)
             if stage == "bundle" and "floor" in result:
                 bundle_wall = sum(rows[s]["wall_s"] for s in BUNDLE_STAGES if s in rows)
                 result["bundle_wall_s"] = round(bundle_wall, 2)
                 result["bundle_over_floor"] = round(bundle_wall / result["floor"]["seconds"], 2)
+                if "floor_npu_weights" in result:
+                    own_s = result["floor_npu_weights"]["seconds"]
+                    result["bundle_over_floor_npu_weights"] = round(bundle_wall / own_s, 2)
             save_result(key, {**result, "partial": True})
         result["final_bundle_mb"] = round(disk_bytes(artifacts / name / args.arch / "bundle") / 1e6, 1)
         result["written_mb"] = round(sum(r["artifacts_mb"] + r["cache_mb"] for r in rows.values()), 1)
@@ -490,6 +501,13 @@ def main() -> None:
         out(f"floor {f['seconds']:.1f} s; context {rows['context']['stage_s']:.1f} s = {result['context_over_floor']}x")
         if "bundle_wall_s" in result:
             out(f"; bundle (fetch..bundle) {result['bundle_wall_s']:.1f} s = {result['bundle_over_floor']}x")
+        out("\n")
+    if "floor_npu_weights" in result:
+        f = result["floor_npu_weights"]
+        out(f"floor with {result['npu_weights']} weights {f['seconds']:.1f} s; context = "
+            f"{result['context_over_floor_npu_weights']}x")  # fmt: skip
+        if "bundle_over_floor_npu_weights" in result:
+            out(f"; bundle = {result['bundle_over_floor_npu_weights']}x")
         out("\n")
     out(
         f"written (artifacts + cache) {result['written_mb']:.0f} MB, by fetch..bundle "
