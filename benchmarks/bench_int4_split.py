@@ -13,9 +13,10 @@ Against ``fp16``, the model's weights dequantized and stored as fp16 (a ``float1
 mean 1 (a common part, as activations have): the two parts of the split forms then cancel, and fp16 loses what they
 cancel. Error = max |y - y_ref| / max |y_ref| and rms over rms, ``y_ref = x @ w.T`` in float64 on the model's
 (dequantized) weights; random weights as llmexport quantizes them (``--seeds`` of them, the median is reported).
-Also the binary size and the simulator's execute time (the x86 emulation, not a phone figure).
+Also the binary size, the time to prepare it (compose, finalize, serialize: Qualcomm's prepare of the form) and the
+simulator's execute time (the x86 emulation, not a phone figure).
 
-    python benchmarks/bench_int4_split.py [--shape 2048 6144] [--rows 1 128] [--seeds 3]
+    python benchmarks/bench_int4_split.py [--shape 2048 6144] [--rows 1 128] [--seeds 3] [--results int4_split]
 
 Prints a table and writes ``benchmarks/results/int4_split.json``. Not part of CI.
 """
@@ -121,7 +122,9 @@ def measure(lib: QnnLibrary, target: HtpTarget, wt: Weights, rows: int, mean: fl
     ref = x.reshape(rows, wt.in_ch).astype(np.float64) @ wt.real.T
     found: dict[str, Any] = {}
     for form in FORMS:
+        started = time.perf_counter()
         binary = build(lib, target, wt, form, rows)
+        prepare_s = time.perf_counter() - started
         with load_context(lib, binary) as runner:
             started = time.perf_counter()
             y = runner.execute("g", {"x": x})["y"].reshape(rows, wt.out_ch).astype(np.float64)
@@ -131,6 +134,7 @@ def measure(lib: QnnLibrary, target: HtpTarget, wt: Weights, rows: int, mean: fl
             "max_rel": float(np.abs(err).max() / np.abs(ref).max()),
             "rms_rel": float(np.sqrt((err**2).mean() / (ref**2).mean())),
             "binary_bytes": len(binary),
+            "prepare_s": round(prepare_s, 2),
             "execute_s": round(seconds, 3),
         }
     return found
@@ -142,6 +146,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 128])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--arch", default="v79")
+    parser.add_argument("--results", default="int4_split", help="results file name (another shape: another name)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     in_ch, out_ch = args.shape
@@ -171,13 +176,15 @@ def main() -> None:
                         f"{case[form]['max_over_fp16']:.2f}",
                         f"{case[form]['rms_over_fp16']:.2f}",
                         f"{case[form]['binary_bytes'] / 1e6:.2f}",
+                        case[form]["prepare_s"],
                         case[form]["execute_s"],
                     ]
                 )
             cases[f"rows{rows}-mean{mean:g}"] = case
-    print_table(["rows", "x mean", "form", "max rel", "max/fp16", "rms/fp16", "binary MB", "execute s"], rows_out)
+    print_table(["rows", "x mean", "form", "max rel", "max/fp16", "rms/fp16", "binary MB", "prepare s", "execute s"],
+                rows_out)  # fmt: skip
     path = write_results(
-        "int4_split",
+        args.results,
         {"shape": [in_ch, out_ch], "block": BLOCK, "seeds": args.seeds, "arch": args.arch, "cases": cases},
     )
     sys.stdout.write(f"wrote {path}\n")
