@@ -13,8 +13,9 @@ its process tree), and for context the seconds of each plugin (its ``context.ori
 The floor, measured in the same run: per plugin, a weight-shared context (same SoC and settings) of its
 decode and prefill graphs holding only their linear ops (Conv2d / FullyConnected, MatMul with a static
 operand) with the shapes and weights the lowering gave them, in fp16; with another ``--npu-weights``, also in
-that encoding (Qualcomm's prepare of the same ops with quantized weights). The table ends with our context time and
-our whole bundle time (fetch ... bundle) over that floor (and over the second). Optionally ``-n 1`` vs ``-n 2`` on context, and
+that encoding (Qualcomm's prepare of the same ops with quantized weights). The table ends with our context time
+and our whole bundle time (fetch ... bundle) over that floor (and over the second). Optionally ``-n 1`` vs ``-n 2``
+on context, and
 (``--end-to-end``) one ``doit -n 1`` / ``-n 2 bundle`` each on a fresh root, what a user waits for, with the floor
 measured again right after.
 
