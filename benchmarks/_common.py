@@ -26,6 +26,17 @@ def write_results(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
+def add_result(name: str, key: str, result: dict[str, Any]) -> Path:
+    """Merge ``result`` into ``results/<name>.json`` under ``key``, keeping the other keys (earlier runs)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data["machine"] = machine()
+    data[key] = result
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], left: bool = False) -> None:
     """Rows under their headers, numbers right-aligned (``left``: every column left-aligned, for text)."""
     cells = [[str(h) for h in headers]] + [[f"{c:.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]

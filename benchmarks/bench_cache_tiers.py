@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
+from _common import PROJECT_ROOT, add_result, print_table  # noqa: E402
 
 from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry  # noqa: E402
 
@@ -230,12 +230,7 @@ def main() -> None:
          result["warm_bundle"]["ratio"]],
     ]  # fmt: skip
     print_table(["run", "wall s", "vs", "ratio / full-restore bytes"], rows)
-    path = RESULTS / "cache_tiers.json"
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data["machine"] = machine()
-    data[args.label or model_dir.name] = result
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    path = add_result("cache_tiers", args.label or model_dir.name, result)
     sys.stdout.write(f"wrote {path}\n")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)

@@ -16,7 +16,6 @@ Prints the medians and writes ``benchmarks/results/warm_bundle.json`` (under ``-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,9 +26,16 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROJECT_ROOT, RESULTS, machine, print_table  # noqa: E402
+from _common import PROJECT_ROOT, add_result, print_table  # noqa: E402
 
 NOSTAMP = "-nostamp"
+
+
+def checkout_commit(tree: Path) -> str:
+    """The commit ``tree`` has checked out (``+`` when it has changes), or ``unknown`` outside git."""
+    run = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty=+", "--abbrev=12"],
+                         capture_output=True, text=True)  # fmt: skip
+    return run.stdout.strip() if run.returncode == 0 else "unknown"
 
 
 def main() -> None:
@@ -79,7 +85,9 @@ def main() -> None:
             raise SystemExit(f"{label}: doit bundle:{task} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
         return seconds
 
-    result: dict[str, Any] = {"model": model_dir.name, "arch": args.arch, "codes": codes, "cold_s": {}}
+    # each checkout by its commit (its directory is this machine's)
+    commits = {label: checkout_commit(Path(tree)) for label, tree in codes.items()}
+    result: dict[str, Any] = {"model": model_dir.name, "arch": args.arch, "codes": commits, "cold_s": {}}
     for label in [c for c in codes if not c.endswith(NOSTAMP)]:
         result["cold_s"][label] = round(doit(label, work / f"cold-{label}"), 2)
     bundle = work / f"cold-{next(iter(codes)).removesuffix(NOSTAMP)}" / name / args.arch / "bundle"
@@ -109,12 +117,7 @@ def main() -> None:
         ["run", "median s", "min s", "over one copy"],
         [[run, median[run], min(times[run]), result["ratio"].get(run, "")] for run in runs],
     )
-    path = RESULTS / "warm_bundle.json"
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    data["machine"] = machine()
-    data[args.label or model_dir.name] = result
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    path = add_result("warm_bundle", args.label or model_dir.name, result)
     sys.stdout.write(f"wrote {path}\n")
     if args.work is None:
         shutil.rmtree(work, ignore_errors=True)
