@@ -148,6 +148,8 @@ def main() -> None:
     parser.add_argument("--arch", default="v79")
     parser.add_argument("--results", default="int4_split", help="results file name (another shape: another name)")
     args = parser.parse_args()
+    if not args.results.replace("_", "").replace("-", "").isalnum():
+        parser.error(f"--results: {args.results!r} is not a plain name (letters, digits, _ and -)")
     logging.basicConfig(level=logging.WARNING)
     in_ch, out_ch = args.shape
     if in_ch % BLOCK:
