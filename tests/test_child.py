@@ -84,3 +84,24 @@ def test_a_child_dies_with_its_requester(tmp_path: Path) -> None:
 def _sleep(channel: Channel) -> None:
     channel.send(os.getpid())
     time.sleep(600)
+
+
+def test_an_interrupt_while_the_child_starts_is_held_until_it_can_be_killed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the child starts (its pid not known yet, so it could not be killed): held until the start
+    returns, then raised here, the child killed first."""
+    import signal
+
+    started: list[multiprocessing.process.BaseProcess] = []
+    real_start = SPAWN.Process.start
+
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # arrives mid-start
+        real_start(self)
+        started.append(self)
+
+    monkeypatch.setattr(SPAWN.Process, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        Child(SPAWN, _sleep, (), "sleeper")
+    (process,) = started
+    assert process.pid is not None and not process.is_alive()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler put back"

@@ -13,13 +13,14 @@ return value or exception comes back at the end (:meth:`Child.result`). The chil
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
 import queue
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
@@ -84,6 +85,25 @@ def picklable(exc: BaseException) -> BaseException:
     return exc
 
 
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[list[int]]:
+    """Hold Ctrl-C and SIGTERM while the body runs (a child's start), listing those that came: interrupted there,
+    the child exists but its pid is not known yet, so it could be neither killed nor told to go, and a forkserver's
+    child then prints a traceback of the pipe its parent closed. Only the main thread handles signals: elsewhere,
+    and where a handler was not set from Python, nothing is held."""
+    held: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or any(signal.getsignal(s) is None for s in signals):
+        yield held
+        return
+    previous = {s: signal.signal(s, lambda signum, _frame: held.append(signum)) for s in signals}
+    try:
+        yield held
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 class Child:
     """``target(channel, *args)`` in a child process of ``ctx`` (see the module doc); started by the constructor.
 
@@ -100,12 +120,19 @@ class Child:
         )
         self._final: tuple[str, Any] | None = None
         try:
-            self.process.start()
+            with _interrupts_held() as held:
+                self.process.start()
         except BaseException:
             self._conn.close()
             raise
         finally:
             theirs.close()
+        try:  # an interrupt that came while the child started, now that it can be killed
+            for signum in held:
+                signal.raise_signal(signum)
+        except BaseException:
+            self.stop()
+            raise
 
     def send(self, obj: Any) -> None:
         self._conn.send(obj)
