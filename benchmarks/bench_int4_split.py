@@ -7,7 +7,10 @@ the HTP finalizes; ``mnnbuild/lowering/README.md``, "Quantized weights"):
 - ``bw_float_block``: ``BW_FLOAT_BLOCK``, real = (q + zero / scale) * scale, one conv;
 - ``zeros conv``: ``BLOCK`` (q * scale, offset 0) plus the zeros as an fp16 conv over the input's block sums;
 - ``centered``: ``BLOCK`` on the input minus its mean per block, plus an fp16 conv of those means by the weights'
-  block sums (what ``npu_weights = "int4"`` lowers asymmetric codes to).
+  block sums, the two results added (what ``npu_weights = "int4"`` lowered asymmetric codes to until 2026-12-05);
+- ``folded``: the centered form in one ``BLOCK`` conv: the block sums as 4-bit digits of one scale per output
+  channel, read against the means (times each digit's level) appended to the centered input (what it lowers them
+  to now: no second conv, no add as wide as the output).
 
 Against ``fp16``, the model's weights dequantized and stored as fp16 (a ``float16`` bundle). Inputs of mean 0 and of
 mean 1 (a common part, as activations have): the two parts of the split forms then cancel, and fp16 loses what they
@@ -36,11 +39,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import print_table, write_results  # noqa: E402
 
+from mnnbuild.lowering.quantized import fold_block_sums, folded_layout, sum_levels  # noqa: E402
 from mnnbuild.model.targets import soc_for_arch  # noqa: E402
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, Quant, load_context  # noqa: E402
 
 BLOCK = 64
-FORMS = ("fp16", "bw_float_block", "zeros conv", "centered")
+FORMS = ("fp16", "bw_float_block", "zeros conv", "centered", "folded")
 CONV = {"stride": np.array([1, 1], np.uint32), "pad_amount": np.zeros((2, 2), np.uint32)}
 
 
@@ -61,6 +65,10 @@ class Weights:
 
     def hwio(self, a: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(a.T).reshape(1, 1, self.in_ch, self.out_ch)
+
+    def block_sums(self) -> np.ndarray:
+        """Each block's sum of the (dequantized) weights, ``[blocks, out]``."""
+        return np.ascontiguousarray(self.real.reshape(self.out_ch, -1, BLOCK).sum(2).T)
 
     def per_block(self, a: np.ndarray) -> np.ndarray:
         """``[out, blocks]`` values as an HWIO fp16 conv weight over ``blocks`` inputs."""
@@ -88,6 +96,31 @@ def build(lib: QnnLibrary, target: HtpTarget, wt: Weights, form: str, rows: int)
             quant = Quant(wt.scale.reshape(-1), offset, block_size=block, bitwidth=4, float_offset=True)
             weight = g.add_static("w", wt.hwio(wt.codes), "sfixed8", quant=quant)
             g.add_node("conv", "Conv2d", [x16, weight, bias], [y16], CONV)
+        elif form == "folded":
+            digits, unit = fold_block_sums(wt.block_sums().astype(np.float32), BLOCK)
+            per_mean, zeros = folded_layout(wt.blocks, BLOCK)
+            codes = np.ascontiguousarray(np.concatenate([wt.codes, digits], 1).T)
+            scales = np.concatenate([wt.scale, np.repeat(unit[:, None], digits.shape[1] // BLOCK, 1)], 1)
+            quant = Quant(scales.reshape(-1), 0, block_size=block, bitwidth=4)
+            weight = g.add_static("w", codes.reshape(1, 1, -1, wt.out_ch), "sfixed8", quant=quant)
+            groups = g.add_native("groups", grouped, "float16")
+            g.add_node("group", "Reshape", [x16], [groups])
+            reduced = g.add_native("reduced", (1, rows, wt.blocks, 1), "float16")
+            g.add_node("mean", "ReduceMean", [groups], [reduced], {"axes": np.array([3], np.uint32), "keep_dims": True})
+            centered = g.add_native("centered", grouped, "float16")
+            g.add_node("center", "ElementWiseSubtract", [groups, reduced], [centered])
+            conv_x = g.add_native("centered4", (1, 1, rows, wt.in_ch), "float16")
+            g.add_node("ungroup", "Reshape", [centered], [conv_x])
+            levels = g.add_static("levels", sum_levels(per_mean).reshape(1, 1, 1, -1), "float16")
+            scaled = g.add_native("scaled", (1, rows, wt.blocks, per_mean), "float16")
+            g.add_node("scale", "ElementWiseMultiply", [reduced, levels], [scaled])
+            parts = [conv_x, g.add_native("scaled4", (1, 1, rows, wt.blocks * per_mean), "float16")]
+            g.add_node("flat", "Reshape", [scaled], [parts[1]])
+            if zeros:
+                parts.append(g.add_static("pad", np.zeros((1, 1, rows, zeros), np.float16), "float16"))
+            conv_in = g.add_native("conv_in", (1, 1, rows, codes.shape[0]), "float16")
+            g.add_node("join", "Concat", parts, [conv_in], {"axis": np.uint32(3)})
+            g.add_node("conv", "Conv2d", [conv_in, weight, bias], [y16], CONV)
         else:
             weight = g.add_static(
                 "w", wt.hwio(wt.codes), "sfixed8", quant=Quant(wt.scale.reshape(-1), 0, block_size=block, bitwidth=4)
@@ -105,7 +138,7 @@ def build(lib: QnnLibrary, target: HtpTarget, wt: Weights, form: str, rows: int)
                 g.add_node("center", "ElementWiseSubtract", [groups, reduced], [centered])
                 conv_in = g.add_native("centered4", (1, 1, rows, wt.in_ch), "float16")
                 g.add_node("ungroup", "Reshape", [centered], [conv_in])
-                small = wt.per_block(wt.real.reshape(wt.out_ch, -1, BLOCK).sum(2))
+                small = wt.per_block(wt.block_sums().T)
             part = g.add_native("part", out_shape, "float16")
             g.add_node("conv", "Conv2d", [conv_in, weight, bias], [part], CONV)
             reduced4 = g.add_native("reduced4", (1, 1, rows, wt.blocks), "float16")

@@ -305,7 +305,7 @@ def weight_storage(context_dir: Path) -> dict[str, Any]:
             entry = by.setdefault(f"{note['encoding']}/{note['bitwidth']}", {"convs": 0, "weights": 0, "bytes": 0})
             entry["convs"] += 1
             entry["weights"] += note["weights"]
-            entry["bytes"] += note["weights"] * note["bitwidth"] // 8
+            entry["bytes"] += (note["weights"] + note.get("folded", 0)) * note["bitwidth"] // 8
             worst = max(worst, note.get("error", 0.0))
             inexact += not note.get("exact", True)
             if note.get("reason"):

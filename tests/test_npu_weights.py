@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mnnbuild.base.fsutil import sha256_file
-from mnnbuild.lowering.quantized import npu_weight
+from mnnbuild.lowering.quantized import SUM_DIGITS, fold_block_sums, folded_layout, npu_weight, sum_levels
 from mnnbuild.mnn import WeightFile, conv_ops, decode_conv, load_model
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
 
@@ -83,7 +83,9 @@ def test_bundle_verifies_with_its_weights_encoded_as_mapped(built: Path, model: 
         assert all(n["exact"] == exact for n in notes)
         # the twin verify ran stores the very weights the shipped binary does
         assert twins[plugin]["weights"] == notes
-        assert all(n["error"] == 0 for n in notes)  # the model's codes: nothing requantized
+        # the model's codes: nothing requantized; folded block sums (centered asymmetric codes) miss at most half
+        # their last base-14 digit's step: below 14**-4 of the largest weight
+        assert all(n["error"] == 0 or (n["centered"] and 0 < n["error"] < 14.0**-4) for n in notes)
 
 
 @pytest.mark.parametrize("model", ["tiny-int4", "cw-int4", "int8-int4"])
@@ -96,7 +98,7 @@ def test_int4_bundle_is_smaller_by_what_its_codes_save(built: Path, model: str) 
     assert set(f16) == set(quantized)
     assert all(quantized[p] < f16[p] for p in f16), (f16, quantized)
     notes = [n for m in _manifests(built, model, "context").values() for n in m["weights"]]
-    expected = sum(n["weights"] * 2 - n["weights"] * n["bitwidth"] // 8 for n in notes)
+    expected = sum(n["weights"] * 2 - (n["weights"] + n["folded"]) * n["bitwidth"] // 8 for n in notes)
     saved = sum(f16.values()) - sum(quantized.values())
     assert 0.75 * expected <= saved <= 1.1 * expected, (f16, quantized, expected)
 
@@ -138,18 +140,36 @@ def test_mapping_keeps_the_models_weights(model_dir: Path, mode: str) -> None:
             qw, reason = npu_weight(op, wf, mode)
             assert qw is not None and not reason
             ref = decode_conv(op, wf).weight.astype(np.float64)  # [out, in]
-            codes = qw.codes.reshape(qw.codes.shape[2], qw.codes.shape[3]).T.astype(np.float64)  # [out, in]
-            out_ch, in_ch = codes.shape
+            codes = qw.codes.reshape(qw.codes.shape[2], qw.codes.shape[3]).T.astype(np.float64)  # [out, in + folded]
+            out_ch, all_in = codes.shape
+            in_ch = qw.in_channels
             scale = qw.params[:, 0].reshape(out_ch, -1, 1)
             offset = qw.params[:, 1].reshape(out_ch, -1, 1)
-            real = ((codes.reshape(out_ch, -1, qw.block) + offset) * scale).reshape(out_ch, in_ch)
+            real = ((codes.reshape(out_ch, -1, qw.block) + offset) * scale).reshape(out_ch, all_in)
             x = rng.standard_normal((8, in_ch)) + 1.0  # a common part, which the centering must keep
             if qw.block_sums is None:
+                assert not qw.folded
                 y = x @ real.T
             else:
-                assert mode == "int4" and qw.encoding == "block"
+                # what the graph computes: the centered input, then the block means times each digit's level
+                assert mode == "int4" and qw.encoding == "block" and qw.folded >= in_ch // qw.block * SUM_DIGITS
                 means = x.reshape(8, -1, qw.block).mean(2)
-                y = (x - np.repeat(means, qw.block, axis=1)) @ real.T + means @ qw.block_sums.astype(np.float64)
+                per_mean, _ = folded_layout(means.shape[1], qw.block)
+                levels = (means[:, :, None] * sum_levels(per_mean).astype(np.float64)).reshape(8, -1)
+                pad = np.zeros((8, qw.folded - levels.shape[1]))
+                folded = np.concatenate([x - np.repeat(means, qw.block, axis=1), levels, pad], 1) @ real.T
+                # the codes and scales are the model's: with the block sums themselves it is exact (checked below)
+                sums = qw.block_sums.astype(np.float64)
+                y = (x - np.repeat(means, qw.block, axis=1)) @ real[:, :in_ch].T + means @ sums
+                # the digits hold each block sum to half the last digit's step (per output channel), and the
+                # weights the op computes with are that far from the model's, as its note says (``error``)
+                held = real[:, in_ch : in_ch + levels.shape[1]].reshape(out_ch, -1, per_mean)
+                dsums = (held * sum_levels(per_mean).astype(np.float64)).sum(2).T - sums  # [blocks, out]
+                step = np.abs(sums).max(0) / 7 * float(sum_levels()[-1])
+                assert np.all(np.abs(dsums) <= step * 0.51 + 1e-12), op.name
+                np.testing.assert_allclose(folded, y + means @ dsums, rtol=0, atol=1e-9 * np.abs(y).max())
+                dw = np.abs(dsums).max() / qw.block / np.abs(ref).max()
+                assert 0 < qw.error and abs(dw - qw.error) <= 1e-3 * qw.error, (op.name, dw, qw.error)
             expected = x @ ref.T
             err = np.abs(y - expected).max() / np.abs(expected).max()
             if mode == "int4":
@@ -196,3 +216,25 @@ def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: 
         dest = tmp_path / binary
         compose_in_fresh_process(target, functools.partial(read_graph_dirs, modellib, graphs), True, dest)
         assert dest.read_bytes() == shipped[Path(binary).name].read_bytes(), binary
+
+
+@pytest.mark.parametrize(("blocks", "block"), [(2, 64), (3, 64), (24, 64), (32, 64), (140, 64), (5, 32)])
+def test_block_sums_fold_into_whole_blocks_of_digits(blocks: int, block: int) -> None:
+    """The folded inputs fill the fewest whole blocks that hold every block mean's digits (zeros from the levels where
+    the blocks divide evenly, else after them), and the digits hold each sum to half the last digit's step."""
+    sums = np.random.default_rng(blocks).standard_normal((blocks, 7)) * np.array([1e-3, 1, 50, 0, 1, 1, 1])
+    sums[0, 5] = 40.0  # one large sum against small ones in the same output channel
+    codes, unit = fold_block_sums(sums.astype(np.float32), block)
+    per_mean, zeros = folded_layout(blocks, block)
+    assert per_mean >= SUM_DIGITS and codes.shape == (7, blocks * per_mean + zeros)
+    assert codes.shape[1] == -(-blocks * SUM_DIGITS // block) * block
+    assert zeros == 0 or per_mean == SUM_DIGITS
+    digits = codes[:, : blocks * per_mean].reshape(7, blocks, per_mean).astype(np.float64)
+    assert codes.min() >= -8 and codes.max() <= 7
+    assert not digits[:, :, SUM_DIGITS:].any() and not codes[:, blocks * per_mean :].any()
+    assert not codes[3].any() and unit[3] == 1.0  # an output channel whose sums are all 0
+    held = (digits * sum_levels(per_mean).astype(np.float64)).sum(2) * unit[:, None].astype(np.float64)
+    step = unit.astype(np.float64) * float(sum_levels()[SUM_DIGITS - 1])
+    assert np.all(np.abs(held - sums.T) <= 0.5 * step[:, None] * (1 + 1e-3))
+    top = np.abs(sums).max(0)
+    assert np.all(np.abs(held - sums.T).max(1) <= top / (2 * 7 * 14**3) * 1.01)

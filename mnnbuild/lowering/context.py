@@ -25,7 +25,7 @@ from mnnbuild.lowering.graph import (
     quant_key,
     raw_file_name,
 )
-from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
+from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight, folded_layout, sum_levels
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
@@ -105,6 +105,7 @@ class LoweringContext:
         self.fp16_copies: dict[tuple[str, tuple[int, ...]], str] = {}
         """fp16 casts of float32 tensors, by the tensor they view and their dims (one Cast feeds every reader)."""
         self.centered_copies: dict[tuple[str, tuple[int, ...], int], tuple[str, str]] = {}
+        self.folded_inputs: dict[tuple[str, tuple[int, ...], int, int], str] = {}
         """fp16 tensors centered per block of channels and their means, by the tensor they view, dims and block."""
         self.info = tensor_info
         self.constants = constants
@@ -236,6 +237,31 @@ class LoweringContext:
                 self.reshape(mean, (*rows, blocks), "float16", f"mean{block}_nhwc"),
             )
         return self.centered_copies[key]
+
+    def block_folded(self, src16: str, dims: Sequence[int], viewed: str, block: int, folded: int) -> str:
+        """`block_centered` ``src16`` with its block means times `sum_levels` appended on the channel axis, then
+        zeros up to ``folded`` extra channels: the input of a conv whose block sums are folded into its codes
+        (`fold_block_sums`); built once for every reader."""
+        key = (viewed, tuple(dims), block, folded)
+        if key not in self.folded_inputs:
+            centered, mean = self.block_centered(src16, dims, viewed, block)
+            *rows, channels = dims
+            count, blocks = int(np.prod(rows)), channels // block
+            per_mean, zeros = folded_layout(blocks, block)
+            if blocks * per_mean + zeros != folded:
+                raise self.error(f"{folded} folded inputs do not match {blocks} block means of {block} inputs")
+            grouped = self.reshape(mean, (1, count, blocks, 1), "float16", "means")
+            scaled = self.temp("levels", (1, count, blocks, per_mean), "float16")
+            factors = self.static(f"sum_levels.{per_mean}", sum_levels(per_mean).reshape(1, 1, 1, -1), "float16")
+            self.node("ElementWiseMultiply", [grouped, factors], [scaled], suffix="levels")
+            parts = [centered, self.reshape(scaled, (*rows, blocks * per_mean), "float16", "levels_nhwc")]
+            if zeros:  # blocks that do not divide a whole number of blocks of inputs
+                pad = np.zeros((*rows, zeros), np.float16)
+                parts.append(self.static("folded_pad." + "x".join(map(str, pad.shape)), pad, "float16"))
+            joined = self.temp("folded", (*rows, channels + folded), "float16")
+            self.node("Concat", parts, [joined], {"axis": u32(len(dims) - 1)}, suffix="folded")
+            self.folded_inputs[key] = joined
+        return self.folded_inputs[key]
 
     def const_static(self, t: int, shape: Sequence[int] | None = None, dtype: str | None = None) -> str:
         """Constant tensor ``t`` as a STATIC tensor (optionally reshaped), named from its producer op."""

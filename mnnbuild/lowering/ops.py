@@ -122,10 +122,11 @@ def _conv_weights(ctx: LoweringContext, op: Op) -> tuple[ConvWeights | Quantized
             tensor=tensor,
             encoding=cw.encoding,
             bitwidth=cw.bitwidth,
-            weights=cw.codes.size,
+            weights=cw.in_channels * cw.codes.shape[3],
             exact=cw.exact,
             error=cw.error,
             centered=cw.block_sums is not None,
+            folded=cw.folded * cw.codes.shape[3],
         )
     else:
         note = WeightNote(op=op.name, tensor=tensor, encoding="float16", bitwidth=16, weights=cw.weight.size)
@@ -142,7 +143,7 @@ def _lower_conv(ctx: LoweringContext, op: Op) -> None:
         raise ctx.error(f"convolution input has shape {in_shape}; expected NCHW")
     n, c, h, w = in_shape
     quantized = isinstance(cw, QuantizedWeight)
-    in_ch, o = (cw.codes.shape[2], cw.codes.shape[3]) if quantized else (cw.weight.shape[1], cw.weight.shape[0])
+    in_ch, o = (cw.in_channels, cw.codes.shape[3]) if quantized else (cw.weight.shape[1], cw.weight.shape[0])
     if in_ch != c:
         raise ctx.error(f"weight is {[o, in_ch]} but the input has {c} channels")
     x = ctx.input(src)
@@ -167,7 +168,12 @@ def _lower_conv(ctx: LoweringContext, op: Op) -> None:
         y16 = ctx.temp("conv16", y_shape, "float16")
         if cw.block_sums is None:
             ctx.node("Conv2d", [x16, weight, bias], [y16], conv_params, suffix="conv")
-        else:
+        elif cw.folded:
+            # asymmetric codes: x @ w = (x - mean) @ (q * scale) + mean @ block_sums, the second term's digits
+            # in the same conv, read against the means appended to the centered input (`quantized`: why)
+            joined = ctx.block_folded(x16, nhwc, x, cw.block, cw.folded)
+            ctx.node("Conv2d", [joined, weight, bias], [y16], conv_params, suffix="conv")
+        else:  # per channel: no block to hold the digits
             # asymmetric codes: x @ w = (x - mean) @ (q * scale) + mean @ block_sums (`quantized`: why)
             centered, mean = ctx.block_centered(x16, nhwc, x, cw.block)
             part = ctx.temp("codes16", y_shape, "float16")

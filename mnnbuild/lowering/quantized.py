@@ -12,7 +12,13 @@ Facts it builds on (x86 HTP library, API 2.40 / build 2.51, v79; `README.md` her
   2048 -> 6144 op fed inputs of mean 1, ``benchmarks/bench_int4_split.py``). So 4-bit asymmetric codes run on the
   input centered per block: with ``m`` the mean of each block of ``x`` and ``T`` each block's sum of the weights,
   ``x @ w = (x - m) @ (q * scale) + m @ T`` exactly (a centered block sums to 0, so the zeros drop out): the codes
-  and scales through ``BLOCK`` (offset 0, exact), ``T`` a small fp16 convolution (``QuantizedWeight.block_sums``).
+  and scales through ``BLOCK`` (offset 0, exact);
+- ``m @ T`` rides in the same conv (`fold_block_sums`): ``T`` as ``SUM_DIGITS`` signed 4-bit digits in base
+  ``SUM_BASE`` of one scale per output channel, read against the means times ``SUM_BASE ** -k``, appended to the
+  centered input. A separate fp16 conv of ``T`` and an ``ElementWiseAdd`` of the two results, as wide as the op's
+  output, took QNN 2.4x as long to prepare as the op itself (an lm_head half, 2048 -> 75968: 12.4-15.2 s vs 5.1-5.3
+  s folded; ``benchmarks/bench_int4_split.py``); the digits keep ``T`` to 1/(2 * 7 * 14**3) of its largest value per
+  output channel, finer than fp16's 2**-11 for all but the smallest sums.
 
 So, for llmexport's layouts (``w = q * scale + zero`` per block of inputs of one output channel):
 
@@ -20,7 +26,8 @@ So, for llmexport's layouts (``w = q * scale + zero`` per block of inputs of one
 |---|---|---|
 | <= 4 bits, symmetric, blocks | ``BLOCK`` | requantized |
 | <= 4 bits, symmetric, per channel | ``BW_AXIS_SCALE_OFFSET`` 4 bits | ``AXIS_SCALE_OFFSET`` (exact) |
-| <= 4 bits, asymmetric | ``BLOCK`` (per channel ``BW_AXIS``) on the centered input, + fp16 block sums | requantized |
+| <= 4 bits, asymmetric, blocks | ``BLOCK`` on the centered input, the block sums' digits folded in | requantized |
+| <= 4 bits, asymmetric, per channel | ``BW_AXIS`` on the centered input + an fp16 conv of the sums | requantized |
 | 5-8 bits, symmetric, per channel | ``AXIS_SCALE_OFFSET`` | ``AXIS_SCALE_OFFSET`` (exact) |
 | 5-8 bits otherwise | ``BW_FLOAT_BLOCK`` 8 bits | requantized |
 | float / fp16 weights | float16 (no codes to keep) | float16 (no codes to keep) |
@@ -50,12 +57,17 @@ BLOCK = "block"
 BW_FLOAT_BLOCK = "bw_float_block"
 ENCODINGS = (AXIS, BW_AXIS, BLOCK, BW_FLOAT_BLOCK)
 
+SUM_BASE = 14
+"""Base of the block sums' digits: a residue of at most half a step is at most 7 steps of the next digit."""
+SUM_DIGITS = 4
+
 
 @dataclass
 class QuantizedWeight:
     """A 1x1 conv's weight for QNN: ``codes`` int8 HWIO ``[1, 1, in, out]``, one (scale, offset) row per channel or
     block in ``params`` (float32 ``[n, 2]``, channel-major), the encoding's fields, and how far it is from the
-    model's weights (``error``: max |dw| / max |w|, 0 when the model's codes and scales are kept)."""
+    model's weights (``error``: max |dw| / max |w| of the weights the op computes with; 0 when exactly the
+    model's; folded block sums are short of exact by at most half their last digit's step)."""
 
     codes: np.ndarray
     params: np.ndarray
@@ -68,7 +80,16 @@ class QuantizedWeight:
     error: float
     block_sums: np.ndarray | None = None
     """For asymmetric codes: each block's sum of the model's weights, float32 ``[blocks, out]``. The conv then reads
-    its input minus the input's mean over each block (``block`` inputs), and ``mean @ block_sums`` is added back."""
+    its input minus the input's mean over each block (``block`` inputs), and ``mean @ block_sums`` is added back:
+    folded into the codes (``folded``) or, per channel, by a separate fp16 conv."""
+    folded: int = 0
+    """Inputs after the model's (``codes`` has them): the block means times `sum_levels` (block-major), then zeros
+    up to a whole block (`folded_layout`); their codes are ``block_sums`` in `SUM_DIGITS` digits (`fold_block_sums`)."""
+
+    @property
+    def in_channels(self) -> int:
+        """The model's inputs (without the folded ones)."""
+        return self.codes.shape[2] - self.folded
 
     @property
     def block(self) -> int:
@@ -113,17 +134,66 @@ def _own_codes(cc: ConvCodes) -> QuantizedWeight:
     if bits == 4:
         # w = q * scale + zero on an input centered per block: the codes and scales exact, the zeros drop out
         scale, codes = _flat_blocks(cc, cc.zero)
-        sums = np.ascontiguousarray(cc.dequantized().reshape(cc.codes.shape[0], -1, cc.block).sum(2, np.float64).T)
-        sums = sums.astype(np.float32)
+        sums = np.ascontiguousarray(cc.block_sums().T).astype(np.float32)
         if cc.channel_wise:
             return QuantizedWeight(_hwio(codes), _params(scale), BW_AXIS, 4, 3, [], cc.bias, True, 0.0, sums)
-        return QuantizedWeight(_hwio(codes), _params(scale), BLOCK, 4, 3, block, cc.bias, True, 0.0, sums)
+        digits, unit = fold_block_sums(sums, cc.block)
+        # what the digits miss of each block sum is spread over the block's weights
+        per_mean, _ = folded_layout(sums.shape[0], cc.block)
+        held = digits[:, : sums.shape[0] * per_mean].reshape(len(unit), -1, per_mean).astype(np.float64)
+        held = (held * sum_levels(per_mean).astype(np.float64)).sum(2) * unit[:, None].astype(np.float64)
+        missed = float(np.abs(held - sums.T).max(initial=0.0))
+        top = cc.max_abs()
+        error = missed / cc.block / top if top else 0.0
+        codes = np.concatenate([codes, digits], 1)
+        scale = np.concatenate([scale, np.repeat(unit[:, None], digits.shape[1] // cc.block, 1)], 1)
+        return QuantizedWeight(
+            _hwio(codes), _params(scale), BLOCK, 4, 3, block, cc.bias, True, error, sums, digits.shape[1]
+        )
     # 8-bit codes (BLOCK reads 4 bits): w = q * scale + zero = (q + zero / scale) * scale (symmetric blocks: zero 0);
     # a block with scale 0 holds only its zero: codes 0, scale |zero| (or 1), offset zero / scale
     zero = cc.zero if cc.zero is not None else np.zeros_like(cc.scale)
     scale, codes = _flat_blocks(cc, zero)
     offset = zero / scale
     return QuantizedWeight(_hwio(codes), _params(scale, offset), BW_FLOAT_BLOCK, bits, 3, block, cc.bias, True, 0.0)
+
+
+def folded_layout(blocks: int, block: int) -> tuple[int, int]:
+    """How the folded inputs fill whole blocks: inputs per block mean (its `SUM_DIGITS` levels, then inputs whose
+    factor is 0) and zero inputs after all of them. The zeros come from the factors wherever the blocks divide evenly
+    (no static tensor as wide as the rows)."""
+    padded = -(-blocks * SUM_DIGITS // block) * block
+    if padded % blocks == 0:
+        return padded // blocks, 0
+    return SUM_DIGITS, padded - blocks * SUM_DIGITS
+
+
+def sum_levels(per_mean: int = SUM_DIGITS) -> np.ndarray:
+    """What a block mean is multiplied by for each of its ``per_mean`` inputs: ``SUM_BASE ** -k`` for each digit
+    (as fp16: what the graph uses), then 0."""
+    levels = np.zeros(per_mean, np.float16)
+    levels[:SUM_DIGITS] = float(SUM_BASE) ** -np.arange(SUM_DIGITS)
+    return levels
+
+
+def fold_block_sums(sums: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """``sums`` (``[blocks, out]``) as int8 codes ``[out, folded]`` and one scale per output channel ``[out]``: input
+    ``b * per_mean + k`` (`folded_layout`; the mean of block ``b`` times ``sum_levels(per_mean)[k]``) gets digit ``k``
+    of block ``b``'s sum, so ``sum_k digit_k * level_k * scale`` is the sum to within half the last digit's step; the
+    other inputs get code 0."""
+    sums = sums.T.astype(np.float64)  # [out, blocks]
+    out_ch, blocks = sums.shape
+    top = np.abs(sums).max(1)
+    unit = np.where(top > 0, top / 7, 1.0).astype(np.float32).astype(np.float64)  # the scale as QNN gets it
+    per_mean, pad = folded_layout(blocks, block)
+    codes = np.zeros((out_ch, blocks, per_mean), np.int8)
+    left = sums.copy()
+    for k, level in enumerate(sum_levels()[:SUM_DIGITS].astype(np.float64)):
+        step = unit[:, None] * level
+        codes[:, :, k] = np.clip(np.round(left / step), -8, 7)
+        left -= codes[:, :, k] * step
+    codes = np.concatenate([codes.reshape(out_ch, -1), np.zeros((out_ch, pad), np.int8)], 1)
+    return codes, unit.astype(np.float32)
 
 
 def _flat_blocks(cc: ConvCodes, zero: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:

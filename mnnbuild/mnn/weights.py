@@ -494,6 +494,24 @@ class ConvCodes:
             blocks += self.zero[:, :, None]
         return blocks.reshape(out_ch, in_ch)
 
+    def block_sums(self) -> np.ndarray:
+        """float64 ``[out, blocks]``: each block's sum of the weights, from the sums of its codes (no dequantized
+        copy: at an lm_head's size that is 1.2 GB and seconds)."""
+        out_ch, _ = self.codes.shape
+        counts = self.codes.reshape(out_ch, -1, self.block).sum(2, dtype=np.int32)
+        sums = counts * self.scale.astype(np.float64)
+        return sums if self.zero is None else sums + self.block * self.zero.astype(np.float64)
+
+    def max_abs(self) -> float:
+        """The largest |weight|, from each block's smallest and largest code."""
+        if not self.codes.size:
+            return 0.0
+        out_ch, _ = self.codes.shape
+        blocks = self.codes.reshape(out_ch, -1, self.block)
+        scale, zero = self.scale.astype(np.float64), 0.0 if self.zero is None else self.zero.astype(np.float64)
+        ends = [blocks.min(2) * scale + zero, blocks.max(2) * scale + zero]
+        return float(max(np.abs(e).max() for e in ends))
+
 
 def conv_codes(op: Op, weights: WeightFile | None) -> ConvCodes | None:
     """The stored integers and per-group scales of a quantized conv (None for float or fp16 weights, or a scale
@@ -506,8 +524,12 @@ def conv_codes(op: Op, weights: WeightFile | None) -> ConvCodes | None:
     if groups % out_ch or in_ch % (groups // out_ch):
         return None
     blocks = groups // out_ch
-    ints = s.values.astype(np.int16) - s.value_offset if s.value_offset else s.values.astype(np.int16)
     half = 1 << (s.info.bits - 1)
+    # narrow codes (unsigned, below 128) shift in int8: no int16 copy of an lm_head's 311M codes
+    wide = s.info.bits >= 8 or abs(int(s.value_offset)) >= 128
+    ints = s.values.astype(np.int16 if wide else np.int8)
+    if s.value_offset:
+        ints -= ints.dtype.type(s.value_offset)
     if ints.size and (ints.min() < -half or ints.max() >= half):
         raise MNNFormatError(f"op {op.name!r}: codes beyond {s.info.bits} bits")
     if s.info.symmetric:
@@ -515,7 +537,7 @@ def conv_codes(op: Op, weights: WeightFile | None) -> ConvCodes | None:
     else:
         scale, zero = s.alpha[1::2].reshape(out_ch, blocks), s.alpha[0::2].reshape(out_ch, blocks)
     assert s.bias is not None
-    codes = ints.astype(np.int8).reshape(out_ch, in_ch)
+    codes = ints.astype(np.int8, copy=False).reshape(out_ch, in_ch)
     return ConvCodes(op.name, codes, scale.astype(np.float32), zero, s.bias, s.info.bits, in_ch // blocks)
 
 

@@ -34,9 +34,11 @@ class WeightNote(BaseModel):
     reason: str = ""
     centered: bool = False
     """The conv reads its input minus the input's mean per block and adds back the means times the weights' block
-    sums (fp16): how asymmetric codes stay exact without fp16 losing what their zeros cancel."""
+    sums: how asymmetric codes stay exact without fp16 losing what their zeros cancel."""
+    folded: int = 0
+    """Codes stored beside the model's ``weights``: the block sums' digits folded into the conv (centered blocks)."""
 
     @property
     def stored_bytes(self) -> int:
-        """What the HTP keeps of the weight: ``bitwidth`` bits each."""
-        return self.weights * self.bitwidth // 8
+        """What the HTP keeps of the weight: ``bitwidth`` bits each, folded digits included."""
+        return (self.weights + self.folded) * self.bitwidth // 8

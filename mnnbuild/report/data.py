@@ -77,7 +77,9 @@ class ReportData(BaseModel):
                 reasons = sorted({n.reason for n in notes if n.reason})
                 parts.append(what + (f" ({'; '.join(reasons)})" if reasons else ""))
             elif all(n.exact for n in notes):
-                parts.append(what + " (the model's codes)")
+                folded = max((n.error for n in notes if n.folded), default=None)
+                sums = "" if folded is None else f"; block sums in 4-bit digits, max error {folded:.1e}"
+                parts.append(what + f" (the model's codes{sums})")
             else:
                 parts.append(what + f" (requantized, max error {max(n.error for n in notes):.1e})")
         return ", ".join(parts) or "n/a"
