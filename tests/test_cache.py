@@ -399,6 +399,29 @@ def test_cache_backends_round_trip(tmp_path: Path, url: str) -> None:
         assert (tmp_path / "out" / rel).read_bytes() == (src / rel).read_bytes()
 
 
+@pytest.mark.parametrize("bad", [0, 3, 5])
+def test_a_corrupt_blob_among_several_restored_at_once_fails_the_restore(tmp_path: Path, bad: int) -> None:
+    """A local cache restores two blobs at a time: whichever one is bad (first, middle, last), the restore is a miss
+    that leaves no stage dir, the entry is discarded and the bad blob removed; the good blobs stay."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"part{i}.bin").write_bytes(bytes([i]) * (70_000 + i))
+    cache = ArtifactCache(str(tmp_path / "cache"))
+    cache.store("stage", "k", src, link=False)
+    entry = cache.read_entry("stage", "k")
+    assert entry is not None
+    bad_sha = next(f.sha256 for f in entry.files if f.path == f"part{bad}.bin")
+    blob = Path(cache._blob(bad_sha))
+    blob.write_bytes(b"x" * blob.stat().st_size)  # same size, other bytes: only the hash tells
+    out = tmp_path / "out"
+    assert cache.restore("stage", "k", out, link=False) is None
+    assert not out.exists(), "a failed restore leaves no stage dir"
+    assert cache.read_entry("stage", "k") is None and not blob.exists()
+    good = [f for f in entry.files if f.sha256 != bad_sha]
+    assert all(Path(cache._blob(f.sha256)).exists() for f in good)
+
+
 def test_same_content_is_stored_once_and_restored_as_hard_links(tmp_path: Path) -> None:
     """modellib hard-links the weights its graphs share: the cache keeps one blob, the restore one file."""
     src = make_tree(tmp_path / "src")

@@ -41,6 +41,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -572,7 +573,8 @@ class ArtifactCache:
         stage, key = entry.stage, entry.key
         moved = 0
         what = f"cache entry {self._entry(stage, key)}"
-        restored: dict[str, Path] = {}  # sha256 -> first file restored with it: later ones are hard links
+        first: dict[str, tuple[CachedFile, Path]] = {}  # sha256 -> the file restored with it
+        again: list[tuple[str, Path]] = []  # later files with the same content: hard links to the first
         try:
             with staged_dir(out_dir) as tmp:
                 seen: set[str] = set()
@@ -596,18 +598,30 @@ class ArtifactCache:
                             # the linked source differs on this machine: rebuild, but keep the entry
                             raise _Miss(f"link {rec.path} -> {rec.link} does not resolve to the cached content")
                         continue
-                    if rec.sha256 in restored:
-                        os.link(restored[rec.sha256], dest)
-                        continue
-                    digest = self._restore_blob(rec, dest, link)
+                    if rec.sha256 in first:
+                        again.append((rec.sha256, dest))
+                    else:
+                        first[rec.sha256] = (rec, dest)
+                # a local cache restores two blobs at a time: a warm bundle is GBs of kernel copies, which one
+                # thread leaves half done (28 layers: 4.3 s instead of 7.0 s, benchmarks/bench_warm_bundle.py);
+                # a remote one, one at a time
+                pending = list(first.values())
+                workers = 2 if self.local and len(pending) > 1 else 1
+                pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="cache-restore")
+                try:
+                    digests = list(pool.map(lambda job: self._restore_blob(job[0], job[1], link), pending))
+                finally:  # an error or Ctrl-C stops here: the blobs not started are not copied
+                    pool.shutdown(wait=True, cancel_futures=True)
+                for (rec, _), digest in zip(pending, digests, strict=True):
                     if digest != rec.sha256:
                         blob_gone = self._remove_blob(rec.sha256) is None
                         outcome = self.discard(stage, key)
                         if not blob_gone and outcome.startswith("entry discarded"):
                             outcome += " (its blob could not be removed)"
                         raise _Miss(f"{rec.path} does not match its sha256; {outcome}")
-                    restored[rec.sha256] = dest
                     moved += rec.size
+                for sha, dest in again:
+                    os.link(first[sha][1], dest)
         except _Miss as miss:
             log.warning("cache: %s %s not restored: %s", stage, key[:12], miss)
             return None
