@@ -218,6 +218,37 @@ def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: 
         assert dest.read_bytes() == shipped[Path(binary).name].read_bytes(), binary
 
 
+def test_prefill_centers_by_convs_and_decode_reads_no_more_weights(built: Path) -> None:
+    """Asymmetric int4 reads its input centered per block. At one row (decode, read once per token) the means are a
+    ReduceMean and a broadcast subtraction, no weights; at several rows (prefill) two fp16 convs take the means and
+    widen them back, so the subtraction has two operands of one shape (QNN finalizes that far faster)."""
+    from mnnbuild.lowering.graph import read_graph_description
+
+    proc = doit(built.parent, "modellib:tiny-int4", env={"MNNBUILD_MODELS_PATH": str(built.parent / "specs")})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    qnn = built / "tiny-int4" / "modellib" / "qnn"
+    decode = sorted(d for d in qnn.iterdir() if d.is_dir() and "_" not in d.name)
+    checked = 0
+    for graph in decode:
+        prefill = qnn / graph.name.replace("graphllm", "graphllm1_", 1)
+        for directory, rows in ((graph, 1), (prefill, 128)):
+            desc = read_graph_description(directory)
+            dims = {t.name: t.dims for t in desc.tensors}
+            subtractions = [n for n in desc.nodes if n.type == "ElementWiseSubtract" and "center" in n.name]
+            statics = {t.name for t in desc.static_tensors if t.name.startswith(("block_mean.", "block_widen."))}
+            if not subtractions:
+                continue
+            checked += 1
+            same_shape = [dims[n.inputs[0]] == dims[n.inputs[1]] for n in subtractions]
+            if rows == 1:
+                assert not any(same_shape) and not statics, directory.name
+                assert any(n.type == "ReduceMean" for n in desc.nodes), directory.name
+            else:
+                assert all(same_shape) and statics, directory.name
+                assert not any(n.type == "ReduceMean" for n in desc.nodes), directory.name
+    assert checked >= 4, "no centered int4 convs found in the tiny model's graphs"
+
+
 @pytest.mark.parametrize(("blocks", "block"), [(2, 64), (3, 64), (24, 64), (32, 64), (140, 64), (5, 32)])
 def test_block_sums_fold_into_whole_blocks_of_digits(blocks: int, block: int) -> None:
     """The folded inputs fill the fewest whole blocks that hold every block mean's digits (zeros from the levels where
