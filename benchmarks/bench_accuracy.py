@@ -98,7 +98,9 @@ def build(names: Sequence[str], arch: str, artifacts: Path, specs_dir: Path | No
     env = {**os.environ, "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_LOG_LEVEL": "WARNING"}
     if specs_dir is not None:
         env["MNNBUILD_MODELS_PATH"] = str(specs_dir)
-    cmd = [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *(f"verify:{n}-{arch}" for n in names)]
+    # bundle and twin named: this script reads their files, which a cache hit nothing else reads leaves in the cache
+    tasks = [f"{stage}:{n}-{arch}" for n in names for stage in ("verify", "bundle", "twin")]
+    cmd = [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), *tasks]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"doit failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
