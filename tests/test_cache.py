@@ -119,6 +119,9 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     origin = json.loads((bundle / "bundle.origin.json").read_text())
     assert origin["origin"] == "cache" and origin["deferred"] is True and origin["tier"] == "local"
     assert sorted(p.name for p in bundle.iterdir()) == ["bundle.manifest.json", "bundle.origin.json"]
+    # the ending says so, and offers no push.sh that is not there
+    ending = [line for line in proc.stdout.splitlines() if line.startswith(("bundle  ", "push    "))]
+    assert len(ending) == 1 and "in the cache" in ending[0] and "`doit bundle:tiny-qwen3-v79`" in ending[0], ending
     # the plugins hit, so nothing read the partition's graphs and weights: they stay in the cache (the plugin tasks
     # are keyed on the partition manifest's records of the graph files, not on the files)
     partition = artifacts / "tiny-qwen3" / "partition"
@@ -133,6 +136,7 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
 
     named = run_doit("bundle:tiny-qwen3-v79", env=env)
     assert summary(named)["from cache"] == ["bundle:tiny-qwen3-v79"], named.stdout
+    assert any(line.startswith("push    ") for line in named.stdout.splitlines()), named.stdout
     assert "no bytes" not in summary(named)
     files = {p.relative_to(cold).as_posix() for p in cold.rglob("*") if p.is_file() and "origin" not in p.name}
     for rel in files:

@@ -169,21 +169,26 @@ class BuildSummaryReporter(ConsoleReporter):
 
     def _next_steps(self) -> list[str]:
         lines = []
-        for bundle in list(self.bundles.values())[:_SHOWN]:
-            size = ""
+        here: list[Path] = []  # bundles whose files are in their dir (a cache hit nothing read leaves them out)
+        for task, bundle in list(self.bundles.items())[:_SHOWN]:
             try:
                 outputs = BundleManifest.read(bundle).outputs
-                size = f" ({len(outputs)} files, {human_bytes(sum(r.size for r in outputs))})"
             except MnnbuildError:
-                pass
-            lines.append(f"bundle  {shown(bundle)}{size}")
+                lines.append(f"bundle  {shown(bundle)}")
+                continue
+            size = f"{len(outputs)} files, {human_bytes(sum(r.size for r in outputs))}"
+            if all((bundle / r.path).is_file() for r in outputs):
+                lines.append(f"bundle  {shown(bundle)} ({size})")
+                here.append(bundle)
+            else:
+                lines.append(f"bundle  {shown(bundle)}: in the cache ({size}); `doit {task}` writes it here")
         for report in list(self.reports.values())[:_SHOWN]:
             if (report / REPORT_PAGE).is_file():
                 lines.append(f"report  {(report / REPORT_PAGE).resolve().as_uri()}")
-        for bundle in list(self.bundles.values())[:_SHOWN]:
+        for bundle in here:
             push = shown(bundle / PUSH_SCRIPT)
             lines.append(f"push    QNN_SDK_ROOT=<QAIRT SDK> MNN_BUILD_DIR=<llm_demo build> {push}")
-        if self.bundles:
+        if here:
             lines.append(f"        then {RUN_SCRIPT} beside it runs the prompt on the phone")
         more = len(self.bundles) - _SHOWN
         if more > 0:
