@@ -97,7 +97,7 @@ def build(lib: QnnLibrary, target: HtpTarget, wt: Weights, form: str, rows: int)
             weight = g.add_static("w", wt.hwio(wt.codes), "sfixed8", quant=quant)
             g.add_node("conv", "Conv2d", [x16, weight, bias], [y16], CONV)
         elif form == "folded":
-            digits, unit = fold_block_sums(wt.block_sums().astype(np.float32), BLOCK)
+            digits, unit, _ = fold_block_sums(wt.block_sums().astype(np.float32), BLOCK)
             per_mean, zeros = folded_layout(wt.blocks, BLOCK)
             codes = np.ascontiguousarray(np.concatenate([wt.codes, digits], 1).T)
             scales = np.concatenate([wt.scale, np.repeat(unit[:, None], digits.shape[1] // BLOCK, 1)], 1)

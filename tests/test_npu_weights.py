@@ -255,7 +255,7 @@ def test_block_sums_fold_into_whole_blocks_of_digits(blocks: int, block: int) ->
     the blocks divide evenly, else after them), and the digits hold each sum to half the last digit's step."""
     sums = np.random.default_rng(blocks).standard_normal((blocks, 7)) * np.array([1e-3, 1, 50, 0, 1, 1, 1])
     sums[0, 5] = 40.0  # one large sum against small ones in the same output channel
-    codes, unit = fold_block_sums(sums.astype(np.float32), block)
+    codes, unit, _ = fold_block_sums(sums.astype(np.float32), block)
     per_mean, zeros = folded_layout(blocks, block)
     assert per_mean >= SUM_DIGITS and codes.shape == (7, blocks * per_mean + zeros)
     assert codes.shape[1] == -(-blocks * SUM_DIGITS // block) * block

@@ -105,8 +105,9 @@ class LoweringContext:
         self.fp16_copies: dict[tuple[str, tuple[int, ...]], str] = {}
         """fp16 casts of float32 tensors, by the tensor they view and their dims (one Cast feeds every reader)."""
         self.centered_copies: dict[tuple[str, tuple[int, ...], int], tuple[str, str]] = {}
-        self.folded_inputs: dict[tuple[str, tuple[int, ...], int, int], str] = {}
         """fp16 tensors centered per block of channels and their means, by the tensor they view, dims and block."""
+        self.folded_inputs: dict[tuple[str, tuple[int, ...], int, int], str] = {}
+        """Centered tensors with their block means' levels appended (`block_folded`), by view, dims, block, width."""
         self.info = tensor_info
         self.constants = constants
         self.graph_inputs = list(inputs)

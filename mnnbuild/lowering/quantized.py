@@ -16,7 +16,7 @@ Facts it builds on (x86 HTP library, API 2.40 / build 2.51, v79; `README.md` her
 - ``m @ T`` rides in the same conv (`fold_block_sums`): ``T`` as ``SUM_DIGITS`` signed 4-bit digits in base
   ``SUM_BASE`` of one scale per output channel, read against the means times ``SUM_BASE ** -k``, appended to the
   centered input. A separate fp16 conv of ``T`` and an ``ElementWiseAdd`` of the two results, as wide as the op's
-  output, took QNN 2.4x as long to prepare as the op itself (an lm_head half, 2048 -> 75968: 12.4-15.2 s vs 5.1-5.3
+  output, took QNN twice as long to prepare as the op itself (an lm_head half, 2048 -> 75968: 10.9-14.3 s vs 4.6-5.3
   s folded; ``benchmarks/bench_int4_split.py``); the digits keep ``T`` to 1/(2 * 7 * 14**3) of its largest value per
   output channel, finer than fp16's 2**-11 for all but the smallest sums.
 
@@ -137,12 +137,8 @@ def _own_codes(cc: ConvCodes) -> QuantizedWeight:
         sums = np.ascontiguousarray(cc.block_sums().T).astype(np.float32)
         if cc.channel_wise:
             return QuantizedWeight(_hwio(codes), _params(scale), BW_AXIS, 4, 3, [], cc.bias, True, 0.0, sums)
-        digits, unit = fold_block_sums(sums, cc.block)
+        digits, unit, missed = fold_block_sums(sums, cc.block)
         # what the digits miss of each block sum is spread over the block's weights
-        per_mean, _ = folded_layout(sums.shape[0], cc.block)
-        held = digits[:, : sums.shape[0] * per_mean].reshape(len(unit), -1, per_mean).astype(np.float64)
-        held = (held * sum_levels(per_mean).astype(np.float64)).sum(2) * unit[:, None].astype(np.float64)
-        missed = float(np.abs(held - sums.T).max(initial=0.0))
         top = cc.max_abs()
         error = missed / cc.block / top if top else 0.0
         codes = np.concatenate([codes, digits], 1)
@@ -176,11 +172,11 @@ def sum_levels(per_mean: int = SUM_DIGITS) -> np.ndarray:
     return levels
 
 
-def fold_block_sums(sums: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
-    """``sums`` (``[blocks, out]``) as int8 codes ``[out, folded]`` and one scale per output channel ``[out]``: input
-    ``b * per_mean + k`` (`folded_layout`; the mean of block ``b`` times ``sum_levels(per_mean)[k]``) gets digit ``k``
-    of block ``b``'s sum, so ``sum_k digit_k * level_k * scale`` is the sum to within half the last digit's step; the
-    other inputs get code 0."""
+def fold_block_sums(sums: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """``sums`` (``[blocks, out]``) as int8 codes ``[out, folded]``, one scale per output channel ``[out]`` and the
+    largest |sum - what the digits hold|: input ``b * per_mean + k`` (`folded_layout`; the mean of block ``b`` times
+    ``sum_levels(per_mean)[k]``) gets digit ``k`` of block ``b``'s sum, so ``sum_k digit_k * level_k * scale`` is the
+    sum to within half the last digit's step; the other inputs get code 0."""
     sums = sums.T.astype(np.float64)  # [out, blocks]
     out_ch, blocks = sums.shape
     top = np.abs(sums).max(1)
@@ -193,7 +189,7 @@ def fold_block_sums(sums: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarra
         codes[:, :, k] = np.clip(np.round(left / step), -8, 7)
         left -= codes[:, :, k] * step
     codes = np.concatenate([codes.reshape(out_ch, -1), np.zeros((out_ch, pad), np.int8)], 1)
-    return codes, unit.astype(np.float32)
+    return codes, unit.astype(np.float32), float(np.abs(left).max(initial=0.0))
 
 
 def _flat_blocks(cc: ConvCodes, zero: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
