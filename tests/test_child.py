@@ -105,3 +105,18 @@ def test_an_interrupt_while_the_child_starts_is_held_until_it_can_be_killed(monk
     (process,) = started
     assert process.pid is not None and not process.is_alive()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler put back"
+
+
+def test_a_start_that_fails_under_a_held_interrupt_raises_the_interrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C to the process group reaches the forkserver too, and the start then fails on its pipe (EOFError):
+    what the user did was interrupt, so that is what is raised, not the pipe's traceback."""
+    import signal
+
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        os.kill(os.getpid(), signal.SIGINT)  # held: the handler only notes it
+        raise EOFError("unexpected EOF")  # as forkserver.read_signed raises when the forkserver died
+
+    monkeypatch.setattr(SPAWN.Process, "start", start)
+    with pytest.raises(KeyboardInterrupt):
+        Child(SPAWN, _sleep, (), "sleeper")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the handler put back"

@@ -119,11 +119,14 @@ class Child:
             target=_child_main, args=(theirs, target, args, level), name=name, daemon=True
         )
         self._final: tuple[str, Any] | None = None
+        held: list[int] = []
         try:
             with _interrupts_held() as held:
                 self.process.start()
         except BaseException:
             self._conn.close()
+            if held:  # a Ctrl-C to the process group also hits the forkserver, and the start fails on its pipe
+                signal.raise_signal(held[0])
             raise
         finally:
             theirs.close()
