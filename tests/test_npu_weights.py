@@ -91,7 +91,10 @@ def test_bundle_verifies_with_its_weights_encoded_as_mapped(built: Path, model: 
 @pytest.mark.parametrize("model", ["tiny-int4", "cw-int4", "int8-int4"])
 def test_int4_bundle_is_smaller_by_what_its_codes_save(built: Path, model: str) -> None:
     """Every plugin's binary is smaller, and all of them together by the fp16 bytes of their weights minus the stored
-    codes (4 or 8 bits each; the scales and the binaries' 4 KB granularity take the rest)."""
+    codes (4 or 8 bits each) and minus the fp16 weights of the convs that center prefill's inputs (read from the
+    model-lib's graphs); the scales and the binaries' 4 KB granularity take the rest."""
+    from mnnbuild.lowering.graph import read_graph_description
+
     source = MODELS[model][0]
     f16 = {p: path.stat().st_size for p, path in _binaries(built, _float16_of(source)).items()}
     quantized = {p: path.stat().st_size for p, path in _binaries(built, model).items()}
@@ -99,6 +102,15 @@ def test_int4_bundle_is_smaller_by_what_its_codes_save(built: Path, model: str) 
     assert all(quantized[p] < f16[p] for p in f16), (f16, quantized)
     notes = [n for m in _manifests(built, model, "context").values() for n in m["weights"]]
     expected = sum(n["weights"] * 2 - (n["weights"] + n["folded"]) * n["bitwidth"] // 8 for n in notes)
+    proc = doit(built.parent, f"modellib:{model}", env={"MNNBUILD_MODELS_PATH": str(built.parent / "specs")})
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    centering: dict[tuple[str, str], int] = {}  # one copy per plugin (its graphs share a static by name)
+    for graph in (built / model / "modellib" / "qnn").iterdir():
+        plugin = graph.name.replace("graphllm1_", "graphllm", 1)
+        for t in read_graph_description(graph).static_tensors:
+            if t.name.startswith(("block_center.", "block_mean.")):
+                centering[(plugin, t.name)] = int(np.prod(t.dims)) * t.raw_dtype.itemsize
+    expected -= sum(centering.values())
     saved = sum(f16.values()) - sum(quantized.values())
     assert 0.75 * expected <= saved <= 1.1 * expected, (f16, quantized, expected)
 
@@ -218,35 +230,39 @@ def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: 
         assert dest.read_bytes() == shipped[Path(binary).name].read_bytes(), binary
 
 
-def test_prefill_centers_by_convs_and_decode_reads_no_more_weights(built: Path) -> None:
+def test_prefill_centers_by_grouped_convs_and_decode_reads_no_more_weights(built: Path) -> None:
     """Asymmetric int4 reads its input centered per block. At one row (decode, read once per token) the means are a
-    ReduceMean and a broadcast subtraction, no weights; at several rows (prefill) two fp16 convs take the means and
-    widen them back, so the subtraction has two operands of one shape (QNN finalizes that far faster)."""
+    ReduceMean and a broadcast subtraction, no weights; at several rows (prefill) two fp16 convs with one group per
+    block give the centered input and the means, with no subtraction and no ReduceMean left."""
     from mnnbuild.lowering.graph import read_graph_description
 
     proc = doit(built.parent, "modellib:tiny-int4", env={"MNNBUILD_MODELS_PATH": str(built.parent / "specs")})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     qnn = built / "tiny-int4" / "modellib" / "qnn"
     decode = sorted(d for d in qnn.iterdir() if d.is_dir() and "_" not in d.name)
-    checked = 0
+    checked = {1: 0, 128: 0}
     for graph in decode:
         prefill = qnn / graph.name.replace("graphllm", "graphllm1_", 1)
         for directory, rows in ((graph, 1), (prefill, 128)):
             desc = read_graph_description(directory)
             dims = {t.name: t.dims for t in desc.tensors}
             subtractions = [n for n in desc.nodes if n.type == "ElementWiseSubtract" and "center" in n.name]
-            statics = {t.name for t in desc.static_tensors if t.name.startswith(("block_mean.", "block_widen."))}
-            if not subtractions:
-                continue
-            checked += 1
-            same_shape = [dims[n.inputs[0]] == dims[n.inputs[1]] for n in subtractions]
+            grouped = [n for n in desc.nodes if n.type == "Conv2d" and any(p.name == "group" for p in n.params)]
+            statics = {t.name for t in desc.static_tensors if t.name.startswith(("block_mean.", "block_center."))}
             if rows == 1:
-                assert not any(same_shape) and not statics, directory.name
-                assert any(n.type == "ReduceMean" for n in desc.nodes), directory.name
+                assert not grouped and not statics, directory.name
+                assert not any(dims[n.inputs[0]] == dims[n.inputs[1]] for n in subtractions), directory.name
+                checked[rows] += bool(subtractions) and any(n.type == "ReduceMean" for n in desc.nodes)
             else:
-                assert all(same_shape) and statics, directory.name
-                assert not any(n.type == "ReduceMean" for n in desc.nodes), directory.name
-    assert checked >= 4, "no centered int4 convs found in the tiny model's graphs"
+                assert not subtractions and not any(n.type == "ReduceMean" for n in desc.nodes), directory.name
+                if grouped:
+                    checked[rows] += 1
+                    groups = {p.value for n in grouped for p in n.params if p.name == "group"}
+                    assert len(grouped) % 2 == 0 and groups and min(groups) > 1, directory.name
+                    wanted = {f"block_center.64x{64 * g}" for g in groups} | {f"block_mean.64x{g}" for g in groups}
+                    wanted |= {f"{name}.bias" for name in wanted}
+                    assert statics == wanted, directory.name
+    assert checked[1] >= 2 and checked[128] >= 2, f"too few centered int4 convs in the tiny model's graphs: {checked}"
 
 
 @pytest.mark.parametrize(("blocks", "block"), [(2, 64), (3, 64), (24, 64), (32, 64), (140, 64), (5, 32)])
