@@ -9,8 +9,10 @@ the HTP finalizes; ``mnnbuild/lowering/README.md``, "Quantized weights"):
 - ``centered``: ``BLOCK`` on the input minus its mean per block, plus an fp16 conv of those means by the weights'
   block sums, the two results added (what ``npu_weights = "int4"`` lowered asymmetric codes to until 2026-12-05);
 - ``folded``: the centered form in one ``BLOCK`` conv: the block sums as 4-bit digits of one scale per output
-  channel, read against the means (times each digit's level) appended to the centered input (what it lowers them
-  to now: no second conv, no add as wide as the output).
+  channel, read against the means (times each digit's level) appended to the centered input, centered by
+  ``ReduceMean`` and a broadcast subtraction (what a decode graph lowers them to: no weights besides the op's);
+- ``folded grouped``: the same, centered by two fp16 convs with one group per block, one giving the centered input
+  and one the means (what a prefill graph lowers them to).
 
 Against ``fp16``, the model's weights dequantized and stored as fp16 (a ``float16`` bundle). Inputs of mean 0 and of
 mean 1 (a common part, as activations have): the two parts of the split forms then cancel, and fp16 loses what they
@@ -44,7 +46,7 @@ from mnnbuild.model.targets import soc_for_arch  # noqa: E402
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, Quant, load_context  # noqa: E402
 
 BLOCK = 64
-FORMS = ("fp16", "bw_float_block", "zeros conv", "centered", "folded")
+FORMS = ("fp16", "bw_float_block", "zeros conv", "centered", "folded", "folded grouped")
 CONV = {"stride": np.array([1, 1], np.uint32), "pad_amount": np.zeros((2, 2), np.uint32)}
 
 
@@ -96,21 +98,35 @@ def build(lib: QnnLibrary, target: HtpTarget, wt: Weights, form: str, rows: int)
             quant = Quant(wt.scale.reshape(-1), offset, block_size=block, bitwidth=4, float_offset=True)
             weight = g.add_static("w", wt.hwio(wt.codes), "sfixed8", quant=quant)
             g.add_node("conv", "Conv2d", [x16, weight, bias], [y16], CONV)
-        elif form == "folded":
+        elif form.startswith("folded"):
             digits, unit, _ = fold_block_sums(wt.block_sums().astype(np.float32), BLOCK)
             per_mean, zeros = folded_layout(wt.blocks, BLOCK)
             codes = np.ascontiguousarray(np.concatenate([wt.codes, digits], 1).T)
             scales = np.concatenate([wt.scale, np.repeat(unit[:, None], digits.shape[1] // BLOCK, 1)], 1)
             quant = Quant(scales.reshape(-1), 0, block_size=block, bitwidth=4)
             weight = g.add_static("w", codes.reshape(1, 1, -1, wt.out_ch), "sfixed8", quant=quant)
-            groups = g.add_native("groups", grouped, "float16")
-            g.add_node("group", "Reshape", [x16], [groups])
             reduced = g.add_native("reduced", (1, rows, wt.blocks, 1), "float16")
-            g.add_node("mean", "ReduceMean", [groups], [reduced], {"axes": np.array([3], np.uint32), "keep_dims": True})
-            centered = g.add_native("centered", grouped, "float16")
-            g.add_node("center", "ElementWiseSubtract", [groups, reduced], [centered])
             conv_x = g.add_native("centered4", (1, 1, rows, wt.in_ch), "float16")
-            g.add_node("ungroup", "Reshape", [centered], [conv_x])
+            if form == "folded grouped":
+                per_group = {**CONV, "group": np.uint32(wt.blocks)}
+                center = np.tile(np.eye(BLOCK) - 1.0 / BLOCK, (1, wt.blocks)).astype(np.float16)
+                means = g.add_native("means", (1, 1, rows, wt.blocks), "float16")
+                for name, w, out in (
+                    ("center", center, conv_x),
+                    ("mean", np.full((BLOCK, wt.blocks), 1 / BLOCK), means),
+                ):
+                    w16 = g.add_static(f"{name}_w", w.astype(np.float16).reshape(1, 1, BLOCK, -1), "float16")
+                    b16 = g.add_static(f"{name}_b", np.zeros(w.shape[1], np.float16), "float16")
+                    g.add_node(name, "Conv2d", [x16, w16, b16], [out], per_group)
+                g.add_node("group", "Reshape", [means], [reduced])
+            else:
+                groups = g.add_native("groups", grouped, "float16")
+                g.add_node("group", "Reshape", [x16], [groups])
+                axes = {"axes": np.array([3], np.uint32), "keep_dims": True}
+                g.add_node("mean", "ReduceMean", [groups], [reduced], axes)
+                centered = g.add_native("centered", grouped, "float16")
+                g.add_node("center", "ElementWiseSubtract", [groups, reduced], [centered])
+                g.add_node("ungroup", "Reshape", [centered], [conv_x])
             levels = g.add_static("levels", sum_levels(per_mean).reshape(1, 1, 1, -1), "float16")
             scaled = g.add_native("scaled", (1, rows, wt.blocks, per_mean), "float16")
             g.add_node("scale", "ElementWiseMultiply", [reduced, levels], [scaled])
