@@ -262,7 +262,7 @@ class LoweringContext:
             "center": np.tile(center, (1, blocks)).astype(np.float16).reshape(1, 1, block, channels),
             "mean": np.full((1, 1, block, blocks), 1.0 / block, np.float16),
         }
-        outs = {}
+        outs: dict[str, str] = {}
         for what, w in weights.items():
             name = f"block_{what}.{block}x{w.shape[3]}"
             bias = self.static(f"{name}.bias", np.zeros(w.shape[3], np.float16), "float16")
