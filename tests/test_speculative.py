@@ -1,0 +1,86 @@
+"""Speculative greedy decoding in the runtime (`mnnbuild_runtime.speculative`): lossless by construction, and the
+acceptance it buys counted right."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from mnnbuild_runtime import Embeddings, cpu_forward_fn, recompute_generate
+from mnnbuild_runtime.speculative import DraftTree, OracleDrafter, speculative_generate
+from mnnbuild_runtime.tokenizer import Tokenizer
+
+from tests.conftest import PROJECT_ROOT
+
+TRAINED = PROJECT_ROOT / "models" / "tiny-qwen3-trained"
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[object, Embeddings, list[int]]:
+    ids = Tokenizer(TRAINED / "config.json").encode("the cat")
+    return cpu_forward_fn(TRAINED), Embeddings(TRAINED), ids
+
+
+@pytest.mark.parametrize("chunk", [128, [1, 32, 128]], ids=["one-length", "chunk-limits"])
+def test_speculative_tokens_are_plain_greedy_tokens_whatever_the_draft(trained: tuple, chunk: object) -> None:
+    """A draft that is always right, one that is always wrong and one right only at some steps: the tokens, margins
+    and rows are the plain recompute loop's, bit for bit (the rows that pick them see the same tokens)."""
+    forward, embed, ids = trained
+    plain = recompute_generate(forward, embed, ids, 12, chunk)
+    seq = plain.sequence
+    half = [t if i % 2 else t + 1 for i, t in enumerate(seq)]  # right at every other position
+    for drafter in (OracleDrafter(seq, 3), OracleDrafter(seq, 3, shift=1, vocab=embed.vocab),
+                    OracleDrafter(half, 3)):  # fmt: skip
+        got = speculative_generate(forward, embed, drafter, ids, 12, chunk)
+        assert got.result.tokens == plain.tokens
+        assert got.result.top2_margins == plain.top2_margins
+        assert all(np.array_equal(a, b) for a, b in zip(got.result.rows, plain.rows, strict=True))
+        assert sum(r.tokens for r in got.rounds) == 12
+
+
+def test_acceptance_is_counted_per_target_forward(trained: tuple) -> None:
+    """With one prefill length: a draft of k that always holds yields k + 1 tokens per forward, one that never holds
+    yields 1; the prompt's round (no draft yet, the engine's prefill) is not counted."""
+    forward, embed, ids = trained
+    k, n = 3, 13  # 1 from the prompt's forward, then 3 rounds of 4
+    plain = recompute_generate(forward, embed, ids, n, 128)
+    right = speculative_generate(forward, embed, OracleDrafter(plain.sequence, k), ids, n, 128)
+    rounds = [(len(r.draft), r.accepted, r.tokens, r.forwards) for r in right.rounds]
+    assert rounds == [(0, 0, 1, 1)] + [(3, 3, 4, 1)] * 3
+    assert right.mean_accepted == k + 1 and right.forwards == 4
+    wrong = speculative_generate(forward, embed, OracleDrafter(plain.sequence, k, 1, embed.vocab), ids, n, 128)
+    assert all(r.accepted == 0 and r.tokens == 1 and r.forwards == 1 for r in wrong.rounds)
+    assert wrong.mean_accepted == 1.0 and wrong.forwards == n
+    assert right.result.tokens == wrong.result.tokens == plain.tokens
+
+
+def test_the_last_round_drafts_only_what_is_left(trained: tuple) -> None:
+    """The draft is cut to the tokens left (less the target's own one), so the loop never runs past
+    ``max_new_tokens``: 8 tokens with a right draft of 4 are 1 (prompt) + 5 + 2."""
+    forward, embed, ids = trained
+    plain = recompute_generate(forward, embed, ids, 8, 128)
+    got = speculative_generate(forward, embed, OracleDrafter(plain.sequence, 4), ids, 8, 128)
+    assert [(len(r.draft), r.tokens) for r in got.rounds] == [(0, 1), (4, 5), (1, 2)]
+    assert got.result.tokens == plain.tokens and got.result.stop_reason == "max_new_tokens"
+
+
+def test_tree_inputs_are_the_engines_tree_mask_and_positions() -> None:
+    """The engine's verifying forward for a two-wide tree: root children a, b; a's children c, d (the best 3 nodes:
+    a, b, c): rows sample, a, b, c; c sees a and not b; positions 0, 1, 1, 2."""
+    tree = DraftTree()
+    a, b = tree.add(10, -1, -0.1), tree.add(11, -1, -0.5)
+    c = tree.add(12, a, -0.2)
+    tree.add(13, a, -0.9)
+    assert tree.best(3) == [a, b, c]
+    tokens, mask, positions = tree.inputs(7, 3)
+    assert tokens == [7, 10, 11, 12] and positions.tolist() == [0, 1, 1, 2]
+    sees = mask[0, 0] == 0
+    assert sees.tolist() == [
+        [True, False, False, False],
+        [True, True, False, False],
+        [True, False, True, False],
+        [True, True, False, True],
+    ]
+    assert set(np.unique(mask).tolist()) == {0.0, float(np.finfo(np.float32).min)}
+    assert tree.paths(tree.best(3)) == [[b], [a, c]]
+    assert tree.chain(3) == [10, 12]
+    assert tree.chain(1) == [10]
