@@ -435,3 +435,62 @@ class OracleDrafter:
         if list(tokens) != self.sequence[:n]:
             return []
         return [(t + self.shift) % self.vocab if self.shift else t for t in self.sequence[n : n + self.draft_length]]
+
+
+@dataclass
+class EngineRun:
+    """Greedy tokens from MNN's own LLM engine (``MNN.llm``, with its KV cache), with or without speculation."""
+
+    prompt_ids: list[int]
+    tokens: list[int]
+    """The generated tokens (the engine may give a round's accepted tokens past ``max_new_tokens``)."""
+    forwards: int | None
+    """Target forwards after the prefill (speculation only: the count MNN's Eagle decoding appends after the
+    tokens when it stops, ``speculative_decoding/eagle.cpp``)."""
+
+    @property
+    def mean_accepted(self) -> float | None:
+        """Tokens per target forward after the prefill's token."""
+        return (len(self.tokens) - 1) / self.forwards if self.forwards else None
+
+
+ENGINE_FULL_PRECISION = {"precision": "high", "memory": "normal"}
+"""Float activations and weights decoded to fp32: with ``memory: low`` (llmexport's default) the engine quantizes
+activations on the fly, and a forward of several rows (speculation's) and one of one row (plain decoding's) may
+then part at a near-tie."""
+
+
+def engine_generate(
+    config_path: str | os.PathLike[str], prompt: str, max_new_tokens: int, *, speculative: bool, links: bool = False
+) -> EngineRun:
+    """``prompt``'s greedy continuation by PyPI MNN's engine with the model's config and full precision
+    (:data:`ENGINE_FULL_PRECISION`), its speculation on (the config's ``speculative_type``) or off."""
+    from mnnbuild.base.native import native_output
+    from mnnbuild.cpu import import_mnn, return_freed_memory
+    from mnnbuild_runtime.bundle import check_engine_files
+
+    config_path = Path(config_path)
+    config = read_config(config_path, links=links)
+    check_engine_files(config_path, config, links=links)  # the engine opens what the config names itself
+    kind = config.get("speculative_type", "") if speculative else ""
+    if speculative and not kind:
+        raise BundleError(f"{config_path}: field 'speculative_type' is not set; the engine cannot speculate")
+    import_mnn()
+    with native_output(f"MNN's LLM engine ({config_path})"):
+        import MNN.llm  # never MNN.tools
+
+        engine = MNN.llm.create(str(config_path))
+        engine.set_config({**ENGINE_FULL_PRECISION, "speculative_type": kind, "sampler_type": "greedy",
+                           "max_new_tokens": max_new_tokens, "use_template": False})  # fmt: skip
+        engine.load()
+        if engine.context.status.name in ("NOT_LOADED", "INTERNAL_ERROR"):
+            raise BundleError(f"{config_path}: MNN's LLM engine cannot load this model")
+        engine.response(prompt)
+        out, history = list(engine.context.output_tokens), list(engine.context.history_tokens)
+        del engine
+    return_freed_memory()
+    forwards = None
+    if kind == "eagle" and len(out) > 1 and out[:-1] == history[len(history) - len(out) + 1 :]:
+        forwards = out.pop()  # not a token: Eagle decoding's forward count (history_tokens has none)
+    prompt_ids = history[: len(history) - len(out)]
+    return EngineRun(prompt_ids, out, forwards)
