@@ -170,6 +170,18 @@ def _check_model_bounds(params: IoParams, config: dict[str, Any], config_path: P
             )
 
 
+def _check_verify_length(verify: int, params: IoParams, model_dir: Path) -> None:
+    """The verify forward must fit one prefill block (lookahead's goes through the engine's chunking, which asserts
+    it): checked here when the length came from the model's config (the spec checks its own)."""
+    longest = max(params.chunk_sizes)
+    if verify > longest:
+        raise ModelDirError(
+            f"{model_dir / MODEL_CONFIG}: field 'draft_predict_length' is {verify - 1}: a verify forward of {verify} "
+            f"tokens is longer than the longest prefill length {longest}; set spec field draft_predict_length "
+            f"<= {longest - 1} or a longer chunk"
+        )
+
+
 def _visual_feed(params: IoParams, model: MnnModel, model_file: Path, config: dict[str, Any]) -> Callable[[int], Feed]:
     """A VL encoder's samples, one per image size in spec order, each made when asked for."""
     assert params.visual_encoder is not None
@@ -215,7 +227,12 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                 f"{model_file}: graph input {unknown[0]!r} is not an {kind} input; "
                 f"expected inputs among {', '.join(part.inputs)}"
             )
-        shapes = [(seq_len, None) for seq_len in (DECODE_SEQ, *params.chunk_sizes)]
+        lengths = (DECODE_SEQ, *params.chunk_sizes)
+        if fetched.speculation is not None:
+            _check_verify_length(fetched.speculation.verify_length, params, model_dir)
+            # one more graph at the verify length (appended: the prefill graphs keep their names)
+            lengths += (fetched.speculation.verify_length,) if fetched.speculation.verify_length not in lengths else ()
+        shapes = [(seq_len, None) for seq_len in lengths]
         declared, hidden = model.input_dims, config["hidden_size"]
 
         def llm_feed(i: int) -> Feed:
@@ -275,6 +292,8 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             bar.close()
         spill.rmdir()
         used = {part.model_file, part.weight_file, LLM_CONFIG}
+        if fetched.speculation is not None and params.part == "llm":
+            used.add(MODEL_CONFIG)  # its speculative_type and draft_predict_length chose the verify sample
         manifest = IoManifest(
             model=inputs.model,
             inputs=[r.under("model") for r in fetched.outputs if r.path in used],

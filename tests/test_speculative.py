@@ -1,0 +1,153 @@
+"""Speculative decoding bundles: what fetch resolves, the verify-length graph in every plugin, the config fields,
+and the runtime refusing a bundle that would speculate without that graph."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from mnnbuild_runtime.bundle import Bundle, compiled_lengths
+from mnnbuild_runtime.errors import BundleError
+
+from mnnbuild.base.errors import ModelDirError
+from mnnbuild.manifests.partition import read_merge
+from mnnbuild.model.spec import LocalSource
+from mnnbuild.model.speculation import Speculation
+from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, fetch
+from tests.conftest import TINY_MODEL_DIR, doit
+
+PLAIN, LOOK = "tiny-plain", "tiny-look"
+
+
+def fetch_with(src: Path, out: Path, **asked: object) -> FetchManifest:
+    inputs = FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src)
+    return fetch(inputs, FetchParams(**asked), out)  # type: ignore[arg-type]
+
+
+def model_with_config(tmp_path: Path, **fields: object) -> Path:
+    """A copy of the tiny model whose config.json also has ``fields``."""
+    dst = tmp_path / "src-model"
+    shutil.copytree(TINY_MODEL_DIR, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, **fields}))
+    return dst
+
+
+def test_lookahead_is_resolved_from_spec_or_model_config(tmp_path: Path) -> None:
+    assert fetch_with(TINY_MODEL_DIR, tmp_path / "plain").speculation is None
+    asked = fetch_with(TINY_MODEL_DIR, tmp_path / "asked", speculative="lookahead").speculation
+    assert asked == Speculation(kind="lookahead", draft_predict_length=3) and asked.verify_length == 4
+    own = model_with_config(tmp_path, speculative_type="lookahead", draft_predict_length=5)
+    assert fetch_with(own, tmp_path / "own").speculation == Speculation(kind="lookahead", draft_predict_length=5)
+    overridden = fetch_with(own, tmp_path / "override", draft_predict_length=2).speculation
+    assert overridden is not None and overridden.verify_length == 3
+    assert fetch_with(own, tmp_path / "off", speculative="off").speculation is None
+
+
+@pytest.mark.parametrize(
+    ("config", "asked", "expected"),
+    [
+        (
+            {},
+            {"speculative": "eagle"},
+            "(source of m): required file eagle.mnn is missing: spec field 'speculative' is 'eagle', which needs the "
+            "Eagle draft's files (config.json field 'eagle_model', default 'eagle.mnn')",
+        ),
+        (
+            {"speculative_type": "eagle"},
+            {},
+            "required file eagle.mnn is missing: config.json field 'speculative_type' is 'eagle', which needs",
+        ),
+        (
+            {"speculative_type": "mtp"},
+            {},
+            "config.json: field 'speculative_type' is 'mtp'; bundles are built for 'eagle' or 'lookahead' "
+            "speculation: set spec field speculative = 'off'",
+        ),
+        ({"draft_predict_length": "3"}, {"speculative": "lookahead"}, "field 'draft_predict_length' must be a pos"),
+    ],
+    ids=["eagle-asked-of-a-plain-model", "eagle-config-of-a-plain-model", "unsupported-kind", "bad-draft-length"],
+)
+def test_a_model_that_cannot_speculate_is_one_line_at_fetch(
+    tmp_path: Path, config: dict[str, object], asked: dict[str, object], expected: str
+) -> None:
+    src = model_with_config(tmp_path, **config)
+    with pytest.raises(ModelDirError) as exc:
+        fetch_with(src, tmp_path / "out", **asked)
+    assert expected in str(exc.value) and "\n" not in str(exc.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model's bundle without speculation and with lookahead, one doit run."""
+    root = tmp_path_factory.mktemp("speculative")
+    specs = root / "specs"
+    specs.mkdir()
+    for name, extra in ((PLAIN, ""), (LOOK, 'speculative = "lookahead"\n')):
+        (specs / f"{name}.toml").write_text(
+            f'name = "{name}"\nsource = {{ local = "{TINY_MODEL_DIR}" }}\nchunk_size = 128\ntargets = ["v79"]\n{extra}'
+        )
+    doit(root, "bundle:tiny-plain-v79", "bundle:tiny-look-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=True)
+    return root / "artifacts"
+
+
+def bundle_dir(artifacts: Path, name: str) -> Path:
+    return artifacts / name / "v79" / "bundle" / "model" / TINY_MODEL_DIR.name
+
+
+def test_lookahead_adds_the_verify_graph_to_every_plugin(built: Path) -> None:
+    plain, look = read_merge(built / PLAIN / "partition"), read_merge(built / LOOK / "partition")
+    assert plain.keys() == look.keys() and plain
+    for binary, graphs in look.items():
+        # the prefill graphs keep their names; the verify length's is appended
+        assert graphs[:-1] == plain[binary] and len(graphs) == len(plain[binary]) + 1
+    opened = Bundle.open(bundle_dir(built, LOOK))
+    assert {frozenset(compiled_lengths(p) or ()) for p in opened.plugins} == {frozenset({1, 4, 128})}
+    assert {frozenset(compiled_lengths(p) or ()) for p in Bundle.open(bundle_dir(built, PLAIN)).plugins} == {
+        frozenset({1, 128})
+    }
+
+
+def test_lookahead_writes_the_engine_config(built: Path) -> None:
+    config = json.loads((bundle_dir(built, LOOK) / "config_qnn.json").read_text())
+    plain = json.loads((bundle_dir(built, PLAIN) / "config_qnn.json").read_text())
+    added = {k: v for k, v in config.items() if k not in plain}
+    assert added == {
+        "speculative_type": "lookahead",
+        "draft_predict_length": 3,
+        "draft_match_strictness": "low",
+        "draft_selection_rule": "freqxlen",
+        "ngram_match_maxlen": 4,
+        "ngram_update": False,
+    }
+    # lookahead's verify forward is padded to a chunk_limits entry by the engine: 4 is one
+    assert config["chunk_limits"] == [128, 4, 1] and plain["chunk_limits"] == [128, 1]
+    assert {k: v for k, v in config.items() if k in plain and k != "chunk_limits"} == {
+        k: v for k, v in plain.items() if k != "chunk_limits"
+    }
+
+
+def test_a_plain_bundle_has_no_speculation_and_ships_the_same_files(built: Path) -> None:
+    plain, look = bundle_dir(built, PLAIN), bundle_dir(built, LOOK)
+    assert "speculative_type" not in json.loads((plain / "config_qnn.json").read_text())
+    names = sorted(p.relative_to(plain).as_posix() for p in plain.rglob("*") if p.is_file())
+    assert names == sorted(p.relative_to(look).as_posix() for p in look.rglob("*") if p.is_file())
+    assert not any(p.is_symlink() for p in look.rglob("*"))
+
+
+def test_a_bundle_without_the_verify_graph_is_refused_in_one_line(built: Path, tmp_path: Path) -> None:
+    """A bundle whose config speculates but whose plugins lack the verify length: MNN's plugin would find no graph
+    for the verify forward."""
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_dir(built, PLAIN), copy)
+    config = json.loads((copy / "config_qnn.json").read_text())
+    (copy / "config_qnn.json").write_text(json.dumps({**config, "speculative_type": "lookahead"}))
+    with pytest.raises(BundleError) as exc:
+        Bundle.open(copy)
+    message = str(exc.value)
+    assert "\n" not in message
+    assert f"{copy / 'config_qnn.json'}: field 'speculative_type' is 'lookahead'" in message
+    assert "verifies 4 tokens per forward" in message and "compiled for [1, 128] tokens" in message
