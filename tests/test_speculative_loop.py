@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from mnnbuild_runtime import Embeddings, cpu_forward_fn, recompute_generate
-from mnnbuild_runtime.speculative import DraftTree, OracleDrafter, speculative_generate
+from mnnbuild_runtime import (
+    Embeddings,
+    GenerationResult,
+    cpu_forward_fn,
+    draft_feeds,
+    draft_rows,
+    recompute_generate,
+)
+from mnnbuild_runtime.speculative import DraftTree, OracleDrafter, Round, SpeculativeResult, speculative_generate
 from mnnbuild_runtime.tokenizer import Tokenizer
 
+from mnnbuild.base.compare import Tolerance
+from mnnbuild.verify.failures import speculation_failures
+from mnnbuild.verify.report import SpeculationCheck
+from mnnbuild.verify.speculation import judge
 from tests.conftest import PROJECT_ROOT
 
 TRAINED = PROJECT_ROOT / "models" / "tiny-qwen3-trained"
@@ -84,3 +95,41 @@ def test_tree_inputs_are_the_engines_tree_mask_and_positions() -> None:
     assert tree.paths(tree.best(3)) == [[b], [a, c]]
     assert tree.chain(3) == [10, 12]
     assert tree.chain(1) == [10]
+
+
+def test_verify_names_the_step_where_speculative_tokens_leave_plain_greedy(trained: tuple) -> None:
+    """A loop that accepts a draft token the target does not pick (a wrong acceptance rule) gives other tokens than
+    plain greedy decoding: verify's judgement fails, naming the first such step; the same flip at a near-tie (a
+    tie margin wide enough for it) is allowed and named as one."""
+
+    forward, embed, ids = trained
+    plain = recompute_generate(forward, embed, ids, 10, 128)
+    honest = speculative_generate(forward, embed, OracleDrafter(plain.sequence, 3), ids, 10, 128)
+    tol = Tolerance()
+    assert judge(honest, plain, tol)[1:] == (None, None, True)
+    # accepted as drafted: the target's least likely token at step 5, then the rows of that sequence
+    wrong_at = 5
+    bad = int(plain.rows[wrong_at].argmin())
+    tokens = [*plain.tokens[:wrong_at], bad, *plain.tokens[wrong_at + 1 :]]
+    logits = {size: forward(feed)["logits"] for size, feed in draft_feeds(embed, ids, tokens, 10, 128).items()}
+    rows = draft_rows(logits, ids, tokens, 128)
+    broken = SpeculativeResult(
+        GenerationResult(ids, tokens, "max_new_tokens", 128, rows=rows), [Round(tokens, 10, 10, 1)], 10
+    )
+    steps, first, note, ok = judge(broken, plain, tol)
+    assert (first, ok) == (wrong_at, False) and len(steps) == wrong_at + 1
+    assert note is not None and f"at new token {wrong_at}" in note and "NOT a near-tie" in note
+    check = SpeculationCheck(
+        kind="eagle",
+        cpu_tokens=plain.tokens,
+        bundle_tokens=tokens,
+        steps=steps,
+        first_difference=first,
+        difference_note=note,
+        passed=ok,
+    )
+    (line,) = [f.line for f in speculation_failures(check, tol)]
+    assert line.startswith(f"speculation: at new token {wrong_at} the bundle's speculative loop gives {bad} where")
+    wide = Tolerance(tie_margin=1e9)
+    _, first, note, ok = judge(broken, plain, wide)
+    assert (first, ok) == (wrong_at, True) and note is not None and "a near-tie, tolerated" in note

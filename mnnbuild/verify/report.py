@@ -239,6 +239,7 @@ class SpeculationCheck(BaseModel):
     steps: list[GenerationStep] = Field(default_factory=list)
     """Per step up to ``first_difference``: the bundle loop's row vs the CPU's, on the same prefix."""
     seconds: float | None = None
+    note: str | None = None
     passed: bool
     problem: str | None = None
 
@@ -572,6 +573,8 @@ def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
             f"    NPU weight bytes per generated token: {per_token} MB (per forward "
             f"{c.npu_weight_bytes_per_forward / 1e6:.2f} MB / mean accepted; a size, not a speed)"
         )
+    if c.note:
+        lines.append(f"  {c.note}")
     if c.problem:
         lines.append(f"  problem: {c.problem}")
     lines.append(f"  speculation: {_ok(c.passed)} in {_f(c.seconds, '.1f')} s")

@@ -39,7 +39,15 @@ import numpy as np
 
 from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import CpuRuntime, forward_vars, load_module, load_vars, to_numpy, to_var
-from mnnbuild.mnn.llm import MODEL_CONFIG
+from mnnbuild.mnn.llm import (
+    DEFAULT_DRAFT_LENGTH,
+    DRAFT_LENGTH_FIELD,
+    EAGLE,
+    EAGLE_FILE_FIELDS,
+    EAGLE_TREE_DEFAULTS,
+    MODEL_CONFIG,
+    SPECULATIVE_TYPE,
+)
 from mnnbuild_runtime.bundle import bundle_path, read_config
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.generate import (
@@ -89,28 +97,23 @@ def speculation_config(config_path: str | os.PathLike[str], *, links: bool = Fal
     directory. ``links``: a fetched model dir (see :func:`~mnnbuild_runtime.bundle.bundle_path`)."""
     config_path = Path(config_path)
     config = read_config(config_path, links=links)
-    kind = config.get("speculative_type", "")
+    kind = config.get(SPECULATIVE_TYPE, "")
     if kind in ("", None):
         return None
     if not isinstance(kind, str):
-        raise BundleError(f"{config_path}: field 'speculative_type' must be a string, got {kind!r}")
-    length = _positive(config_path, config, "draft_predict_length", 3)
-    if kind != "eagle":
+        raise BundleError(f"{config_path}: field {SPECULATIVE_TYPE!r} must be a string, got {kind!r}")
+    length = _positive(config_path, config, DRAFT_LENGTH_FIELD, DEFAULT_DRAFT_LENGTH)
+    if kind != EAGLE:
         return SpeculationConfig(kind, length)
     files = {}
-    for key in ("eagle_model", "eagle_fc", "eagle_d2t"):
-        name = config.get(key, f"{key.replace('_model', '')}.mnn")
+    for key, default in EAGLE_FILE_FIELDS.items():
+        name = config.get(key, default)
         path = bundle_path(config_path.parent, name, f"{config_path}: field {key!r}", links=links)
         if not path.is_file():
             raise BundleError(f"{config_path}: field {key!r} = {name!r} but {path} does not exist")
         files[key] = path
-    return SpeculationConfig(
-        kind,
-        length,
-        topk=_positive(config_path, config, "eagle_topk", 1),
-        depth=_positive(config_path, config, "eagle_depth", 3),
-        **files,
-    )
+    tree = {key: _positive(config_path, config, key, default) for key, default in EAGLE_TREE_DEFAULTS.items()}
+    return SpeculationConfig(kind, length, topk=tree["eagle_topk"], depth=tree["eagle_depth"], **files)
 
 
 @dataclass
@@ -206,7 +209,7 @@ class EagleDrafter:
         self.model_dir = Path(model_dir)
         config_path = self.model_dir / config_name
         spec = speculation_config(config_path, links=links)
-        if spec is None or spec.kind != "eagle":
+        if spec is None or spec.kind != EAGLE:
             raise BundleError(f"{config_path}: field 'speculative_type' is not 'eagle'; no Eagle draft to load")
         assert spec.eagle_model is not None and spec.eagle_fc is not None and spec.eagle_d2t is not None
         self.config = spec
@@ -490,7 +493,7 @@ def engine_generate(
         del engine
     return_freed_memory()
     forwards = None
-    if kind == "eagle" and len(out) > 1 and out[:-1] == history[len(history) - len(out) + 1 :]:
+    if kind == EAGLE and len(out) > 1 and out[:-1] == history[len(history) - len(out) + 1 :]:
         forwards = out.pop()  # not a token: Eagle decoding's forward count (history_tokens has none)
     prompt_ids = history[: len(history) - len(out)]
     return EngineRun(prompt_ids, out, forwards)
