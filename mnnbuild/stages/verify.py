@@ -349,7 +349,8 @@ def _check_part(
                     if gen is not None:
                         t0 = time.perf_counter()
                         report.speculation = _check_speculation(model, inputs, params, gen, contexts)
-                        _add(timings, "speculation", t0)
+                        if report.speculation is not None:  # a plain bundle's report stays as it was
+                            _add(timings, "speculation", t0)
                 else:
                     found.append(
                         failures.structure(
