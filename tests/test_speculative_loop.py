@@ -66,11 +66,12 @@ def test_acceptance_is_counted_per_target_forward(trained: tuple) -> None:
 
 def test_the_last_round_drafts_only_what_is_left(trained: tuple) -> None:
     """The draft is cut to the tokens left (less the target's own one), so the loop never runs past
-    ``max_new_tokens``: 8 tokens with a right draft of 4 are 1 (prompt) + 5 + 2."""
+    ``max_new_tokens``: 8 tokens with a right draft of 4 are 1 (prompt) + 5 + 2; the cut round is not in the mean."""
     forward, embed, ids = trained
     plain = recompute_generate(forward, embed, ids, 8, 128)
     got = speculative_generate(forward, embed, OracleDrafter(plain.sequence, 4), ids, 8, 128)
-    assert [(len(r.draft), r.tokens) for r in got.rounds] == [(0, 1), (4, 5), (1, 2)]
+    assert [(len(r.draft), r.tokens, r.cut) for r in got.rounds] == [(0, 1, False), (4, 5, False), (1, 2, True)]
+    assert got.mean_accepted == 5.0  # the cut round is not a full round's measure
     assert got.result.tokens == plain.tokens and got.result.stop_reason == "max_new_tokens"
 
 

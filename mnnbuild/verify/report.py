@@ -202,6 +202,8 @@ class SpeculationRound(BaseModel):
     """Tokens the round added."""
     forwards: int
     """Target forwards it ran."""
+    cut: bool = False
+    """Its draft was cut to the tokens left (the last round; not in the mean)."""
 
 
 class SpeculationCheck(BaseModel):
@@ -228,7 +230,7 @@ class SpeculationCheck(BaseModel):
     """Target forwards of the bundle's loop."""
     mean_accepted: float | None = None
     """Tokens per target forward over the rounds that drafted (the prompt's forward excluded, as MNN's engine
-    counts its decode)."""
+    counts its decode; a last round cut to the tokens left too, unless it is the only one)."""
     npu_weight_bytes_per_forward: int | None = None
     """NPU weight bytes one forward reads (every plugin weight once, as stored)."""
     npu_weight_bytes_per_token: float | None = None

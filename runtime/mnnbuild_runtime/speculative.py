@@ -328,6 +328,8 @@ class Round:
     """Tokens the round added (``accepted`` and the target's own next one, unless the loop ended)."""
     forwards: int
     """Target forwards it ran (one per prefill length its tokens reach)."""
+    cut: bool = False
+    """The draft was cut to the tokens left (the last round): not a full round's measure."""
 
 
 @dataclass
@@ -344,8 +346,10 @@ class SpeculativeResult:
     @property
     def mean_accepted(self) -> float | None:
         """Tokens per target forward over the drafted rounds (the first round, the prompt's, has no draft: the
-        engine's prefill), as MNN's engine counts its decode; None when no round drafted."""
-        drafted = [r for r in self.rounds if r.draft]
+        engine's prefill), as MNN's engine counts its decode; a last round whose draft was cut to the tokens left
+        counts only when no other round drafted (the engine does not cut it: it may give tokens past the limit).
+        None when no round drafted."""
+        drafted = [r for r in self.rounds if r.draft and not r.cut] or [r for r in self.rounds if r.draft]
         forwards = sum(r.forwards for r in drafted)
         return sum(r.tokens for r in drafted) / forwards if forwards else None
 
@@ -393,14 +397,14 @@ def speculative_generate(
             break
         room = min(max_new_tokens - len(result.tokens), largest - len(seq))
         ready = len(hidden) == len(seq) - 1 and has_hidden
-        draft = drafter.propose(seq, np.stack(hidden)) if ready else []
-        draft = [int(t) for t in draft][: room - 1] if room > 1 else []
+        proposed = [int(t) for t in drafter.propose(seq, np.stack(hidden))] if ready else []
+        draft = proposed[: max(room - 1, 0)]
         seen.clear()
         outcome = follow_draft(confirm, embed, seq, draft, len(draft) + 1, chunk_arg, stop_ids, follow=False)
         got = outcome.result
         accepted = next((i for i, (a, b) in enumerate(zip(draft, got.tokens, strict=False)) if a != b), None)
         rounds.append(Round(draft, min(len(draft), len(got.tokens)) if accepted is None else accepted,
-                            len(got.tokens), outcome.forwards))  # fmt: skip
+                            len(got.tokens), outcome.forwards, len(draft) < len(proposed)))  # fmt: skip
         result.tokens += got.tokens
         result.top2_margins += got.top2_margins
         result.step_seconds += got.step_seconds
