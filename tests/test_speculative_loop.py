@@ -134,3 +134,23 @@ def test_verify_names_the_step_where_speculative_tokens_leave_plain_greedy(train
     wide = Tolerance(tie_margin=1e9)
     _, first, note, ok = judge(broken, plain, wide)
     assert (first, ok) == (wrong_at, True) and note is not None and "a near-tie, tolerated" in note
+
+
+def test_a_sure_drafts_chain_gives_way_to_a_branch_for_the_tree_sample() -> None:
+    """A draft so sure that its best nodes form a chain (a, a's child c, c's child e) would make the tree-shaped
+    sample's mask causal: the deepest (e) gives way to the best node branching off the rest (b, under the root);
+    a child of c would only make the chain again. Best nodes that already branch are kept as they are."""
+    tree = DraftTree()
+    a, b = tree.add(10, -1, -0.01), tree.add(11, -1, -3.0)
+    c = tree.add(12, a, -0.01)
+    tree.add(13, a, -4.0)
+    e, f = tree.add(14, c, -0.01), tree.add(15, c, -0.5)
+    assert tree.best(3) == [a, c, e] and len(tree.paths(tree.best(3))) == 1
+    assert tree.branching(3) == [a, b, c] and f not in tree.branching(3)
+    _, mask, positions = tree.inputs(7, 3, tree.branching(3))
+    assert positions.tolist() == [0, 1, 1, 2] and not np.array_equal(mask[0, 0] == 0, np.tril(np.ones((4, 4), bool)))
+    bushy = DraftTree()
+    x, y = bushy.add(1, -1, -0.1), bushy.add(2, -1, -0.2)
+    bushy.add(3, x, -0.5)
+    assert bushy.branching(3) == bushy.best(3) == [x, y, 2]
+    assert tree.branching(1) == [a]

@@ -157,6 +157,7 @@ def speculation_detail(v: VerifyReport) -> str:
     parts = []
     if c.tree_check is not None:
         shape = "chain" if c.tree is not None and c.tree.chain else "tree"
+        shape += " (forked)" if c.tree is not None and c.tree.forked else ""
         parts.append(f"{shape} sample at {c.verify_length} rows {'within' if c.tree_check.passed else 'OUT OF'} "
                      "tolerance")  # fmt: skip
     if c.first_difference is None:

@@ -189,7 +189,10 @@ class TreeSample(BaseModel):
     topk: int
     """Candidates per node the draft grew it with."""
     chain: bool
-    """The best nodes happen to form a chain (the mask is causal): the draft was that sure."""
+    """The nodes form a chain (the mask is causal): a draft too sure of itself for any branch."""
+    forked: bool = False
+    """The draft's best nodes formed a chain; its deepest gave way to the best node that branches, so the sample's
+    mask is a tree's."""
 
 
 class SpeculationRound(BaseModel):
@@ -536,6 +539,8 @@ def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
     ]
     if c.tree is not None:
         shape = "a chain (the draft was that sure)" if c.tree.chain else "a tree"
+        if c.tree.forked:
+            shape += ", its deepest best node swapped for the best branching one"
         lines.append(
             f"  (b) tree-shaped sample (topk {c.tree.topk}, {shape}): tokens {c.tree.tokens}, positions "
             f"{c.tree.positions}, mask rows {[''.join(map(str, r)) for r in c.tree.sees]}"

@@ -2,11 +2,13 @@
 forward on a real draft tree, and speculative generation against plain greedy decoding.
 
 - (b) tree-shaped sample: the original model on the CPU reads the prompt; its hidden rows feed the bundle's Eagle
-  draft, which grows a token tree (``eagle_topk`` at least 2, so it branches); the engine's verifying forward for it
-  (the sampled token and the ``draft_predict_length`` best nodes, at the verify length, with the tree mask and the
-  tree positions after the prompt) runs through the bundle and through the original model on the CPU, judged as
-  an io sample is (:func:`mnnbuild.verify.checks.check_whole_model`). Without a KV cache the rows see the tree only,
-  not the prompt: the sample exercises the verify-length graphs with the tree's mask and positions.
+  draft, which grows a token tree (``eagle_topk`` at least 2); the engine's verifying forward for it (the sampled
+  token and the ``draft_predict_length`` best nodes, at the verify length, with the tree mask and the tree positions
+  after the prompt; should the best nodes form a chain, the deepest gives way to the best node that branches:
+  :meth:`~mnnbuild_runtime.speculative.DraftTree.branching`) runs through the bundle and through the original model
+  on the CPU, judged as an io sample is (:func:`mnnbuild.verify.checks.check_whole_model`). Without a KV cache the
+  rows see the tree only, not the prompt: the sample exercises the verify-length graphs with the tree's mask and
+  positions.
 - (c) speculative generation: the bundle's speculative greedy loop (its Eagle draft on the CPU, its forwards in the
   simulator, :func:`mnnbuild_runtime.speculative.speculative_generate`) must give the original model's plain
   greedy tokens on the CPU (:func:`mnnbuild_runtime.generate.cpu_greedy_generate`). Up to the first token where
@@ -72,7 +74,8 @@ def tree_feed(
     sample = int(logits[n - 1].argmax())
     tree = drafter.tree([*prompt_ids, sample], hidden, topk=topk)
     size = drafter.config.verify_length
-    tokens, mask, positions = tree.inputs(sample, size - 1)
+    best, nodes = tree.best(size - 1), tree.branching(size - 1)
+    tokens, mask, positions = tree.inputs(sample, size - 1, nodes)
     if len(tokens) < size:
         raise ValueError(f"the draft's tree has {len(tokens) - 1} nodes for a verifying forward of {size} rows")
     feed = llm_inputs(embed(tokens), size, logits_index=0)
@@ -80,9 +83,8 @@ def tree_feed(
     feed["position_ids"] = (positions + n).reshape(1, size).astype(np.int32)
     sees = (mask[0, 0] == 0).astype(int).tolist()
     chain = bool(np.array_equal(mask[0, 0] == 0, np.tril(np.ones((size, size), dtype=bool))))
-    return TreeSample(
-        tokens=tokens, positions=feed["position_ids"][0].tolist(), sees=sees, topk=topk, chain=chain
-    ), feed
+    fed = feed["position_ids"][0].tolist()
+    return TreeSample(tokens=tokens, positions=fed, sees=sees, topk=topk, chain=chain, forked=nodes != best), feed
 
 
 def judge(

@@ -142,6 +142,19 @@ class DraftTree:
         ranked = sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], i))
         return sorted(ranked[:n])
 
+    def branching(self, n: int) -> list[int]:
+        """:meth:`best`'s nodes, unless they form a chain (a draft that sure of itself): then its deepest node gives
+        way to the best node that branches off the rest (a child of the root or of any kept node but the last), so
+        a tree mask that is not causal gets exercised. In creation order."""
+        kept = self.best(n)
+        if n < 2 or len(kept) < n or len(self.paths(kept)) > 1:
+            return kept
+        rest = kept[:-1]
+        ranked = sorted(range(len(self.tokens)), key=lambda i: (-self.scores[i], i))
+        forks = rest[:-1]  # a child of the last kept node would make the chain again
+        fork = next((i for i in ranked if i not in kept and (self.parents[i] < 0 or self.parents[i] in forks)), None)
+        return kept if fork is None else sorted([*rest, fork])
+
     def paths(self, kept: Sequence[int]) -> list[list[int]]:
         """Root-to-leaf paths through the ``kept`` nodes, as node indices, leaves in creation order."""
         keep = set(kept)
@@ -164,11 +177,14 @@ class DraftTree:
         best = max(paths, key=lambda p: (len(p), self.scores[p[-1]]))
         return [self.tokens[i] for i in best]
 
-    def inputs(self, sample_token: int, n: int) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """The engine's verifying forward for the ``n`` best nodes: tokens (the sampled token first), the tree mask
-        (``[1, 1, n+1, n+1]`` float, 0 where a row sees a column, the lowest float elsewhere: each node sees the
-        sampled token, its ancestors and itself) and positions relative to the sampled token's (its depth + 1)."""
-        kept = self.best(n)
+    def inputs(
+        self, sample_token: int, n: int, nodes: Sequence[int] | None = None
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """The engine's verifying forward for the ``n`` best nodes (or ``nodes``, closed under parents): tokens (the
+        sampled token first), the tree mask (``[1, 1, n+1, n+1]`` float, 0 where a row sees a column, the lowest
+        float elsewhere: each node sees the sampled token, its ancestors and itself) and positions relative to the
+        sampled token's (its depth + 1)."""
+        kept = sorted(nodes) if nodes is not None else self.best(n)
         index = {node: row + 1 for row, node in enumerate(kept)}
         size = len(kept) + 1
         sees = np.eye(size, dtype=bool)
