@@ -19,7 +19,7 @@ from mnnbuild_runtime.tokenizer import Tokenizer
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.verify.failures import speculation_failures
 from mnnbuild.verify.report import SpeculationCheck
-from mnnbuild.verify.speculation import judge
+from mnnbuild.verify.speculation import ReplayForward, judge
 from tests.conftest import PROJECT_ROOT
 
 TRAINED = PROJECT_ROOT / "models" / "tiny-qwen3-trained"
@@ -154,3 +154,28 @@ def test_a_sure_drafts_chain_gives_way_to_a_branch_for_the_tree_sample() -> None
     bushy.add(3, x, -0.5)
     assert bushy.branching(3) == bushy.best(3) == [x, y, 2]
     assert tree.branching(1) == [a]
+
+
+def test_the_loop_reads_the_generation_passs_rows_only_where_they_are_its_own(trained: tuple) -> None:
+    """Verify serves the bundle loop's forwards from the generation check's pass (`ReplayForward`): on the pass's
+    own sequence every forward is served and the loop is the one it runs on the forward itself, bit for bit; on a
+    pass over another sequence (its token 5 not the greedy one) the rows from the first that differs are NaN, so
+    the loop shows where it left the pass's rows (and verify runs it on the forward instead)."""
+    forward, embed, ids = trained
+    plain = recompute_generate(forward, embed, ids, 12, 128)
+    drafter = OracleDrafter(plain.sequence, 3)
+    own = speculative_generate(forward, embed, drafter, ids, 12, 128)
+
+    def pass_over(tokens: list[int]) -> dict[int, tuple[dict, dict]]:
+        feeds = draft_feeds(embed, ids, tokens, len(tokens), 128)
+        return {size: (feed, forward(feed)) for size, feed in feeds.items()}
+
+    served = ReplayForward(forward, pass_over(plain.tokens))
+    replayed = speculative_generate(served, embed, drafter, ids, 12, 128)
+    assert served.served == own.forwards and served.ran == 0
+    assert replayed.result.tokens == own.result.tokens and replayed.rounds == own.rounds
+    assert all(np.array_equal(a, b) for a, b in zip(replayed.result.rows, own.result.rows, strict=True))
+    other = [*plain.tokens[:5], (plain.tokens[5] + 1) % embed.vocab, *plain.tokens[6:]]
+    left = speculative_generate(ReplayForward(forward, pass_over(other)), embed, drafter, ids, 12, 128)
+    finite = [bool(np.isfinite(row).all()) for row in left.result.rows]
+    assert finite[:6] == [True] * 6 and not all(finite[6:]) and left.result.tokens[:6] == plain.tokens[:6]

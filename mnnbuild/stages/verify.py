@@ -237,6 +237,8 @@ def _run_bundle(
     if gen is not None:
         gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
         gen_runs |= {size: by_sample[i] for size, i in gen.shared.items()}
+        fed = gen_feeds | {size: samples[i].feed for size, i in gen.shared.items()}
+        gen.bundle_runs = {size: (fed[size], run.outputs) for size, run in gen_runs.items() if run.error is None}
         with progress(desc="verify: generation", unit="step") as bar:
 
             def forward(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -271,6 +273,7 @@ def _check_speculation(
         params.runtime,
         params.model_tolerance,
         speculation.npu_weight_bytes(contexts),
+        replay=gen.bundle_runs,
     )
 
 

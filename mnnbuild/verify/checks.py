@@ -508,6 +508,9 @@ class GenerationRun:
         """By prefill length: the io sample whose bundle run is also this check's forward (:meth:`share`)."""
         self._wanted: dict[int, list[str]] = {}
         self._cpu: tuple[ForwardFn, Embeddings, Redraft] | None = None
+        self.bundle_runs: dict[int, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] = {}
+        """By length: the bundle pass's inputs and outputs over the sequence (its feeds and the shared samples'), for
+        a speculating bundle's loop to read its rows from (`mnnbuild.verify.speculation.ReplayForward`)."""
 
     def reference(self) -> None:
         """The sequence and, per step, the CPU's logits row, here and now (a failure is recorded)."""

@@ -231,6 +231,10 @@ class SpeculationCheck(BaseModel):
     rounds: list[SpeculationRound] = Field(default_factory=list)
     forwards: int = 0
     """Target forwards of the bundle's loop."""
+    replayed_forwards: int = 0
+    """Of them, those whose rows came from the generation check's bundle pass (the same rows: causal mask)."""
+    simulator_forwards: int = 0
+    """Of them, those the loop ran in the simulator itself."""
     mean_accepted: float | None = None
     """Tokens per target forward over the rounds that drafted (the prompt's forward excluded, as MNN's engine
     counts its decode; a last round cut to the tokens left too, unless it is the only one)."""
@@ -532,10 +536,11 @@ def format_report(r: VerifyReport) -> str:
 
 def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
     """verify.txt's section on a speculating bundle."""
+    tree = f", eagle_topk {c.topk}, eagle_depth {c.depth}" if c.kind == "eagle" else ""
     lines = [
         "",
-        f"speculative decoding ({c.kind}): draft_predict_length {c.draft_length}, eagle_topk {c.topk}, "
-        f"eagle_depth {c.depth}; the engine verifies a draft in one forward of {c.verify_length} rows",
+        f"speculative decoding ({c.kind}): draft_predict_length {c.draft_length}{tree}; the engine verifies a draft "
+        f"in one forward of {c.verify_length} rows",
     ]
     if c.tree is not None:
         shape = "a chain (the draft was that sure)" if c.tree.chain else "a tree"
@@ -569,12 +574,16 @@ def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
         if c.steps:
             worst = max(c.steps, key=lambda s: s.logits.severity(tol))
             lines.append(f"    per step (same prefix): worst {worst.logits.describe(tol)}")
+        lines.append(
+            f"    the loop's {c.forwards} bundle forwards: {c.replayed_forwards} read from the generation check's pass "
+            f"(the same rows, by the causal mask), {c.simulator_forwards} run in the simulator"
+        )
         accepted = [f"{r.accepted}/{len(r.draft)}" for r in c.rounds if r.draft]
         lines.append(
             f"    mean accepted tokens per target forward: {_f(c.mean_accepted, '.3f')} ({c.forwards} forwards;"
             f" draft tokens accepted per round: {' '.join(accepted) or 'none drafted'})"
         )
-    if c.npu_weight_bytes_per_forward is not None:
+    if c.npu_weight_bytes_per_forward is not None and c.mean_accepted is not None:
         per_token = _f(None if c.npu_weight_bytes_per_token is None else c.npu_weight_bytes_per_token / 1e6, ".2f")
         lines.append(
             f"    NPU weight bytes per generated token: {per_token} MB (per forward "
@@ -584,5 +593,5 @@ def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
         lines.append(f"  {c.note}")
     if c.problem:
         lines.append(f"  problem: {c.problem}")
-    lines.append(f"  speculation: {_ok(c.passed)} in {_f(c.seconds, '.1f')} s")
+    lines.append(f"  speculation: {_ok(c.passed)}" + ("" if c.seconds is None else f" in {c.seconds:.1f} s"))
     return lines
