@@ -669,22 +669,9 @@ class GenerationRun:
             check.engine_partings = self._partings(tol)  # recorded: the steps are judged against the forward
             ok = True
             for i, (hyb_row, cpu_row) in enumerate(zip(hyb_rows, cpu_rows, strict=True)):
-                token, pick = int(cpu_row.argmax()), int(hyb_row.argmax())
-                flip = pick != token
-                tolerated = flip and is_near_tie(cpu_row, token, pick, tol)
-                step_logits = compare(f"step {i} logits", hyb_row, cpu_row, tol)
-                check.steps.append(
-                    GenerationStep(
-                        step=i,
-                        cpu_token=token,
-                        hybrid_pick=pick,
-                        cpu_margin=top2_margin(cpu_row),
-                        logits=step_logits,
-                        tolerated_flip=tolerated,
-                        cpu_lead=lead(cpu_row, token, pick) if flip else None,
-                    )
-                )
-                ok = ok and step_logits.passed and (not flip or tolerated)
+                step = generation_step(i, hyb_row, cpu_row, int(cpu_row.argmax()), int(hyb_row.argmax()), tol)
+                check.steps.append(step)
+                ok = ok and step_passed(step)
             first = hyb.rejected
             check.hybrid_tokens = list(hyb.result.tokens)
             check.followed = first is not None and self.follow
@@ -702,6 +689,27 @@ class GenerationRun:
             check.problem = describe_error(exc)
             check.passed = False
         return check
+
+
+def generation_step(
+    i: int, got_row: np.ndarray, cpu_row: np.ndarray, token: int, pick: int, tol: Tolerance
+) -> GenerationStep:
+    """Step ``i`` of a generation, both rows on the same prefix: the CPU's ``token`` and the bundle's ``pick``, a flip
+    tolerated only on a near-tie of the CPU's row, the rows within the model tolerance."""
+    flip = pick != token
+    return GenerationStep(
+        step=i,
+        cpu_token=token,
+        hybrid_pick=pick,
+        cpu_margin=top2_margin(cpu_row),
+        logits=compare(f"step {i} logits", got_row, cpu_row, tol),
+        tolerated_flip=flip and is_near_tie(cpu_row, token, pick, tol),
+        cpu_lead=lead(cpu_row, token, pick) if flip else None,
+    )
+
+
+def step_passed(step: GenerationStep) -> bool:
+    return step.logits.passed and (step.hybrid_pick == step.cpu_token or step.tolerated_flip)
 
 
 def _divergence_note(s: GenerationStep, engine_token: int) -> str:

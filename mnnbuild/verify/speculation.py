@@ -40,12 +40,11 @@ from mnnbuild_runtime.speculative import (
     speculative_generate,
 )
 
-from mnnbuild.base.compare import Tolerance, compare
+from mnnbuild.base.compare import Tolerance
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.mnn.llm import EAGLE
-from mnnbuild.verify.checks import Sample, check_whole_model
-from mnnbuild.verify.compare import is_near_tie, lead, top2_margin
+from mnnbuild.verify.checks import Sample, check_whole_model, generation_step, step_passed
 from mnnbuild.verify.reference import describe_error
 from mnnbuild.verify.report import GenerationStep, SpeculationCheck, SpeculationRound, TreeSample
 
@@ -135,24 +134,13 @@ def judge(
     of the CPU's row. Returns the steps, that step (None: the same tokens), a note on it and the verdict."""
     steps, first, note, ok = [], None, None, True
     for i, (got, want) in enumerate(zip(spec.result.tokens, cpu.tokens, strict=False)):
-        got_row, cpu_row = spec.result.rows[i], cpu.rows[i]
-        flip = got != want
-        tolerated = flip and is_near_tie(cpu_row, want, got, tol)
-        logits = compare(f"step {i} logits", got_row, cpu_row, tol)
-        step = GenerationStep(
-            step=i,
-            cpu_token=want,
-            hybrid_pick=got,
-            cpu_margin=top2_margin(cpu_row),
-            logits=logits,
-            tolerated_flip=tolerated,
-            cpu_lead=lead(cpu_row, want, got) if flip else None,
-        )
+        step = generation_step(i, spec.result.rows[i], cpu.rows[i], want, got, tol)
         steps.append(step)
-        ok = ok and logits.passed and (not flip or tolerated)
+        ok = ok and step_passed(step)
+        flip = got != want
         if flip:
             first = i
-            tie = "a near-tie, tolerated" if tolerated else "NOT a near-tie"
+            tie = "a near-tie, tolerated" if step.tolerated_flip else "NOT a near-tie"
             note = (
                 f"at new token {i} the bundle's speculative loop gives {got} where the CPU's plain greedy "
                 f"decoding gives {want}, which the CPU prefers by {step.cpu_lead:.4g} (top-2 margin "
