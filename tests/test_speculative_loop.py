@@ -13,7 +13,15 @@ from mnnbuild_runtime import (
     draft_rows,
     recompute_generate,
 )
-from mnnbuild_runtime.speculative import DraftTree, OracleDrafter, Round, SpeculativeResult, speculative_generate
+from mnnbuild_runtime.errors import BundleError
+from mnnbuild_runtime.speculative import (
+    DraftTree,
+    OracleDrafter,
+    Round,
+    SpeculativeResult,
+    engine_generate,
+    speculative_generate,
+)
 from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.base.compare import Tolerance
@@ -179,3 +187,15 @@ def test_the_loop_reads_the_generation_passs_rows_only_where_they_are_its_own(tr
     left = speculative_generate(ReplayForward(forward, pass_over(other)), embed, drafter, ids, 12, 128)
     finite = [bool(np.isfinite(row).all()) for row in left.result.rows]
     assert finite[:6] == [True] * 6 and not all(finite[6:]) and left.result.tokens[:6] == plain.tokens[:6]
+
+
+def test_mnn_engines_plain_greedy_run_is_the_recompute_loop_and_a_plain_model_cannot_speculate(trained: tuple) -> None:
+    """`engine_generate` (PyPI MNN's engine at full precision) on a plain model: its greedy tokens are the recompute
+    loop's; asking it to speculate is one line naming the config field."""
+    forward, embed, _ = trained
+    run = engine_generate(TRAINED / "config.json", "the cat", 8, speculative=False)
+    assert run.forwards is None and run.tokens == recompute_generate(forward, embed, run.prompt_ids, 8, 128).tokens
+    with pytest.raises(BundleError) as exc:
+        engine_generate(TRAINED / "config.json", "the cat", 8, speculative=True)
+    expected = f"{TRAINED / 'config.json'}: field 'speculative_type' is not set; the engine cannot speculate"
+    assert str(exc.value) == expected

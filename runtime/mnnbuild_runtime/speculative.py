@@ -38,7 +38,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from mnnbuild.base.errors import MNNFormatError
-from mnnbuild.cpu import CpuRuntime, forward_vars, load_module, load_vars, to_numpy, to_var
+from mnnbuild.base.native import native_output
+from mnnbuild.cpu import (
+    CpuRuntime,
+    forward_vars,
+    import_mnn,
+    load_module,
+    load_vars,
+    return_freed_memory,
+    to_numpy,
+    to_var,
+)
 from mnnbuild.mnn.llm import (
     DEFAULT_DRAFT_LENGTH,
     DRAFT_LENGTH_FIELD,
@@ -48,7 +58,7 @@ from mnnbuild.mnn.llm import (
     MODEL_CONFIG,
     SPECULATIVE_TYPE,
 )
-from mnnbuild_runtime.bundle import bundle_path, read_config
+from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.generate import (
     Embeddings,
@@ -488,10 +498,6 @@ def engine_generate(
 ) -> EngineRun:
     """``prompt``'s greedy continuation by PyPI MNN's engine with the model's config and full precision
     (:data:`ENGINE_FULL_PRECISION`), its speculation on (the config's ``speculative_type``) or off."""
-    from mnnbuild.base.native import native_output
-    from mnnbuild.cpu import import_mnn, return_freed_memory
-    from mnnbuild_runtime.bundle import check_engine_files
-
     config_path = Path(config_path)
     config = read_config(config_path, links=links)
     check_engine_files(config_path, config, links=links)  # the engine opens what the config names itself
