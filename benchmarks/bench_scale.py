@@ -168,7 +168,7 @@ def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path
     from mnnbuild.manifests.partition import PartitionManifest, read_merge
     from mnnbuild.manifests.plugin import plugin_part
     from mnnbuild.model.targets import soc_for_arch
-    from mnnbuild.partition.lowered import PluginGraphs
+    from mnnbuild.plugin.lowered import PluginGraphs
     from mnnbuild.qnn import HtpTarget, QnnLibrary
 
     soc = soc_for_arch(arch)
