@@ -94,6 +94,18 @@ def _check_graph(model_dir: Path, name: str) -> None:
         raise ModelDirError(str(exc)) from None
 
 
+def engine_files(model_dir: Path) -> tuple[str, ...]:
+    """The draft files MNN's engine loads with the model as its ``config.json`` stands (an Eagle model's, those
+    present): fetch links them whatever the spec asks, since io's tokenizer loads the model by that config, and
+    PyPI MNN crashes (SIGSEGV) on an Eagle config whose ``eagle_d2t`` file is missing."""
+    config = read_model_config(model_dir)
+    if config.get(SPECULATIVE_TYPE) != EAGLE:
+        return ()
+    names = [config.get(field, default) for field, default in EAGLE_FILE_FIELDS.items()]
+    names = [n for name in names if isinstance(name, str) for n in (name, f"{name}.weight")]
+    return tuple(n for n in names if re.fullmatch(_PLAIN_FILE_NAME, n) and (Path(model_dir) / n).is_file())
+
+
 def resolve(
     model_dir: Path,
     label: str,
