@@ -29,7 +29,7 @@ from mnnbuild.mnn.llm import (
     SPECULATIVE_TYPES,
     eagle_tree_tokens,
 )
-from mnnbuild.model.modeldir import read_model_config
+from mnnbuild.model.modeldir import PLAIN_FILE_NAME, read_model_config
 
 SpeculativeKind = Literal["eagle", "lookahead"]
 SpeculativeAsk = Literal["eagle", "lookahead", "off"]
@@ -37,7 +37,6 @@ HIDDEN_STATES = "hidden_states"
 """An Eagle target's second output: its tapped hidden states, the draft's input (``config.json`` ``hidden_states``)."""
 EAGLE_DOWNLOADS = tuple(n for name in EAGLE_FILE_FIELDS.values() for n in (name, f"{name}.weight"))
 """The draft files an HF fetch also asks for (the engine's default names; absent ones are simply not there)."""
-_PLAIN_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class Speculation(BaseModel):
@@ -74,7 +73,7 @@ def _config_int(config: dict[str, Any], field: str, path: Path, default: int) ->
 
 def _file_name(config: dict[str, Any], field: str, default: str, path: Path) -> str:
     name = config.get(field, default)
-    if not isinstance(name, str) or not re.fullmatch(_PLAIN_FILE_NAME, name):
+    if not isinstance(name, str) or not re.fullmatch(PLAIN_FILE_NAME, name):
         raise ModelDirError(
             f"{path}: field {field!r} must name a file in the model directory (letters, digits, '.', '_', '-'), "
             f"got {name!r}"
@@ -103,7 +102,7 @@ def engine_files(model_dir: Path) -> tuple[str, ...]:
         return ()
     names = [config.get(field, default) for field, default in EAGLE_FILE_FIELDS.items()]
     names = [n for name in names if isinstance(name, str) for n in (name, f"{name}.weight")]
-    return tuple(n for n in names if re.fullmatch(_PLAIN_FILE_NAME, n) and (Path(model_dir) / n).is_file())
+    return tuple(n for n in names if re.fullmatch(PLAIN_FILE_NAME, n) and (Path(model_dir) / n).is_file())
 
 
 def resolve(
