@@ -89,7 +89,8 @@ def test_a_model_that_cannot_speculate_is_one_line_at_fetch(
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model's bundle without speculation and with lookahead, and the Eagle pair's, one doit run."""
+    """The tiny model's bundle without speculation and with lookahead, and the Eagle pair's, verified: one doit
+    run."""
     root = tmp_path_factory.mktemp("speculative")
     specs = root / "specs"
     specs.mkdir()
@@ -101,7 +102,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (specs / f"{name}.toml").write_text(
             f'name = "{name}"\nsource = {{ local = "{src}" }}\nchunk_size = 128\ntargets = ["v79"]\n{extra}'
         )
-    tasks = [f"bundle:{name}-v79" for name in (PLAIN, LOOK, EAGLE)]
+    tasks = [*(f"bundle:{name}-v79" for name in (PLAIN, LOOK)), f"verify:{EAGLE}-v79"]
     doit(root, *tasks, env={"MNNBUILD_MODELS_PATH": str(specs)}, check=True)
     return root / "artifacts"
 
@@ -242,3 +243,19 @@ def test_an_eagle_bundle_outputs_hidden_states_and_ships_its_draft(built: Path) 
     for name in DRAFT_FILES:
         assert not (model_dir / name).is_symlink(), "the bundle ships copies"
         assert shipped[f"model/{EAGLE_MODEL_DIR.name}/{name}"] == sha256_file(EAGLE_MODEL_DIR / name)
+
+
+def test_verify_runs_every_verify_length_graph_and_the_whole_model_at_it(built: Path) -> None:
+    """Verify's (a) runs each plugin's graph at the verify length in the simulator, (b) the whole model at it, with
+    ``hidden_states`` compared as an output."""
+    report = json.loads((built / EAGLE / "v79" / "verify" / "verify.json").read_text())
+    assert report["passed"]
+    merge = read_merge(built / EAGLE / "partition")
+    ran = {g["graph"]: g["passed"] for g in report["graphs"]}
+    verify_graphs = [Path(graphs[-1]).name for graphs in merge.values()]
+    assert verify_graphs and all(ran[g] for g in verify_graphs)
+    at_four = next(w for w in report["whole_model"] if w["seq_len"] == 4)
+    assert {o["name"]: (o["shape"], o["passed"]) for o in at_four["outputs"]} == {
+        "logits": ([1, 4, 1024], True),
+        "hidden_states": ([1, 4, 384], True),
+    }
