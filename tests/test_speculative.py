@@ -20,6 +20,7 @@ from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import read_merge
 from mnnbuild.model.spec import LocalSource
 from mnnbuild.model.speculation import Speculation
+from mnnbuild.stages.config import chunk_limits
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, fetch
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
 
@@ -51,6 +52,18 @@ def test_lookahead_is_resolved_from_spec_or_model_config(tmp_path: Path) -> None
     overridden = fetch_with(own, tmp_path / "override", draft_predict_length=2).speculation
     assert overridden is not None and overridden.verify_length == 3
     assert fetch_with(own, tmp_path / "off", speculative="off").speculation is None
+
+
+def test_the_verify_length_is_one_more_graph_unless_it_is_a_prefill_length() -> None:
+    look, eagle = (
+        Speculation(kind="lookahead", draft_predict_length=3),
+        Speculation(kind="eagle", draft_predict_length=3),
+    )
+    assert look.graph_lengths((1, 128)) == (1, 128, 4)
+    assert look.graph_lengths((1, 128, 4)) == (1, 128, 4)  # the prefill graph at 4 serves both
+    assert look.graph_lengths((1, 128, 2)) == (1, 128, 2, 4)  # appended: graphllm2_<k> stays the 2-token graph
+    assert chunk_limits((128, 2), look) == [128, 4, 2, 1] and chunk_limits((128, 4), look) == [128, 4, 1]
+    assert chunk_limits((128, 2), eagle) == [128, 2, 1] and chunk_limits((128, 2), None) == [128, 2, 1]
 
 
 @pytest.mark.parametrize(

@@ -56,6 +56,11 @@ class Speculation(BaseModel):
         """Tokens of one verify forward: the sampled token and the drafts."""
         return self.draft_predict_length + 1
 
+    def graph_lengths(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        """``lengths`` (decode and the prefill lengths, in graph order) with the verify length appended unless it is
+        one of them already: each is one graph per plugin, and the prefill graphs keep their names."""
+        return lengths if self.verify_length in lengths else (*lengths, self.verify_length)
+
     @property
     def in_chunk_limits(self) -> bool:
         """lookahead verifies through ``Llm::forwardVec``, which pads a forward up to the smallest ``chunk_limits``

@@ -232,8 +232,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         lengths = (DECODE_SEQ, *params.chunk_sizes)
         if fetched.speculation is not None:
             _check_verify_length(fetched.speculation.verify_length, params, model_dir)
-            # one more graph at the verify length (appended: the prefill graphs keep their names)
-            lengths += (fetched.speculation.verify_length,) if fetched.speculation.verify_length not in lengths else ()
+            lengths = fetched.speculation.graph_lengths(lengths)
         shapes = [(seq_len, None) for seq_len in lengths]
         declared, hidden = model.input_dims, config["hidden_size"]
 
