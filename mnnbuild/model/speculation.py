@@ -22,6 +22,7 @@ from mnnbuild.mnn.llm import (
     DRAFT_LENGTH_FIELD,
     EAGLE,
     EAGLE_FILE_FIELDS,
+    EAGLE_TREE_DEFAULTS,
     LOOKAHEAD,
     LOOKUP_FILE_FIELD,
     MODEL_CONFIG,
@@ -173,9 +174,8 @@ def resolve(
                     _check_graph(Path(model_dir), name)
                 if (Path(model_dir) / f"{name}.weight").is_file():
                     files.append(f"{name}.weight")
-        depth = _config_int(config, "eagle_depth", config_path, 3)
-        topk = _config_int(config, "eagle_topk", config_path, 1)
-        most = eagle_tree_tokens({"eagle_depth": depth, "eagle_topk": topk})
+        tree = {k: _config_int(config, k, config_path, v) for k, v in EAGLE_TREE_DEFAULTS.items()}
+        depth, topk, most = tree["eagle_depth"], tree["eagle_topk"], eagle_tree_tokens(tree)
         if draft_length > most:
             raise ModelDirError(
                 f"{label}: {length_field} is {draft_length}, but an Eagle tree of eagle_depth {depth} and "
