@@ -92,6 +92,24 @@ def test_spec_overrides_soc(tmp_path: Path) -> None:
             "prefill length 256 is longer than max_kv_size = 128",
         ),
         ('targets = ["v79"]\nchunk_size = 256\nmax_kv_size = 128', "chunk_size", "longer than max_kv_size = 128"),
+        # speculative decoding
+        ('targets = ["v79"]\nspeculative = "mtp"', "speculative", "Input should be 'eagle', 'lookahead' or 'off'"),
+        ('targets = ["v79"]\nspeculative = true', "speculative", "Input should be 'eagle', 'lookahead' or 'off'"),
+        ('targets = ["v79"]\ndraft_predict_length = 0', "draft_predict_length", "greater than or equal to 1"),
+        ('targets = ["v79"]\ndraft_predict_length = 65', "draft_predict_length", "less than or equal to 64"),
+        ('targets = ["v79"]\ndraft_predict_length = "3"', "draft_predict_length", "valid integer"),
+        (
+            'targets = ["v79"]\nchunk_size = 8\ndraft_predict_length = 8',
+            "draft_predict_length",
+            "8 + 1 = 9 tokens per verify forward is longer than the longest prefill length 8; expected "
+            "draft_predict_length <= 7",
+        ),
+        (
+            'targets = ["v79"]\nspeculative = "off"\ndraft_predict_length = 4',
+            "draft_predict_length",
+            "is set, but speculative = 'off'",
+        ),
+        ('targets = ["v79"]\nfamily = "embedding"\nspeculative = "lookahead"', "speculative", "generates no tokens"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, expected: str) -> None:

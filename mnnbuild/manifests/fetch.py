@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.model.modeldir import ALL_FILES, ModelPart, PartFamily
 from mnnbuild.model.spec import HfSource, LocalSource
+from mnnbuild.model.speculation import Speculation, SpeculativeAsk
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import StageInputs
 
@@ -40,6 +41,10 @@ class FetchParams(BaseModel):
     """File names the chain needs; nothing else is downloaded (``modeldir.family_files``)."""
     visual_encoder: str | None = None
     """A VL model's encoder kind (the spec's): its files are required and must be of this kind."""
+    speculative: SpeculativeAsk | None = None
+    """The spec's ``speculative`` (None: the model's own ``speculative_type``)."""
+    draft_predict_length: int | None = None
+    """The spec's override of the model's ``draft_predict_length``."""
 
 
 class SourceRecord(BaseModel):
@@ -56,3 +61,5 @@ class FetchManifest(Manifest):
     source: SourceRecord
     part: ModelPart = ModelPart()
     """The graph the later stages convert, as the model dir names it (``config.json``'s ``llm_model``)."""
+    speculation: Speculation | None = None
+    """The speculative decoding the bundle is built for (None: none); its files are among the outputs."""

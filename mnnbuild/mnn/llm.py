@@ -29,3 +29,45 @@ def causal_mask(seq: int) -> np.ndarray:
     above it."""
     mask = np.triu(np.full((seq, seq), np.finfo(np.float32).min, dtype=np.float32), k=1)
     return mask.reshape(1, 1, seq, seq)
+
+
+# -- speculative decoding (llmconfig.hpp, speculative_decoding/ of MNN 4d40bdbd) ---------------------------------
+SPECULATIVE_TYPE = "speculative_type"
+"""The config field that turns speculation on (empty: off)."""
+EAGLE = "eagle"
+LOOKAHEAD = "lookahead"
+SPECULATIVE_TYPES = (EAGLE, LOOKAHEAD)
+"""The kinds a bundle can be built for: Eagle3 (a draft model) and lookahead (n-gram drafts, any model)."""
+DRAFT_LENGTH_FIELD = "draft_predict_length"
+DEFAULT_DRAFT_LENGTH = 3
+"""``draft_predict_length``'s engine default: a verify forward holds it + 1 tokens."""
+EAGLE_FILE_FIELDS = {"eagle_model": "eagle.mnn", "eagle_fc": "eagle_fc.mnn", "eagle_d2t": "eagle_d2t.mnn"}
+"""An Eagle model's draft files: config field -> the engine's default name."""
+EAGLE_TREE_DEFAULTS = {"eagle_depth": 3, "eagle_topk": 1}
+LOOKAHEAD_DEFAULTS: dict[str, object] = {
+    "draft_match_strictness": "low",
+    "draft_selection_rule": "freqxlen",
+    "ngram_match_maxlen": 4,
+    "ngram_update": False,
+}
+"""lookahead's settings and their engine defaults (``llmconfig.hpp``), written out so the bundle says what it runs."""
+LOOKUP_FILE_FIELD = "lookup_file"
+DEFAULT_LOOKUP_FILE = "lookup_file.txt"
+"""lookahead's optional prior-text file, read when present."""
+
+
+def eagle_tree_tokens(config: dict) -> int:
+    """How many draft tokens an Eagle tree can hold (``tokentree.hpp``): ``topk`` at the first level, then
+    ``topk * topk`` per further level of ``eagle_depth``; the engine verifies at most that many."""
+    depth = config.get("eagle_depth", EAGLE_TREE_DEFAULTS["eagle_depth"])
+    topk = config.get("eagle_topk", EAGLE_TREE_DEFAULTS["eagle_topk"])
+    return topk + topk * topk * (depth - 1)
+
+
+def verify_length(config: dict) -> int | None:
+    """The tokens one verify forward of ``config``'s speculation holds (None: no speculation): the sampled token
+    plus ``draft_predict_length`` drafts. Eagle runs it through ``Llm::forwardRaw`` unpadded (``treeDecoding``);
+    lookahead through ``Llm::forwardVec``, padded to the drafts' full length (``ngram_cache_search``)."""
+    if not config.get(SPECULATIVE_TYPE):
+        return None
+    return int(config.get(DRAFT_LENGTH_FIELD, DEFAULT_DRAFT_LENGTH)) + 1

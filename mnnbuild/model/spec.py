@@ -65,6 +65,10 @@ DEFAULT_PROMPT = "hello"
 feeds the phone)."""
 
 Family = Literal["llm", "vl", "embedding"]
+Speculative = Literal["eagle", "lookahead", "off"]
+MAX_DRAFT_LENGTH = 64
+"""mnnbuild's ceiling on ``draft_predict_length``: the verify graph is one more graph of that many + 1 tokens in
+every plugin; a longer draft is accepted whole too rarely to pay for it."""
 VisualEncoderKind = Literal["qwen2.5-vl", "qwen3-vl"]
 
 
@@ -262,6 +266,16 @@ class ModelSpec(BaseModel):
         validate_default=True,
         description="vl only: '<width>x<height>' sizes the visual encoder is compiled for, one graph each.",
     )
+    speculative: Speculative | None = Field(
+        default=None,
+        description="Speculative decoding the bundle is built for: 'eagle' (the model's Eagle3 draft files), "
+        "'lookahead' (n-gram drafts, any model) or 'off'; default: the model's config.json speculative_type. Each "
+        "plugin also gets a graph at the verify length, draft_predict_length + 1.",
+    )
+    draft_predict_length: Annotated[int, Field(ge=1, le=MAX_DRAFT_LENGTH)] | None = Field(
+        default=None,
+        description="Draft tokens per verify forward (default: the model's config.json, else MNN's 3).",
+    )
     verify: VerifySpec = Field(default_factory=VerifySpec, description="What `doit verify` checks of each bundle.")
     spec_path: Path = Field(exclude=True, description="The TOML file this spec was read from.")
 
@@ -356,6 +370,31 @@ class ModelSpec(BaseModel):
                 f"prefill length {longest} is longer than max_kv_size = {self.max_kv_size}: a chunk writes all its "
                 "tokens into the NPU's KV cache, which holds max_kv_size; expected lengths <= max_kv_size",
             )
+        return self
+
+    @model_validator(mode="after")
+    def _draft_fits(self) -> ModelSpec:
+        if self.draft_predict_length is None:
+            return self
+        if self.speculative == "off" or self.family == "embedding":
+            why = "speculative = 'off'" if self.speculative == "off" else "an embedding model generates nothing"
+            raise SpecFieldError("draft_predict_length", f"is set, but {why}; drop it or ask for speculation")
+        verify = self.draft_predict_length + 1
+        longest = max(self.prefill_lengths)
+        if verify > longest:
+            # lookahead's verify forward goes through the engine's chunking, which asserts it fits one block (and
+            # the prefill lengths already fit max_kv_size)
+            raise SpecFieldError(
+                "draft_predict_length",
+                f"{self.draft_predict_length} + 1 = {verify} tokens per verify forward is longer than the longest "
+                f"prefill length {longest}; expected draft_predict_length <= {longest - 1}",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _speculation_of_a_generator(self) -> ModelSpec:
+        if self.speculative not in (None, "off") and self.family == "embedding":
+            raise SpecFieldError("speculative", "an embedding model generates no tokens to draft; expected 'off'")
         return self
 
     @model_validator(mode="after")

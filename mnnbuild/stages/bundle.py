@@ -176,7 +176,8 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
             "and '-' (and start with a letter or digit)"
         )
     tokenizer = tokenizer_file(model_dir)
-    part = inputs.manifest(FetchManifest, model_dir).part
+    fetched = inputs.manifest(FetchManifest, model_dir)
+    part = fetched.part
     # each binary sits in its plugin's context dir, <plugin>/qnn/: its manifest says which QNN built it, for which SoC
     partitions = [inputs.partition_dir, *([inputs.visual_partition_dir] if inputs.visual_partition_dir else [])]
     plugin_dirs = {b: plugin_context_dir(inputs.context_dir, b) for d in partitions for b in read_merge(Path(d))}
@@ -194,6 +195,12 @@ def assemble_bundle(inputs: BundleInputs, params: BundleParams, out_dir: Path) -
         for name in (tokenizer, *OPTIONAL_FILES):
             if (model_dir / name).exists():
                 copies.append((model_dir / name, dest / name))
+        for name in fetched.speculation.files if fetched.speculation else ():  # the draft model, on the CPU
+            where = f"{model_dir / FetchManifest.filename()}: field 'speculation.files'"
+            src = confined(model_dir, name, where, follow_last=False)
+            if not src.is_file():
+                raise StageError(f"{src}: file missing; the fetch manifest lists it: run the fetch again")
+            copies.append((src, dest / name))
         copies += _partition_files(inputs, Path(inputs.partition_dir), part, dest)
         if params.image_sizes:
             encoder = VISUAL_PART

@@ -3,7 +3,9 @@
 As upstream's ``output_qnn`` writes it: the model's ``config.json`` with ``llm_model = "qnn/<model file>"``,
 ``llm_weight = "<weight file>"`` (always written), ``chunk_limits`` (every prefill length, then 1) and, for a VL
 model, ``visual_model``; every other entry is kept as is. Ours besides: ``tokenizer_file`` when ``config.json``
-does not name the tokenizer the bundle ships (upstream's model dir holds whatever it names). Every file name the
+does not name the tokenizer the bundle ships (upstream's model dir holds whatever it names), and the speculative
+fields of the speculation the bundle was built for (:func:`speculative_entries`; lookahead's verify length joins
+``chunk_limits``, since the engine pads its verify forward to one of them). Every file name the
 result gives MNN's engine must stay inside the model dir (:func:`mnnbuild_runtime.bundle.check_config_files`),
 so a ``config.json`` naming one elsewhere is refused here, before a bundle is made.
 """
@@ -17,9 +19,18 @@ from typing import Any
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams, ConfigQnn
 from mnnbuild.manifests.fetch import FetchManifest
-from mnnbuild.mnn.llm import DEFAULT_TOKENIZER, MODEL_CONFIG
+from mnnbuild.mnn.llm import (
+    DEFAULT_TOKENIZER,
+    DRAFT_LENGTH_FIELD,
+    EAGLE,
+    EAGLE_TREE_DEFAULTS,
+    LOOKAHEAD_DEFAULTS,
+    MODEL_CONFIG,
+    SPECULATIVE_TYPE,
+)
 from mnnbuild.model.modeldir import VISUAL_PART, ModelPart, read_model_config, tokenizer_file
 from mnnbuild.model.spec import ModelSpec
+from mnnbuild.model.speculation import Speculation
 from mnnbuild.pipeline.layout import CONFIG_FILE
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
@@ -27,15 +38,49 @@ from mnnbuild.pipeline.stage import At, Stage
 log = logging.getLogger(__name__)
 
 
+def speculative_entries(speculation: Speculation | None, model_config: dict[str, Any]) -> dict[str, Any]:
+    """The engine's speculative fields for ``speculation``, written out (the model's own values kept where it has
+    them, the engine's defaults otherwise) so that what the engine runs and what the graphs were compiled for
+    agree: ``speculative_type``, ``draft_predict_length``, Eagle's ``hidden_states`` and draft file names, or
+    lookahead's settings."""
+    if speculation is None:
+        return {}
+    entries: dict[str, Any] = {
+        SPECULATIVE_TYPE: speculation.kind,
+        DRAFT_LENGTH_FIELD: speculation.draft_predict_length,
+        **speculation.names,
+    }
+    if speculation.kind == EAGLE:
+        entries["hidden_states"] = True
+        entries.update({k: model_config.get(k, v) for k, v in EAGLE_TREE_DEFAULTS.items()})
+    else:
+        entries.update({k: model_config.get(k, v) for k, v in LOOKAHEAD_DEFAULTS.items()})
+    return entries
+
+
+def chunk_limits(prefill: tuple[int, ...], speculation: Speculation | None) -> list[int]:
+    """Every prefill length, (lookahead) its verify length, then 1: the lengths the engine plans a forward at."""
+    if speculation is not None and speculation.in_chunk_limits:
+        prefill = tuple(sorted(speculation.graph_lengths(prefill), reverse=True))
+    return [*prefill, 1]
+
+
 def qnn_config(
     model_config: dict[str, Any],
     part: ModelPart,
     params: ConfigParams,
     tokenizer: str,
+    speculation: Speculation | None = None,
 ) -> ConfigQnn:
-    """``config.json``'s entries with upstream's set (and the shipped tokenizer named when it is not already)."""
+    """``config.json``'s entries with upstream's set (and the shipped tokenizer named when it is not already); the
+    speculative fields as the bundle was built for them (none: a ``speculative_type`` the spec turned off is
+    dropped, so the engine does not speculate without the graph it needs)."""
     entries = dict(model_config)
-    entries.update(llm_model=part.result_model, llm_weight=part.weight_file, chunk_limits=[*params.chunk_sizes, 1])
+    limits = chunk_limits(params.chunk_sizes, speculation)
+    entries.update(llm_model=part.result_model, llm_weight=part.weight_file, chunk_limits=limits)
+    if speculation is None:
+        entries.pop(SPECULATIVE_TYPE, None)
+    entries.update(speculative_entries(speculation, model_config))
     if params.visual_model is not None:
         entries["visual_model"] = params.visual_model
     if entries.get("tokenizer_file", DEFAULT_TOKENIZER) != tokenizer:
@@ -49,7 +94,7 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
 
     fetched = inputs.manifest(FetchManifest, inputs.model_dir)
     tokenizer = tokenizer_file(inputs.model_dir)
-    config = qnn_config(read_model_config(inputs.model_dir), fetched.part, params, tokenizer)
+    config = qnn_config(read_model_config(inputs.model_dir), fetched.part, params, tokenizer, fetched.speculation)
     check_config_files(Path(inputs.model_dir) / MODEL_CONFIG, config.model_dump(), links=True)  # fetched: links
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / CONFIG_FILE, config.to_json())

@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from mnnbuild.base.errors import ModelDirError
 from mnnbuild.base.fsutil import atomic_write_text, relative_symlink, staged_dir
 from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord
-from mnnbuild.model.modeldir import ALL_FILES, VISUAL_FILES, family_files, validate_model_dir
+from mnnbuild.model.modeldir import ALL_FILES, VISUAL_FILES, ModelPart, family_files, validate_model_dir
 from mnnbuild.model.spec import HfSource, ModelSpec
+from mnnbuild.model.speculation import EAGLE_DOWNLOADS, Speculation, engine_files, resolve
 from mnnbuild.pipeline.manifest import FileRecord, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
 
@@ -95,7 +96,9 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
     if isinstance(inputs.source, HfSource):
         if inputs.lock_path is None:
             raise ValueError("an hf source needs lock_path")
-        src_dir, commit = download_hf(inputs.source, inputs.lock_path, params.files)
+        # an Eagle model's draft files by the engine's default names (a model without them has none to download):
+        wanted = (*params.files, *EAGLE_DOWNLOADS)  # io's tokenizer loads them even when the spec turns Eagle off
+        src_dir, commit = download_hf(inputs.source, inputs.lock_path, wanted)
         where = f"HF repo {inputs.source.hf}@{commit} (cached at {src_dir})"
         record = SourceRecord(kind="hf", location=inputs.source.hf, revision=inputs.source.revision, commit=commit)
     else:
@@ -112,11 +115,14 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
         hashing = {n: pool.submit(FileRecord.of, base / n, base) for n in params.files if (base / n).is_file()}
         try:
             part, present = validate_model_dir(src_dir, where, params.family, params.visual_encoder)
+            speculation = speculation_of(src_dir, where, part, params)
         except BaseException:
             pool.shutdown(cancel_futures=True)
             raise
         # the part's files whatever config.json calls them (an HF download asked only for params.files)
         names = [n for n in present if n in params.files or n in (part.model_file, part.weight_file)]
+        extra = (*(speculation.files if speculation else ()), *engine_files(src_dir))
+        names += [n for n in dict.fromkeys(extra) if n not in names]
         records = [hashing[n].result() if n in hashing else FileRecord.of(base / n, base) for n in names]
     with staged_dir(out_dir) as tmp:
         for name in names:
@@ -131,12 +137,23 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
             outputs=records,
             source=record,
             part=part,
+            speculation=speculation,
         )
         manifest.write(tmp)
     log.debug(
         "fetch %s: %d files from %s (%s graph %s)", inputs.model, len(records), where, part.family, part.model_file
     )
     return manifest
+
+
+def speculation_of(model_dir: Path, where: str, part: ModelPart, params: FetchParams) -> Speculation | None:
+    """What speculation the bundle is built for (`mnnbuild.model.speculation.resolve`); an embedding model none."""
+    if part.family != "llm":
+        return None
+    from mnnbuild.mnn import load_model  # the schema: validate_model_dir parsed it already, so it reads cleanly
+
+    model = load_model(Path(model_dir) / part.model_file)
+    return resolve(model_dir, where, model, part.model_file, params.speculative, params.draft_predict_length)
 
 
 def update_lock(source: HfSource, lock_path: Path, files: tuple[str, ...] = ALL_FILES) -> HfLock:
@@ -152,11 +169,12 @@ def update_lock(source: HfSource, lock_path: Path, files: tuple[str, ...] = ALL_
 def fetch_params(spec: ModelSpec, at: At | None = None) -> FetchParams:
     """The spec's family and the files its chain takes from the model dir (the only ones an HF fetch downloads;
     a VL model's encoder files too, checked against the spec's ``visual_encoder``)."""
+    asked = {"speculative": spec.speculative, "draft_predict_length": spec.draft_predict_length}
     if spec.family == "vl":
         files = (*family_files("llm"), *VISUAL_FILES)
-        return FetchParams(family="llm", files=files, visual_encoder=spec.visual_encoder)
+        return FetchParams(family="llm", files=files, visual_encoder=spec.visual_encoder, **asked)
     family = "embedding" if spec.family == "embedding" else "llm"
-    return FetchParams(family=family, files=family_files(family))
+    return FetchParams(family=family, files=family_files(family), **asked)
 
 
 def fetch_fields(spec: ModelSpec, at: At) -> dict[str, object]:

@@ -4,8 +4,10 @@ For the decode shape (1 token) and every prefill length (``chunk_sizes``, longes
 ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
 diagonal), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
--1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. Which graph and which
-inputs come from the model part the fetch stage recorded (``mnnbuild.model.modeldir.ModelPart``).
+-1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. A speculative build (the fetch
+manifest's ``speculation``) also gets a sample at the verify length, ``draft_predict_length + 1`` tokens with
+``logits_index`` 0, as MNN's engine checks a draft; an Eagle target's outputs include ``hidden_states``. Which graph
+and which inputs come from the model part the fetch stage recorded (``mnnbuild.model.modeldir.ModelPart``).
 
 A VL language model (M-RoPE) takes ``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples,
 and Qwen3-VL's also ``deepstack_embeds`` ``[3,seq,hidden]`` (docs/families.md section 3.1); the inputs fed are the
@@ -170,6 +172,18 @@ def _check_model_bounds(params: IoParams, config: dict[str, Any], config_path: P
             )
 
 
+def _check_verify_length(verify: int, params: IoParams, model_dir: Path) -> None:
+    """The verify forward must fit one prefill block (lookahead's goes through the engine's chunking, which asserts
+    it): checked here when the length came from the model's config (the spec checks its own)."""
+    longest = max(params.chunk_sizes)
+    if verify > longest:
+        raise ModelDirError(
+            f"{model_dir / MODEL_CONFIG}: field 'draft_predict_length' is {verify - 1}: a verify forward of {verify} "
+            f"tokens is longer than the longest prefill length {longest}; set spec field draft_predict_length "
+            f"<= {longest - 1} or a longer chunk"
+        )
+
+
 def _visual_feed(params: IoParams, model: MnnModel, model_file: Path, config: dict[str, Any]) -> Callable[[int], Feed]:
     """A VL encoder's samples, one per image size in spec order, each made when asked for."""
     assert params.visual_encoder is not None
@@ -215,7 +229,11 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                 f"{model_file}: graph input {unknown[0]!r} is not an {kind} input; "
                 f"expected inputs among {', '.join(part.inputs)}"
             )
-        shapes = [(seq_len, None) for seq_len in (DECODE_SEQ, *params.chunk_sizes)]
+        lengths = (DECODE_SEQ, *params.chunk_sizes)
+        if fetched.speculation is not None:
+            _check_verify_length(fetched.speculation.verify_length, params, model_dir)
+            lengths = fetched.speculation.graph_lengths(lengths)
+        shapes = [(seq_len, None) for seq_len in lengths]
         declared, hidden = model.input_dims, config["hidden_size"]
 
         def llm_feed(i: int) -> Feed:
@@ -275,6 +293,8 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             bar.close()
         spill.rmdir()
         used = {part.model_file, part.weight_file, LLM_CONFIG}
+        if fetched.speculation is not None and params.part == "llm":
+            used.add(MODEL_CONFIG)  # its speculative_type and draft_predict_length chose the verify sample
         manifest = IoManifest(
             model=inputs.model,
             inputs=[r.under("model") for r in fetched.outputs if r.path in used],

@@ -28,7 +28,16 @@ from mnnbuild.mnn import (
     plugin_attributes,
     schema,
 )
-from mnnbuild.mnn.llm import DEFAULT_MODEL, DEFAULT_TOKENIZER, DEFAULT_WEIGHT
+from mnnbuild.mnn.llm import (
+    DEFAULT_MODEL,
+    DEFAULT_TOKENIZER,
+    DEFAULT_WEIGHT,
+    DRAFT_LENGTH_FIELD,
+    EAGLE,
+    EAGLE_FILE_FIELDS,
+    SPECULATIVE_TYPE,
+    verify_length,
+)
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hashes import read_stamped
@@ -169,7 +178,7 @@ def _read_bundle_json(path: Path, links: bool) -> dict[str, Any]:
 FILE_FIELDS = (
     "llm_config", "llm_model", "llm_weight", "tokenizer_file", "embedding_file", "embedding_model", "visual_model",
     "lm_model", "block_model", "npu_model_dir", "context_file", "lookup_file", "ple_embed_file",
-    "mtp_model", "draft_model", "eagle_model", "eagle_fc", "dflash_model", "dflash_fc", "dflash_kvmat",
+    "mtp_model", "draft_model", "eagle_model", "eagle_fc", "eagle_d2t", "dflash_model", "dflash_fc", "dflash_kvmat",
     "audio_model", "talker_model", "talker_weight", "talker_embedding_file", "talker_text_embedding_file",
     "code_predictor_model", "code_predictor_weight", "code_predictor_embedding_file", "speech_decoder_model",
     "speech_decoder_weight", "speaker_encoder_model", "speaker_encoder_weight", "prompt_embedder_model",
@@ -240,6 +249,7 @@ def check_engine_files(config_path: Path, config: dict[str, Any], *, links: bool
     """Right before MNN's engine is handed ``config_path`` (it opens the files itself, by name): the files it names
     (`check_config_files`) and those it reads by default (`ENGINE_DEFAULTS`) are checked again."""
     check_config_files(config_path, config, links=links)
+    check_draft_files(config_path, config, links=links)
     for field, default in ENGINE_DEFAULTS.items():
         if field not in config and (config_path.parent / default).exists():
             bundle_path(config_path.parent, default, f"{config_path}: default of field {field!r}", links=links)
@@ -409,6 +419,44 @@ def check_chunk_limits(config_path: Path, chunk_limits: list[int], plugins: tupl
             )
 
 
+def check_speculation(config_path: Path, config: dict[str, Any], plugins: tuple[PluginSpec, ...]) -> None:
+    """A config that speculates (``speculative_type``) has MNN's engine verify drafts in forwards of
+    ``draft_predict_length + 1`` tokens: every plugin must hold a graph at that length (it picks its graph by input
+    shape), and an Eagle bundle must hold the draft's files, which the engine loads with the model."""
+    kind = config.get(SPECULATIVE_TYPE)
+    if not kind:
+        return
+    length = config.get(DRAFT_LENGTH_FIELD)
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise BundleError(f"{config_path}: field {DRAFT_LENGTH_FIELD!r} must be a positive integer, got {length!r}")
+    verify = verify_length(config)
+    for spec in plugins:
+        lengths = compiled_lengths(spec)
+        if lengths is not None and verify not in lengths:
+            raise BundleError(
+                f"{config_path}: field {SPECULATIVE_TYPE!r} is {kind!r}: MNN's engine verifies {verify} tokens per "
+                f"forward ({DRAFT_LENGTH_FIELD} {verify - 1} + 1), but {spec.where()} was compiled for "
+                f"{sorted(lengths)} tokens (attribute 'allInputShape'); expected a bundle built for that "
+                "speculation (spec field speculative)"
+            )
+    check_draft_files(config_path, config)
+
+
+def check_draft_files(config_path: Path, config: dict[str, Any], *, links: bool = False) -> None:
+    """An Eagle config makes MNN's engine load the draft's files with the model: each must exist (PyPI MNN 3.6.1
+    dereferences a missing ``eagle_d2t`` file's empty load and crashes with SIGSEGV instead of failing)."""
+    if config.get(SPECULATIVE_TYPE) != EAGLE:
+        return
+    for field, default in EAGLE_FILE_FIELDS.items():
+        name = config.get(field, default)
+        if not bundle_path(config_path.parent, name, f"{config_path}: field {field!r}", links=links).is_file():
+            raise BundleError(
+                f"{config_path}: field {SPECULATIVE_TYPE!r} is 'eagle', so MNN's engine loads the draft's "
+                f"{field} {name!r} with the model, but {config_path.parent / name} does not exist; expected the "
+                "Eagle draft's files beside the model"
+            )
+
+
 @dataclass
 class Bundle:
     """A bundle's model directory, opened and validated: config, the plugin graph and its plugins."""
@@ -465,6 +513,8 @@ class Bundle:
         plugins = parse_plugins(model, model_dir, model_file)
         if chunks is not None and not visual:  # an encoder's graphs are per image size, not per chunk
             check_chunk_limits(config_path, chunks, plugins)
+        if not visual:
+            check_speculation(config_path, config, plugins)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
         return cls(model_dir, config, model_file, model, weight_file, plugins)
 

@@ -1,0 +1,190 @@
+"""Speculative decoding: whether a model's bundle verifies drafts, at which length, and with which draft files.
+
+MNN's engine speculates when its config sets ``speculative_type`` and the graph takes a shaped ``logits_index``
+(``Llm::setSpeculativeConfig``); it then verifies ``draft_predict_length + 1`` tokens in one forward, and a QNN
+plugin runs only the shapes it was compiled for, so every plugin needs one more graph at that length. The fetch
+stage resolves what the spec asks (``speculative``, ``draft_predict_length``) against the model's ``config.json``
+and records it (:class:`Speculation`); io adds the sample, config writes the fields, the bundle ships the files.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from mnnbuild.base.errors import MNNFormatError, ModelDirError
+from mnnbuild.mnn.llm import (
+    DEFAULT_DRAFT_LENGTH,
+    DEFAULT_LOOKUP_FILE,
+    DRAFT_LENGTH_FIELD,
+    EAGLE,
+    EAGLE_FILE_FIELDS,
+    EAGLE_TREE_DEFAULTS,
+    LOOKAHEAD,
+    LOOKUP_FILE_FIELD,
+    MODEL_CONFIG,
+    SPECULATIVE_TYPE,
+    SPECULATIVE_TYPES,
+    eagle_tree_tokens,
+)
+from mnnbuild.model.modeldir import PLAIN_FILE_NAME, read_model_config
+
+SpeculativeKind = Literal["eagle", "lookahead"]
+SpeculativeAsk = Literal["eagle", "lookahead", "off"]
+HIDDEN_STATES = "hidden_states"
+"""An Eagle target's second output: its tapped hidden states, the draft's input (``config.json`` ``hidden_states``)."""
+EAGLE_DOWNLOADS = tuple(n for name in EAGLE_FILE_FIELDS.values() for n in (name, f"{name}.weight"))
+"""The draft files an HF fetch also asks for (the engine's default names; absent ones are simply not there)."""
+
+
+class Speculation(BaseModel):
+    """What the fetch stage resolved: the kind, the draft length and the draft files it linked."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: SpeculativeKind
+    draft_predict_length: int = Field(ge=1)
+    files: tuple[str, ...] = ()
+    """Model-dir files the speculation reads besides the target (Eagle's draft models; lookahead's lookup file)."""
+    names: dict[str, str] = Field(default_factory=dict)
+    """The config fields naming them (``eagle_model`` -> ``eagle.mnn``), written to ``config_qnn.json``."""
+
+    @property
+    def verify_length(self) -> int:
+        """Tokens of one verify forward: the sampled token and the drafts."""
+        return self.draft_predict_length + 1
+
+    def graph_lengths(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        """``lengths`` (decode and the prefill lengths, in graph order) with the verify length appended unless it is
+        one of them already: each is one graph per plugin, and the prefill graphs keep their names."""
+        return lengths if self.verify_length in lengths else (*lengths, self.verify_length)
+
+    @property
+    def in_chunk_limits(self) -> bool:
+        """lookahead verifies through ``Llm::forwardVec``, which pads a forward up to the smallest ``chunk_limits``
+        entry holding it: the verify length must be one, or it would run the longest prefill graph. Eagle calls
+        ``Llm::forwardRaw`` unpadded (``treeDecoding``), so its prefill blocks stay as without speculation."""
+        return self.kind == LOOKAHEAD
+
+
+def _config_int(config: dict[str, Any], field: str, path: Path, default: int) -> int:
+    value = config.get(field, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ModelDirError(f"{path}: field {field!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _file_name(config: dict[str, Any], field: str, default: str, path: Path) -> str:
+    name = config.get(field, default)
+    if not isinstance(name, str) or not re.fullmatch(PLAIN_FILE_NAME, name):
+        raise ModelDirError(
+            f"{path}: field {field!r} must name a file in the model directory (letters, digits, '.', '_', '-'), "
+            f"got {name!r}"
+        )
+    return name
+
+
+def _check_graph(model_dir: Path, name: str) -> None:
+    """A draft graph must parse, and its weight file (when it has one) cover what it reads."""
+    from mnnbuild.mnn import check_weight_ranges, load_model  # the schema: only here
+
+    try:
+        graph = load_model(model_dir / name)
+        if (model_dir / f"{name}.weight").is_file():
+            check_weight_ranges(graph, model_dir / f"{name}.weight")
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
+
+
+def engine_files(model_dir: Path) -> tuple[str, ...]:
+    """The draft files MNN's engine loads with the model as its ``config.json`` stands (an Eagle model's, those
+    present): fetch links them whatever the spec asks, since io's tokenizer loads the model by that config, and
+    PyPI MNN crashes (SIGSEGV) on an Eagle config whose ``eagle_d2t`` file is missing."""
+    config = read_model_config(model_dir)
+    if config.get(SPECULATIVE_TYPE) != EAGLE:
+        return ()
+    names = [config.get(field, default) for field, default in EAGLE_FILE_FIELDS.items()]
+    names = [n for name in names if isinstance(name, str) for n in (name, f"{name}.weight")]
+    return tuple(n for n in names if re.fullmatch(PLAIN_FILE_NAME, n) and (Path(model_dir) / n).is_file())
+
+
+def resolve(
+    model_dir: Path,
+    label: str,
+    model: Any,
+    model_file: str,
+    asked: SpeculativeAsk | None,
+    draft_length: int | None,
+) -> Speculation | None:
+    """The speculation a bundle of ``model_dir`` is built for: the spec's ``speculative`` (None: the model's own
+    ``speculative_type``) and ``draft_predict_length`` (None: the model's, else the engine's 3); ``model`` is the
+    parsed target graph. A model that cannot is one line naming the field that asked."""
+    config_path = Path(model_dir) / MODEL_CONFIG
+    config = read_model_config(model_dir)
+    own = config.get(SPECULATIVE_TYPE) or None
+    if asked == "off" or (asked is None and own is None):
+        return None
+    if asked is None:
+        if own not in SPECULATIVE_TYPES:
+            raise ModelDirError(
+                f"{config_path}: field {SPECULATIVE_TYPE!r} is {own!r}; bundles are built for "
+                f"{' or '.join(repr(t) for t in SPECULATIVE_TYPES)} speculation: set spec field speculative = 'off' "
+                "to build it without, or to one of those"
+            )
+        why = f"{config_path.name} field {SPECULATIVE_TYPE!r} is {own!r}"
+    else:
+        why = f"spec field 'speculative' is {asked!r}"
+    kind: SpeculativeKind = EAGLE if (asked or own) == EAGLE else LOOKAHEAD
+    dims = model.input_dims.get("logits_index")
+    if not dims:
+        raise ModelDirError(
+            f"{label}: {why}, but {model_file} takes no shaped 'logits_index' input, so MNN's engine cannot verify "
+            "drafts with it (Llm::canSpecDecode); expected a model exported with one, or spec field "
+            "speculative = 'off'"
+        )
+    if draft_length is None:
+        draft_length = _config_int(config, DRAFT_LENGTH_FIELD, config_path, DEFAULT_DRAFT_LENGTH)
+        length_field = f"{config_path.name} field {DRAFT_LENGTH_FIELD!r}"
+    else:
+        length_field = f"spec field {DRAFT_LENGTH_FIELD!r}"
+    files: list[str] = []
+    names: dict[str, str] = {}
+    if kind == EAGLE:
+        if HIDDEN_STATES not in model.output_names:
+            raise ModelDirError(
+                f"{label}: {why}, but {model_file} has no output {HIDDEN_STATES!r} (outputs "
+                f"{list(model.output_names)}), the Eagle draft's input; expected a target exported with "
+                "llmexport --eagle_path"
+            )
+        for field, default in EAGLE_FILE_FIELDS.items():
+            name = _file_name(config, field, default, config_path)
+            if not (Path(model_dir) / name).is_file():
+                raise ModelDirError(
+                    f"{label}: required file {name} is missing: {why}, which needs the Eagle draft's files "
+                    f"({config_path.name} field {field!r}, default {default!r}); expected the files llmexport "
+                    "--eagle_path writes beside the model"
+                )
+            names[field] = name
+            files.append(name)
+            if name.endswith(".mnn"):
+                if field != "eagle_d2t":  # d2t is a variable file, not a graph
+                    _check_graph(Path(model_dir), name)
+                if (Path(model_dir) / f"{name}.weight").is_file():
+                    files.append(f"{name}.weight")
+        tree = {k: _config_int(config, k, config_path, v) for k, v in EAGLE_TREE_DEFAULTS.items()}
+        depth, topk, most = tree["eagle_depth"], tree["eagle_topk"], eagle_tree_tokens(tree)
+        if draft_length > most:
+            raise ModelDirError(
+                f"{label}: {length_field} is {draft_length}, but an Eagle tree of eagle_depth {depth} and "
+                f"eagle_topk {topk} ({config_path.name}) holds only {most} draft tokens, so the engine would verify "
+                f"{most + 1}, not {draft_length + 1}; expected {DRAFT_LENGTH_FIELD} <= {most}"
+            )
+    else:
+        lookup = _file_name(config, LOOKUP_FILE_FIELD, DEFAULT_LOOKUP_FILE, config_path)
+        if (Path(model_dir) / lookup).is_file():  # read when present (lookahead.cpp): it ships with the bundle
+            files.append(lookup)
+            names[LOOKUP_FILE_FIELD] = lookup
+    return Speculation(kind=kind, draft_predict_length=draft_length, files=tuple(files), names=names)
