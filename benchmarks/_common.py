@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,6 +18,14 @@ def machine() -> dict[str, Any]:
     import os
 
     return {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count()}
+
+
+def checkout_commit(tree: Path = PROJECT_ROOT) -> str:
+    """The commit ``tree`` has checked out (``+`` when it has changes), or ``unknown`` outside git: results are keyed
+    by it, never by a directory (which is this machine's)."""
+    run = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty=+", "--abbrev=12"],
+                         capture_output=True, text=True)  # fmt: skip
+    return run.stdout.strip() if run.returncode == 0 else "unknown"
 
 
 def write_results(name: str, data: dict[str, Any]) -> Path:

@@ -5,6 +5,12 @@ One definition for every benchmark that reports a ratio to the floor (bench_prep
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 from mnnbuild.lowering.graph import GraphDescription, QnnNodeDesc, QnnTensorDesc, TensorKind
 
 # the node types whose preparation is Qualcomm's own work for a linear layer
@@ -96,3 +102,38 @@ def linear_ops_chained(desc: GraphDescription) -> GraphDescription:
     for y in outputs:
         tensors[y] = tensors[y].model_copy(update={"kind": TensorKind.APP_READ})
     return GraphDescription(inputs=inputs, outputs=outputs, tensors=list(tensors.values()), nodes=nodes)
+
+
+def compose_plugins(
+    model_dir: Path,
+    partition_dir: Path,
+    arch: str,
+    npu_weights: str,
+    keep: Callable[[GraphDescription], GraphDescription] | None = linear_ops_alone,
+) -> dict[str, Any]:
+    """Per plugin of a built partition: seconds to compose, finalize and serialize one weight-shared context of its
+    graphs (``keep``: what of each graph; the linear ops alone by default, None: the whole lowered graph), lowered in
+    memory first and not timed, so only Qualcomm's part counts."""
+    from mnnbuild.lowering.graph import compose_context
+    from mnnbuild.manifests.fetch import FetchManifest
+    from mnnbuild.manifests.partition import PartitionManifest, read_merge
+    from mnnbuild.manifests.plugin import plugin_part
+    from mnnbuild.model.targets import soc_for_arch
+    from mnnbuild.plugin.lowered import PluginGraphs
+    from mnnbuild.qnn import HtpTarget, QnnLibrary
+
+    soc = soc_for_arch(arch)
+    lib = QnnLibrary()
+    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
+    part = plugin_part(FetchManifest.read(model_dir), PartitionManifest.read(partition_dir))
+    results: dict[str, Any] = {}
+    for binary, graphs in read_merge(partition_dir).items():
+        lowered = PluginGraphs.of(model_dir, part, partition_dir, graphs, npu_weights)()
+        floor = {name: (keep(desc) if keep else desc, statics) for name, (desc, statics) in lowered.items()}
+        nodes = sum(len(desc.nodes) for desc, _ in floor.values())
+        del lowered
+        started = time.perf_counter()
+        data = compose_context(lib, target, floor, weight_sharing=True)
+        results[binary] = {"seconds": round(time.perf_counter() - started, 3), "nodes": nodes, "bytes": len(data)}
+        sys.stderr.write(f"floor {binary}: {results[binary]}\n")
+    return results

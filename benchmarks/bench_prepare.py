@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, print_table, write_results  # noqa: E402
 from _floor import linear_ops_alone, linear_ops_chained  # noqa: E402
 
+from mnnbuild.lowering.channel_last import channel_last  # noqa: E402
 from mnnbuild.lowering.graph import (  # noqa: E402
     GraphDescription,
     compose,
     read_graph_description,
     read_static,
 )
-from mnnbuild.lowering.layout import channel_last  # noqa: E402
 from mnnbuild.manifests.partition import read_merge  # noqa: E402
 from mnnbuild.model.targets import soc_for_arch  # noqa: E402
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary  # noqa: E402

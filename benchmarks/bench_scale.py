@@ -161,31 +161,9 @@ def plugin_dirs(group_dir: Path) -> list[Path]:
 def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path, npu_weights: str) -> None:
     """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone
     (lowered in memory first, not timed: Qualcomm's part only), their weights stored as ``npu_weights`` says."""
-    from _floor import linear_ops_alone
+    from _floor import compose_plugins
 
-    from mnnbuild.lowering.graph import compose_context
-    from mnnbuild.manifests.fetch import FetchManifest
-    from mnnbuild.manifests.partition import PartitionManifest, read_merge
-    from mnnbuild.manifests.plugin import plugin_part
-    from mnnbuild.model.targets import soc_for_arch
-    from mnnbuild.partition.lowered import PluginGraphs
-    from mnnbuild.qnn import HtpTarget, QnnLibrary
-
-    soc = soc_for_arch(arch)
-    lib = QnnLibrary()
-    target = HtpTarget(soc.soc_id, soc.arch_number, soc.vtcm_mb)
-    part = plugin_part(FetchManifest.read(model_dir), PartitionManifest.read(partition_dir))
-    results: dict[str, Any] = {}
-    for binary, graphs in read_merge(partition_dir).items():
-        lowered = PluginGraphs.of(model_dir, part, partition_dir, graphs, npu_weights)()
-        floor = {name: (linear_ops_alone(desc), statics) for name, (desc, statics) in lowered.items()}
-        nodes = sum(len(desc.nodes) for desc, _ in floor.values())
-        del lowered
-        started = time.perf_counter()
-        data = compose_context(lib, target, floor, weight_sharing=True)
-        results[binary] = {"seconds": round(time.perf_counter() - started, 2), "nodes": nodes, "bytes": len(data)}
-        sys.stderr.write(f"floor {binary}: {results[binary]}\n")
-    out_json.write_text(json.dumps(results, indent=1))
+    out_json.write_text(json.dumps(compose_plugins(model_dir, partition_dir, arch, npu_weights), indent=1))
 
 
 def measure_floor(

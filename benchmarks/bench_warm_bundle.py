@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROJECT_ROOT, add_result, print_table  # noqa: E402
+from _common import PROJECT_ROOT, add_result, checkout_commit, print_table  # noqa: E402
 
 NOSTAMP = "-nostamp"
 
@@ -46,13 +46,6 @@ shutil.copytree(bundle, dest)
 """
 """The least a warm bundle on a fresh runner can do: start Python with doit, hash the model's files once (no key is
 known before; a cache cannot vouch for files it did not write) and copy the bundle once."""
-
-
-def checkout_commit(tree: Path) -> str:
-    """The commit ``tree`` has checked out (``+`` when it has changes), or ``unknown`` outside git."""
-    run = subprocess.run(["git", "-C", str(tree), "describe", "--always", "--dirty=+", "--abbrev=12"],
-                         capture_output=True, text=True)  # fmt: skip
-    return run.stdout.strip() if run.returncode == 0 else "unknown"
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ import pytest
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import sha256_file
-from mnnbuild.lowering.binary import compose_in_fresh_process
 from mnnbuild.lowering.graph import QnnRefusal, compose_context, read_graph_description, read_graph_dirs
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
@@ -27,6 +26,7 @@ from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.mnn import load_model, plugin_attributes
 from mnnbuild.model.targets import soc_by_name
 from mnnbuild.partition.records import SubgraphRecord
+from mnnbuild.plugin.compose import compose_in_fresh_process
 from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info, same_element_order
 from mnnbuild.stages.bundle import BundleManifest
 from mnnbuild.stages.context import ContextInputs, ContextParams, build_context

@@ -422,7 +422,7 @@ def test_qnn_numbers_tensors_per_process(built: Path) -> None:
     """The evidence behind the fresh process per binary: composed twice in one process, the same graphs give
     different bytes (QNN serializes tensor ids taken from a process-wide counter)."""
     from mnnbuild.lowering.graph import compose_context
-    from mnnbuild.partition.lowered import PluginGraphs
+    from mnnbuild.plugin.lowered import PluginGraphs
     from mnnbuild.qnn import HtpTarget, QnnLibrary
 
     lib = QnnLibrary()

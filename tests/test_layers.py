@@ -20,7 +20,8 @@ LAYERS: list[set[str]] = [
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
     {"lowering"},
-    {"partition"},
+    {"partition"},  # the cut: which ops run where, the plugins' graphs
+    {"plugin"},  # what is made of a plugin's graphs: lowered graphs, context binaries, their twins
     {"verify"},
     {"report"},  # the page report's data, figures and HTML
     {"stages"},

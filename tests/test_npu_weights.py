@@ -209,10 +209,10 @@ def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: 
     (scale, offset) raws read back) is byte for byte the binary the context stage composed in memory."""
     import functools
 
-    from mnnbuild.lowering.binary import compose_in_fresh_process
     from mnnbuild.lowering.graph import read_graph_description, read_graph_dirs
     from mnnbuild.manifests.partition import read_merge
     from mnnbuild.model.targets import soc_for_arch
+    from mnnbuild.plugin.compose import compose_in_fresh_process
     from mnnbuild.qnn import HtpTarget
 
     proc = doit(built.parent, "modellib:tiny-int4", env={"MNNBUILD_MODELS_PATH": str(built.parent / "specs")})

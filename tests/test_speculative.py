@@ -10,15 +10,23 @@ from pathlib import Path
 import pytest
 from mnnbuild_runtime.bundle import Bundle, compiled_lengths
 from mnnbuild_runtime.errors import BundleError
+from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.base.errors import ModelDirError
+from mnnbuild.base.fsutil import sha256_file
+from mnnbuild.cpu import load_vars
+from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import read_merge
 from mnnbuild.model.spec import LocalSource
 from mnnbuild.model.speculation import Speculation
+from mnnbuild.stages.config import chunk_limits
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, fetch
-from tests.conftest import TINY_MODEL_DIR, doit
+from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
 
-PLAIN, LOOK = "tiny-plain", "tiny-look"
+PLAIN, LOOK, EAGLE = "tiny-plain", "tiny-look", "tiny-eagle"
+EAGLE_MODEL_DIR = FIXTURE_MODELS / "qwen3-eagle-random"
+DRAFT_FILES = ("eagle.mnn", "eagle.mnn.weight", "eagle_fc.mnn", "eagle_fc.mnn.weight", "eagle_d2t.mnn")
 
 
 def fetch_with(src: Path, out: Path, **asked: object) -> FetchManifest:
@@ -44,6 +52,18 @@ def test_lookahead_is_resolved_from_spec_or_model_config(tmp_path: Path) -> None
     overridden = fetch_with(own, tmp_path / "override", draft_predict_length=2).speculation
     assert overridden is not None and overridden.verify_length == 3
     assert fetch_with(own, tmp_path / "off", speculative="off").speculation is None
+
+
+def test_the_verify_length_is_one_more_graph_unless_it_is_a_prefill_length() -> None:
+    look, eagle = (
+        Speculation(kind="lookahead", draft_predict_length=3),
+        Speculation(kind="eagle", draft_predict_length=3),
+    )
+    assert look.graph_lengths((1, 128)) == (1, 128, 4)
+    assert look.graph_lengths((1, 128, 4)) == (1, 128, 4)  # the prefill graph at 4 serves both
+    assert look.graph_lengths((1, 128, 2)) == (1, 128, 2, 4)  # appended: graphllm2_<k> stays the 2-token graph
+    assert chunk_limits((128, 2), look) == [128, 4, 2, 1] and chunk_limits((128, 4), look) == [128, 4, 1]
+    assert chunk_limits((128, 2), eagle) == [128, 2, 1] and chunk_limits((128, 2), None) == [128, 2, 1]
 
 
 @pytest.mark.parametrize(
@@ -82,20 +102,26 @@ def test_a_model_that_cannot_speculate_is_one_line_at_fetch(
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model's bundle without speculation and with lookahead, one doit run."""
+    """The tiny model's bundle without speculation and with lookahead, and the Eagle pair's, verified: one doit
+    run."""
     root = tmp_path_factory.mktemp("speculative")
     specs = root / "specs"
     specs.mkdir()
-    for name, extra in ((PLAIN, ""), (LOOK, 'speculative = "lookahead"\n')):
+    for name, src, extra in (
+        (PLAIN, TINY_MODEL_DIR, ""),
+        (LOOK, TINY_MODEL_DIR, 'speculative = "lookahead"\n'),
+        (EAGLE, EAGLE_MODEL_DIR, ""),  # its config.json asks for Eagle
+    ):
         (specs / f"{name}.toml").write_text(
-            f'name = "{name}"\nsource = {{ local = "{TINY_MODEL_DIR}" }}\nchunk_size = 128\ntargets = ["v79"]\n{extra}'
+            f'name = "{name}"\nsource = {{ local = "{src}" }}\nchunk_size = 128\ntargets = ["v79"]\n{extra}'
         )
-    doit(root, "bundle:tiny-plain-v79", "bundle:tiny-look-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=True)
+    tasks = [*(f"bundle:{name}-v79" for name in (PLAIN, LOOK)), f"verify:{EAGLE}-v79"]
+    doit(root, *tasks, env={"MNNBUILD_MODELS_PATH": str(specs)}, check=True)
     return root / "artifacts"
 
 
-def bundle_dir(artifacts: Path, name: str) -> Path:
-    return artifacts / name / "v79" / "bundle" / "model" / TINY_MODEL_DIR.name
+def bundle_dir(artifacts: Path, name: str, model_dir_name: str = TINY_MODEL_DIR.name) -> Path:
+    return artifacts / name / "v79" / "bundle" / "model" / model_dir_name
 
 
 def test_lookahead_adds_the_verify_graph_to_every_plugin(built: Path) -> None:
@@ -151,3 +177,98 @@ def test_a_bundle_without_the_verify_graph_is_refused_in_one_line(built: Path, t
     assert "\n" not in message
     assert f"{copy / 'config_qnn.json'}: field 'speculative_type' is 'lookahead'" in message
     assert "verifies 4 tokens per forward" in message and "compiled for [1, 128] tokens" in message
+
+
+def test_an_eagle_model_links_and_hashes_its_draft(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    manifest = fetch_with(EAGLE_MODEL_DIR, out)
+    assert manifest.speculation == Speculation(
+        kind="eagle",
+        draft_predict_length=3,
+        files=DRAFT_FILES,
+        names={"eagle_model": "eagle.mnn", "eagle_fc": "eagle_fc.mnn", "eagle_d2t": "eagle_d2t.mnn"},
+    )
+    records = {r.path: r for r in manifest.outputs}
+    for name in DRAFT_FILES:
+        assert (out / name).is_symlink() and (out / name).resolve() == (EAGLE_MODEL_DIR / name).resolve()
+        assert records[name].sha256 == sha256_file(EAGLE_MODEL_DIR / name)
+
+
+@pytest.mark.parametrize("missing", ["eagle.mnn", "eagle_fc.mnn", "eagle_d2t.mnn"])
+def test_a_missing_draft_file_is_one_line_at_fetch(tmp_path: Path, missing: str) -> None:
+    src = tmp_path / "src-model"
+    shutil.copytree(EAGLE_MODEL_DIR, src)
+    (src / missing).unlink()
+    field = {"eagle.mnn": "eagle_model", "eagle_fc.mnn": "eagle_fc", "eagle_d2t.mnn": "eagle_d2t"}[missing]
+    with pytest.raises(ModelDirError) as exc:
+        fetch_with(src, tmp_path / "out")
+    assert str(exc.value) == (
+        f"model directory {src} (source of m): required file {missing} is missing: config.json field "
+        f"'speculative_type' is 'eagle', which needs the Eagle draft's files (config.json field {field!r}, default "
+        f"{missing!r}); expected the files llmexport --eagle_path writes beside the model"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_eagle_draft_longer_than_its_tree_is_refused(tmp_path: Path) -> None:
+    """eagle_depth 3 x eagle_topk 1 drafts 3 tokens: the engine would verify 4, so a graph at 6 would never run."""
+    with pytest.raises(ModelDirError) as exc:
+        fetch_with(EAGLE_MODEL_DIR, tmp_path / "out", draft_predict_length=5)
+    assert "spec field 'draft_predict_length' is 5, but an Eagle tree of eagle_depth 3 and eagle_topk 1" in str(
+        exc.value
+    )
+
+
+def test_the_engine_is_not_handed_an_eagle_config_without_its_draft(tmp_path: Path) -> None:
+    """PyPI MNN crashes (SIGSEGV) loading an Eagle config whose eagle_d2t file is missing: refused in one line."""
+    src = tmp_path / "src-model"
+    shutil.copytree(EAGLE_MODEL_DIR, src)
+    (src / "eagle_d2t.mnn").unlink()
+    with pytest.raises(BundleError) as exc:
+        Tokenizer(src / "config.json")
+    assert str(exc.value).startswith(f"{src / 'config.json'}: field 'speculative_type' is 'eagle', so MNN's engine")
+    assert "eagle_d2t 'eagle_d2t.mnn'" in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_the_eagle_io_has_a_verify_sample_with_every_row_and_the_hidden_states(built: Path) -> None:
+    io = IoManifest.read(built / EAGLE / "io")
+    assert [s.seq_len for s in io.samples] == [1, 128, 4]
+    verify = io.samples[2]
+    assert {o.name: o.shape for o in verify.outputs} == {"logits": [1, 4, 1024], "hidden_states": [1, 4, 384]}
+    fed = load_vars(built / EAGLE / "io" / verify.dir / "input.mnn")
+    assert fed["logits_index"].tolist() == [0]  # every row's logits, as the engine verifies
+
+
+def test_an_eagle_bundle_outputs_hidden_states_and_ships_its_draft(built: Path) -> None:
+    model_dir = bundle_dir(built, EAGLE, EAGLE_MODEL_DIR.name)
+    opened = Bundle.open(model_dir)
+    assert opened.output_names == ["logits", "hidden_states"]
+    assert {frozenset(compiled_lengths(p) or ()) for p in opened.plugins} == {frozenset({1, 4, 128})}
+    config = opened.config
+    assert config["chunk_limits"] == [128, 1]  # Eagle verifies through forwardRaw: no padding, prefill unchanged
+    assert {k: config[k] for k in ("speculative_type", "draft_predict_length", "hidden_states")} == {
+        "speculative_type": "eagle",
+        "draft_predict_length": 3,
+        "hidden_states": True,
+    }
+    assert [config[k] for k in ("eagle_model", "eagle_fc", "eagle_d2t")] == list(DRAFT_FILES[::2])
+    shipped = {r.path: r.sha256 for r in BundleManifest.read(built / EAGLE / "v79" / "bundle").outputs}
+    for name in DRAFT_FILES:
+        assert not (model_dir / name).is_symlink(), "the bundle ships copies"
+        assert shipped[f"model/{EAGLE_MODEL_DIR.name}/{name}"] == sha256_file(EAGLE_MODEL_DIR / name)
+
+
+def test_verify_runs_every_verify_length_graph_and_the_whole_model_at_it(built: Path) -> None:
+    """Verify's (a) runs each plugin's graph at the verify length in the simulator, (b) the whole model at it, with
+    ``hidden_states`` compared as an output."""
+    report = json.loads((built / EAGLE / "v79" / "verify" / "verify.json").read_text())
+    assert report["passed"]
+    merge = read_merge(built / EAGLE / "partition")
+    ran = {g["graph"]: g["passed"] for g in report["graphs"]}
+    verify_graphs = [Path(graphs[-1]).name for graphs in merge.values()]
+    assert verify_graphs and all(ran[g] for g in verify_graphs)
+    at_four = next(w for w in report["whole_model"] if w["seq_len"] == 4)
+    assert {o["name"]: (o["shape"], o["passed"]) for o in at_four["outputs"]} == {
+        "logits": ([1, 4, 1024], True),
+        "hidden_states": ([1, 4, 384], True),
+    }

@@ -4,7 +4,7 @@ A lowered subgraph is a :class:`GraphDescription` (tensors and nodes, JSON) plus
 static tensors (one ``.raw`` file each: the tensor's elements, little-endian, C order, no header, of
 the tensor's data type or of its narrower ``storage`` type, see :class:`QnnTensorDesc`).
 The modellib stage writes both into a graph directory (the model-lib); the context and twin stages keep them in
-memory (`mnnbuild.partition.lowered`); either way :func:`compose` adds the tensors and nodes to a QNN graph.
+memory (`mnnbuild.plugin.lowered`); either way :func:`compose` adds the tensors and nodes to a QNN graph.
 """
 
 from __future__ import annotations

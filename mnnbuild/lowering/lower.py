@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.lowering.channel_last import channel_last
 from mnnbuild.lowering.context import LoweringContext, TensorMeta
 from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
-from mnnbuild.lowering.layout import channel_last
 from mnnbuild.lowering.ops import REGISTRY
 from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.lowering.support import FOLDED_OP_TYPES as FOLDED_OP_TYPES

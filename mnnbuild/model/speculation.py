@@ -22,6 +22,7 @@ from mnnbuild.mnn.llm import (
     DRAFT_LENGTH_FIELD,
     EAGLE,
     EAGLE_FILE_FIELDS,
+    EAGLE_TREE_DEFAULTS,
     LOOKAHEAD,
     LOOKUP_FILE_FIELD,
     MODEL_CONFIG,
@@ -29,7 +30,7 @@ from mnnbuild.mnn.llm import (
     SPECULATIVE_TYPES,
     eagle_tree_tokens,
 )
-from mnnbuild.model.modeldir import read_model_config
+from mnnbuild.model.modeldir import PLAIN_FILE_NAME, read_model_config
 
 SpeculativeKind = Literal["eagle", "lookahead"]
 SpeculativeAsk = Literal["eagle", "lookahead", "off"]
@@ -37,7 +38,6 @@ HIDDEN_STATES = "hidden_states"
 """An Eagle target's second output: its tapped hidden states, the draft's input (``config.json`` ``hidden_states``)."""
 EAGLE_DOWNLOADS = tuple(n for name in EAGLE_FILE_FIELDS.values() for n in (name, f"{name}.weight"))
 """The draft files an HF fetch also asks for (the engine's default names; absent ones are simply not there)."""
-_PLAIN_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
 
 class Speculation(BaseModel):
@@ -57,6 +57,11 @@ class Speculation(BaseModel):
         """Tokens of one verify forward: the sampled token and the drafts."""
         return self.draft_predict_length + 1
 
+    def graph_lengths(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+        """``lengths`` (decode and the prefill lengths, in graph order) with the verify length appended unless it is
+        one of them already: each is one graph per plugin, and the prefill graphs keep their names."""
+        return lengths if self.verify_length in lengths else (*lengths, self.verify_length)
+
     @property
     def in_chunk_limits(self) -> bool:
         """lookahead verifies through ``Llm::forwardVec``, which pads a forward up to the smallest ``chunk_limits``
@@ -74,7 +79,7 @@ def _config_int(config: dict[str, Any], field: str, path: Path, default: int) ->
 
 def _file_name(config: dict[str, Any], field: str, default: str, path: Path) -> str:
     name = config.get(field, default)
-    if not isinstance(name, str) or not re.fullmatch(_PLAIN_FILE_NAME, name):
+    if not isinstance(name, str) or not re.fullmatch(PLAIN_FILE_NAME, name):
         raise ModelDirError(
             f"{path}: field {field!r} must name a file in the model directory (letters, digits, '.', '_', '-'), "
             f"got {name!r}"
@@ -92,6 +97,18 @@ def _check_graph(model_dir: Path, name: str) -> None:
             check_weight_ranges(graph, model_dir / f"{name}.weight")
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
+
+
+def engine_files(model_dir: Path) -> tuple[str, ...]:
+    """The draft files MNN's engine loads with the model as its ``config.json`` stands (an Eagle model's, those
+    present): fetch links them whatever the spec asks, since io's tokenizer loads the model by that config, and
+    PyPI MNN crashes (SIGSEGV) on an Eagle config whose ``eagle_d2t`` file is missing."""
+    config = read_model_config(model_dir)
+    if config.get(SPECULATIVE_TYPE) != EAGLE:
+        return ()
+    names = [config.get(field, default) for field, default in EAGLE_FILE_FIELDS.items()]
+    names = [n for name in names if isinstance(name, str) for n in (name, f"{name}.weight")]
+    return tuple(n for n in names if re.fullmatch(PLAIN_FILE_NAME, n) and (Path(model_dir) / n).is_file())
 
 
 def resolve(
@@ -157,9 +174,8 @@ def resolve(
                     _check_graph(Path(model_dir), name)
                 if (Path(model_dir) / f"{name}.weight").is_file():
                     files.append(f"{name}.weight")
-        depth = _config_int(config, "eagle_depth", config_path, 3)
-        topk = _config_int(config, "eagle_topk", config_path, 1)
-        most = eagle_tree_tokens({"eagle_depth": depth, "eagle_topk": topk})
+        tree = {k: _config_int(config, k, config_path, v) for k, v in EAGLE_TREE_DEFAULTS.items()}
+        depth, topk, most = tree["eagle_depth"], tree["eagle_topk"], eagle_tree_tokens(tree)
         if draft_length > most:
             raise ModelDirError(
                 f"{label}: {length_field} is {draft_length}, but an Eagle tree of eagle_depth {depth} and "

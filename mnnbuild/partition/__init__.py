@@ -8,14 +8,11 @@
   executor and verify's per-graph check.
 - ``rewrite``: the Plugin ops, their attributes (per shape, then fused), and ``qnn/llm.mnn``.
 - ``records``: ``graph.json`` / ``partition.json`` models and the naming rules (``t<index>``, ``graphllm<k>``).
-- ``lowered``: a plugin's graph dirs lowered to QNN (``lower_plugin``; ``PluginGraphs``, what the context and twin
-  stages compose from, and the modellib stage writes).
-- ``binary``: a plugin's graphs composed into its context binary, checked and recorded (``build_plugin_binary``):
-  the context stage's shipped binary and the twin stage's unshared twin, each with its own manifest.
 - ``graphs``: each plugin graph's dir (description, reference values), convolutions split by output channels, the
   sample runs that check the cut, the plugins' attributes per shape.
 - ``report``: the partition report (JSON and text).
 
 MNN op semantics (what an op reads, what decides its shape) are ``mnnbuild.mnn.semantics``.
-The stage entry is ``mnnbuild.stages.partition.partition``.
+The stage entry is ``mnnbuild.stages.partition.partition``; what is made of the cut's graphs (context binaries, their
+unshared twins, model-libs) is ``mnnbuild.plugin``.
 """

@@ -60,10 +60,9 @@ def speculative_entries(speculation: Speculation | None, model_config: dict[str,
 
 def chunk_limits(prefill: tuple[int, ...], speculation: Speculation | None) -> list[int]:
     """Every prefill length, (lookahead) its verify length, then 1: the lengths the engine plans a forward at."""
-    lengths = list(prefill)
-    if speculation is not None and speculation.in_chunk_limits and speculation.verify_length not in (*lengths, 1):
-        lengths = sorted([*lengths, speculation.verify_length], reverse=True)
-    return [*lengths, 1]
+    if speculation is not None and speculation.in_chunk_limits:
+        prefill = tuple(sorted(speculation.graph_lengths(prefill), reverse=True))
+    return [*prefill, 1]
 
 
 def qnn_config(

@@ -2,13 +2,13 @@
 
 Each ``merge`` entry of the partition's ``npu_postreat.json`` names the graphs of one plugin
 (``qnn/graphllm<k>``, ``qnn/graphllm1_<k>``). They are lowered from the partition's graph dirs and the model's
-weights (as the modellib stage lowers them, `mnnbuild.partition.lowered`, without writing a model-lib) and composed on
+weights (as the modellib stage lowers them, `mnnbuild.plugin.lowered`, without writing a model-lib) and composed on
 Qualcomm's HTP backend with the upstream settings (VTCM 8 MB, optimization level 3, fp16 relaxed precision, 4 HVX
 threads, the target's SoC id and DSP arch, weight sharing on), finalized in ``allGraphName`` order, serialized to
 ``qnn/graphllm<k>.bin`` and read back through QnnSystem to check it holds what was asked for. The binary is composed
-in a fresh process, so its bytes depend on its inputs only (``mnnbuild.lowering.binary``). Its unshared twin, which
+in a fresh process, so its bytes depend on its inputs only (``mnnbuild.plugin.compose``). Its unshared twin, which
 verify runs in the x86 simulator, is the twin stage's: a bundle does not wait for it. Both are made by
-`mnnbuild.partition.binary`; this module says what is the shipped binary's (its file, weight sharing, its manifest).
+`mnnbuild.plugin.binary`; this module says what is the shipped binary's (its file, weight sharing, its manifest).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextParams, GraphIo
 from mnnbuild.model.spec import ModelSpec
-from mnnbuild.partition.binary import PluginBinary, build_plugin_binary
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.plugin.binary import PluginBinary, build_plugin_binary
 
 
 def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -> ContextManifest:

@@ -18,7 +18,7 @@ from mnnbuild.base.fsutil import atomic_write_text, relative_symlink, staged_dir
 from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord
 from mnnbuild.model.modeldir import ALL_FILES, VISUAL_FILES, ModelPart, family_files, validate_model_dir
 from mnnbuild.model.spec import HfSource, ModelSpec
-from mnnbuild.model.speculation import EAGLE_DOWNLOADS, Speculation, resolve
+from mnnbuild.model.speculation import EAGLE_DOWNLOADS, Speculation, engine_files, resolve
 from mnnbuild.pipeline.manifest import FileRecord, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
 
@@ -96,8 +96,8 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
     if isinstance(inputs.source, HfSource):
         if inputs.lock_path is None:
             raise ValueError("an hf source needs lock_path")
-        # an Eagle model's draft files by the engine's default names (a model without them has none to download)
-        wanted = params.files if params.speculative in ("off", "lookahead") else (*params.files, *EAGLE_DOWNLOADS)
+        # an Eagle model's draft files by the engine's default names (a model without them has none to download):
+        wanted = (*params.files, *EAGLE_DOWNLOADS)  # io's tokenizer loads them even when the spec turns Eagle off
         src_dir, commit = download_hf(inputs.source, inputs.lock_path, wanted)
         where = f"HF repo {inputs.source.hf}@{commit} (cached at {src_dir})"
         record = SourceRecord(kind="hf", location=inputs.source.hf, revision=inputs.source.revision, commit=commit)
@@ -121,7 +121,8 @@ def fetch(inputs: FetchInputs, params: FetchParams, out_dir: Path) -> FetchManif
             raise
         # the part's files whatever config.json calls them (an HF download asked only for params.files)
         names = [n for n in present if n in params.files or n in (part.model_file, part.weight_file)]
-        names += [n for n in (speculation.files if speculation else ()) if n not in names]
+        extra = (*(speculation.files if speculation else ()), *engine_files(src_dir))
+        names += [n for n in dict.fromkeys(extra) if n not in names]
         records = [hashing[n].result() if n in hashing else FileRecord.of(base / n, base) for n in names]
     with staged_dir(out_dir) as tmp:
         for name in names:

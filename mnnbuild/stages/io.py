@@ -4,8 +4,10 @@ For the decode shape (1 token) and every prefill length (``chunk_sizes``, longes
 ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
 diagonal), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
--1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. Which graph and which
-inputs come from the model part the fetch stage recorded (``mnnbuild.model.modeldir.ModelPart``).
+-1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. A speculative build (the fetch
+manifest's ``speculation``) also gets a sample at the verify length, ``draft_predict_length + 1`` tokens with
+``logits_index`` 0, as MNN's engine checks a draft; an Eagle target's outputs include ``hidden_states``. Which graph
+and which inputs come from the model part the fetch stage recorded (``mnnbuild.model.modeldir.ModelPart``).
 
 A VL language model (M-RoPE) takes ``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples,
 and Qwen3-VL's also ``deepstack_embeds`` ``[3,seq,hidden]`` (docs/families.md section 3.1); the inputs fed are the
@@ -230,8 +232,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         lengths = (DECODE_SEQ, *params.chunk_sizes)
         if fetched.speculation is not None:
             _check_verify_length(fetched.speculation.verify_length, params, model_dir)
-            # one more graph at the verify length (appended: the prefill graphs keep their names)
-            lengths += (fetched.speculation.verify_length,) if fetched.speculation.verify_length not in lengths else ()
+            lengths = fetched.speculation.graph_lengths(lengths)
         shapes = [(seq_len, None) for seq_len in lengths]
         declared, hidden = model.input_dims, config["hidden_size"]
 

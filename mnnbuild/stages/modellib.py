@@ -9,7 +9,7 @@ prepares in fp16 and rounds them exactly so, so the context binaries are the sam
 (`mnnbuild.lowering.ops.htp_conv_weights`).
 
 The model-lib is for a user who hands the graphs to QNN tools: the context and twin stages lower the same graphs
-themselves (`mnnbuild.partition.lowered`) instead of reading GBs of raws back at real size, so a bundle
+themselves (`mnnbuild.plugin.lowered`) instead of reading GBs of raws back at real size, so a bundle
 or verify does not build it; ``doit modellib`` does.
 """
 
@@ -31,10 +31,10 @@ from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.model.modeldir import VISUAL, chain_part
 from mnnbuild.model.spec import ModelSpec
-from mnnbuild.partition.lowered import lower_plugin, source_model
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.plugin.lowered import lower_plugin, source_model
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ The x86 HTP simulator cannot load weight-shared context binaries (``mnnbuild/qnn
 for each plugin, the same graphs composed without weight sharing: ``twin/graphllm<k>/graphllm<k>.bin``. It is
 an output like any other (recorded with its sha256, cached, restored), so verify composes nothing; only verify
 depends on it, so a bundle never waits for it, and the bundle never ships it. It is composed in a fresh process,
-as the context stage composes the shipped binary (both by `mnnbuild.partition.binary`), so its bytes depend on its
+as the context stage composes the shipped binary (both by `mnnbuild.plugin.binary`), so its bytes depend on its
 inputs only, and read back through QnnSystem to check it holds the plugin's graphs for the target, unshared.
 """
 
@@ -14,9 +14,9 @@ from pathlib import Path
 
 from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
 from mnnbuild.model.spec import ModelSpec
-from mnnbuild.partition.binary import PluginBinary, build_plugin_binary
 from mnnbuild.pipeline.layout import twin_file
 from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.plugin.binary import PluginBinary, build_plugin_binary
 
 
 def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinManifest:

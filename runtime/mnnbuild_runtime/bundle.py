@@ -249,6 +249,7 @@ def check_engine_files(config_path: Path, config: dict[str, Any], *, links: bool
     """Right before MNN's engine is handed ``config_path`` (it opens the files itself, by name): the files it names
     (`check_config_files`) and those it reads by default (`ENGINE_DEFAULTS`) are checked again."""
     check_config_files(config_path, config, links=links)
+    check_draft_files(config_path, config, links=links)
     for field, default in ENGINE_DEFAULTS.items():
         if field not in config and (config_path.parent / default).exists():
             bundle_path(config_path.parent, default, f"{config_path}: default of field {field!r}", links=links)
@@ -438,14 +439,22 @@ def check_speculation(config_path: Path, config: dict[str, Any], plugins: tuple[
                 f"{sorted(lengths)} tokens (attribute 'allInputShape'); expected a bundle built for that "
                 "speculation (spec field speculative)"
             )
-    if kind == EAGLE:
-        for field, default in EAGLE_FILE_FIELDS.items():
-            name = config.get(field, default)
-            if not bundle_path(config_path.parent, name, f"{config_path}: field {field!r}").is_file():
-                raise BundleError(
-                    f"{config_path}: field {field!r} = {name!r} (speculative_type 'eagle'), but "
-                    f"{config_path.parent / name} does not exist; expected the Eagle draft's files in the bundle"
-                )
+    check_draft_files(config_path, config)
+
+
+def check_draft_files(config_path: Path, config: dict[str, Any], *, links: bool = False) -> None:
+    """An Eagle config makes MNN's engine load the draft's files with the model: each must exist (PyPI MNN 3.6.1
+    dereferences a missing ``eagle_d2t`` file's empty load and crashes with SIGSEGV instead of failing)."""
+    if config.get(SPECULATIVE_TYPE) != EAGLE:
+        return
+    for field, default in EAGLE_FILE_FIELDS.items():
+        name = config.get(field, default)
+        if not bundle_path(config_path.parent, name, f"{config_path}: field {field!r}", links=links).is_file():
+            raise BundleError(
+                f"{config_path}: field {SPECULATIVE_TYPE!r} is 'eagle', so MNN's engine loads the draft's "
+                f"{field} {name!r} with the model, but {config_path.parent / name} does not exist; expected the "
+                "Eagle draft's files beside the model"
+            )
 
 
 @dataclass

@@ -88,7 +88,7 @@ def source_model(model_dir: Path, part: ModelPart, partition_dir: Path, graphs: 
 @dataclass(frozen=True)
 class PluginGraphs:
     """The recipe for one plugin's lowered graphs, by graph name in order (decode first), for
-    `mnnbuild.lowering.binary.compose_checked` to call in the process that composes the binary."""
+    `mnnbuild.plugin.compose.compose_checked` to call in the process that composes the binary."""
 
     model_file: Path
     weight_file: Path

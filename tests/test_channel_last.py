@@ -12,10 +12,10 @@ import logging
 import numpy as np
 import pytest
 
+from mnnbuild.lowering.channel_last import channel_last
 from mnnbuild.lowering.check import simulate
 from mnnbuild.lowering.context import tensor_param
 from mnnbuild.lowering.graph import GraphDescription, QnnNodeDesc, QnnTensorDesc, TensorKind, raw_file_name
-from mnnbuild.lowering.layout import channel_last
 from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
 from mnnbuild.mnn import load_model
 from mnnbuild.qnn import QnnLibrary, same_element_order

@@ -2,7 +2,7 @@
 weight-shared binary and the twin stage's unshared twin (which verify runs) are both made here.
 
 The graphs named by the plugin's ``merge`` entry are lowered from the partition's graph dirs and the model's weights
-(`PluginGraphs`), composed in a fresh process (`mnnbuild.lowering.binary.compose_checked`) and read back through
+(`PluginGraphs`), composed in a fresh process (`mnnbuild.plugin.compose.compose_checked`) and read back through
 QnnSystem. What the two stages differ in, each stage's entry passes: the file written, whether the graphs share
 weights, and its manifest, made from what was composed (`PluginBinary`). Neither manifest model is imported here, so
 each stage's key follows its own manifest's code only.
@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mnnbuild.base.fsutil import confined, staged_dir
-from mnnbuild.lowering.binary import compose_checked
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import PluginInputs, PluginParams, plugin_part, plugin_sources
-from mnnbuild.partition.lowered import MERGE_FIELD, PluginGraphs
 from mnnbuild.pipeline.manifest import Manifest, record_outputs, tool_versions
+from mnnbuild.plugin.compose import compose_checked
+from mnnbuild.plugin.lowered import MERGE_FIELD, PluginGraphs
 from mnnbuild.qnn import BinaryInfo, QnnLibrary, QnnVersion
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ same context built first. One binary per fresh process makes its bytes depend on
 
 What to compose is a :data:`GraphSource`: a picklable callable the fresh process calls for the graphs (name ->
 description and static data, in order), e.g. ``functools.partial(read_graph_dirs, modellib_dir, graphs)``, or the
-stages' `mnnbuild.partition.lowered.PluginGraphs`, which lowers in that process (its statics never cross a pipe).
+stages' `mnnbuild.plugin.lowered.PluginGraphs`, which lowers in that process (its statics never cross a pipe).
 """
 
 from __future__ import annotations
