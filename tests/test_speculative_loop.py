@@ -11,11 +11,13 @@ from mnnbuild_runtime import (
     cpu_forward_fn,
     draft_feeds,
     draft_rows,
+    llm_inputs,
     recompute_generate,
 )
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.speculative import (
     DraftTree,
+    EagleDrafter,
     OracleDrafter,
     Round,
     SpeculativeResult,
@@ -28,7 +30,7 @@ from mnnbuild.base.compare import Tolerance
 from mnnbuild.verify.failures import speculation_failures
 from mnnbuild.verify.report import SpeculationCheck
 from mnnbuild.verify.speculation import ReplayForward, judge
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT
 
 TRAINED = PROJECT_ROOT / "models" / "tiny-qwen3-trained"
 
@@ -199,3 +201,32 @@ def test_mnn_engines_plain_greedy_run_is_the_recompute_loop_and_a_plain_model_ca
         engine_generate(TRAINED / "config.json", "the cat", 8, speculative=True)
     expected = f"{TRAINED / 'config.json'}: field 'speculative_type' is not set; the engine cannot speculate"
     assert str(exc.value) == expected
+
+
+RANDOM_PAIR = FIXTURE_MODELS / "qwen3-eagle-random"
+
+
+def test_the_eagle_drafter_on_a_random_pair_is_lossless_and_counts_as_the_engine_does() -> None:
+    """The runtime's Eagle3 drafter on the random 7-layer pair: a chain of ``draft_predict_length`` at the engine's
+    defaults and a two-wide tree on request; the loop's tokens are plain greedy's; MNN's own engine at full precision
+    gives its plain tokens with speculation too, and needs as many target forwards as the runtime's loop (a random
+    draft: one token per forward)."""
+    embed = Embeddings(RANDOM_PAIR)
+    forward, drafter = cpu_forward_fn(RANDOM_PAIR), EagleDrafter(RANDOM_PAIR, embed=embed)
+    assert (drafter.config.draft_length, drafter.config.topk, drafter.config.depth) == (3, 1, 3)
+    plain = engine_generate(RANDOM_PAIR / "config.json", "hello world", 12, speculative=False)
+    spec = engine_generate(RANDOM_PAIR / "config.json", "hello world", 12, speculative=True)
+    assert spec.tokens[:12] == plain.tokens and spec.forwards is not None
+    ids = plain.prompt_ids
+    ours = speculative_generate(forward, embed, drafter, ids, len(spec.tokens), 128)
+    assert ours.result.tokens == recompute_generate(forward, embed, ids, len(spec.tokens), 128).tokens
+    assert ours.result.tokens[:12] == plain.tokens and ours.forwards - 1 == spec.forwards
+    assert all(len(r.draft) == 3 for r in ours.rounds[1:] if not r.cut) and ours.mean_accepted == spec.mean_accepted
+    out = forward(llm_inputs(embed(ids), 128, logits_index=0))
+    hidden = np.asarray(out["hidden_states"]).reshape(128, -1)[: len(ids)]
+    sample = int(np.asarray(out["logits"]).reshape(128, -1)[len(ids) - 1].argmax())
+    tree = drafter.tree([*ids, sample], hidden, topk=2)
+    # two per level: 2 at the first, 2 x 2 candidates at each of the two more; draft ids mapped to target ids
+    assert [tree.depths.count(d) for d in range(3)] == [2, 4, 4] and all(t % 2 == 0 for t in tree.tokens)
+    # the first level's best node is the chain's first token: both are the draft's argmax after the sampled token
+    assert tree.tokens[0] == drafter.tree([*ids, sample], hidden).chain(3)[0] and tree.scores[0] >= tree.scores[1]
