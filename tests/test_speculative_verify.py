@@ -43,13 +43,14 @@ def test_a_lookahead_bundle_verifies_its_verify_length_and_says_no_draft_ran(tmp
 def test_an_eagle_bundle_verifies_its_tree_sample_and_speculative_tokens(tmp_path: Path) -> None:
     """The random Eagle3 pair's bundle: the tree-shaped sample (a real draft tree at the verify length) and the
     bundle's speculative tokens pass against the CPU; its loop read the generation check's pass, and running it on
-    the bundle's own forwards gives the same tokens and rounds; a random draft buys nothing (1 token per forward)."""
+    the bundle's own forwards gives the same tokens and rounds; a random draft buys nothing (1 token per forward);
+    verify.txt and the page report say so."""
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "rnd-eagle.toml").write_text(
         f'name = "rnd-eagle"\nsource = {{ local = "{RANDOM_PAIR}" }}\nchunk_size = 32\ntargets = ["v79"]\n'
     )
-    doit(tmp_path, "verify:rnd-eagle-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=True)
+    doit(tmp_path, "report:rnd-eagle-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=True)  # after verify
     target = tmp_path / "artifacts" / "rnd-eagle" / "v79"
     report = VerifyReport.model_validate_json((target / "verify" / REPORT_JSON).read_text(encoding="utf-8"))
     spec = report.speculation
@@ -72,3 +73,6 @@ def test_an_eagle_bundle_verifies_its_tree_sample_and_speculative_tokens(tmp_pat
     text = (target / "verify" / REPORT_TEXT).read_text(encoding="utf-8")
     assert "(b) tree-shaped sample (topk 2, a tree" in text and "tokens identical: pass" in text
     assert "NPU weight bytes per generated token" in text and "a size, not a speed" in text
+    page = (target / "report" / "index.html").read_text(encoding="utf-8")
+    assert "Speculative decoding (eagle)" in page and "1.00 tokens per target forward" in page
+    assert "speculative tokens = plain greedy (16 tokens)" in page
