@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mnnbuild_runtime import Embeddings, HybridModel, load_twins
+from mnnbuild_runtime import Embeddings, HybridModel, cpu_forward_fn, load_twins, recompute_generate
 from mnnbuild_runtime.speculative import EagleDrafter, speculative_generate
 
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT
@@ -60,6 +60,9 @@ def test_an_eagle_bundle_verifies_its_tree_sample_and_speculative_tokens(tmp_pat
     assert spec.tree_check is not None and spec.tree_check.passed and spec.tree_check.seq_len == 4
     assert {t.name for t in spec.tree_check.outputs} == {"logits", "hidden_states"}
     assert spec.bundle_tokens == spec.cpu_tokens and len(spec.cpu_tokens) == 16 and spec.first_difference is None
+    # the CPU's plain greedy tokens (taken from the generation check's reference: the same loop, the same rows)
+    plain = recompute_generate(cpu_forward_fn(RANDOM_PAIR), Embeddings(RANDOM_PAIR), spec.prompt_ids, 16, 32)
+    assert spec.cpu_tokens == plain.tokens
     assert spec.mean_accepted == 1.0 and spec.forwards == 16
     assert spec.replayed_forwards == 16 and spec.simulator_forwards == 0
     assert spec.npu_weight_bytes_per_forward and spec.npu_weight_bytes_per_token == spec.npu_weight_bytes_per_forward

@@ -274,6 +274,7 @@ def _check_speculation(
         params.model_tolerance,
         speculation.npu_weight_bytes(contexts),
         replay=gen.bundle_runs,
+        plain=gen.plain_greedy(),
     )
 
 

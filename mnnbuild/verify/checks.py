@@ -39,7 +39,7 @@ from mnnbuild_runtime import (
     loop_redraft,
 )
 from mnnbuild_runtime.errors import BundleError
-from mnnbuild_runtime.generate import ForwardFn, Redraft
+from mnnbuild_runtime.generate import ForwardFn, GenerationResult, Redraft
 from mnnbuild_runtime.hashes import FileHashes, KnownHash
 from mnnbuild_runtime.twins import Twin as RuntimeTwin
 from mnnbuild_runtime.twins import twin_of
@@ -609,6 +609,17 @@ class GenerationRun:
             self._cpu = (cpu_forward_fn(self.model_dir, self.runtime), Embeddings(self.model_dir, links=True),
                          kv_cache_redraft(self.model_dir, self.runtime))  # fmt: skip
         return self._cpu
+
+    def plain_greedy(self) -> GenerationResult | None:
+        """The original model's plain greedy loop on the CPU, when the sequence is its tokens (every recompute pick is
+        the sequence's token): the rows the reference computed are that loop's rows, bit for bit. None otherwise."""
+        check, rows = self.check, self.cpu_rows
+        if check.problem is not None or not check.cpu_tokens or len(rows) != len(check.cpu_tokens):
+            return None
+        if any(int(row.argmax()) != token for row, token in zip(rows, check.cpu_tokens, strict=True)):
+            return None
+        return GenerationResult(list(check.prompt_ids), list(check.cpu_tokens), "max_new_tokens", max(self.limits),
+                                top2_margins=[top2_margin(r) for r in rows], rows=list(rows))  # fmt: skip
 
     def _partings(self, tol: Tolerance) -> list[EngineParting]:
         """The steps whose sequence token (MNN's KV-cache engine's) is not the recompute forward's pick, with the

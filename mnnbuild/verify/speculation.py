@@ -167,11 +167,13 @@ def check_speculation(
     *,
     cpu_forward: ForwardFn | None = None,
     replay: Mapping[int, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] | None = None,
+    plain: GenerationResult | None = None,
 ) -> SpeculationCheck | None:
     """(b) on the tree-shaped sample and (c) speculative generation for a bundle whose config asks for speculation
     (None for one that does not); a problem is recorded, never raised. ``model_dir``: the original (fetched) model;
     ``weight_bytes``: the NPU weight bytes a forward reads (:func:`npu_weight_bytes`); ``replay``: the generation
-    check's bundle pass by length, whose rows serve the loop where they can (:class:`ReplayForward`)."""
+    check's bundle pass by length, whose rows serve the loop where they can (:class:`ReplayForward`); ``plain``: the
+    original model's plain greedy tokens and rows for the prompt when already at hand (else computed here)."""
     bundle = model.bundle
     config_path = bundle.model_dir / CONFIG_FILE
     t0 = time.perf_counter()
@@ -214,7 +216,7 @@ def check_speculation(
             spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
         check.replayed_forwards, check.simulator_forwards = served.served, served.ran
         model.unload()  # the CPU reference's decoded weights take the memory now
-        cpu = cpu_greedy_generate(model_dir, prompt_ids, max_new_tokens, chunk=limits, runtime=runtime)
+        cpu = plain or cpu_greedy_generate(model_dir, prompt_ids, max_new_tokens, chunk=limits, runtime=runtime)
         check.cpu_tokens, check.bundle_tokens = list(cpu.tokens), list(spec.result.tokens)
         check.rounds = [SpeculationRound(**vars(r)) for r in spec.rounds]
         check.forwards, check.mean_accepted = spec.forwards, spec.mean_accepted
