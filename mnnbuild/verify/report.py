@@ -570,7 +570,7 @@ def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
         if c.first_difference is None:
             lines.append(f"    tokens identical: {_ok(c.passed)}")
         else:
-            lines.append(f"    first difference at new token {c.first_difference}: {c.difference_note} {_ok(c.passed)}")
+            lines.append(f"    first difference: {c.difference_note} {_ok(c.passed)}")
         if c.steps:
             worst = max(c.steps, key=lambda s: s.logits.severity(tol))
             lines.append(f"    per step (same prefix): worst {worst.logits.describe(tol)}")
