@@ -1,0 +1,59 @@
+"""Architectures llmexport exports beyond Qwen/Llama (issue 42): each failure class of the zoo, on a tiny fixture.
+
+The fixtures under tests/fixtures/models/zoo-* come from ``models/export/make_zoo.py --fixture`` (2 layers, hidden
+64, int4 block 64): Phi-3 (fused gate_up_proj chunk), LFM2 (short-conv zero state), Gemma 2 (logit soft-cap),
+GLM-4 (RMSNorm epsilon 0).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from mnnbuild.mnn import MnnModel, load_model
+from mnnbuild.mnn.semantics import shape_inputs
+from tests.conftest import FIXTURE_MODELS, RunDoit
+
+ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4")}
+
+
+def zoo_specs(tmp_path: Path, *names: str) -> dict[str, str]:
+    """A spec dir naming the zoo fixtures (chunk 32, v79) and the env that points doit at it."""
+    specs = tmp_path / "specs"
+    specs.mkdir(exist_ok=True)
+    for name in names:
+        (specs / f"zoo-{name}.toml").write_text(
+            f'name = "zoo-{name}"\nsource = {{ local = "{ZOO[name]}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
+            encoding="utf-8",
+        )
+    return {"MNNBUILD_MODELS_PATH": str(specs)}
+
+
+def _onnx_slices(model: MnnModel, n_inputs: int) -> list:
+    return [
+        op
+        for op in model.ops_of_type("StridedSlice")
+        if op.param_type == "StridedSliceParam" and int(op.main.fromType) == 1 and len(op.inputs) == n_inputs
+    ]
+
+
+# ---- 1. ONNX-form slices without steps (Phi-3's and GLM-4's chunk of the fused gate_up_proj) -----------------
+
+
+def test_every_onnx_slice_form_has_its_shape_inputs() -> None:
+    phi3 = load_model(ZOO["phi3"] / "llm.mnn")
+    (chunk, *_) = _onnx_slices(phi3, 4)  # data, starts, ends, axes: no steps
+    assert shape_inputs(chunk) == (1, 2, 3)
+    for n in (3, 4, 5):  # starts and ends are required; axes and steps optional
+        op = copy.copy(chunk)
+        op.inputs = (chunk.inputs * 2)[:n]
+        assert shape_inputs(op) == tuple(range(1, n))
+
+
+@pytest.mark.parametrize("name", ["phi3", "glm4"])
+def test_partition_of_a_fused_gate_up_chunk(tmp_path: Path, run_doit: RunDoit, name: str) -> None:
+    proc = run_doit(f"partition:zoo-{name}", env=zoo_specs(tmp_path, name), check=False)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
