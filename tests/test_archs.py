@@ -10,10 +10,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.semantics import shape_inputs
+from mnnbuild.partition.fold import compute_folded
 from tests.conftest import FIXTURE_MODELS, RunDoit
 
 ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4")}
@@ -55,5 +57,33 @@ def test_every_onnx_slice_form_has_its_shape_inputs() -> None:
 @pytest.mark.parametrize("name", ["phi3", "glm4"])
 def test_partition_of_a_fused_gate_up_chunk(tmp_path: Path, run_doit: RunDoit, name: str) -> None:
     proc = run_doit(f"partition:zoo-{name}", env=zoo_specs(tmp_path, name), check=False)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- 2. Fill of a folded shape (LFM2's zero conv state) ------------------------------------------------------
+
+
+def test_folded_fill_is_computed() -> None:
+    lfm2 = load_model(ZOO["lfm2"] / "llm.mnn")
+    fills = [op for op in lfm2.ops if op.type == "Fill"]
+    assert fills, "the LFM2 fixture holds its short-conv zero state as a Fill"
+    names = [lfm2.tensor_names[op.outputs[0]] for op in fills]
+    hidden, seq = 64, 5
+    sample = {
+        "input_ids": np.ones((seq, 1, hidden), np.float32),
+        "attention_mask": np.zeros((1, 1, seq, seq), np.float32),
+        "position_ids": np.arange(seq, dtype=np.int32)[None],
+        "logits_index": np.array([-1], np.int32),
+    }
+    (values,) = compute_folded(ZOO["lfm2"] / "llm.mnn", [sample], names, lfm2)
+    for n in names:
+        assert values[n].dtype == np.float32
+        assert values[n].size > 0 and not values[n].any()
+        assert seq in values[n].shape  # follows the sample's length, not a fixed shape
+
+
+def test_partition_of_a_short_conv_model(tmp_path: Path, run_doit: RunDoit) -> None:
+    proc = run_doit("partition:zoo-lfm2", env=zoo_specs(tmp_path, "lfm2"), check=False)
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
