@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from mnnbuild.lowering.support import _unary_kind, unsupported_reason
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.semantics import shape_inputs
 from mnnbuild.partition.fold import compute_folded
@@ -87,3 +88,26 @@ def test_partition_of_a_short_conv_model(tmp_path: Path, run_doit: RunDoit) -> N
     proc = run_doit("partition:zoo-lfm2", env=zoo_specs(tmp_path, "lfm2"), check=False)
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- 3. fp16 error a constant factor scales up (Gemma 2's logit soft-cap 30 * tanh(x / 30)) -----------------
+
+
+def test_soft_cap_tanh_stays_on_the_cpu() -> None:
+    gemma2 = load_model(ZOO["gemma2"] / "llm.mnn")
+    tanh = {op.name: op for op in gemma2.ops_of_type("UnaryOp") if _unary_kind(op) == "TANH"}
+    cap = tanh.pop("/lm/Tanh_output_0")
+    reason = unsupported_reason(cap, gemma2)
+    assert reason is not None and "multiplied by 30" in reason
+    assert unsupported_reason(cap, gemma2, precision=False) is None  # lowerable, just not precise enough
+    # The scale-down before it stays lowerable, and so do the MLP's tanh-approximated GELUs (x * 0.5 * (1 + tanh)).
+    div = next(op for op in gemma2.ops if op.outputs and op.outputs[0] == cap.inputs[0])
+    assert unsupported_reason(div, gemma2) is None
+    assert len(tanh) == 2 and all(unsupported_reason(op, gemma2) is None for op in tanh.values())
+
+
+def test_soft_cap_reason_in_partition_txt(tmp_path: Path, run_doit: RunDoit) -> None:
+    run_doit("partition:zoo-gemma2", env=zoo_specs(tmp_path, "gemma2"))
+    text = (tmp_path / "artifacts" / "zoo-gemma2" / "partition" / "partition.txt").read_text(encoding="utf-8")
+    (line,) = [ln for ln in text.splitlines() if "/lm/Tanh_output_0" in ln]
+    assert "UnaryOp" in line and "multiplied by 30" in line
