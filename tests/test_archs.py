@@ -8,15 +8,18 @@ GLM-4 (RMSNorm epsilon 0).
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mnnbuild.base.compare import Tolerance, compare
 from mnnbuild.lowering.support import _unary_kind, unsupported_reason
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.semantics import shape_inputs
 from mnnbuild.partition.fold import compute_folded
+from mnnbuild.stages.io import _warn_zero_epsilon
 from tests.conftest import FIXTURE_MODELS, RunDoit
 
 ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4")}
@@ -111,3 +114,29 @@ def test_soft_cap_reason_in_partition_txt(tmp_path: Path, run_doit: RunDoit) -> 
     text = (tmp_path / "artifacts" / "zoo-gemma2" / "partition" / "partition.txt").read_text(encoding="utf-8")
     (line,) = [ln for ln in text.splitlines() if "/lm/Tanh_output_0" in ln]
     assert "UnaryOp" in line and "multiplied by 30" in line
+
+
+# ---- 4. a non-finite reference (GLM-4's RMSNorm epsilon 0 on a zero row) -------------------------------------
+
+
+def test_non_finite_reference_is_not_a_bundle_mismatch() -> None:
+    ref = np.array([[0.5, -1.0, 2.0], [np.nan, np.nan, np.nan]], np.float32)
+    got = np.array([[0.5, -1.0, 2.0], [0.1, 0.2, 0.3]], np.float32)
+    check = compare("step 1 logits", got, ref, Tolerance())
+    assert not check.passed
+    line = check.describe(Tolerance())
+    assert "reference (MNN CPU) itself has 3 non-finite values" in line and "[1, 0]" in line
+    assert "nan" not in line.lower().replace("non-finite", "")  # no "cosine nan" blaming the bundle
+
+
+def test_zero_epsilon_norm_is_warned_at_io(caplog: pytest.LogCaptureFixture) -> None:
+    glm4 = load_model(ZOO["glm4"] / "llm.mnn")
+    norms = glm4.ops_of_type("LayerNorm")
+    assert norms and all(float(op.main.epsilon) == 0.0 for op in norms)  # what llmexport 0.0.5 writes for GLM-4
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.stages.io"):
+        _warn_zero_epsilon(glm4, ZOO["glm4"] / "llm.mnn")
+    assert f"{len(norms)} LayerNorm ops have epsilon 0" in caplog.text and norms[0].name in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.stages.io"):
+        _warn_zero_epsilon(load_model(ZOO["phi3"] / "llm.mnn"), ZOO["phi3"] / "llm.mnn")
+    assert "epsilon 0" not in caplog.text

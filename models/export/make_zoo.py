@@ -138,7 +138,6 @@ def common_config(vocab_size: int) -> dict[str, Any]:
         "num_key_value_heads": KV_HEADS,
         "head_dim": HEAD_DIM,
         "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
         "tie_word_embeddings": True,
         "bos_token_id": tok_ids[mm.ENDOFTEXT],
         "eos_token_id": tok_ids[mm.IM_END],
@@ -167,8 +166,9 @@ def zoo_spec(entry: ZooModel) -> mm.ModelSpec:
     )
 
 
-def build_hf(entry: ZooModel, seed: int, vocab_size: int, hf_dir: Path, fixture: bool) -> None:
-    """Build and save the random-weight HF model (RMSNorm weights perturbed as in ``make_models``)."""
+def build_hf(entry: ZooModel, seed: int, vocab_size: int, hf_dir: Path, fixture: bool) -> dict[str, int]:
+    """Build and save the random-weight HF model (RMSNorm weights perturbed as in ``make_models``); return how many
+    Linear and norm modules it has (to compare with what the export holds)."""
     import torch
     import transformers
 
@@ -185,6 +185,11 @@ def build_hf(entry: ZooModel, seed: int, vocab_size: int, hf_dir: Path, fixture:
             if name.endswith("norm.weight"):
                 param.add_(torch.randn_like(param) * 0.1)
     model.save_pretrained(hf_dir, safe_serialization=True)
+    modules = list(model.modules())
+    return {
+        "linears": sum(isinstance(m, torch.nn.Linear) for m in modules),
+        "norms": sum(type(m).__name__.endswith(("RMSNorm", "LayerNorm")) for m in modules),
+    }
 
 
 def llmexport_types() -> set[str]:
@@ -197,8 +202,18 @@ def llmexport_types() -> set[str]:
     return set(ModelMapper().mapper)
 
 
-def record(entry: ZooModel, known: set[str], out_dir: Path, hf_dir: Path, log_text: str) -> dict[str, Any]:
-    """What llmexport did with the model: its type, the Llama mapping, the warnings it printed."""
+def record(
+    entry: ZooModel, known: set[str], out_dir: Path, hf_dir: Path, log_text: str, hf_counts: dict[str, int]
+) -> dict[str, Any]:
+    """What llmexport did with the model: its type, the Llama mapping, the warnings it printed, and the HF model's
+    Linear and norm modules against the export's Convolution and LayerNorm ops (fewer norms: it dropped some)."""
+    if str(mm.REPO_ROOT) not in sys.path:
+        sys.path.insert(0, str(mm.REPO_ROOT))
+    from mnnbuild.mnn import load_model  # the project's reader (flatbuffers only)
+
+    graph = load_model(out_dir / "llm.mnn")
+    counts = graph.op_type_counts()
+    norm_eps = sorted({float(op.main.epsilon) for op in graph.ops_of_type("LayerNorm") if op.main is not None})
     llm_cfg = json.loads((out_dir / "llm_config.json").read_text(encoding="utf-8"))
     hf_cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     warnings = sorted({line.strip() for line in log_text.splitlines() if "warn" in line.lower()})[:20]
@@ -209,6 +224,11 @@ def record(entry: ZooModel, known: set[str], out_dir: Path, hf_dir: Path, log_te
         "llmexport_layout": entry.model_type if entry.model_type in known else "llama (unregistered type)",
         "llm_config": {k: llm_cfg[k] for k in sorted(llm_cfg) if k not in ("tie_embeddings", "jinja")},
         "warnings": warnings,
+        "hf_modules": hf_counts,
+        "mnn_ops": {"Convolution": counts.get("Convolution", 0), "LayerNorm": counts.get("LayerNorm", 0)},
+        "norm_epsilons": norm_eps,
+        "dropped_norms": max(0, hf_counts["norms"] - counts.get("LayerNorm", 0)),
+        "op_types": sorted(counts),
     }
 
 
@@ -224,13 +244,15 @@ def make_one(
         hf_dir = work / "hf"
         hf_dir.mkdir()
         vocab_size = mm.save_tokenizer(tokenizer, hf_dir)
-        build_hf(entry, seed, vocab_size, hf_dir, fixture)
+        hf_counts = build_hf(entry, seed, vocab_size, hf_dir, fixture)
         out_dir = work / "mnn"
         shim = mm.write_mnnconvert_shim(work)
         mm.run_llmexport(spec, hf_dir, out_dir, work, shim)
         mm.pin_model_uuid(spec, seed, out_dir / "llm.mnn")
         log_file = work / ".export.log"
-        info = record(entry, known, out_dir, hf_dir, log_file.read_text(errors="replace") if log_file.exists() else "")
+        info = record(
+            entry, known, out_dir, hf_dir, log_file.read_text(errors="replace") if log_file.exists() else "", hf_counts
+        )
         (out_dir / "zoo.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         mm.publish_outputs(out_dir, dest, extra=("zoo.json",))
         return {**info, "status": "exported"}
