@@ -15,11 +15,14 @@ import numpy as np
 import pytest
 
 from mnnbuild.base.compare import Tolerance, compare
+from mnnbuild.lowering.check import mnn_tensors, simulate
+from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.lowering.support import _unary_kind, unsupported_reason
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.semantics import shape_inputs
 from mnnbuild.partition.fold import compute_folded
-from mnnbuild.stages.io import _warn_zero_epsilon
+from mnnbuild.qnn import QnnLibrary
+from mnnbuild.stages.io import _warn_zero_epsilon, make_inputs
 from tests.conftest import FIXTURE_MODELS, RunDoit
 
 ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4")}
@@ -140,3 +143,30 @@ def test_zero_epsilon_norm_is_warned_at_io(caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level(logging.WARNING, logger="mnnbuild.stages.io"):
         _warn_zero_epsilon(load_model(ZOO["phi3"] / "llm.mnn"), ZOO["phi3"] / "llm.mnn")
     assert "epsilon 0" not in caplog.text
+
+
+# ---- LFM2's NC4HW4 norms (MNN's FuseTransformerC4): a LayerNorm over the channels -------------------------
+
+
+@pytest.mark.parametrize("seq", [1, 32])
+def test_channel_norm_of_an_nc4hw4_region(seq: int) -> None:
+    model_file, weight_file = ZOO["lfm2"] / "llm.mnn", ZOO["lfm2"] / "llm.mnn.weight"
+    lfm2 = load_model(model_file)
+    by_name = {op.name: i for i, op in enumerate(lfm2.ops)}
+    norm = by_name["/blocks.0/input_layernorm/Mul_1_output_0"]
+    ops = [by_name["FuseTransformerC4_region_pre_reshape_236"], by_name["FuseTransformerC4_region_pre_convert_237"]]
+    info = mnn_tensors(lfm2, model_file, weight_file, make_inputs(seq, 64, seed=0))
+    src, dst = lfm2.ops[ops[0]].inputs[0], lfm2.ops[norm].outputs[0]
+    assert info[lfm2.ops[norm].inputs[0]].format == "NC4HW4" and info[dst].shape == (seq, 64, 1, 1)
+    lowered = lower_subgraph(lfm2, weight_file, [*ops, norm], info, [src], [dst])
+    got = simulate(QnnLibrary(), lowered, {f"t{src}": info[src].value})[f"t{dst}"]
+    check = compare("norm", got.reshape(info[dst].shape), info[dst].value, Tolerance())
+    assert check.passed, check.describe(Tolerance())
+
+
+def test_fused_residual_norm_is_refused_by_name() -> None:
+    lfm2 = load_model(ZOO["lfm2"] / "llm.mnn")
+    fused = [op for op in lfm2.ops_of_type("LayerNorm") if len(op.inputs) == 2]
+    assert fused
+    for op in fused:
+        assert "fused residual add (2 inputs, 2 outputs)" in (unsupported_reason(op, lfm2) or "")

@@ -77,6 +77,10 @@ def _check_layer_norm(op: Op, model: MnnModel) -> str | None:
         return f"group {p.group}; only group 1 is lowered"
     if p.axis is None or len(p.axis) == 0:
         return "LayerNorm without axes"
+    if len(op.inputs) != 1 or len(op.outputs) != 1:
+        # MNN's converter fuses a residual add into the norm (FuseTransformerC4: outputs the sum and its norm); an
+        # Add + norm lowering matched the whole model but not MNN's run of the plugin's ops alone at seq 32 (LFM2)
+        return f"LayerNorm with a fused residual add ({len(op.inputs)} inputs, {len(op.outputs)} outputs)"
     return None
 
 
