@@ -8,7 +8,9 @@ GLM-4 (RMSNorm epsilon 0).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +20,8 @@ from mnnbuild.base.compare import Tolerance, compare
 from mnnbuild.lowering.check import mnn_tensors, simulate
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.lowering.support import _unary_kind, unsupported_reason
-from mnnbuild.mnn import MnnModel, load_model
+from mnnbuild.mnn import MnnModel, load_model, save_model
+from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn.semantics import shape_inputs
 from mnnbuild.partition.fold import compute_folded
 from mnnbuild.qnn import QnnLibrary
@@ -170,3 +173,34 @@ def test_fused_residual_norm_is_refused_by_name() -> None:
     assert fused
     for op in fused:
         assert "fused residual add (2 inputs, 2 outputs)" in (unsupported_reason(op, lfm2) or "")
+
+
+# ---- 5. what cannot be supported: one line at the earliest stage that knows -----------------------------------
+
+
+def _with_custom_op(dest: Path) -> str:
+    """The Gemma 2 fixture with its first MLP activation replaced by a custom op MNN's CPU has no kernel for."""
+    shutil.copytree(ZOO["gemma2"], dest)
+    model = load_model(dest / "llm.mnn")
+    i = next(k for k, op in enumerate(model.ops) if op.type == "UnaryOp" and "act_fn" in op.name)
+    extra = fb.ExtraT()
+    extra.type, extra.engine = "MyCustomOp", "Tiny"
+    model.ops[i] = dataclasses.replace(model.ops[i], type="Extra", main=extra)
+    save_model(model, dest / "llm.mnn")
+    return f"op #{i} {model.ops[i].name!r} (Extra 'MyCustomOp')"
+
+
+def test_an_op_mnn_cannot_run_is_one_line_naming_it(tmp_path: Path, run_doit: RunDoit) -> None:
+    named = _with_custom_op(tmp_path / "custom")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "custom.toml").write_text(
+        f'name = "custom"\nsource = {{ local = "{tmp_path / "custom"}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
+        encoding="utf-8",
+    )
+    proc = run_doit("verify:custom-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert "failed  io:custom" in out  # the first stage that runs the model
+    (line,) = [ln for ln in out.splitlines() if "cannot run" in ln]
+    assert f"MNN's CPU cannot run {named}" in line and "weight file" not in line

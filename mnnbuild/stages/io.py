@@ -285,7 +285,8 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                     "io %s: %s -> %s", inputs.model, what, ", ".join(f"{n}{list(a.shape)}" for n, a in results.items())
                 )
         except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
-            raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
+            named = "cannot run op" in str(exc)  # the op MNN refuses was found: the weight file is not in doubt
+            raise ModelDirError(str(exc) if named else f"{exc}; is {weight_file} this model's weight file?") from None
         finally:
             bar.close()
         spill.rmdir()
