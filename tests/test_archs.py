@@ -2,7 +2,7 @@
 
 The fixtures under tests/fixtures/models/zoo-* come from ``models/export/make_zoo.py --fixture`` (2 layers, hidden
 64, int4 block 64): Phi-3 (fused gate_up_proj chunk), LFM2 (short-conv zero state), Gemma 2 (logit soft-cap),
-GLM-4 (RMSNorm epsilon 0).
+GLM-4 (RMSNorm epsilon 0), Qwen3-MoE (experts in subgraphs, on the CPU).
 """
 
 from __future__ import annotations
@@ -20,15 +20,17 @@ from mnnbuild.base.compare import Tolerance, compare
 from mnnbuild.lowering.check import mnn_tensors, simulate
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.lowering.support import _unary_kind, unsupported_reason
-from mnnbuild.mnn import MnnModel, load_model, save_model
+from mnnbuild.mnn import MnnModel, Op, load_model, save_model
 from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn.semantics import shape_inputs
+from mnnbuild.mnn.summary import op_weight_bytes
 from mnnbuild.partition.fold import compute_folded
+from mnnbuild.partition.records import PartitionReport
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.io import _warn_zero_epsilon, make_inputs
 from tests.conftest import FIXTURE_MODELS, RunDoit
 
-ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4")}
+ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4", "qwen3_moe")}
 
 
 def zoo_specs(tmp_path: Path, *names: str) -> dict[str, str]:
@@ -204,3 +206,27 @@ def test_an_op_mnn_cannot_run_is_one_line_naming_it(tmp_path: Path, run_doit: Ru
     assert "failed  io:custom" in out  # the first stage that runs the model
     (line,) = [ln for ln in out.splitlines() if "cannot run" in ln]
     assert f"MNN's CPU cannot run {named}" in line and "weight file" not in line
+
+
+# ---- 6. the partition says up front what runs where (MoE experts keep their weights on the CPU) ---------------
+
+
+def test_partition_summary_names_the_cpu_share(tmp_path: Path, run_doit: RunDoit) -> None:
+    proc = run_doit("partition:zoo-qwen3_moe", env=zoo_specs(tmp_path, "qwen3_moe"))
+    (ending,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("partition zoo-qwen3_moe: ")]
+    text = (tmp_path / "artifacts" / "zoo-qwen3_moe" / "partition" / "partition.txt").read_text(encoding="utf-8")
+    assert text.splitlines()[1] == ending.split(": ", 1)[1]  # the report's second line, the same words
+    report = PartitionReport.model_validate_json(
+        (tmp_path / "artifacts" / "zoo-qwen3_moe" / "partition" / "partition.json").read_text(encoding="utf-8")
+    )
+    model = load_model(ZOO["qwen3_moe"] / "llm.mnn")
+    experts = sum(
+        op_weight_bytes(Op(type="Convolution", main=node.main))
+        for sg in model.subgraphs
+        for node in sg.nodes
+        if node.main is not None and type(node.main).__name__ == "Convolution2DT"
+    )
+    moe = report.cpu_weight_bytes["MoE"]
+    assert experts > 0 and experts <= moe <= 1.01 * experts  # the experts' convolutions, plus their small constants
+    share = moe / (report.total_weight_bytes + report.subgraph_weight_bytes)
+    assert 0.2 < share < 0.8 and f"the CPU keeps {share:.1%} of the weights (MoE {share:.1%}" in ending
