@@ -95,8 +95,19 @@ ZOO: tuple[ZooModel, ...] = (
             "norm_eps": 1e-5,
         },
     ),
+    ZooModel(
+        "lfm2_moe",
+        {
+            "layer_types": ["conv", "full_attention"],
+            "conv_L_cache": 3,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 64,
+            "num_dense_layers": 1,
+            "norm_eps": 1e-5,
+        },
+    ),
     ZooModel("phi", {"partial_rotary_factor": 0.5, "layer_norm_eps": 1e-5}),
-    ZooModel("minicpm", {"scale_emb": 12.0, "dim_model_base": 64, "scale_depth": 1.4}),
     ZooModel("hunyuan_v1_dense", {"use_qk_norm": True}),
     ZooModel(
         "gpt_oss",
@@ -117,8 +128,6 @@ ZOO: tuple[ZooModel, ...] = (
             "no_rope_layers": [1, 0],
         },
     ),
-    ZooModel("internlm"),
-    ZooModel("mobilellm"),
     ZooModel("phi3", llama_mapped=True),
     ZooModel("mistral", llama_mapped=True),
     ZooModel("glm4", {"partial_rotary_factor": 0.5}, llama_mapped=True),
@@ -263,6 +272,38 @@ def make_one(
             shutil.rmtree(work, ignore_errors=True)
 
 
+class _LastError(logging.Handler):
+    """Keeps the last ``SomethingError: ...`` line ``make_models`` logs from llmexport's output."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.line = ""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for line in record.getMessage().splitlines():
+            head = line.split(":", 1)[0]
+            if head.endswith(("Error", "Exception")) and " " not in head:
+                self.line = line.strip()
+
+
+def not_in_zoo(known: set[str]) -> dict[str, dict[str, Any]]:
+    """The types llmexport registers that the zoo does not make, and why."""
+    from transformers import CONFIG_MAPPING
+
+    made = {z.model_type for z in ZOO}
+    return {
+        t: {
+            "model_type": t,
+            "status": "not in the zoo",
+            "llmexport_registers": True,
+            "why": "the installed transformers has no such config (remote code only)"
+            if t not in CONFIG_MAPPING
+            else "not a text-only causal LM (vision, audio or speech model, or a wrapper of one)",
+        }
+        for t in sorted(known - made)
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for the models (one subdir per type)")
@@ -276,17 +317,23 @@ def main(argv: list[str] | None = None) -> int:
     known = llmexport_types()
     summary_path = out / "zoo-summary.json"
     summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.exists() else {}
+    summary.update(not_in_zoo(known))
+    last_error = _LastError()
+    logging.getLogger("make_models").addHandler(last_error)
     for entry in ZOO:
         if args.only and entry.model_type not in args.only:
             continue
         LOG.info("== %s", entry.model_type)
+        last_error.line = ""
         try:
             summary[entry.model_type] = make_one(
                 entry, args.seed, tokenizer, known, out / entry.model_type, args.keep_tmp, args.fixture
             )
         except (Exception, SystemExit) as exc:  # one type failing must not stop the others
             LOG.debug("%s", traceback.format_exc())
-            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            last = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:300]
+            if last_error.line:
+                last = f"{last}: {last_error.line[:300]}"
             LOG.error("%s: export failed: %s", entry.model_type, last)
             summary[entry.model_type] = {
                 "model_type": entry.model_type,
