@@ -28,6 +28,8 @@ from mnnbuild.partition.fold import compute_folded
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.io import _warn_zero_epsilon, make_inputs
+from mnnbuild.verify.failures import generation_failures
+from mnnbuild.verify.report import GenerationCheck, GenerationStep
 from tests.conftest import FIXTURE_MODELS, RunDoit
 
 ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4", "qwen3_moe")}
@@ -230,3 +232,22 @@ def test_partition_summary_names_the_cpu_share(tmp_path: Path, run_doit: RunDoit
     assert experts > 0 and experts <= moe <= 1.01 * experts  # the experts' convolutions, plus their small constants
     share = moe / (report.total_weight_bytes + report.subgraph_weight_bytes)
     assert 0.2 < share < 0.8 and f"the CPU keeps {share:.1%} of the weights (MoE {share:.1%}" in ending
+
+
+def test_generation_on_a_non_finite_reference_is_one_reference_line() -> None:
+    tol = Tolerance()
+    nan_row, row = np.full(4, np.nan, np.float32), np.array([0.1, 0.9, 0.2, 0.3], np.float32)
+    steps = [
+        GenerationStep(
+            step=i,
+            cpu_token=0,
+            hybrid_pick=1,
+            cpu_margin=float("nan"),
+            logits=compare(f"step {i} logits", row, nan_row, tol),
+        )
+        for i in range(3)
+    ]
+    gen = GenerationCheck(prompt="hello", max_new_tokens=3, passed=False, steps=steps)
+    (line,) = [f.line for f in generation_failures(gen, tol)]
+    assert line.startswith("generation: the CPU reference's logits are not finite at 3 of 3 steps")
+    assert "out of tolerance" not in line and "picks" not in line

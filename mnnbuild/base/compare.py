@@ -76,6 +76,10 @@ class TensorCheck(BaseModel):
         return f"{what}: cosine {cos}, max abs err {self.max_abs_err:.4g} ({rel} of ref max abs {self.ref_max_abs:.4g})"
 
 
+NON_FINITE_REFERENCE = "the reference (MNN CPU) itself has"
+"""How a check whose reference is not finite begins its problem (the reference's failure, not the bundle's)."""
+
+
 def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance, qnn_name: str | None = None) -> TensorCheck:
     """Compare ``got`` with ``ref`` (same element count; reshaped to ``ref``'s shape) in float64."""
     ref = np.asarray(ref)
@@ -109,7 +113,7 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance, qnn_nam
             rel_err=None,
             cosine=None,
             passed=False,
-            problem=f"the reference (MNN CPU) itself has {bad} non-finite values (first at index "
+            problem=f"{NON_FINITE_REFERENCE} {bad} non-finite values (first at index "
             f"{[int(i) for i in first]}) on this input: not comparable, not a bundle mismatch",
         )
     if not np.isfinite(g).all():
