@@ -251,3 +251,18 @@ def test_generation_on_a_non_finite_reference_is_one_reference_line() -> None:
     (line,) = [f.line for f in generation_failures(gen, tol)]
     assert line.startswith("generation: the CPU reference's logits are not finite at 3 of 3 steps")
     assert "out of tolerance" not in line and "picks" not in line
+
+
+# ---- the fast subset of the matrix (benchmarks/bench_archs.py runs the whole zoo, float16 and int4) ------------
+
+
+@pytest.mark.parametrize("name", ["phi3", "lfm2", "gemma2", "qwen3_moe"])
+def test_zoo_fixture_builds_and_verifies(tmp_path: Path, run_doit: RunDoit, name: str) -> None:
+    proc = run_doit(f"verify:zoo-{name}-v79", env=zoo_specs(tmp_path, name), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert (
+        (tmp_path / "artifacts" / f"zoo-{name}" / "v79" / "verify" / "verify.txt")
+        .read_text()
+        .startswith(f"verify zoo-{name} for SM8750 (v79): PASSED")
+    )
