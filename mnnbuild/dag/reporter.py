@@ -21,7 +21,8 @@ from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import atomic_write_text
 from mnnbuild.base.sizes import human_bytes
 from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.pipeline.layout import PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
+from mnnbuild.partition.records import PartitionReport
+from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON, PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
 
 LAST_RUN = ".doit-run.json"
 """What the last doit run did, under the artifact root beside doit's own ``.doit.db`` (`BuildSummaryReporter`): a
@@ -84,6 +85,7 @@ class BuildSummaryReporter(ConsoleReporter):
         self.bytes_stored: dict[str, int] = {}
         self.bundles: dict[str, Path] = {}
         self.reports: dict[str, Path] = {}
+        self.partitions: dict[str, Path] = {}
         self.state_dir: Path | None = None
 
     def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
@@ -100,6 +102,8 @@ class BuildSummaryReporter(ConsoleReporter):
         if stage in ("bundle", "report") and task.targets and ":" in task.name:
             where = self.bundles if stage == "bundle" else self.reports
             where[task.name] = Path(task.targets[0]).parent
+        if stage == "partition" and task.targets and ":" in task.name:
+            self.partitions[task.name] = Path(task.targets[0]).parent
 
     def add_success(self, task: Any) -> None:
         super().add_success(task)
@@ -145,7 +149,8 @@ class BuildSummaryReporter(ConsoleReporter):
         self._write_record(seconds)
         for task, _ in self.failed:
             self._write_task_output(task)
-        lines = self._outcome(seconds) + (self._failures() if self.failed else self._next_steps())
+        lines = self._outcome(seconds) + self._partition_lines()
+        lines += self._failures() if self.failed else self._next_steps()
         if self.runtime_errors:
             lines += ["doit: " + " ".join(e.split()) for e in self.runtime_errors]
         if lines:
@@ -166,6 +171,19 @@ class BuildSummaryReporter(ConsoleReporter):
         if self.failed:
             parts.append(f"{len(self.failed)} failed")
         return [f"{'failed' if self.failed else 'done'} in {seconds:.1f} s: {', '.join(parts)}"]
+
+    def _partition_lines(self) -> list[str]:
+        """What runs where, per partition the run touched: plugins and the CPU's share of the weights."""
+        lines = []
+        for task, where in list(self.partitions.items())[:_SHOWN]:
+            try:
+                report = PartitionReport.model_validate_json(
+                    (where / PARTITION_REPORT_JSON).read_text(encoding="utf-8")
+                )
+            except (OSError, ValueError):
+                continue
+            lines.append(f"{task.replace(':', ' ', 1)}: {report.cpu_summary()}")
+        return lines
 
     def _next_steps(self) -> list[str]:
         lines = []
