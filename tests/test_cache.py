@@ -233,6 +233,41 @@ def test_files_the_cache_off_cannot_give_are_built_in_the_same_run(
     assert again.record["built"] == [] and not again.stderr.strip(), again.stdout  # type: ignore[attr-defined]
 
 
+def edit_keeping_size_and_mtime(path: Path, old: bytes, new: bytes) -> None:
+    """Replace the first ``old`` in ``path`` by ``new`` (as long) in place, then put its mtime back (``touch -r``)."""
+    st = path.stat()
+    data = path.read_bytes()
+    assert len(old) == len(new) and old in data
+    with open(path, "r+b") as f:
+        f.write(data.replace(old, new, 1))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def test_a_restored_verify_sees_a_bundle_file_edited_keeping_size_and_mtime(
+    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+) -> None:
+    """Verify's result restored from the cache (not run in this root), then a bundle file edited in place with its
+    size and mtime kept: verify's up-to-date check sees it by the ctime its record holds, runs, and fails on the
+    bundle (the runtime refuses it), pointing at no stale PASSED report. The file put back as it was verifies."""
+    cache, _ = warm_cache
+    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "warm")}
+    first = run_doit("bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", env=env)
+    assert {"bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"} <= set(summary(first)["from cache"]), first.stdout
+    config = tmp_path / "warm/tiny-qwen3/v79/bundle/model/tiny-qwen3/llm_config.json"
+    text = config.read_text()
+    tied = text.index('"tie_embeddings"')
+    at = text.index("64", tied)
+    edit_keeping_size_and_mtime(config, text[tied : at + 2].encode(), (text[tied:at] + "65").encode())
+    proc = run_doit("verify:tiny-qwen3-v79", env=env, check=False)
+    assert proc.returncode != 0 and list(proc.record["failed"]) == ["verify:tiny-qwen3-v79"], proc.stdout
+    assert "llm_config.json" in proc.stdout or "llm.mnn.weight" in proc.stdout, proc.stdout
+    assert "verify.txt" not in proc.stdout, "the stale PASSED report is not offered as the reason"
+    edit_keeping_size_and_mtime(config, (text[tied:at] + "65").encode(), text[tied : at + 2].encode())
+    fixed = run_doit("verify:tiny-qwen3-v79", env=env)  # the files it passed on: its result stands
+    assert executed_tasks(fixed.stdout) == ["verify:tiny-qwen3-v79"] and fixed.record["failed"] == {}  # type: ignore[attr-defined]
+
+
 def test_corrupted_entry_is_discarded_and_rebuilt(
     tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
 ) -> None:
