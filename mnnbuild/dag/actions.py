@@ -8,7 +8,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,20 @@ from pydantic import BaseModel, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
-from mnnbuild.dag.uptodate import deferred_origin, outputs_intact
+from mnnbuild.dag.uptodate import outputs_intact
 from mnnbuild.model.spec import HfSource
-from mnnbuild.pipeline.cache import (
-    CacheTiers,
-    Misses,
-    cache_key,
-    read_origin,
-    stamps,
-    tier_gone,
-    trusted_hashes,
-    warn_once,
-    write_origin,
+from mnnbuild.pipeline.cache import CacheTiers, cache_key, read_origin, stamps, trusted_hashes, warn_once, write_origin
+from mnnbuild.pipeline.deferred import (
+    CACHE_OFF,
+    Unavailable,
+    deferred_origin,
+    materialize,
+    output_stamps,
+    run_stamp,
 )
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss, run_id
+from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss
 from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.stages.fetch import update_lock
 
@@ -229,55 +226,6 @@ def _run_or_restore(
     }
 
 
-CACHE_OFF = "the cache is off"
-
-
-class Unavailable(MnnbuildError):
-    """The files of a stage dir restored without them cannot be had from the cache (`materialize`): ``problem`` says
-    why; ``said``: a warning said so already in this run (a blob found bad, a remote tier gone)."""
-
-    def __init__(self, out_dir: Path, problem: str, said: bool) -> None:
-        super().__init__(f"{out_dir}: restored without its files, which could not be fetched ({problem})")
-        self.problem = problem
-        self.said = said
-
-
-def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[str, int] | None:
-    """Fetch the files of a stage dir restored without them (`run_stage`), each checked against its sha256; returns
-    (tier, bytes), or None when the dir has its files already. `Unavailable` when the cache no longer holds them
-    intact (pruned, unreachable, corrupt, off): the dir is left as it was."""
-    origin = deferred_origin(out_dir, stage.name)
-    if origin is None:
-        return None
-    key = str(origin.get("key"))
-    manifest_path = Path(out_dir) / stage.manifest.filename()
-    report = Misses()
-    hit = tiers.restore(stage.name, key, out_dir, link=stage.links, report=report) if tiers else None
-    problem, said = None, report.known
-    if hit is None:
-        gone = tier_gone(str(origin.get("cache"))) if origin.get("tier") == "remote" else None
-        if tiers is None:
-            problem = CACHE_OFF
-        elif report.found:
-            problem = "; ".join(report.found)
-        elif gone is not None:
-            problem, said = f"the remote tier {origin.get('cache')} stopped answering", True
-        elif report.known:
-            problem = "a blob of it was found bad earlier in this run"
-        else:
-            problem = "no cache tier holds them any more"
-    elif sha256_file(manifest_path) != origin.get("manifest_sha256"):
-        problem = "the cache entry now holds another manifest"
-    if problem is not None:
-        raise Unavailable(out_dir, problem, said)
-    assert hit is not None
-    fetched = {k: v for k, v in origin.items() if k not in ("deferred", "deferred_files", "manifest_sha256")}
-    fetched["fetched"] = {"tier": hit.tier, "bytes": hit.bytes, **run_stamp()}
-    write_origin(out_dir, stage.name, {**fetched, "stamps": output_stamps(stage, out_dir)})
-    log.debug("cache: fetched the files of %s from the %s tier", out_dir, hit.tier)
-    return hit.tier, hit.bytes
-
-
 def build_again(stage: Stage, out_dir: Path, again: dict[str, Any] | None, missing: Unavailable) -> None:
     """Make a stage dir whose files the cache cannot give (`materialize`) whole in this run: its task's action again,
     asking for its files (restored with them from a tier that has them whole, else built, its own reads fetched or
@@ -316,15 +264,6 @@ def deferred_keep(stage: Stage) -> Callable[[str], bool]:
     return lambda path: path == manifest or not any(fnmatch.fnmatchcase(path, pat) for pat in stage.defer)
 
 
-def output_stamps(stage: Stage, out_dir: Path) -> dict[str, list[int]]:
-    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.cache.stamps`) by its manifest."""
-    try:
-        outputs = stage.manifest.read(Path(out_dir)).outputs
-        return stamps(Path(out_dir), [r.path for r in outputs if (Path(out_dir) / r.path).is_file()])
-    except MnnbuildError:
-        return {}
-
-
 def materialize_all(reads: tuple[Read, ...]) -> dict[str, int]:
     """`materialize` every dir in ``reads`` that was restored without its files; the bytes fetched by tier. A dir
     whose files the cache cannot give is built again (`build_again`)."""
@@ -342,11 +281,6 @@ def materialize_all(reads: tuple[Read, ...]) -> dict[str, int]:
         if got is not None:
             fetched[got[0]] = fetched.get(got[0], 0) + got[1]
     return fetched
-
-
-def run_stamp() -> dict[str, str]:
-    """Origin record fields saying when and in which doit run a stage dir was made (the report's cost table)."""
-    return {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run": run_id()}
 
 
 def run_after_failure(

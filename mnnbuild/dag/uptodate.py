@@ -10,7 +10,8 @@ from typing import Any
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
 from mnnbuild.base.fsutil import confined, sha256_file
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
-from mnnbuild.pipeline.cache import read_origin, trusted_hashes
+from mnnbuild.pipeline.cache import trusted_hashes
+from mnnbuild.pipeline.deferred import deferred_origin
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 
@@ -65,15 +66,6 @@ def _in_dir(base: Path, rel: str, links: bool) -> Path | None:
         return confined(base, rel, f"{base}", follow_last=not links)
     except UnsafePathError:
         return None
-
-
-def deferred_origin(out_dir: Path, stage: str) -> dict[str, Any] | None:
-    """The origin record of a stage dir that a cache hit restored without its files (only its manifest and this
-    record: `mnnbuild.dag.actions.run_stage`), or None."""
-    origin = read_origin(out_dir, stage)
-    if origin.get("origin") != "cache" or origin.get("deferred") is not True:
-        return None
-    return origin
 
 
 class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
