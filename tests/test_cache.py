@@ -928,3 +928,31 @@ def test_one_run_hashes_a_file_once(tmp_path: Path) -> None:
             fh.write(b"edited")
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # a new mtime: hashed, differs
         assert checker.check_modified(str(path), path.stat(), state) and calls == [path]
+
+
+def test_outputs_made_after_their_task_ran_are_held_to_their_stamps_not_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stage dir whose files came after its task ran (fetched from the cache, or built again by a task that read
+    it) has no mtime on doit's record: its up-to-date check takes the stamps its origin record took as it hashed
+    them, hashing nothing (GBs at real size, every run); an edit that keeps size and mtime moves the ctime, and is
+    hashed and caught."""
+    import mnnbuild.dag.uptodate as uptodate
+    from mnnbuild.pipeline.cache import stamps, write_origin
+    from mnnbuild.pipeline.manifest import Manifest, record_outputs
+
+    class ProbeManifest(Manifest):
+        stage = "probe"
+
+    out = aged_tree(tmp_path / "probe")
+    outputs = record_outputs(out)
+    ProbeManifest(model="m", outputs=outputs).write(out)
+    write_origin(out, "probe", {"origin": "built", "stamps": stamps(out, [r.path for r in outputs])})
+    hashed: list[str] = []
+    real = uptodate.sha256_file
+    monkeypatch.setattr(uptodate, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    check = uptodate.outputs_intact(out, ProbeManifest)
+    assert check.intact({}) and hashed == []
+    edit_keeping_size_and_mtime(out / "a.bin", b"A", b"B")
+    assert not check.intact({}) and hashed == ["a.bin"]
+    assert check.problems({}) == ["output edited or replaced: a.bin"]

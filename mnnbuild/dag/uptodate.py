@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
-from mnnbuild.base.fsutil import confined, sha256_file
+from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
 from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.deferred import deferred_origin
@@ -115,13 +115,28 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
                 return False
             left = set(deferred.get("deferred_files") or [r.path for r in records])
         known = known or {}
+        trusted = self._trusted(records, known)
         for r in records:
             if r.path in left:
                 continue  # in the cache, absent here (`_deferred_intact`)
             path = _in_dir(self.out_dir, r.path, self.links)
-            if path is None or not _same_content(path, r.size, known.get(r.path), r.sha256):
+            if path is None or not self._unchanged(path, r, known, trusted):
                 return False
         return True
+
+    def _trusted(self, records: list[Any], known: dict[str, int]) -> dict[str, list[int]]:
+        """The stamps the origin record took as it hashed the outputs, when some output has no mtime on doit's record
+        (fetched from the cache, or built again by a task that read it, after its own task last ran)."""
+        return trusted_hashes(self.out_dir, self.manifest.stage) if any(r.path not in known for r in records) else {}
+
+    @staticmethod
+    def _unchanged(path: Path, r: Any, known: dict[str, int], trusted: dict[str, list[int]]) -> bool:
+        """Whether the output ``path`` of record ``r`` has its recorded content: the mtime doit recorded, else the stamp
+        the origin record took when it was hashed (size, mtime, ctime, inode: as verify trusts them), else its hash."""
+        if r.path not in known and trusted.get(r.path) is not None and trusted[r.path][0] == r.size:
+            if file_stamp(path) == trusted[r.path]:
+                return True
+        return _same_content(path, r.size, known.get(r.path), r.sha256)
 
     def problems(self, known: dict[str, int] | None = None) -> list[str]:
         """What is not as the manifest recorded, in words (``output missing: qnn/graphllm0.bin``): why `intact` says
@@ -149,7 +164,7 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
                 found.append(f"output outside its stage dir: {r.path}")
             elif not (path.exists() or path.is_symlink()):
                 found.append(f"output missing: {r.path}")
-            elif not _same_content(path, r.size, (known or {}).get(r.path), r.sha256):
+            elif not self._unchanged(path, r, known or {}, self._trusted(records, known or {})):
                 found.append(f"output edited or replaced: {r.path}")
         return found or ["outputs not as recorded"]
 
