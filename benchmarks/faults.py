@@ -627,6 +627,62 @@ def conform_renamed_model(work: Path, shared: Shared) -> Outcome:
     return Outcome(proc.returncode == 0 and "PASSED" in verdict, proc.returncode, verdict or error_line(proc))
 
 
+# -- issue 43: the cache never fails a build; a verified bundle loads ---------------------------------------------
+
+
+def _warm(work: Path) -> tuple[Path, dict[str, str]]:
+    """A cache filled by one cold bare `doit` (its own), and the env of a fresh root on it."""
+    cache = work / "cache"
+    proc = doit(work / "cold", MNNBUILD_CACHE=str(cache))
+    if proc.returncode != 0:
+        raise RuntimeError(f"the cold build failed:\n{proc.stdout}\n{proc.stderr}")
+    return cache, {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(work / "warm")}
+
+
+def _warnings(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith(("W ", "WARNING"))]
+
+
+@case("cache-off-deferred-verify", "43.1", "warm cache; doit clean verify; MNNBUILD_CACHE=off doit verify")
+def cache_off_deferred_verify(work: Path, shared: Shared) -> Outcome:
+    _, env = _warm(work)
+    doit(None, **env)
+    doit(None, "clean", "verify:tiny-qwen3-v79", **env)
+    proc = doit(None, "verify:tiny-qwen3-v79", **{**env, "MNNBUILD_CACHE": "off"})
+    held = proc.returncode == 0 and len(_warnings(proc)) == 1
+    return Outcome(held, proc.returncode, last_lines(proc, needle="cache is off"))
+
+
+@case("local-context-blob-flipped", "43.1", "one byte of the context blob behind qnn/graphllm1.bin; doit bundle:")
+def local_context_blob_flipped(work: Path, shared: Shared) -> Outcome:
+    cache, env = _warm(work)
+    key = json.loads((work / "cold/tiny-qwen3/v79/context/graphllm1/context.origin.json").read_text())["key"]
+    entry = json.loads((cache / "context" / f"{key}.json").read_text())
+    sha = next(f["sha256"] for f in entry["files"] if f["path"] == "qnn/graphllm1.bin")
+    blob = cache / "blobs" / sha[:2] / sha
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.unlink()  # a hard link to the cold root's file: a new file, not an edit of that one
+    blob.write_bytes(bytes(data))
+    proc = doit(None, "bundle:tiny-qwen3-v79", **env)
+    held = proc.returncode == 0 and len(_warnings(proc)) == 1
+    return Outcome(held, proc.returncode, last_lines(proc, needle="sha256"))
+
+
+@case("restored-verify-touch-r", "43.2", "verify restored; llm_config.json edited, size and mtime kept; doit verify")
+def restored_verify_touch_r(work: Path, shared: Shared) -> Outcome:
+    _, env = _warm(work)
+    doit(None, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", **env)
+    config = work / "warm/tiny-qwen3/v79/bundle/model/tiny-qwen3/llm_config.json"
+    st, text = config.stat(), config.read_text()
+    at = text.index("64", text.index('"tie_embeddings"'))
+    config.write_text(text[:at] + "65" + text[at + 2 :])
+    os.utime(config, ns=(st.st_atime_ns, st.st_mtime_ns))
+    proc = doit(None, "verify:tiny-qwen3-v79", **env)
+    held = proc.returncode != 0 and "verify:tiny-qwen3-v79" in (proc.record or {}).get("failed", {})
+    return Outcome(held, proc.returncode, last_lines(proc, needle="Error"))
+
+
 # -- running the table ------------------------------------------------------------------------------------------
 
 

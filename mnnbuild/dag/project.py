@@ -62,6 +62,10 @@ class Project:
     """The tasks the command line names (`requested_tasks`): their outputs are restored with their files."""
     hashes: KnownHashes = field(default_factory=KnownHashes, compare=False)
     """The files this run hashed (doit's file checks, task keys, the stages' records): each hashed once."""
+    runs: dict[Path, dict[str, Any]] = field(default_factory=dict, compare=False)
+    """The `run_stage` arguments of the tasks declared so far whose dirs a cache hit may leave without their files,
+    by dir: a task that reads such a dir and cannot fetch its files builds it again with them
+    (`mnnbuild.dag.actions.build_again`)."""
 
     @classmethod
     def load(cls, project_root: Path, argv: Sequence[str] = (), chain: Chain = CHAIN) -> Project:

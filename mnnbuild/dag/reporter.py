@@ -52,10 +52,11 @@ def reason(fail: BaseFail) -> str:
 
 
 def file_to_read(task: Any, why: str) -> Path | None:
-    """The file that says more about a failure: verify's report, or the first existing file the message names."""
+    """The file that says more about a failure: verify's report when the failure left it (no manifest beside it: one
+    there is a past success's, whose report says PASSED), or the first existing file the message names."""
     for target in task.targets:
         text = Path(target).parent / VERIFY_REPORT_TEXT
-        if text.is_file():
+        if text.is_file() and not Path(target).exists():
             return text
     for match in _PATH.findall(why):
         if Path(match).is_file():

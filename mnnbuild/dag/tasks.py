@@ -215,24 +215,28 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         (Path(getattr(run.inputs, field)), chain[stage.edges[field].stage].manifest, sub)
         for field, sub in stage.guards.items()
     ]
-    # the upstream dirs whose files its entry reads: fetched first if restored without them
-    reads = tuple((chain[u], d) for u, d in dict.fromkeys(read_dirs) if u in stage.reads)
+    # the upstream dirs whose files its entry reads: fetched first if restored without them, else built again by
+    # their tasks' actions
+    reads = tuple((chain[u], d, project.runs.get(d)) for u, d in dict.fromkeys(read_dirs) if u in stage.reads)
     name = task_name(project, stage.name, run.spec, run.at)
     wanted = project.wants(name)  # named on the command line: its files, not only its manifest
-    args = [
-        stage,
-        run.inputs,
-        run.params,
-        dest,
-        key,
-        file_dep,
-        upstream,
-        run.checks,
-        guards,
-        reads,
-        wanted,
-        project.hashes,
-    ]
+    call = {
+        "stage": stage,
+        "inputs": run.inputs,
+        "params": run.params,
+        "out_dir": dest,
+        "key_config": key,
+        "file_dep": file_dep,
+        "upstream": upstream,
+        "checks": run.checks,
+        "guards": guards,
+        "reads": reads,
+        "wanted": wanted,
+        "hashes": project.hashes,
+    }
+    args = list(call.values())  # run_stage's parameters in order
+    if stage.defer and stage.cacheable:  # its dir may be restored without its files, which a later task may need
+        project.runs[dest] = call
     task: dict[str, Any] = {
         "doc": run.doc,
         "actions": [(run_stage, args)],
