@@ -353,9 +353,15 @@ def validate_model_dir(
     check_part_graph(part, model.input_names, list(model.output_names), model_dir / part.model_file)
     check_hidden_size(llm_config, model, model_dir, part.model_file)
     try:
-        tokenizer_file(model_dir)
+        tokenizer = tokenizer_file(model_dir)
     except ModelDirError:
         raise ModelDirError(f"{label}: no tokenizer file; expected one of {', '.join(TOKENIZER_FILES)}") from None
+    try:  # MNN's engine crashes on a tokenizer it cannot read (SIGSEGV, nothing printed)
+        from mnnbuild.mnn.tokenizer import check_tokenizer
+
+        check_tokenizer(model_dir / tokenizer)
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
     files = present_files(model_dir, part)
     if visual_encoder is None:
         return part, files
