@@ -520,6 +520,17 @@ def test_cache_materialize_takes_its_options_in_any_order(
     )
 
 
+@pytest.mark.parametrize("task", ["", " "])
+def test_cache_materialize_of_an_empty_name_is_one_line(task: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 43, item 4: ``cache materialize ''`` was doit's IndexError (it reads an argument's first character)."""
+    from mnnbuild.__main__ import main
+
+    assert main(["cache", "materialize", task]) == 2
+    assert capsys.readouterr().err == (
+        f"error: cache materialize {task!r}: not a task name; expected one such as io:tiny-qwen3\n"
+    )
+
+
 def test_unknown_options_are_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
     from mnnbuild.__main__ import main
 

@@ -69,3 +69,19 @@ def test_spec_values_that_used_to_fail_late_are_one_line(run_doit: RunDoit, tmp_
     line = only_line(proc.stdout + proc.stderr)
     assert line.startswith(f"ERROR: {spec}: {expected}"), line
     assert not (tmp_path / "artifacts" / "bad").exists()
+
+
+def test_a_spec_name_longer_than_a_path_component_takes_is_one_line(run_doit: RunDoit, tmp_path) -> None:
+    """Issue 43, item 4: a 300-character name (the pattern allows it) became a path component and a 40-line
+    ``OSError: File name too long``; the spec is refused at load, with the limit. 100 characters still build."""
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    spec = specs / "m.toml"
+    for name in ("m" * 300, "m" * 101):
+        spec.write_text(f'name = "{name}"\nsource = {{ local = "{TINY_MODEL_DIR}" }}\ntargets = ["v79"]\n')
+        proc = run_doit(f"fetch:{name}", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+        assert proc.returncode != 0
+        line = only_line(proc.stdout + proc.stderr)
+        assert line.startswith(f"ERROR: {spec}: field 'name': String should have at most 100 characters"), line
+    spec.write_text(f'name = "{"m" * 100}"\nsource = {{ local = "{TINY_MODEL_DIR}" }}\ntargets = ["v79"]\n')
+    run_doit(f"fetch:{'m' * 100}", env={"MNNBUILD_MODELS_PATH": str(specs)})

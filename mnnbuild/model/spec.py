@@ -39,6 +39,9 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+MAX_NAME_LENGTH = 100
+"""A spec's name is a path component (``<artifact root>/<name>/``) and part of task names and of the temp names
+written next to it; a file system takes 255 bytes per component. 100 holds every Hugging Face repo name (96)."""
 #: The model's directory name on the device (a local dir's or HF repo's name): it reaches shell scripts.
 DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -225,7 +228,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)]
     source: LocalSource | HfSource
     chunk_size: Annotated[int, Field(gt=1, le=MAX_CHUNK)] | None = Field(
         default=None, description=f"The one prefill length (tokens per chunk; default {DEFAULT_CHUNK}); decode is 1."
