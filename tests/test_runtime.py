@@ -408,6 +408,13 @@ def test_wrong_target_is_refused(synthetic: Synthetic, qnn_lib: QnnLibrary) -> N
         ({"path": "qnn/nope.bin"}, r"qnn0.*'path' = 'qnn/nope.bin' but .*nope.bin does not exist"),
         ({"allInputShape": [1, 8, 4]}, r"qnn0.*'allInputShape' has 3 dims, not a multiple of the 2 shapes"),
         ({"state": "x"}, r"qnn0.*'state'.*not supported"),
+        # issue 43, item 6: MNN's engine ignores an offset without a size and loads the whole file; so did we
+        ({"offset": [1 << 30, 0]}, r"qnn0.*attribute 'offset' is 1073741824 without a 'size'"),
+        ({"offset": [-8, -1]}, r"qnn0.*attribute 'offset' is 18446744073709551608 without a 'size'"),
+        ({"offset": [0, 1], "size": [16, 0]}, r"qnn0.*'offset' 4294967296 and 'size' 16 reach byte 4294967312, but"),
+        ({"size": [1 << 30, 0]}, r"qnn0.*'offset' 0 and 'size' 1073741824 reach byte 1073741824, but .* has \d+ bytes"),
+        ({"offset": [1, 2, 3]}, r"qnn0.*attribute 'offset' must be a list of two ints"),
+        ({"dump_intermediate_outputs": 1}, r"qnn0.*'dump_intermediate_outputs' is set: MNN's engine would write"),
     ],
 )
 def test_bad_plugin_attributes(bundle_copy: Path, edit: dict[str, object], message: str) -> None:
