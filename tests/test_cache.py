@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -876,3 +877,32 @@ def test_one_run_hashes_a_file_once(tmp_path: Path) -> None:
             fh.write(b"edited")
         os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns + 1_000_000))  # a new mtime: hashed, differs
         assert checker.check_modified(str(path), path.stat(), state) and calls == [path]
+
+
+def test_status_and_doit_list_agree_with_doit_after_a_warm_build(
+    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+) -> None:
+    """Issue 43, item 7: after a warm bare `doit` (the bundle restored without its files) `status` said verify would
+    run ("model missing") while the next `doit` ran nothing; and the subtasks `doit list --all` shows
+    (context:tiny-qwen3-v79:graphllm0) were "Invalid parameter" to `doit` and `cache materialize`."""
+    cache, _ = warm_cache
+    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "warm-artifacts")}
+    run_doit(env=env)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    status = subprocess.run(
+        [sys.executable, "-m", "mnnbuild", "status"],
+        cwd=tmp_path, env={**full_env, "HF_HUB_OFFLINE": "1", **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert status.returncode == 0 and status.stdout.strip().endswith("nothing would run"), status.stdout
+    assert executed_tasks(run_doit(env=env).stdout) == []
+
+    listed = run_doit("list", "--all", env=env).stdout.split()
+    subtasks = [t for t in listed if t.startswith(("context:tiny-qwen3-v79:", "twin:tiny-qwen3-v79:"))]
+    assert len(subtasks) == 8, listed
+    named = run_doit(*subtasks[:2], env=env)
+    assert sorted(summary(named)["from cache"]) == sorted(subtasks[:2]), named.stdout
+    materialize = subprocess.run(
+        [sys.executable, "-m", "mnnbuild", "cache", "materialize", subtasks[2]],
+        cwd=tmp_path, env={**full_env, "HF_HUB_OFFLINE": "1", **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert materialize.returncode == 0 and "Invalid parameter" not in materialize.stdout + materialize.stderr

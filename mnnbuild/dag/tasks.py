@@ -9,7 +9,7 @@ per-plugin fan-out reads the partition's ``merge``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,7 +302,14 @@ def group_tasks(project: Project, stage: Stage, spec: ModelSpec | None) -> Itera
             yield group({"basename": f"{stage.name}:{spec.name}-{arch}", "name": None, "doc": doc})
 
 
-def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
+def task_full_name(task: dict[str, Any]) -> str:
+    """A task dict's name as doit knows it: ``basename:name`` for a subtask, else its basename."""
+    return f"{task['basename']}:{task['name']}" if task.get("name") else str(task["basename"])
+
+
+def npu_task_creators(
+    project: Project, delayed: bool = True, requested: Sequence[str] = ()
+) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
     """One task creator per model (``task_npu_<model>``) for its context, twin, bundle, verify and report tasks.
 
     These tasks exist once the partition has said how many plugins there are. When doit runs tasks (``delayed``),
@@ -321,6 +328,12 @@ def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Calla
 
         creator.__doc__ = f"{spec.name}: {' / '.join(late)} tasks, created after its partition"
         if delayed or not partitioned(project, spec):
+            # doit resolves a named subtask of a delayed task by the part of its name before the first ':'
+            # ('context'), so a subtask `doit list` shows (context:<model>-<arch>:graphllm0) is named here too
+            subtasks = [n for n in requested if n.count(":") > 1 and n.rsplit(":", 1)[0] in creates]
+            if subtasks and partitioned(project, spec):
+                known = {task_full_name(t) for t in creator() if "basename" in t}
+                creates += [n for n in subtasks if n in known]
             creator = create_after(executed=partitions_task(spec), creates=creates)(creator)
         creators[f"task_npu_{spec.name}"] = creator
     return creators
@@ -441,14 +454,14 @@ def task_creators(project: Project, argv: list[str]) -> dict[str, Callable[[], A
     doit creates those after ``partition:<model>`` (one creator per model, since create_after waits for one task
     and building one model must not partition the others); ``doit list`` and ``doit clean``, which run nothing,
     get them right away from a partition on disk (`mnnbuild.dag.project.doit_runs_tasks`)."""
-    from mnnbuild.dag.project import doit_runs_tasks
+    from mnnbuild.dag.project import doit_runs_tasks, requested_tasks
 
     found: dict[str, Callable[[], Any]] = {}
     for stage in project.chain:
         found[f"task_{stage.name}"] = group_creator(project, stage)
         if stage.reads_source:
             found["task_update"] = update_creator(project, stage)
-    found.update(npu_task_creators(project, delayed=doit_runs_tasks(argv)))
+    found.update(npu_task_creators(project, delayed=doit_runs_tasks(argv), requested=requested_tasks(argv)))
     return found
 
 
