@@ -180,3 +180,29 @@ def test_a_hidden_size_the_tied_codes_cannot_hold_is_blamed_on_llm_config(tmp_pa
         "bytes of 4-bit codes (alpha_offset - weight_offset), no whole number of rows that wide"
     ) in str(info.value)
     assert "token ids" not in str(info.value)
+
+
+def test_a_mistyped_task_gets_the_nearest_name(run_doit: RunDoit) -> None:
+    """doit's own answer was `Invalid parameter: "io:tiny-qwen". Must be a command, task, or a target.`"""
+    for typed, nearest in (("io:tiny-qwen", "io:tiny-qwen3"), ("bundel:tiny-qwen3-v79", "bundle:tiny-qwen3-v79")):
+        proc = run_doit(typed, check=False)
+        assert proc.returncode != 0
+        assert only_line(proc.stdout + proc.stderr) == (
+            f"ERROR: no task {typed!r}; did you mean {nearest!r}? (`doit list` shows every task, `doit list --all` "
+            "their subtasks)"
+        )
+
+
+def test_every_name_doit_list_shows_passes_the_task_name_check(run_doit: RunDoit) -> None:
+    from mnnbuild.dag.project import Project, requested_tasks
+    from mnnbuild.dag.tasks import check_task_name
+    from tests.conftest import PROJECT_ROOT
+
+    names = [line.split()[0] for line in run_doit("list", "--all").stdout.splitlines() if line.strip()]
+    assert "io:tiny-qwen3" in names and "update" in names
+    project = Project.load(PROJECT_ROOT)
+    for name in [*names, "context:tiny-qwen3-v79:graphllm0", "partition:tiny-qwen3:parts"]:
+        check_task_name(project, name)
+    # doit's loader and run options in any order are not task names
+    assert requested_tasks(["-f", "dodo.py", "-n", "2", "io:x"]) == ("io:x",)
+    assert requested_tasks(["run", "-n", "2", "-f", "dodo.py", "io:x"]) == ("io:x",)

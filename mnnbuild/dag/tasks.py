@@ -8,6 +8,7 @@ per-plugin fan-out reads the partition's ``merge``).
 
 from __future__ import annotations
 
+import difflib
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from doit import create_after
+from doit.exceptions import InvalidDodoFile
 from doit.tools import config_changed
 from pydantic import BaseModel
 
@@ -462,7 +464,31 @@ def task_creators(project: Project, argv: list[str]) -> dict[str, Callable[[], A
         if stage.reads_source:
             found["task_update"] = update_creator(project, stage)
     found.update(npu_task_creators(project, delayed=doit_runs_tasks(argv), requested=requested_tasks(argv)))
+    for name in requested_tasks(argv):
+        check_task_name(project, name)
     return found
+
+
+def check_task_name(project: Project, name: str) -> None:
+    """A task named on the command line that no model's tasks can be: one line with the nearest name, instead of
+    doit's "Invalid parameter". A name under a task (a plugin's subtask, a VL model's part) is left to doit, and so
+    is a path (doit also takes a target file)."""
+    known = {"update", *(s.name for s in project.chain)}
+    for spec in project.specs.values():
+        known.add(f"update:{spec.name}")
+        for stage in project.chain:
+            if stage.per_target:
+                known |= {f"{stage.name}:{spec.name}-{arch}" for arch in spec.targets}
+            else:
+                known.add(f"{stage.name}:{spec.name}")
+    under = any(name.startswith(f"{k}:") for k in known if ":" in k)  # a subtask or part of a model's task
+    if name in known or under or "/" in name or "*" in name:
+        return
+    if Path(name).exists():
+        return
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise InvalidDodoFile(f"no task {name!r}; {hint}(`doit list` shows every task, `doit list --all` their subtasks)")
 
 
 __all__ = [

@@ -459,14 +459,30 @@ def load_spec(path: Path) -> ModelSpec:
         raise SpecError(f"{path}: {problems}") from None
 
 
-def discover_specs(spec_dirs: list[Path]) -> dict[str, ModelSpec]:
-    """Load every ``*.toml`` in ``spec_dirs`` (in order); a name defined twice is an error."""
+def declared_name(path: Path) -> str | None:
+    """The ``name`` a spec file writes, read without validating anything else (None: unreadable or not a string)."""
+    try:
+        name = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def discover_specs(spec_dirs: list[Path], bad: dict[Path, SpecError] | None = None) -> dict[str, ModelSpec]:
+    """Load every ``*.toml`` in ``spec_dirs`` (in order); a name defined twice is an error. ``bad``: a spec that
+    does not load is put there (by path) and the others are still loaded, instead of the first one failing all."""
     specs: dict[str, ModelSpec] = {}
     for directory in spec_dirs:
         if not directory.is_dir():
             raise SpecError(f"{directory}: model spec directory does not exist")
         for path in sorted(directory.glob("*.toml")):
-            spec = load_spec(path)
+            try:
+                spec = load_spec(path)
+            except SpecError as exc:
+                if bad is None:
+                    raise
+                bad[path] = exc
+                continue
             if spec.name in specs:
                 raise SpecError(f"{path}: model name {spec.name!r} is already defined by {specs[spec.name].spec_path}")
             specs[spec.name] = spec
