@@ -94,3 +94,12 @@ def test_doit_k_from_a_subdirectory_finds_the_project(tmp_path: Path) -> None:
     proc = subprocess.run(argv, cwd=PROJECT_ROOT / "docs", env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "io:tiny-qwen3" in proc.stdout, proc.stdout + proc.stderr
     assert not (PROJECT_ROOT / "docs" / "artifacts").exists() and not (PROJECT_ROOT / "docs" / ".doit.db").exists()
+
+
+def test_doit_list_says_which_groups_take_every_model(run_doit: RunDoit) -> None:
+    """Issue 43, first hour: `doit bundle` / `doit report` build every model's (offline they stopped at
+    fetch:qwen3-1.7b) while `doit verify` builds the default bundles only; `doit list` now says which."""
+    rows = {line.split()[0]: line for line in run_doit("list").stdout.splitlines() if line.strip()}
+    for group in ("bundle", "report", "context", "twin"):
+        assert f"every model's: {group}:qwen3-1.7b-v79, " in rows[group] and f"{group}:tiny-qwen3-v79" in rows[group]
+    assert "Verify the default bundles" in rows["verify"] and "every model's" not in rows["verify"]

@@ -380,10 +380,14 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
     ``doit clean context`` removes what they built (as ``doit clean io`` does for its subtasks), also for a model
     whose tasks are not created yet."""
     dirs = [project.stage_dir(name, s, arch) for s in project.specs.values() for arch in s.targets]
+    members = [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets]
+    # unlike `doit verify` (the default bundles), the group is every model's: say so where `doit list` shows it
+    doc = project.chain[name].doc.rstrip(".")
     return group(
         {
+            "doc": f"{doc}; every model's: {', '.join(members)} (`doit verify`: the default bundles only)",
             "actions": None,
-            "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
+            "task_dep": members,
             "clean": [
                 (remove_stage_dirs if project.chain[name].placement == "plugin" else remove_stage_dir, [d])
                 for d in dirs
