@@ -930,8 +930,16 @@ def test_readme_runtime_examples_run_as_written(run_doit: RunDoit, tmp_path: Pat
     run_doit("twin:tiny-qwen3-v79", "bundle:tiny-qwen3-v79")
     examples = [(readme, block) for readme in README_EXAMPLES for block in python_blocks(readme)]
     assert len(examples) >= 2, "each README has its runtime example"
+    env = {k: v for k, v in os.environ.items() if k != "MNNBUILD_ARTIFACTS"}
     for readme, block in examples:
         proc = subprocess.run(
-            [sys.executable, "-I", "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=600
+            [sys.executable, "-I", "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
         )
         assert proc.returncode == 0, f"{readme.relative_to(PROJECT_ROOT)}'s example failed:\n{proc.stderr[-3000:]}"
+    # issue 43, first hour: the project README's example ran only from the project root and printed nothing
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    block = python_blocks(PROJECT_ROOT / "README.md")[0]
+    proc = subprocess.run([sys.executable, "-I", "-c", block], cwd=elsewhere, capture_output=True, text=True,
+                          timeout=600, env={**env, "MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.fullmatch(r"logits \[1, 128, 1024\]; the token after 1 2 3: \d+\n", proc.stdout), proc.stdout
