@@ -46,7 +46,7 @@ def test_the_shipped_tokenizers_are_read_whole() -> None:
         (bytes(range(256)) * 120, "is not an MNN tokenizer: its first line is"),
         (b"430 9\n0 0 0\n\n", "tokenizer kind 9 (line 1) is none MNN's engine reads"),
         (b"430 1\n1 0 0\n\n", "line 3 (special, stop, prefix token ids) must be 1 integers, got 0"),
-        (b"430 1\n0 0 0\n\n5\nYQ==\n", "line 4: vocabulary size is 5, but the file has room for at most 1"),
+        (b"430 1\n0 0 0\n\n5\nYQ==\n", "line 4: vocabulary size is 5, but the file has room for 1 to 1"),
         (b"430 1\n0 0 0\n\n-1\n", "line 4: vocabulary size is -1"),
         (b"430 1\n1 0 0\n7\n1\nYQ==\n", "line 3: token id 7 is not in the vocabulary (0 .. 0)"),
         (b"430 0\n0 0 0\n\n1\nYQ== nan 1\n", "line 5: expected a finite score and a piece type 1-6"),

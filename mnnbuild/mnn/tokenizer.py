@@ -84,19 +84,21 @@ class _Lines:
         return line.rstrip(b"\r")
 
     def left(self) -> int:
+        """Lines after the current one (the last may lack its newline)."""
         return self.data.count(b"\n", self.pos) + (0 if self.data.endswith(b"\n") or self.pos >= len(self.data) else 1)
 
 
-def _count_fits(n: int, what: str, available: int) -> int:
-    if n < 0 or n > available or (n == 0 and "vocabulary" in what):
-        raise _Bad(f"{what} is {n}, but the file has room for at most {available}")
+def _count_fits(n: int, what: str, available: int, least: int = 0) -> int:
+    """A count of lines that must lie in the ``available`` lines left (a vocabulary has at least one token)."""
+    if n < least or n > available:
+        raise _Bad(f"{what} is {n}, but the file has room for {least} to {available}")
     return n
 
 
 def _text_vocab(lines: _Lines, kind: int) -> int:
     if kind == 3:  # "<vocab> <merges>", the tokens as UTF-8 lines, then "a b" merge lines
         vocab, merges = _ints(lines.next("the vocabulary counts"), f"line {lines.number} (vocabulary, merges)", 2)
-        _count_fits(vocab, f"line {lines.number}: vocabulary size", lines.left())
+        _count_fits(vocab, f"line {lines.number}: vocabulary size", lines.left(), least=1)
         _count_fits(merges, f"line {lines.number}: merge count", lines.left() - vocab)
         for _ in range(vocab):
             lines.next("the vocabulary")
@@ -105,7 +107,7 @@ def _text_vocab(lines: _Lines, kind: int) -> int:
                 raise _Bad(f"line {lines.number}: a merge must be two tokens separated by a space")
         return vocab
     (vocab,) = _ints(lines.next("the vocabulary size"), f"line {lines.number} (vocabulary size)", 1)
-    _count_fits(vocab, f"line {lines.number}: vocabulary size", lines.left())
+    _count_fits(vocab, f"line {lines.number}: vocabulary size", lines.left(), least=1)
     for _ in range(vocab):
         line = lines.next("the vocabulary")
         if kind == 0:  # "<base64 piece> <score> <piece type>"
@@ -128,6 +130,7 @@ class _Bytes:
         self.data, self.pos = data, pos
 
     def left(self) -> int:
+        """Lines after the current one (the last may lack its newline)."""
         return len(self.data) - self.pos
 
     def take(self, n: int, what: str) -> bytes:
