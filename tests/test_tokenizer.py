@@ -163,3 +163,21 @@ def test_the_runtime_checks_the_tokenizer_before_mnn_reads_it(tmp_path: Path) ->
     assert proc.returncode == 0, (proc.returncode, proc.stderr)
     assert proc.stdout.strip() == f"{model / 'tokenizer.mtok'}: is empty; expected an MNN tokenizer, first line " \
         "'430 <kind>' as MNN's llmexport writes"  # fmt: skip
+
+
+def test_a_tokenizer_with_more_tokens_than_the_model_has_rows_is_refused(tmp_path: Path) -> None:
+    """The trained model's tokenizer (2048 tokens) on the tiny model (1024 embedding rows): MNN's engine embeds ids
+    past its table without a word (it read other bytes of the weight file for them)."""
+    from mnnbuild.base.errors import ModelDirError
+    from mnnbuild.model.modeldir import validate_model_dir
+
+    model = bad_tokenizer_model(
+        tmp_path, (PROJECT_ROOT / "models" / "tiny-qwen3-trained" / "tokenizer.mtok").read_bytes()
+    )
+    with pytest.raises(ModelDirError) as info:
+        validate_model_dir(model)
+    assert str(info.value) == (
+        f"{model / 'tokenizer.mtok'}: gives token ids up to 2047, but the model's embeddings (llm.mnn.weight) have "
+        "1024 rows; expected this model's tokenizer"
+    )
+    assert check_tokenizer(TINY_MTOK).largest_id == 1023

@@ -42,6 +42,9 @@ class TokenizerInfo:
     kind: str
     vocab_size: int
     special_ids: tuple[int, ...]
+    largest_id: int
+    """The largest id it can give (its vocabulary's or an added token's): the model must have an embedding row
+    for it, which MNN's engine reads unchecked."""
 
 
 class _Bad(Exception):
@@ -301,4 +304,4 @@ def check_tokenizer(path: str | os.PathLike[str]) -> TokenizerInfo:
         raise MNNFormatError(f"{path}: {exc}") from None
     except OSError as exc:
         raise MNNFormatError(f"{path}: cannot read the tokenizer: {exc.strerror or exc}") from None
-    return TokenizerInfo(KINDS[kind], vocab, tuple(ids))
+    return TokenizerInfo(KINDS[kind], vocab, tuple(ids), max([vocab - 1, *added]))

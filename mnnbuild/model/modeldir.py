@@ -402,11 +402,18 @@ def validate_model_dir(
     except ModelDirError:
         raise ModelDirError(f"{label}: no tokenizer file; expected one of {', '.join(TOKENIZER_FILES)}") from None
     try:  # MNN's engine crashes on a tokenizer it cannot read (SIGSEGV, nothing printed)
+        from mnnbuild.mnn import embedding_info
         from mnnbuild.mnn.tokenizer import check_tokenizer
 
-        check_tokenizer(model_dir / tokenizer)
+        tokens = check_tokenizer(model_dir / tokenizer)
+        rows = embedding_info(model_dir)
     except MNNFormatError as exc:
         raise ModelDirError(str(exc)) from None
+    if tokens.largest_id >= rows.vocab:  # the engine would read an embedding row past the table
+        raise ModelDirError(
+            f"{model_dir / tokenizer}: gives token ids up to {tokens.largest_id}, but the model's embeddings "
+            f"({rows.path.name}) have {rows.vocab} rows; expected this model's tokenizer"
+        )
     files = present_files(model_dir, part)
     if visual_encoder is None:
         return part, files
