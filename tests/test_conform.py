@@ -700,3 +700,82 @@ def test_a_missing_twin_names_the_doit_task(tmp_path: Path) -> None:
         _twins(tmp_path / "context", tmp_path / "twin", merge, "ho-x-v79")
     assert str(err.value).endswith("; run `doit twin:ho-x-v79` (the unshared twins the simulator runs)")
     assert "twin.manifest.json: manifest missing" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def restored_without_bytes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A cache filled by a cold bare `doit`, and a fresh root a bare `doit` restored from it without the bytes."""
+    from tests.conftest import doit
+
+    work = tmp_path_factory.mktemp("warm")
+    cache = work / "cache"
+    for root in ("cold", "warm"):
+        proc = doit(work, env={"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(work / root)})
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {"cache": cache, "cold": work / "cold", "warm": work / "warm"}
+
+
+def test_conform_fetches_what_it_reads_from_the_cache(
+    restored_without_bytes: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a root restored without the bytes, conform fetches the bundle, the partition (its ``qnn/llm.mnn``, which
+    the boundary comparison reads) and the twins from the cache, hash-checked, before it runs anything; a dir the
+    cache cannot give (its blob changed) is one line naming the doit task that writes it."""
+    import shutil
+
+    from mnnbuild.conform.cli import locate
+    from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
+
+    cache, cold = restored_without_bytes["cache"], restored_without_bytes["cold"]
+    warm = tmp_path / "warm"
+    shutil.copytree(restored_without_bytes["warm"], warm, symlinks=True)
+    partition = warm / "tiny-qwen3" / "partition"
+    assert not (partition / "qnn" / "llm.mnn").exists(), "restored without its files"
+    monkeypatch.setenv("MNNBUILD_CACHE", str(cache))
+    monkeypatch.delenv("MNNBUILD_CACHE_REMOTE", raising=False)
+    paths = locate(warm, "tiny-qwen3", "v79")
+    for rel in ("partition/qnn/llm.mnn", "v79/twin/graphllm1/graphllm1.bin", "v79/bundle/model/tiny-qwen3/qnn/llm.mnn"):
+        assert (warm / "tiny-qwen3" / rel).read_bytes() == (cold / "tiny-qwen3" / rel).read_bytes(), rel
+    assert paths.partition_dir == partition
+    assert json.loads((partition / "partition.origin.json").read_text())["fetched"]["tier"] == "local"
+
+    again = tmp_path / "again"
+    shutil.copytree(restored_without_bytes["warm"], again, symlinks=True)
+    bad_cache = tmp_path / "cache"
+    shutil.copytree(cache, bad_cache)  # a copy: its blobs are not the cold root's files
+    twin_key = json.loads((again / "tiny-qwen3/v79/twin/graphllm2/twin.origin.json").read_text())["key"]
+    entry = CacheEntry.model_validate_json((bad_cache / "twin" / f"{twin_key}.json").read_text())
+    blob = Path(ArtifactCache(str(bad_cache))._blob(next(f.sha256 for f in entry.files if f.path.endswith(".bin"))))
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.unlink()
+    blob.write_bytes(bytes(data))
+    monkeypatch.setenv("MNNBUILD_CACHE", str(bad_cache))
+    with pytest.raises(ConformError) as err:
+        locate(again, "tiny-qwen3", "v79")
+    line = str(err.value)
+    assert "twin/graphllm2: restored without its files" in line and "does not match its sha256" in line, line
+    assert line.endswith("; run `doit twin:tiny-qwen3-v79`") and "\n" not in line
+
+
+def test_the_twins_reason_says_what_happened(tmp_path: Path) -> None:
+    """A driver that dies without a word (as MNN's engine did on the shipped weight-shared binaries) leaves its exit
+    code as what it said, and the reason names the weight sharing this x86 library cannot load, not "(no output)"."""
+    import types
+
+    from mnnbuild.conform.run import run_driver, twin_reason
+
+    driver = tmp_path / "driver"
+    driver.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    driver.chmod(0o755)
+    (tmp_path / "config.json").write_text("{}")
+    build = types.SimpleNamespace(lib_dirs=lambda: [])
+    run, rows, output = run_driver(driver, build, tmp_path / "config.json", [1, 2], 1, 4, tmp_path / "x.f32")  # type: ignore[arg-type]
+    assert run is None and rows is None and output.strip() == "(exit code -11)"
+    reason = twin_reason(output, ["qnn/graphllm0.bin", "qnn/graphllm1.bin"])
+    assert reason == (
+        "MNN's engine failed on the shipped binaries: (exit code -11); 2 of them share their weights, which this x86 "
+        "QNN library cannot load: their unshared twins ran in their place"
+    )
+    refused = twin_reason("QnnContext: Shared weights buffer isn't supported on this platform\n(exit code 1)", [])
+    assert refused.startswith("the x86 QNN library refuses the shipped weight-shared binaries")

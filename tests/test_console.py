@@ -102,10 +102,11 @@ def test_a_first_build_is_a_line_per_task_and_an_ending(project: tuple[Path, sub
     assert len(tasks) >= 10 and not proc.stderr.strip(), proc.stderr  # no log lines, no banners
     assert not [b for b in BANNERS if b in proc.stdout], proc.stdout
     assert rest[0].startswith("done in ") and f"{len(tasks)} built, 0 up to date" in rest[0], rest
+    assert rest[1].startswith("partition tiny-qwen3: ") and "the CPU keeps 0.0% of the weights" in rest[1], rest
     bundle = Path("artifacts/tiny-qwen3/v79/bundle")
-    assert rest[1].startswith(f"bundle  {bundle} (12 files, "), rest
-    assert rest[2] == f"report  {(clone / 'artifacts/tiny-qwen3/v79/report/index.html').as_uri()}", rest
-    assert rest[3].startswith("push    ") and rest[3].endswith(str(bundle / "push.sh")), rest
+    assert rest[2].startswith(f"bundle  {bundle} (12 files, "), rest
+    assert rest[3] == f"report  {(clone / 'artifacts/tiny-qwen3/v79/report/index.html').as_uri()}", rest
+    assert rest[4].startswith("push    ") and rest[4].endswith(str(bundle / "push.sh")), rest
     assert len(proc.stdout.splitlines()) <= 22, proc.stdout
 
 

@@ -333,3 +333,131 @@ def test_cache_info_and_prune_on_the_remote(tmp_path: Path, s3: dict[str, str], 
     foreign = mnnbuild_cli("cache", "prune", "--url", url, "--max-size", "1", env=s3)
     assert foreign.returncode == 2 and "not an mnnbuild cache" in foreign.stderr
     assert len(foreign.stderr.strip().splitlines()) == 1, foreign.stderr
+
+
+def prefix_copy(name: str) -> str:
+    """A copy of the cold runner's bucket prefix (what each case below damages), as its URL."""
+    cache = remote()
+    dest = f"{BUCKET}/{name}"
+    for path in cache.fs.find(f"{BUCKET}/cache"):
+        cache.fs.copy(path, dest + path[len(f"{BUCKET}/cache") :])
+    return f"s3://{dest}"
+
+
+def warnings_of(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    """The warning lines a doit run printed (mnnbuild's log lines of level WARNING and above)."""
+    return [line for line in proc.stderr.splitlines() if line.startswith(("W ", "E ", "WARNING", "ERROR"))]
+
+
+def flip_blob(url: str, stage: str, key: str, path: str) -> tuple[str, bytes]:
+    """Change one byte (not the size) of the blob behind ``path`` in the entry ``stage``/``key`` of the remote
+    ``url``; returns the blob's sha256 and its good bytes."""
+    cache = remote(url)
+    entry = CacheEntry.model_validate_json(cache.fs.cat_file(cache._entry(stage, key)))
+    sha = next(f.sha256 for f in entry.files if f.path == path)
+    good = cache.fs.cat_file(cache._blob(sha))
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    cache.fs.pipe_file(cache._blob(sha), bytes(bad))
+    return sha, good
+
+
+@pytest.mark.parametrize("readonly", [False, True], ids=["writable", "read-only"])
+def test_a_bad_remote_blob_a_task_needs_is_built_again_in_the_same_run(
+    tmp_path: Path, s3: dict[str, str], cold: tuple[Path, list[str]], readonly: bool
+) -> None:
+    """The blob behind the context entry's ``qnn/graphllm1.bin`` changed in the bucket (one byte). A runner with an
+    empty local cache asks for the bundle: its entry (whose binaries are the context blobs) is refused, the bundle
+    builds, its context dir, restored without its files, cannot be fetched whole, so the context stage builds it
+    again in the same run: one warning, exit 0, the cold build's bundle byte for byte. A writable remote gets the
+    good blob back; a read-only one is left as it was, and neither this run's root nor a fresh one fails later."""
+    work, _ = cold
+    url = prefix_copy(f"bad-{'ro' if readonly else 'rw'}")
+    key = json.loads((work / "artifacts/tiny-qwen3/v79/context/graphllm1/context.origin.json").read_text())["key"]
+    sha, good = flip_blob(url, "context", key, "qnn/graphllm1.bin")
+    before = {p: remote(url).fs.cat_file(p) for p in remote(url).fs.find(url)}
+    env = {
+        **s3,
+        "MNNBUILD_CACHE": str(tmp_path / "cache"),
+        "MNNBUILD_CACHE_REMOTE": url,
+        "MNNBUILD_CACHE_REMOTE_READONLY": "1" if readonly else "0",
+        "MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts"),
+    }
+    proc = doit(tmp_path, "bundle:tiny-qwen3-v79", env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert len(warnings_of(proc)) == 1 and "does not match its sha256" in warnings_of(proc)[0], proc.stderr
+    ctx = tmp_path / "artifacts/tiny-qwen3/v79/context/graphllm1"
+    assert json.loads((ctx / "context.origin.json").read_text())["origin"] == "built"
+    assert (ctx / "qnn/graphllm1.bin").read_bytes() == good
+    bundle, first = tmp_path / "artifacts/tiny-qwen3/v79/bundle", work / "artifacts/tiny-qwen3/v79/bundle"
+    shipped = [p.relative_to(first) for p in first.rglob("*") if p.is_file() and "origin" not in p.name]
+    assert all((bundle / rel).read_bytes() == (first / rel).read_bytes() for rel in shipped)
+    after = remote(url)
+    if readonly:
+        assert {p: after.fs.cat_file(p) for p in after.fs.find(url)} == before, "a read-only remote is not written"
+    else:
+        assert after.fs.cat_file(after._blob(sha)) == good, "the rebuild stored the good blob again"
+    again = doit(tmp_path, "bundle:tiny-qwen3-v79", env=env)
+    assert again.returncode == 0 and not warnings_of(again), again.stdout + again.stderr
+    assert not again.record["built"] and not again.record["from_cache"], again.stdout  # type: ignore[attr-defined]
+    fresh = doit(tmp_path, "bundle:tiny-qwen3-v79", env={**env, "MNNBUILD_ARTIFACTS": str(tmp_path / "fresh")})
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+
+
+def test_a_remote_killed_mid_build_is_one_warning_and_the_build_goes_on(
+    tmp_path: Path, s3: dict[str, str], cold: tuple[Path, list[str]]
+) -> None:
+    """The remote (its own moto process, filled from the cold runner's prefix) is killed with SIGKILL once the run
+    restored io's manifest: what was restored without its files from it is built again, the rest restores from
+    nothing or builds; one warning, exit 0, the cold build's bundle."""
+    work, _ = cold
+    port = closed_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        import s3fs
+
+        other = s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True)
+        for _ in range(100):
+            try:
+                other.mkdir(BUCKET)
+                break
+            except Exception:  # noqa: BLE001 - not listening yet
+                time.sleep(0.1)
+        source = remote()
+        for path in source.fs.find(f"{BUCKET}/cache"):
+            other.pipe_file(path, source.fs.cat_file(path))
+        env = {
+            **s3,
+            **s3_env(endpoint),
+            "AWS_MAX_ATTEMPTS": "1",
+            "MNNBUILD_CACHE": str(tmp_path / "cache"),
+            "MNNBUILD_CACHE_REMOTE": REMOTE,
+            "MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts"),
+        }
+        full = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+        started = time.time()
+        build = subprocess.Popen(
+            [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "bundle:tiny-qwen3-v79"],
+            cwd=tmp_path, env={**full, "HF_HUB_OFFLINE": "1", **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        io_manifest = tmp_path / "artifacts/tiny-qwen3/io/io.manifest.json"
+        while not io_manifest.exists() and build.poll() is None:
+            time.sleep(0.002)
+        server.kill()
+        assert build.poll() is None, "the run ended before the remote could be killed"
+        out, err = build.communicate(timeout=600)
+    finally:
+        server.kill()
+        server.wait()
+    proc = attach_record(subprocess.CompletedProcess(build.args, build.returncode, out, err), tmp_path / "artifacts",
+                         started)  # fmt: skip
+    assert proc.returncode == 0, out + err
+    assert len(warnings_of(proc)) == 1 and "stopped answering" in warnings_of(proc)[0], err
+    bundle, first = tmp_path / "artifacts/tiny-qwen3/v79/bundle", work / "artifacts/tiny-qwen3/v79/bundle"
+    shipped = [p.relative_to(first) for p in first.rglob("*") if p.is_file() and "origin" not in p.name]
+    assert all((bundle / rel).read_bytes() == (first / rel).read_bytes() for rel in shipped)
+    again = doit(tmp_path, "bundle:tiny-qwen3-v79", env={**env, "MNNBUILD_CACHE_REMOTE": "off"})
+    assert again.returncode == 0 and not again.record["built"], again.stdout + again.stderr  # type: ignore[attr-defined]

@@ -76,6 +76,10 @@ class TensorCheck(BaseModel):
         return f"{what}: cosine {cos}, max abs err {self.max_abs_err:.4g} ({rel} of ref max abs {self.ref_max_abs:.4g})"
 
 
+NON_FINITE_REFERENCE = "the reference (MNN CPU) itself has"
+"""How a check whose reference is not finite begins its problem (the reference's failure, not the bundle's)."""
+
+
 def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance, qnn_name: str | None = None) -> TensorCheck:
     """Compare ``got`` with ``ref`` (same element count; reshaped to ``ref``'s shape) in float64."""
     ref = np.asarray(ref)
@@ -95,6 +99,23 @@ def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance, qnn_nam
         )
     g = got.astype(np.float64).ravel()
     r = ref.astype(np.float64).ravel()
+    if not np.isfinite(r).all():
+        # the reference's own arithmetic failed on this input (e.g. a norm with epsilon 0 on a zero row): nothing
+        # of the bundle can be judged, and it must not read as the bundle's error
+        bad = int((~np.isfinite(r)).sum())
+        first = np.unravel_index(int(np.flatnonzero(~np.isfinite(r))[0]), ref.shape) if ref.ndim else ()
+        return TensorCheck(
+            name=name,
+            qnn_name=qnn_name,
+            shape=shape,
+            max_abs_err=float("inf"),
+            ref_max_abs=float("nan"),
+            rel_err=None,
+            cosine=None,
+            passed=False,
+            problem=f"{NON_FINITE_REFERENCE} {bad} non-finite values (first at index "
+            f"{[int(i) for i in first]}) on this input: not comparable, not a bundle mismatch",
+        )
     if not np.isfinite(g).all():
         bad = int((~np.isfinite(g)).sum())
         return TensorCheck(

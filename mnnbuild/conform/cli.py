@@ -9,6 +9,7 @@ says which ``doit`` task to run when one is missing.
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -30,12 +31,16 @@ from mnnbuild.conform.run import (
 )
 from mnnbuild.conform.workdir import claim_dir
 from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.manifests.partition import read_merge
 from mnnbuild.model.spec import DEVICE_NAME_PATTERN, discover_specs
 from mnnbuild.model.targets import known_archs
-from mnnbuild.pipeline.layout import bundle_model_dir, conform_dir
+from mnnbuild.pipeline.cache import CacheTiers
+from mnnbuild.pipeline.deferred import Unavailable, deferred_origin, materialize
+from mnnbuild.pipeline.layout import bundle_model_dir, conform_dir, plugin_context_dir
 from mnnbuild.pipeline.settings import Settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+log = logging.getLogger(__name__)
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -95,6 +100,7 @@ def locate(artifact_root: Path, model: str, arch: str) -> ConformPaths:
             f"{bundle_dir / BundleManifest.filename()}: field 'model_name' is {manifest.model_name!r}, not a plain "
             f"directory name; run `{task}` again"
         )
+    fetch_deferred(artifact_root, model, arch)
     model_dir = bundle_model_dir(bundle_dir, manifest.model_name)
     if not (model_dir / BUNDLE_CONFIG).is_file():
         raise ConformError(f"{model_dir / BUNDLE_CONFIG}: missing from the finished bundle; run `{task}` again")
@@ -106,6 +112,36 @@ def locate(artifact_root: Path, model: str, arch: str) -> ConformPaths:
         twin_dir=stage_dir(artifact_root, "twin", model, arch),
         conform_dir=conform_dir(artifact_root, model, arch),
     )
+
+
+def fetch_deferred(artifact_root: Path, model: str, arch: str) -> None:
+    """Fetch the files conform reads of stage dirs a cache hit restored without them (the bundle, the partition's
+    graphs, the twins), each checked against its sha256, as a task that reads them does
+    (`mnnbuild.pipeline.deferred.materialize`); a dir whose files the cache cannot give names the doit task that
+    writes them. Without this, a warm cache left ``partition/qnn/llm.mnn`` out and the boundary comparison was
+    skipped ("No such file") while conform passed."""
+    from mnnbuild.stages.chain import CHAIN  # every stage module: only when locating
+
+    partition_dir = CHAIN.stage_dir(artifact_root, "partition", model)
+    read = [
+        (CHAIN["bundle"], CHAIN.stage_dir(artifact_root, "bundle", model, arch), f"bundle:{model}-{arch}"),
+        (CHAIN["partition"], partition_dir, f"partition:{model}"),
+    ]
+    try:
+        merge = read_merge(partition_dir)
+    except MnnbuildError:
+        merge = {}  # said when conform reads it
+    twin_dir = CHAIN.stage_dir(artifact_root, "twin", model, arch)
+    read += [(CHAIN["twin"], plugin_context_dir(twin_dir, b), f"twin:{model}-{arch}") for b in merge]
+    pending = [(stage, d, task) for stage, d, task in read if deferred_origin(d, stage.name) is not None]
+    tiers = CacheTiers.from_env() if pending else None
+    for stage, d, task in pending:
+        try:
+            got = materialize(stage, d, tiers)
+        except Unavailable as exc:
+            raise ConformError(f"{exc}; run `doit {task}`") from None
+        if got is not None:
+            log.info("conform: fetched the files of %s from the %s tier", d, got[0])
 
 
 def run_conform(args: argparse.Namespace) -> int:

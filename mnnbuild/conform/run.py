@@ -197,8 +197,8 @@ def run_driver(
     err = proc.stderr.decode("utf-8", errors="replace")
     combined = out + err
     doc = driver_result(out)
-    if proc.returncode != 0 or doc is None:
-        return None, None, combined
+    if proc.returncode != 0 or doc is None:  # its exit code last: a crash says nothing else
+        return None, None, f"{combined}\n(exit code {proc.returncode})"
     rows = np.fromfile(logits_path, dtype=np.float32)
     n = len(doc["stepped"])
     run = EngineRun(
@@ -272,6 +272,18 @@ def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.
     check.passed = ok and check.tokens_equal and check.engine_loop_agrees
 
 
+def twin_reason(output: str, shared: list[str]) -> str:
+    """Why the bundle runs with the unshared twins in place of its shipped binaries, from what MNN's engine said on
+    them (``output``, its exit code last: `run_driver`) and which of them share their weights (``shared``)."""
+    if SHARED_WEIGHTS_REFUSAL in output:
+        said = f"the x86 QNN library refuses the shipped weight-shared binaries: '{SHARED_WEIGHTS_REFUSAL}'"
+    else:
+        said = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
+        if shared:
+            said += f"; {len(shared)} of them share their weights, which this x86 QNN library cannot load"
+    return f"{said}: their unshared twins ran in their place"
+
+
 def _twins(context_dir: Path, twin_dir: Path, merge: dict[str, list[str]], target: str) -> dict[str, bytes]:
     """The unshared twins the twin stage built (hash checked against its manifests); a missing one names the doit
     task that builds it (``target``: ``<model>-<arch>``)."""
@@ -331,11 +343,11 @@ def conform_model(
     bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", {}, bundle_config, BUNDLE_CONFIG)
     probe, _, output = run_driver(driver, build, bundle_cfg, prompts[0][1], 1, chunk, out_dir / "probe.f32")
     if probe is None:
-        if SHARED_WEIGHTS_REFUSAL in output:
-            reason = f"the x86 QNN library refuses the shipped weight-shared binaries: '{SHARED_WEIGHTS_REFUSAL}'"
-        else:
-            reason = f"MNN's engine failed on the shipped binaries: {_last_lines(output)}"
-        log.warning("conform: %s; running unshared twins in their place", reason)
+        from mnnbuild.verify.checks import read_contexts
+
+        contexts, _ = read_contexts(context_dir, merge)
+        reason = twin_reason(output, [b for b in merge if b in contexts and contexts[b].weight_shared])
+        log.warning("conform: %s", reason)
         twins = _twins(context_dir, twin_dir, merge, f"{model}-{arch}")
         binaries = [BinaryRun(binary=b, ran="twin", sha256=sha256_bytes(twins[b]), reason=reason) for b in merge]
         bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", twins, bundle_config, BUNDLE_CONFIG)

@@ -141,8 +141,11 @@ def iter_segmented(
                 del feed
             out_vars = forward_vars(module, [env[t].as_var() for t in seg.inputs])
             if len(out_vars) != len(seg.outputs):  # MNN failed inside forward (it prints why)
+                feeds = [env[t].as_var() for t in seg.inputs]
+                culprit = failing_op(model_path, rt, model, seg.inputs, seg.outputs, feeds)
                 raise MNNFormatError(
                     f"{model_path}: MNN computed {len(out_vars)} of the {len(seg.outputs)} outputs of segment {k}"
+                    + (f": MNN's CPU cannot run {culprit}, so this model cannot be built" if culprit else "")
                 )
             if on_run is not None:
                 on_run(k * count + i + 1, len(segments) * count)
@@ -183,3 +186,38 @@ def _kept(array: np.ndarray, fmt: str, spill_dir: Path | None, name: str) -> Bou
     mapped = np.load(path, mmap_mode="r", allow_pickle=False)
     path.unlink()  # the mapping keeps the data until it is dropped
     return BoundaryValue(array=mapped, fmt=fmt)
+
+
+def describe_op(model: MnnModel, i: int) -> str:
+    """``op #i 'name' (Type)``, with a custom op's own type name (``Extra 'FusedFoo'``)."""
+    op = model.ops[i]
+    kind = op.type
+    custom = getattr(op.main, "type", None) if op.param_type == "Extra" else None
+    if custom:
+        kind += f" {custom.decode() if isinstance(custom, bytes) else custom!r}"
+    return f"op #{i} {op.name!r} ({kind})"
+
+
+def failing_op(
+    model_path: Path, rt: Any, model: MnnModel, inputs: Sequence[int], outputs: Sequence[int], feeds: Sequence[Any]
+) -> str | None:
+    """The first op (source order) MNN cannot compute between ``inputs`` and ``outputs``, found by bisecting on the
+    prefix of ops a module computes (a module with an op MNN cannot run computes nothing); None if not found."""
+    ops = [i for i in needed_ops(model, inputs, outputs) if model.ops[i].type not in CONST_OP_TYPES]
+    names = model.tensor_names
+
+    def runs(n: int) -> bool:  # can MNN compute every output of ops[:n]?
+        wanted = [t for i in ops[:n] for t in model.ops[i].outputs]
+        module = load_module(model_path, rt, [names[t] for t in inputs], [names[t] for t in wanted])
+        return module is not None and len(forward_vars(module, list(feeds))) == len(wanted)
+
+    lo, hi = 0, len(ops)  # ops[:lo] run; ops[:hi] do not
+    if not ops or runs(hi):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if runs(mid):
+            lo = mid
+        else:
+            hi = mid
+    return describe_op(model, ops[hi - 1])

@@ -8,7 +8,6 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,20 @@ from pydantic import BaseModel, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
-from mnnbuild.dag.uptodate import deferred_origin, outputs_intact
+from mnnbuild.dag.uptodate import outputs_intact
 from mnnbuild.model.spec import HfSource
-from mnnbuild.pipeline.cache import CacheTiers, cache_key, read_origin, stamps, trusted_hashes, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, cache_key, read_origin, stamps, trusted_hashes, warn_once, write_origin
+from mnnbuild.pipeline.deferred import (
+    CACHE_OFF,
+    Unavailable,
+    deferred_origin,
+    materialize,
+    output_stamps,
+    run_stamp,
+)
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
-from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss, run_id
+from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss
 from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.stages.fetch import update_lock
 
@@ -57,6 +64,10 @@ def recorded(
 Guard = tuple[Path, type[Manifest], str]
 """An upstream dir, its manifest model and the subdir whose files must be as that manifest records (`Stage.guards`)."""
 
+Read = tuple[Stage, Path, "dict[str, Any] | None"]
+"""An upstream dir whose files a stage's entry reads: its stage, the dir, and the `run_stage` arguments of the task
+that makes it (None: no task can make it again here), which build it again when its files cannot be fetched."""
+
 
 def _guarded_intact(guards: list[Guard]) -> Callable[[], bool]:
     """Whether every guarded upstream dir still holds the files its manifest lists, and nothing else (checked once).
@@ -87,7 +98,7 @@ def run_stage(
     upstream: list[tuple[type[Manifest], Path]],
     checks: tuple[Callable[[], bool], ...] = (),
     guards: list[Guard] | None = None,
-    reads: tuple[tuple[Stage, Path], ...] = (),
+    reads: tuple[Read, ...] = (),
     wanted: bool = False,
     hashes: KnownHashes | None = None,
 ) -> TaskFailed | dict[str, Any]:
@@ -142,7 +153,7 @@ def _run_or_restore(
     file_dep: list[Path],
     upstream: list[tuple[type[Manifest], Path]],
     checks: tuple[Callable[[], bool], ...],
-    reads: tuple[tuple[Stage, Path], ...],
+    reads: tuple[Read, ...],
     wanted: bool,
     hashes: KnownHashes,
 ) -> TaskFailed | dict[str, Any]:
@@ -215,32 +226,35 @@ def _run_or_restore(
     }
 
 
-def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[str, int] | None:
-    """Fetch the files of a stage dir restored without them (`run_stage`), each checked against its sha256; returns
-    (tier, bytes), or None when the dir has its files already. A `MnnbuildError` when the cache no longer holds
-    them intact (pruned, unreachable, corrupt): the dir's origin record is removed, so the next run rebuilds it."""
-    origin = deferred_origin(out_dir, stage.name)
-    if origin is None:
-        return None
-    key = str(origin.get("key"))
-    manifest_path = Path(out_dir) / stage.manifest.filename()
-    hit = tiers.restore(stage.name, key, out_dir, link=stage.links) if tiers else None
-    problem = None
-    if hit is None:
-        problem = "the cache no longer holds them intact (see the warnings above)" if tiers else "the cache is off"
-    elif sha256_file(manifest_path) != origin.get("manifest_sha256"):
-        problem = "the cache entry now holds another manifest"
-    if problem is not None:
+def build_again(stage: Stage, out_dir: Path, again: dict[str, Any] | None, missing: Unavailable) -> None:
+    """Make a stage dir whose files the cache cannot give (`materialize`) whole in this run: its task's action again,
+    asking for its files (restored with them from a tier that has them whole, else built, its own reads fetched or
+    built the same way; a bad entry is dropped where the tier is writable and skipped where it is not). The tasks of
+    this run that read its manifest already read the one it had, which a build gives again (same inputs, same
+    bytes): a manifest that came out different is an error, and the next run builds what read it.
+
+    Without ``again`` (no task here makes the dir), the dir's origin record is removed, so the next run builds it,
+    and `MnnbuildError` says so."""
+    if again is None:
         (Path(out_dir) / origin_file(stage.name)).unlink(missing_ok=True)
+        raise MnnbuildError(f"{missing}; run the build again to rebuild it")
+    if missing.problem == CACHE_OFF:
+        warn_once("cache: the cache is off: stage dirs restored from it without their files are built again where "
+                  "a task of this run reads them")  # fmt: skip
+    elif not missing.said:
+        log.warning("cache: %s; building it again", missing)
+    else:
+        log.info("cache: %s; building it again", missing)
+    manifest = Path(out_dir) / stage.manifest.filename()
+    restored = read_origin(out_dir, stage.name).get("manifest_sha256")
+    result = run_stage(**{**again, "wanted": True})
+    if isinstance(result, TaskFailed):
+        raise MnnbuildError(f"{out_dir}: building it again (its files could not be fetched) failed: {result.message}")
+    if sha256_file(manifest) != restored:
         raise MnnbuildError(
-            f"{out_dir}: restored without its files, which {problem}; run the build again to rebuild it"
+            f"{out_dir}: built again, its files could not be fetched, and its manifest differs from the one the cache "
+            "restored, which tasks of this run read; run the build again"
         )
-    assert hit is not None
-    fetched = {k: v for k, v in origin.items() if k not in ("deferred", "deferred_files", "manifest_sha256")}
-    fetched["fetched"] = {"tier": hit.tier, "bytes": hit.bytes, **run_stamp()}
-    write_origin(out_dir, stage.name, {**fetched, "stamps": output_stamps(stage, out_dir)})
-    log.debug("cache: fetched the files of %s from the %s tier", out_dir, hit.tier)
-    return hit.tier, hit.bytes
 
 
 def deferred_keep(stage: Stage) -> Callable[[str], bool]:
@@ -250,30 +264,23 @@ def deferred_keep(stage: Stage) -> Callable[[str], bool]:
     return lambda path: path == manifest or not any(fnmatch.fnmatchcase(path, pat) for pat in stage.defer)
 
 
-def output_stamps(stage: Stage, out_dir: Path) -> dict[str, list[int]]:
-    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.cache.stamps`) by its manifest."""
-    try:
-        outputs = stage.manifest.read(Path(out_dir)).outputs
-        return stamps(Path(out_dir), [r.path for r in outputs if (Path(out_dir) / r.path).is_file()])
-    except MnnbuildError:
-        return {}
-
-
-def materialize_all(reads: tuple[tuple[Stage, Path], ...]) -> dict[str, int]:
-    """`materialize` every dir in ``reads`` that was restored without its files; the bytes fetched by tier."""
+def materialize_all(reads: tuple[Read, ...]) -> dict[str, int]:
+    """`materialize` every dir in ``reads`` that was restored without its files; the bytes fetched by tier. A dir
+    whose files the cache cannot give is built again (`build_again`)."""
     fetched: dict[str, int] = {}
-    pending = [(s, d) for s, d in reads if deferred_origin(d, s.name) is not None]
+    pending = [r for r in reads if deferred_origin(r[1], r[0].name) is not None]
     tiers = CacheTiers.from_env() if pending else None
-    for s, d in pending:
-        got = materialize(s, d, tiers)
+    for s, d, again in pending:
+        if deferred_origin(d, s.name) is None:
+            continue  # made whole meanwhile (by the build of another dir that reads it)
+        try:
+            got = materialize(s, d, tiers)
+        except Unavailable as missing:
+            build_again(s, d, again, missing)
+            continue
         if got is not None:
             fetched[got[0]] = fetched.get(got[0], 0) + got[1]
     return fetched
-
-
-def run_stamp() -> dict[str, str]:
-    """Origin record fields saying when and in which doit run a stage dir was made (the report's cost table)."""
-    return {"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "run": run_id()}
 
 
 def run_after_failure(

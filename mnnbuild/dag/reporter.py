@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import atomic_write_text
 from mnnbuild.base.sizes import human_bytes
 from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.pipeline.layout import PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
+from mnnbuild.partition.records import PartitionReport
+from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON, PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
 
 LAST_RUN = ".doit-run.json"
 """What the last doit run did, under the artifact root beside doit's own ``.doit.db`` (`BuildSummaryReporter`): a
@@ -51,10 +53,11 @@ def reason(fail: BaseFail) -> str:
 
 
 def file_to_read(task: Any, why: str) -> Path | None:
-    """The file that says more about a failure: verify's report, or the first existing file the message names."""
+    """The file that says more about a failure: verify's report when the failure left it (no manifest beside it: one
+    there is a past success's, whose report says PASSED), or the first existing file the message names."""
     for target in task.targets:
         text = Path(target).parent / VERIFY_REPORT_TEXT
-        if text.is_file():
+        if text.is_file() and not Path(target).exists():
             return text
     for match in _PATH.findall(why):
         if Path(match).is_file():
@@ -84,6 +87,7 @@ class BuildSummaryReporter(ConsoleReporter):
         self.bytes_stored: dict[str, int] = {}
         self.bundles: dict[str, Path] = {}
         self.reports: dict[str, Path] = {}
+        self.partitions: dict[str, Path] = {}
         self.state_dir: Path | None = None
 
     def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
@@ -100,6 +104,8 @@ class BuildSummaryReporter(ConsoleReporter):
         if stage in ("bundle", "report") and task.targets and ":" in task.name:
             where = self.bundles if stage == "bundle" else self.reports
             where[task.name] = Path(task.targets[0]).parent
+        if stage == "partition" and task.targets and ":" in task.name:
+            self.partitions[task.name] = Path(task.targets[0]).parent
 
     def add_success(self, task: Any) -> None:
         super().add_success(task)
@@ -139,13 +145,19 @@ class BuildSummaryReporter(ConsoleReporter):
             self.up_to_date.append(task.name)
 
     def complete_run(self) -> None:
+        # doit calls this in a `finally`: a Ctrl-C or SIGTERM on its way out is the exception being handled
+        stop = sys.exc_info()[1]
+        seconds = time.monotonic() - self.started
+        stopped = (str(stop) or "stopped by Ctrl-C") if isinstance(stop, KeyboardInterrupt) else None
+        if self.running and stopped is None:
+            stopped = "stopped"
+        self._write_record(seconds, stopped)  # on every ending: a script must not read the last run's record
         if self.running:  # stopped (Ctrl-C, SIGTERM) inside a task: the interrupt handler says so, in one line
             return
-        seconds = time.monotonic() - self.started
-        self._write_record(seconds)
         for task, _ in self.failed:
             self._write_task_output(task)
-        lines = self._outcome(seconds) + (self._failures() if self.failed else self._next_steps())
+        lines = self._outcome(seconds) + self._partition_lines()
+        lines += self._failures() if self.failed else self._next_steps()
         if self.runtime_errors:
             lines += ["doit: " + " ".join(e.split()) for e in self.runtime_errors]
         if lines:
@@ -166,6 +178,19 @@ class BuildSummaryReporter(ConsoleReporter):
         if self.failed:
             parts.append(f"{len(self.failed)} failed")
         return [f"{'failed' if self.failed else 'done'} in {seconds:.1f} s: {', '.join(parts)}"]
+
+    def _partition_lines(self) -> list[str]:
+        """What runs where, per partition the run touched: plugins and the CPU's share of the weights."""
+        lines = []
+        for task, where in list(self.partitions.items())[:_SHOWN]:
+            try:
+                report = PartitionReport.model_validate_json(
+                    (where / PARTITION_REPORT_JSON).read_text(encoding="utf-8")
+                )
+            except (OSError, ValueError):
+                continue
+            lines.append(f"{task.replace(':', ' ', 1)}: {report.cpu_summary()}")
+        return lines
 
     def _next_steps(self) -> list[str]:
         lines = []
@@ -221,12 +246,16 @@ class BuildSummaryReporter(ConsoleReporter):
     def _record_path(self) -> Path | None:
         return None if self.state_dir is None else self.state_dir / LAST_RUN
 
-    def _write_record(self, seconds: float) -> None:
+    def _write_record(self, seconds: float, stopped: str | None = None) -> None:
+        """``stopped``: how the run was interrupted (None: it ran to its end); ``running`` then names the tasks it
+        stopped in, which finished nothing."""
         path = self._record_path()
         if path is None:
             return
         record = {
             "seconds": round(seconds, 3),
+            "interrupted": stopped,
+            "running": sorted(self.running),
             "built": self.built,
             "from_cache": self.restored,
             "up_to_date": self.up_to_date,

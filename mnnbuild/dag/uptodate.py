@@ -10,7 +10,8 @@ from typing import Any
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
 from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
 from mnnbuild.manifests.fetch import FetchManifest, HfLock
-from mnnbuild.pipeline.cache import read_origin, trusted_hashes
+from mnnbuild.pipeline.cache import trusted_hashes
+from mnnbuild.pipeline.deferred import deferred_origin
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 
@@ -40,6 +41,23 @@ def _same_content(path: Path, size: int, mtime_ns: int | None, sha256: str) -> b
     return st.st_mtime_ns == mtime_ns or sha256_file(path) == sha256
 
 
+def _same_stamped(path: Path, record: list[Any]) -> bool:
+    """Whether ``path`` still holds the content of ``record`` (`files_unchanged.snapshot`: size, mtime, sha256, ctime,
+    inode): an edit that puts the old size and mtime back moves the ctime, a replacement the inode; either is hashed.
+    A record of three, [size, mtime, sha256] (written before the ctime and inode were kept), by size and mtime."""
+    if len(record) == 3:
+        return _same_content(path, *record)
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    if st.st_size != record[0]:
+        return False
+    if [st.st_mtime_ns, st.st_ctime_ns, st.st_ino] == [record[1], record[3], record[4]]:
+        return True
+    return sha256_file(path) == record[2]
+
+
 def _in_dir(base: Path, rel: str, links: bool) -> Path | None:
     """``base / rel`` for a path read from a manifest or doit's state, or None when it leads outside ``base``
     (``..``, absolute, through a symlink): checked before anything is stat'ed or hashed through it. ``links``: the
@@ -48,15 +66,6 @@ def _in_dir(base: Path, rel: str, links: bool) -> Path | None:
         return confined(base, rel, f"{base}", follow_last=not links)
     except UnsafePathError:
         return None
-
-
-def deferred_origin(out_dir: Path, stage: str) -> dict[str, Any] | None:
-    """The origin record of a stage dir that a cache hit restored without its files (only its manifest and this
-    record: `mnnbuild.dag.actions.run_stage`), or None."""
-    origin = read_origin(out_dir, stage)
-    if origin.get("origin") != "cache" or origin.get("deferred") is not True:
-        return None
-    return origin
 
 
 class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.tools.config_changed
@@ -106,13 +115,28 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
                 return False
             left = set(deferred.get("deferred_files") or [r.path for r in records])
         known = known or {}
+        trusted = self._trusted(records, known)
         for r in records:
             if r.path in left:
                 continue  # in the cache, absent here (`_deferred_intact`)
             path = _in_dir(self.out_dir, r.path, self.links)
-            if path is None or not _same_content(path, r.size, known.get(r.path), r.sha256):
+            if path is None or not self._unchanged(path, r, known, trusted):
                 return False
         return True
+
+    def _trusted(self, records: list[Any], known: dict[str, int]) -> dict[str, list[int]]:
+        """The stamps the origin record took as it hashed the outputs, when some output has no mtime on doit's record
+        (fetched from the cache, or built again by a task that read it, after its own task last ran)."""
+        return trusted_hashes(self.out_dir, self.manifest.stage) if any(r.path not in known for r in records) else {}
+
+    @staticmethod
+    def _unchanged(path: Path, r: Any, known: dict[str, int], trusted: dict[str, list[int]]) -> bool:
+        """Whether the output ``path`` of record ``r`` has its recorded content: the mtime doit recorded, else the stamp
+        the origin record took when it was hashed (size, mtime, ctime, inode: as verify trusts them), else its hash."""
+        if r.path not in known and trusted.get(r.path) is not None and trusted[r.path][0] == r.size:
+            if file_stamp(path) == trusted[r.path]:
+                return True
+        return _same_content(path, r.size, known.get(r.path), r.sha256)
 
     def problems(self, known: dict[str, int] | None = None) -> list[str]:
         """What is not as the manifest recorded, in words (``output missing: qnn/graphllm0.bin``): why `intact` says
@@ -140,7 +164,7 @@ class outputs_intact:  # noqa: N801 - a doit uptodate checker, named like doit.t
                 found.append(f"output outside its stage dir: {r.path}")
             elif not (path.exists() or path.is_symlink()):
                 found.append(f"output missing: {r.path}")
-            elif not _same_content(path, r.size, (known or {}).get(r.path), r.sha256):
+            elif not self._unchanged(path, r, known or {}, self._trusted(records, known or {})):
                 found.append(f"output edited or replaced: {r.path}")
         return found or ["outputs not as recorded"]
 
@@ -169,8 +193,11 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
     """doit uptodate: every file under ``root`` has the content it had after the task's last success.
 
     For tasks whose file_dep are manifests but which must re-check the files themselves (verify: a bundle
-    file replaced after bundling must not pass as verified). Size and mtime first; a file whose mtime moved
-    is hashed, so a stage upstream that rewrote the same bytes does not force a re-run.
+    file replaced after bundling must not pass as verified). Each file's stamp first (size, mtime, ctime, inode, as
+    when the task last succeeded, restored from the cache included); a file whose stamp moved is hashed, so a stage
+    upstream that rewrote the same bytes does not force a re-run, and an edit that kept the size and put the mtime
+    back (``touch -r``) moved the ctime, so it is hashed and caught. (A record written before the ctime and inode
+    were kept, [size, mtime, sha256], is held to those.)
 
     ``made_by``: the stage dir ``root`` lies in and its manifest: a file with the stamp its origin record gave it
     when that stage hashed it (`mnnbuild.pipeline.cache.trusted_hashes`) takes the manifest's sha256, not hashed
@@ -198,7 +225,8 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         }
 
     def snapshot(self, previous: dict[str, list[Any]] | None = None) -> dict[str, list[Any]]:
-        """path -> [size, mtime_ns, sha256]; hashes only files whose size or mtime differ from ``previous``."""
+        """path -> [size, mtime_ns, sha256, ctime_ns, inode]; hashes only files whose stamp differs from
+        ``previous``."""
         if not self.root.is_dir():
             return {}
         previous = previous or {}
@@ -209,10 +237,12 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
                 continue  # a link is never hashed through: its presence alone makes the check fail (`present`)
             rel, st = p.relative_to(self.root).as_posix(), p.stat()
             old = previous.get(rel)
-            same_stat = isinstance(old, list) and len(old) == 3 and old[:2] == [st.st_size, st.st_mtime_ns]
-            if not same_stat and rel in trusted and trusted[rel][0] == file_stamp(p):
+            now = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+            same_stat = isinstance(old, list) and len(old) == 5 and [*old[:2], *old[3:]] == now
+            if not same_stat and rel in trusted and trusted[rel][0] == now:
                 old, same_stat = [st.st_size, st.st_mtime_ns, trusted[rel][1]], True
-            found[rel] = [st.st_size, st.st_mtime_ns, old[2] if same_stat else sha256_file(p)]
+            sha = old[2] if same_stat else sha256_file(p)
+            found[rel] = [st.st_size, st.st_mtime_ns, sha, st.st_ctime_ns, st.st_ino]
         return found
 
     def __call__(self, task: Any, values: dict[str, Any]) -> bool:
@@ -225,8 +255,8 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         """What differs from ``known`` (the record of the last success), in words; ``first``: stop at the first."""
         if not isinstance(known, dict):
             return ["no record of the files it checked"]
-        if not self.root.is_dir():
-            return [f"{self.root.name} missing"]
+        if not self.root.is_dir():  # absent then too (a stage restored without its files): nothing changed
+            return [] if known == {} else [f"{self.root.name} missing"]
         present = {p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() or p.is_symlink()}
         found = [f"{self.root.name} file added: {rel}" for rel in sorted(present - set(known))]
         found += [f"{self.root.name} file missing: {rel}" for rel in sorted(set(known) - present)]
@@ -234,9 +264,9 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
             if (found and first) or rel not in present:
                 continue
             path = _in_dir(self.root, rel, links=False)
-            if path is None or not isinstance(record, list) or len(record) != 3:
+            if path is None or not isinstance(record, list) or len(record) not in (3, 5):
                 found.append(f"{self.root.name} file unreadable on record: {rel}")
-            elif path.is_symlink() or not _same_content(path, *record):
+            elif path.is_symlink() or not _same_stamped(path, record):
                 found.append(f"{self.root.name} file edited or replaced: {rel}")
         return found[:1] if first else found
 

@@ -52,9 +52,11 @@ def mnn_tensors(
     for name, a in feed.items():
         arr = np.asarray(a)
         info[model.tensor_index(name)] = TensorMeta(tuple(arr.shape), str(arr.dtype), arr)
+    c4 = import_mnn().expr.NC4HW4
     for t, var in zip(wanted, results, strict=True):
         arr = _var_to_numpy(var)
-        info[t] = TensorMeta(tuple(int(d) for d in arr.shape), str(arr.dtype), arr)
+        layout = "NC4HW4" if var.data_format == c4 else "NCHW"  # type: ignore[attr-defined]
+        info[t] = TensorMeta(tuple(int(d) for d in arr.shape), str(arr.dtype), arr, format=layout)
     return info
 
 

@@ -44,6 +44,8 @@ class TensorMeta:
     shape: tuple[int, ...]
     dtype: str = "float32"
     value: np.ndarray | None = field(default=None, compare=False, repr=False)
+    format: str = "NCHW"
+    """The layout MNN keeps the tensor in (``NC4HW4`` changes what a LayerNorm normalizes: the channels)."""
 
 
 def qnn_dtype_name(dtype: str | np.dtype) -> str:

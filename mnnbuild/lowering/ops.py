@@ -216,8 +216,13 @@ def _lower_layer_norm(ctx: LoweringContext, op: Op) -> None:
     src, dst = op.inputs[0], op.outputs[0]
     shape = ctx.shape(src)
     rank = len(shape)
-    # MNN normalizes over the last len(axis) dimensions
+    x = ctx.input(src)
+    # MNN normalizes over the last len(axis) dimensions, or over the channels of an NC4HW4 tensor
     count = len(p.axis)
+    if ctx.meta(src).format == "NC4HW4":
+        if any(d != 1 for d in shape[2:]):
+            raise ctx.error(f"LayerNorm over the channels of NC4HW4 {shape}: only [N, C, 1, 1] is lowered")
+        count = rank - 1
     norm_shape = shape[rank - count :]
     gamma, beta = layer_norm_params(op, ctx.weights)
     size = int(np.prod(norm_shape))
@@ -234,7 +239,7 @@ def _lower_layer_norm(ctx: LoweringContext, op: Op) -> None:
     # Always normalize a 2-D [rows, size] view: the simulator's RmsNorm over the last axis of a 4-D
     # [1, s, heads, 32] tensor (Qwen3's q/k norm) is wrong for s >= 16, while the 2-D form is right.
     rows = int(np.prod(shape[: rank - count], dtype=np.int64))
-    flat = ctx.reshape(ctx.input(src), (rows, size), "float32", "rows")
+    flat = ctx.reshape(x, (rows, size), "float32", "rows")
     normed = ctx.temp("normed", (rows, size))
     ctx.node(qnn, [flat, g, b], [normed], params, suffix="norm")
     ctx.node("Reshape", [normed], [ctx.output(dst)])

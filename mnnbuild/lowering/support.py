@@ -77,6 +77,10 @@ def _check_layer_norm(op: Op, model: MnnModel) -> str | None:
         return f"group {p.group}; only group 1 is lowered"
     if p.axis is None or len(p.axis) == 0:
         return "LayerNorm without axes"
+    if len(op.inputs) != 1 or len(op.outputs) != 1:
+        # MNN's converter fuses a residual add into the norm (FuseTransformerC4: outputs the sum and its norm); an
+        # Add + norm lowering matched the whole model but not MNN's run of the plugin's ops alone at seq 32 (LFM2)
+        return f"LayerNorm with a fused residual add ({len(op.inputs)} inputs, {len(op.outputs)} outputs)"
     return None
 
 
@@ -183,8 +187,46 @@ def position_phase_source(op: Op, model: MnnModel) -> str | None:
     return None
 
 
+# Unary ops the HTP approximates with an absolute error floor (~1e-3 for Tanh on small inputs, measured in the
+# simulator): exact enough alone, wrong once a constant factor scales the error up with the output.
+_ERROR_FLOOR_UNARY = frozenset({"TANH", "SIGMOID"})
+
+
+def _const_scalar(t: int, model: MnnModel, producers: Mapping[int, int]) -> float | None:
+    """The value of ``t`` when a Const op writes it as one float (a scalar or a one-element tensor)."""
+    src = model.ops[producers[t]] if t in producers else None
+    if src is None or src.type != "Const" or src.main is None:
+        return None
+    values = getattr(src.main, "float32s", None)
+    return float(values[0]) if values is not None and len(values) == 1 else None
+
+
+def amplified_error_factor(op: Op, model: MnnModel) -> float | None:
+    """The constant factor (|c| > 1) a consumer multiplies ``op``'s output by, when ``op`` is a unary the HTP
+    approximates with an absolute error floor (``c * tanh(x / c)``: Gemma 2's logit soft-cap); else None."""
+    if op.type != "UnaryOp" or _unary_kind(op) not in _ERROR_FLOOR_UNARY or not op.outputs:
+        return None
+    producers = model.producers()
+    for i in model.consumers().get(op.outputs[0], ()):
+        user = model.ops[i]
+        if user.type != "BinaryOp" or _binary_kind(user) != "MUL" or len(user.inputs) != 2:
+            continue
+        other = user.inputs[1] if user.inputs[0] == op.outputs[0] else user.inputs[0]
+        c = _const_scalar(other, model, producers)
+        if c is not None and abs(c) > 1:
+            return c
+    return None
+
+
 def precision_reason(op: Op, model: MnnModel) -> str | None:
     """Why ``op``, although lowerable, should stay on the CPU because fp16 on the HTP would make it wrong."""
+    factor = amplified_error_factor(op, model)
+    if factor is not None:
+        # Gemma 2's 30 * tanh(x / 30): ~1e-3 off on inputs near 0.02 is 3.7% of the logits (bound 2%).
+        return (
+            f"{_unary_kind(op).lower()} output multiplied by {factor:g}: the HTP's fp16 {_unary_kind(op).lower()} "
+            f"is ~1e-3 off in absolute terms, which the factor scales up, so it stays on the CPU"
+        )
     source = position_phase_source(op, model)
     if source is None:
         return None

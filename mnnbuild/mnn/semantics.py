@@ -106,8 +106,9 @@ def shape_inputs(op: Op) -> tuple[int, ...]:
     if op.type == "StridedSlice" and op.param_type == "StridedSliceParam":
         if op.main.fromType == 0:
             # MNN: the 5-input TF form is a slice *write*, whose shape is its first input's
-            return () if n == 5 else (1, 2, 3)
-        return (1, 2, 3, 4)
+            return () if n == 5 else tuple(range(1, n))
+        # ONNX Slice form: starts, ends and the optional axes and steps (llmexport's chunk() has no steps)
+        return tuple(range(1, n))
     return tuple(i for i in _SHAPE_INPUTS.get(op.type, ()) if i < n)
 
 

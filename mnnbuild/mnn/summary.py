@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mnnbuild.mnn._generated import mnn_fb as fb
-from mnnbuild.mnn.model import MnnModel, Op, enum_name
+from mnnbuild.mnn.model import MnnModel, Op, _op_from_t, enum_name
 from mnnbuild.mnn.weights import conv_ops, conv_stored_bytes, external_tables, weight_path_for
 
 
@@ -57,6 +57,15 @@ def op_weight_bytes(op: Op) -> int:
     if op.param_type == "Convolution2D":
         return conv_stored_bytes(op)
     return _external_bytes(op) or _inline_bytes(op)
+
+
+def subgraph_weight_bytes(model: MnnModel) -> int:
+    """Bytes of parameters the ops of the model's subgraphs carry (llmexport's MoE experts live there)."""
+    total = 0
+    for sg in model.subgraphs:
+        for k, op_t in enumerate(sg.nodes or []):
+            total += op_weight_bytes(_op_from_t(op_t, k, f"subgraph {sg.name!r}"))
+    return total
 
 
 def conv_quant_label(op: Op) -> str:

@@ -35,7 +35,10 @@ def forward(module: Any, arrays: Sequence[np.ndarray]) -> list[Any]:
 
 
 def compute_folded(
-    model_path: Path, samples: Sequence[Mapping[str, np.ndarray]], names: Sequence[str]
+    model_path: Path,
+    samples: Sequence[Mapping[str, np.ndarray]],
+    names: Sequence[str],
+    model: MnnModel | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """Per sample (graph input name -> array), the values of the named folded tensors.
 
@@ -43,10 +46,16 @@ def compute_folded(
     expression API computes a tensor's content only where an op reads it, and a ``Shape`` op reads its input's
     shape only. A reshape target deep in the last layer of a Qwen3-1.7B-sized model needs no forward through the
     27 layers before it that way (values bit for bit the same; the time saved: docs/benchmarks.md), and no
-    weight is decoded."""
+    weight is decoded.
+
+    ``model`` (the graph of ``model_path``) lets a folded ``Fill`` be made here from its folded shape and value:
+    MNN's expression API refuses the 1-element value tensor ONNX's ConstantOfShape gives it (LFM2's zero conv
+    state), which its engine accepts."""
     if not names:
         return [{} for _ in samples]
     expr = import_mnn().expr
+    fills = _fill_inputs(model, names) if model is not None else {}
+    reads = list(dict.fromkeys([n for n in names if n not in fills] + [u for pair in fills.values() for u in pair]))
     per_sample = []
     for sample in samples:
         graph = expr.load_as_dict(str(model_path))  # fresh per sample: its inputs are written in place
@@ -57,17 +66,45 @@ def compute_folded(
             graph[name].resize(list(value.shape))
             graph[name].write(value)
         values = {}
-        for n in names:
+        for n in reads:
             if n not in graph:
                 raise MNNFormatError(f"{model_path}: MNN does not expose the folded tensor {n!r}")
-            values[n] = to_numpy(graph[n])
+            values[n] = _read_folded(model_path, graph[n], n)
+        for n, (shape_name, value_name) in fills.items():
+            fill_value = values[value_name].reshape(-1)
+            if fill_value.size != 1:
+                raise MNNFormatError(f"{model_path}: Fill {n!r}: value {value_name!r} has {fill_value.size} elements")
+            values[n] = np.full(tuple(int(d) for d in values[shape_name].reshape(-1)), fill_value[0])
+        for n in names:
             if values[n].dtype not in _BLOB_FIELDS:
                 raise MNNFormatError(
                     f"{model_path}: folded tensor {n!r} has type {values[n].dtype}; expected one of "
                     f"{', '.join(str(d) for d in _BLOB_FIELDS)}"
                 )
-        per_sample.append(values)
+        per_sample.append({n: values[n] for n in names})
     return per_sample
+
+
+def _fill_inputs(model: MnnModel, names: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """Folded ``Fill`` outputs among ``names`` -> the names of their shape and value inputs."""
+    wanted = set(names)
+    fills = {}
+    for op in model.ops:
+        if op.type == "Fill" and len(op.inputs) == 2 and op.outputs:
+            out = model.tensor_names[op.outputs[0]]
+            if out in wanted:
+                fills[out] = (model.tensor_names[op.inputs[0]], model.tensor_names[op.inputs[1]])
+    return fills
+
+
+def _read_folded(model_path: Path, var: Any, name: str) -> np.ndarray:
+    """The values of one folded tensor; MNN failing to compute it is one line naming the tensor."""
+    try:
+        return to_numpy(var)
+    except (SystemError, RuntimeError, TypeError) as exc:
+        raise UpstreamError(
+            f"{model_path}: MNN cannot compute the folded tensor {name!r} from the sample's shapes ({exc})"
+        ) from None
 
 
 def const_op(name: str, tensor: int, value: np.ndarray, dimension_format: int) -> Op:

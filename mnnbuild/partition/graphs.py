@@ -232,7 +232,7 @@ def run_samples(
     diffs: list[float] = []
     # folded values come from the graph inputs, before any split op unless one reads a split tensor
     folded_source = split_path if split and any(t >= split.tensors for t in cut.frontier) else model_path
-    all_values = compute_folded(folded_source, [feeds for _, feeds, _ in samples], frontier_names)
+    all_values = compute_folded(folded_source, [feeds for _, feeds, _ in samples], frontier_names, model)
     folded_per_shape = [{model.tensor_index(n): v for n, v in values.items()} for values in all_values]
     shapes = [(feeds, folded) for (_, feeds, _), folded in zip(samples, folded_per_shape, strict=True)]
     ran = run_modules(cut, source_of, rt, shapes, model_name)

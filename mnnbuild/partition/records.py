@@ -237,3 +237,23 @@ class PartitionReport(BaseModel):
     """Per sample: largest difference between the chained subgraph outputs and the sample output.mnn."""
     moved_ops: int = 0
     """Ops the cut's schedule runs ahead of an op before them in the source (CPU ops as early as possible)."""
+    subgraph_weight_bytes: int = 0
+    """Weight bytes in the model's subgraphs (MoE experts), always run by the CPU op that holds them."""
+    cpu_weight_bytes: dict[str, int] = {}
+    """Weight bytes the CPU keeps, by the op type that keeps them (subgraphs under their holding op types)."""
+
+    def cpu_weight_share(self) -> float:
+        """Share of all the model's weight bytes (subgraphs included) the CPU keeps."""
+        total = self.total_weight_bytes + self.subgraph_weight_bytes
+        return sum(self.cpu_weight_bytes.values()) / total if total else 0.0
+
+    def cpu_summary(self) -> str:
+        """What runs where, in one line: plugins, and the CPU's share of the weights with the op types holding it."""
+        share = self.cpu_weight_share()
+        top = sorted(self.cpu_weight_bytes.items(), key=lambda kv: -kv[1])
+        total = max(1, self.total_weight_bytes + self.subgraph_weight_bytes)
+        kept = ", ".join(f"{t} {b / total:.1%}" for t, b in top[:4] if b)
+        return (
+            f"{len(self.plugins)} plugins, {len(self.cpu_ops)} ops on the CPU; the CPU keeps {share:.1%} of the "
+            f"weights" + (f" ({kept})" if kept else "")
+        )

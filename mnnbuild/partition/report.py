@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from mnnbuild.manifests.partition import ShippedWeights
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
-from mnnbuild.mnn.summary import op_parameter_count, op_weight_bytes
+from mnnbuild.mnn.summary import op_parameter_count, op_weight_bytes, subgraph_weight_bytes
 from mnnbuild.partition.cut import Cut, Module
 from mnnbuild.partition.records import (
     BoundaryShapes,
@@ -19,6 +19,8 @@ from mnnbuild.partition.records import (
     graph_name,
 )
 from mnnbuild.pipeline.layout import LLM_GRAPHS
+
+_SUBGRAPH_HOLDERS = frozenset({"MoE", "While", "If"})
 
 
 def weight_ops(cut: Cut, m: Module) -> set[int]:
@@ -79,6 +81,14 @@ def build_report(
         )
     total = sum(op_weight_bytes(op) for op in ops)
     on_npu = set().union(*(weight_ops(cut, m) for m in cut.plugins)) if cut.plugins else set()
+    on_cpu: Counter[str] = Counter()
+    for i, op in enumerate(ops):
+        if i not in on_npu and op.type not in CONST_OP_TYPES and (b := op_weight_bytes(op)):
+            on_cpu[op.type] += b
+    in_subgraphs = subgraph_weight_bytes(cut.model)
+    if in_subgraphs:  # run by the ops that hold subgraphs, which have no lowering (MoE, While, If)
+        holders = sorted({op.type for op in ops if op.type in _SUBGRAPH_HOLDERS}) or ["subgraph"]
+        on_cpu[" / ".join(holders)] += in_subgraphs
     return PartitionReport(
         model=model_name,
         sample_shapes=list(seq_lens),
@@ -93,6 +103,8 @@ def build_report(
         result_ops=result_ops,
         max_abs_diff=list(max_abs_diff),
         moved_ops=cut.moved_ops,
+        subgraph_weight_bytes=in_subgraphs,
+        cpu_weight_bytes=dict(on_cpu.most_common()),
     )
 
 
@@ -106,6 +118,7 @@ def format_report(report: PartitionReport, result_model: str, weights: ShippedWe
     seqs = ", ".join(str(s) for s in report.sample_shapes)
     lines = [
         f"partition of {report.model}: sample shapes (seq) {seqs}",
+        report.cpu_summary(),
         f"source ops {report.source_ops}, needed {report.needed_ops}, folded per shape {report.folded_ops}, "
         f"{result_model} ops {report.result_ops}",
         f"NPU: {len(report.plugins)} plugins, {report.npu_op_count} ops, "

@@ -42,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -204,10 +204,10 @@ class ArtifactCache:
             cache = cls.named(environ)
             problem = cache.not_a_cache() if cache is not None else None
         except CacheError as exc:
-            _warn_once(f"cache: {exc}; building without the cache")
+            warn_once(f"cache: {exc}; building without the cache")
             return None
         if problem is not None:
-            _warn_once(f"cache: {problem}; not an mnnbuild cache: building without it")
+            warn_once(f"cache: {problem}; not an mnnbuild cache: building without it")
             return None
         return cache
 
@@ -472,7 +472,10 @@ class ArtifactCache:
         try:
             return self._store(stage, key, out_dir, known or {}, link, proven or {})
         except Exception as exc:  # a cache is an optimisation: never fail a good build on it
-            log.warning("cache: could not store %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
+            if not self.local:
+                _went_away(self.url, exc)
+            else:
+                log.warning("cache: could not store %s %s (%s: %s)", stage, key[:12], _kind(exc), exc)
             return 0
 
     def _store(
@@ -513,6 +516,7 @@ class ArtifactCache:
                     self._put_checked(path, sha)
                 else:
                     self._put_atomic(path, None, self._blob(sha))
+                _LEARNED.bad.get(self.url, set()).discard(sha)  # written again from a good build
                 moved += st.st_size
         entry = CacheEntry(stage=stage, key=key, files=files)
         self._put_atomic(None, entry.model_dump_json(indent=1).encode(), self._entry(stage, key))
@@ -540,16 +544,27 @@ class ArtifactCache:
         return None if entry is None else self.restore_entry(entry, out_dir, keep=keep, link=link)
 
     def restore_entry(
-        self, entry: CacheEntry, out_dir: Path, *, keep: Keep | None = None, link: bool = True
+        self,
+        entry: CacheEntry,
+        out_dir: Path,
+        *,
+        keep: Keep | None = None,
+        link: bool = True,
+        report: Misses | None = None,
     ) -> int | None:
-        """`restore` of an entry `read_entry` returned."""
+        """`restore` of an entry `read_entry` returned. ``report``: collects what went wrong instead of warning."""
         try:
-            return self._restore(entry, out_dir, keep, link)
+            return self._restore(entry, out_dir, keep, link, report)
         except Exception as exc:  # a cache problem degrades to "no cache", never a failed build
-            log.warning("cache: %s %s not restored (%s: %s); building it", entry.stage, entry.key[:12], _kind(exc), exc)
+            if not self.local:  # an object store that fails a read after its retries: left out from now on
+                _went_away(self.url, exc)
+                if report is not None:
+                    report.known = True
+                return None
+            _say(report, f"cache: {entry.stage} {entry.key[:12]} not restored ({_kind(exc)}: {exc}); building it")
             return None
 
-    def read_entry(self, stage: str, key: str) -> CacheEntry | None:
+    def read_entry(self, stage: str, key: str, report: Misses | None = None) -> CacheEntry | None:
         """The entry of ``key``, or None: a miss, or an unreadable entry (then discarded, with a warning). A backend
         problem raises."""
         try:
@@ -559,20 +574,30 @@ class ArtifactCache:
         try:
             entry = CacheEntry.model_validate_json(raw)
         except ValidationError:
-            log.warning("cache: entry %s %s is unreadable; %s", stage, key[:12], self.discard(stage, key))
+            _say(report, f"cache: entry {stage} {key[:12]} is unreadable; {self.discard(stage, key)}")
             return None
         if (entry.stage, entry.key) != (stage, key):
-            log.warning(
-                "cache: entry %s %s describes %s %s; %s",
-                stage, key[:12], entry.stage, entry.key[:12], self.discard(stage, key),
-            )  # fmt: skip
+            problem = f"describes {entry.stage} {entry.key[:12]}; {self.discard(stage, key)}"
+            _say(report, f"cache: entry {stage} {key[:12]} {problem}")
             return None
         return entry
 
-    def _restore(self, entry: CacheEntry, out_dir: Path, keep: Keep | None, link: bool) -> int | None:
+    def _restore(
+        self, entry: CacheEntry, out_dir: Path, keep: Keep | None, link: bool, report: Misses | None = None
+    ) -> int | None:
         stage, key = entry.stage, entry.key
         moved = 0
         what = f"cache entry {self._entry(stage, key)}"
+        bad = _LEARNED.bad.get(self.url, set())
+        known_bad = next((f for f in entry.files if f.link is None and f.sha256 in bad), None)
+        if known_bad is not None:
+            # said when it was found: not fetched nor said again (a read-only tier keeps it; this run builds)
+            outcome = self.discard(stage, key) if self.writable else "skipped"
+            log.info("cache: %s %s needs %s's blob, found bad earlier in this run; %s",
+                     stage, key[:12], known_bad.path, outcome)  # fmt: skip
+            if report is not None:
+                report.known = True
+            return None
         first: dict[str, tuple[CachedFile, Path]] = {}  # sha256 -> the file restored with it
         again: list[tuple[str, Path]] = []  # later files with the same content: hard links to the first
         try:
@@ -614,6 +639,7 @@ class ArtifactCache:
                     pool.shutdown(wait=True, cancel_futures=True)
                 for (rec, _), digest in zip(pending, digests, strict=True):
                     if digest != rec.sha256:
+                        _LEARNED.bad.setdefault(self.url, set()).add(rec.sha256)  # not fetched again this run
                         blob_gone = self._remove_blob(rec.sha256) is None
                         outcome = self.discard(stage, key)
                         if not blob_gone and outcome.startswith("entry discarded"):
@@ -623,16 +649,14 @@ class ArtifactCache:
                 for sha, dest in again:
                     os.link(first[sha][1], dest)
         except _Miss as miss:
-            log.warning("cache: %s %s not restored: %s", stage, key[:12], miss)
+            _say(report, f"cache: {stage} {key[:12]} not restored: {miss}")
             return None
         except UnsafePathError as exc:
-            log.warning(
-                "cache: rejected %s %s, which writes outside its stage dir: %s; %s",
-                stage, key[:12], exc, self.discard(stage, key),
-            )  # fmt: skip
+            outcome = self.discard(stage, key)
+            _say(report, f"cache: rejected {stage} {key[:12]}, which writes outside its stage dir: {exc}; {outcome}")
             return None
         except FileNotFoundError as exc:
-            log.warning("cache: %s %s is incomplete (%s); %s", stage, key[:12], exc, self.discard(stage, key))
+            _say(report, f"cache: {stage} {key[:12]} is incomplete ({exc}); {self.discard(stage, key)}")
             return None
         self._touch(self._entry(stage, key))
         log.debug("cache: restored %s %s (%s)", stage, key[:12], human_bytes(moved))
@@ -804,6 +828,50 @@ class _Miss(Exception):
     pass
 
 
+@dataclass
+class Misses:
+    """Why a restore found nothing it could use, for a caller that says so in a line of its own (`materialize`)
+    instead of the cache's warnings: the problems found now, and whether one was said before in this process (a
+    blob found bad, a remote tier gone)."""
+
+    found: list[str] = field(default_factory=list)
+    known: bool = False
+
+
+def _say(report: Misses | None, message: str) -> None:
+    if report is None:
+        log.warning("%s", message)
+    else:
+        report.found.append(message.removeprefix("cache: "))
+
+
+@dataclass
+class _Learned:
+    """What this process learned of its caches, so that one run trips over a problem once: blobs found bad, by cache
+    URL (an entry that needs one is a miss from then on; a read-only tier keeps them, so it is skipped), and remote
+    tiers that failed a request after their retries (left out from then on: each try would wait for them)."""
+
+    bad: dict[str, set[str]] = field(default_factory=dict)
+    dead: dict[str, str] = field(default_factory=dict)
+
+
+_LEARNED = _Learned()
+
+
+def _went_away(url: str, exc: BaseException) -> None:
+    """A remote tier failed a request: one warning, and the build goes on with the tiers left."""
+    if url in _LEARNED.dead:
+        return
+    why = f"{_kind(exc)}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    _LEARNED.dead[url] = why
+    log.warning("cache: the remote tier %s stopped answering (%s); building with the local tier only", url, why)
+
+
+def tier_gone(url: str) -> str | None:
+    """Why the remote tier ``url`` stopped answering in this run, or None."""
+    return _LEARNED.dead.get(url)
+
+
 LOCAL, REMOTE = "local", "remote"
 """The tiers, looked up in this order: ``MNNBUILD_CACHE``'s, then ``MNNBUILD_CACHE_REMOTE``'s."""
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
@@ -832,7 +900,7 @@ def remote_readonly(environ: Mapping[str, str]) -> bool:
     raw = environ.get(READONLY_ENV, "").strip().lower()
     if raw in _TRUE or raw not in _FALSE:
         if raw not in _TRUE:
-            _warn_once(f"cache: {READONLY_ENV}={raw!r} is neither 1 nor 0; the remote tier is read-only")
+            warn_once(f"cache: {READONLY_ENV}={raw!r} is neither 1 nor 0; the remote tier is read-only")
         return True
     return False
 
@@ -883,29 +951,44 @@ class CacheTiers:
         try:
             url = remote_url(env)
         except CacheError as exc:
-            _warn_once(f"cache: {exc}; building without the remote tier")
+            warn_once(f"cache: {exc}; building without the remote tier")
             url = None
-        if url is not None:
+        if url is not None and url not in _LEARNED.dead:  # one that stopped answering was said so once
             problem = _remote_problem(url)
             if problem is None:
                 tiers.append(Tier(REMOTE, ArtifactCache(url, writable=not remote_readonly(env))))
             else:
-                _warn_once(f"cache: the remote tier {url} is {problem}; building with the local tier only")
+                warn_once(f"cache: the remote tier {url} is {problem}; building with the local tier only")
         return cls(tiers) if tiers else None
 
     def restore(
-        self, stage: str, key: str, out_dir: Path, *, keep: Keep | None = None, link: bool = True
+        self,
+        stage: str,
+        key: str,
+        out_dir: Path,
+        *,
+        keep: Keep | None = None,
+        link: bool = True,
+        report: Misses | None = None,
     ) -> Restored | None:
         """Restore ``out_dir`` from the first tier holding a good entry (``keep``: only the files it is true for, the
-        others left in the cache); None on a miss in every tier."""
+        others left in the cache); None on a miss in every tier. ``report``: collects the problems met instead of
+        warning (`Misses`)."""
         for i, tier in enumerate(self.tiers):
-            try:
-                entry = tier.cache.read_entry(stage, key)
-            except Exception as exc:  # noqa: BLE001 - a cache problem is a miss in that tier
-                log.warning("cache: cannot look up %s %s in the %s tier (%s: %s)", stage, key[:12], tier.name,
-                            _kind(exc), exc)  # fmt: skip
+            if tier.cache.url in _LEARNED.dead:
                 continue
-            moved = None if entry is None else tier.cache.restore_entry(entry, out_dir, keep=keep, link=link)
+            try:
+                entry = tier.cache.read_entry(stage, key, report)
+            except Exception as exc:  # noqa: BLE001 - a cache problem is a miss in that tier
+                if tier.name == REMOTE:
+                    _went_away(tier.cache.url, exc)
+                else:
+                    log.warning("cache: cannot look up %s %s in the %s tier (%s: %s)", stage, key[:12], tier.name,
+                                _kind(exc), exc)  # fmt: skip
+                continue
+            moved = None
+            if entry is not None:
+                moved = tier.cache.restore_entry(entry, out_dir, keep=keep, link=link, report=report)
             if entry is None or moved is None:
                 continue
             left = tuple(f.path for f in entry.files if keep is not None and not keep(f.path))
@@ -930,7 +1013,7 @@ class CacheTiers:
         return {
             t.name: t.cache.store(stage, key, out_dir, known, link=link, proven=proven)
             for t in self.tiers
-            if t.cache.writable
+            if t.cache.writable and t.cache.url not in _LEARNED.dead
         }
 
 
@@ -967,7 +1050,7 @@ class CacheUsage(BaseModel):
 
 
 @functools.cache
-def _warn_once(message: str) -> None:
+def warn_once(message: str) -> None:
     """A misconfigured cache is looked up by every task of a run: say what is wrong once per process."""
     log.warning("%s", message)
 

@@ -34,7 +34,9 @@ def tensor_info(record: SubgraphRecord, graph_dir: Path) -> dict[int, TensorMeta
     folded = record.load_folded(graph_dir)
     info: dict[int, TensorMeta] = {}
     for spec in (*record.inputs, *record.outputs, *record.internal, *record.folded):
-        info[spec.index] = TensorMeta(shape=tuple(spec.shape), dtype=spec.dtype, value=folded.get(spec.index))
+        info[spec.index] = TensorMeta(
+            shape=tuple(spec.shape), dtype=spec.dtype, value=folded.get(spec.index), format=spec.format
+        )
     for const in record.constants:
         info.setdefault(const.index, TensorMeta(shape=tuple(const.shape), dtype=const.dtype))
     return info

@@ -122,6 +122,20 @@ def _check_mask(part: ModelPart, model: MnnModel, model_file: Path, config: dict
         )
 
 
+def _warn_zero_epsilon(model: MnnModel, model_file: Path) -> None:
+    """A norm with epsilon 0 turns an all-zero row into 0/0 (llmexport writes GLM-4's 1.5625e-07 as 0.0): say so
+    before verify meets the NaN."""
+    zero = [op.name for op in model.ops_of_type("LayerNorm") if op.main is not None and float(op.main.epsilon) == 0.0]
+    if zero:
+        log.warning(
+            "%s: %d LayerNorm ops have epsilon 0 (first %r): an all-zero input row gives 0/0 = NaN; "
+            "the exporter dropped the model's epsilon",
+            model_file,
+            len(zero),
+            zero[0],
+        )
+
+
 def _check_prompt_fits(inputs: IoInputs, params: IoParams, model_dir: Path) -> None:
     """verify generates from the bundle's prompt inside the longest prefill chunk: refuse a chunk it cannot fit
     now, not after the whole build (imported here: io otherwise does not need the runtime)."""
@@ -219,6 +233,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         shapes = [(ImageSize.parse(t).patch_count(encoder), t) for t in params.image_sizes]
     else:
         _check_mask(part, model, model_file, config)
+        _warn_zero_epsilon(model, model_file)
         check_hidden_size(config, model, model_dir, part.model_file)  # fetch checked the source; this, what io reads
         if part.generates:
             _check_prompt_fits(inputs, params, model_dir)
@@ -288,7 +303,8 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                     "io %s: %s -> %s", inputs.model, what, ", ".join(f"{n}{list(a.shape)}" for n, a in results.items())
                 )
         except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
-            raise ModelDirError(f"{exc}; is {weight_file} this model's weight file?") from None
+            named = "cannot run op" in str(exc)  # the op MNN refuses was found: the weight file is not in doubt
+            raise ModelDirError(str(exc) if named else f"{exc}; is {weight_file} this model's weight file?") from None
         finally:
             bar.close()
         spill.rmdir()

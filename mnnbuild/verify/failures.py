@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mnnbuild.base.compare import Tolerance
+from mnnbuild.base.compare import NON_FINITE_REFERENCE, Tolerance
 from mnnbuild.verify.report import (
     GenerationCheck,
     GraphCheck,
@@ -85,6 +85,14 @@ def generation_failures(gen: GenerationCheck | None, tol: Tolerance) -> list[Fai
         return [Failure(GENERATION, 0.0, f"generation: {gen.problem}")]
     failures = []
     bad_steps = [s for s in gen.steps if not s.logits.passed]
+    no_ref = [s for s in bad_steps if (s.logits.problem or "").startswith(NON_FINITE_REFERENCE)]
+    if no_ref:  # the CPU's own arithmetic failed (a norm with epsilon 0 ...): say so, not a bundle mismatch
+        line = (
+            f"generation: the CPU reference's logits are not finite at {len(no_ref)} of {len(gen.steps)} steps, "
+            f"so they cannot be compared; step {no_ref[0].step}: {no_ref[0].logits.problem}"
+        )
+        failures.append(Failure(GENERATION, 0.0, line))
+        bad_steps = [s for s in bad_steps if s not in no_ref]
     if bad_steps:
         worst = max(bad_steps, key=lambda s: s.logits.severity(tol))
         line = (
@@ -92,7 +100,7 @@ def generation_failures(gen: GenerationCheck | None, tol: Tolerance) -> list[Fai
             f"{worst.step} {worst.logits.describe(tol)}"
         )
         failures.append(Failure(GENERATION, 0.0, line))
-    flips = gen.bad_flips
+    flips = [s for s in gen.bad_flips if s not in no_ref]  # a NaN row's pick is no pick
     if flips:
         s, more = flips[0], f" (and {len(flips) - 1} more steps)" if len(flips) > 1 else ""
         line = (

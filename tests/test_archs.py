@@ -1,0 +1,268 @@
+"""Architectures llmexport exports beyond Qwen/Llama (issue 42): each failure class of the zoo, on a tiny fixture.
+
+The fixtures under tests/fixtures/models/zoo-* come from ``models/export/make_zoo.py --fixture`` (2 layers, hidden
+64, int4 block 64): Phi-3 (fused gate_up_proj chunk), LFM2 (short-conv zero state), Gemma 2 (logit soft-cap),
+GLM-4 (RMSNorm epsilon 0), Qwen3-MoE (experts in subgraphs, on the CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mnnbuild.base.compare import Tolerance, compare
+from mnnbuild.lowering.check import mnn_tensors, simulate
+from mnnbuild.lowering.lower import lower_subgraph
+from mnnbuild.lowering.support import _unary_kind, unsupported_reason
+from mnnbuild.mnn import MnnModel, Op, load_model, save_model
+from mnnbuild.mnn._generated import mnn_fb as fb
+from mnnbuild.mnn.semantics import shape_inputs
+from mnnbuild.mnn.summary import op_weight_bytes
+from mnnbuild.partition.fold import compute_folded
+from mnnbuild.partition.records import PartitionReport
+from mnnbuild.qnn import QnnLibrary
+from mnnbuild.stages.io import _warn_zero_epsilon, make_inputs
+from mnnbuild.verify.failures import generation_failures
+from mnnbuild.verify.report import GenerationCheck, GenerationStep
+from tests.conftest import FIXTURE_MODELS, RunDoit
+
+ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4", "qwen3_moe")}
+
+
+def zoo_specs(tmp_path: Path, *names: str) -> dict[str, str]:
+    """A spec dir naming the zoo fixtures (chunk 32, v79) and the env that points doit at it."""
+    specs = tmp_path / "specs"
+    specs.mkdir(exist_ok=True)
+    for name in names:
+        (specs / f"zoo-{name}.toml").write_text(
+            f'name = "zoo-{name}"\nsource = {{ local = "{ZOO[name]}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
+            encoding="utf-8",
+        )
+    return {"MNNBUILD_MODELS_PATH": str(specs)}
+
+
+def _onnx_slices(model: MnnModel, n_inputs: int) -> list:
+    return [
+        op
+        for op in model.ops_of_type("StridedSlice")
+        if op.param_type == "StridedSliceParam" and int(op.main.fromType) == 1 and len(op.inputs) == n_inputs
+    ]
+
+
+# ---- 1. ONNX-form slices without steps (Phi-3's and GLM-4's chunk of the fused gate_up_proj) -----------------
+
+
+def test_every_onnx_slice_form_has_its_shape_inputs() -> None:
+    phi3 = load_model(ZOO["phi3"] / "llm.mnn")
+    (chunk, *_) = _onnx_slices(phi3, 4)  # data, starts, ends, axes: no steps
+    assert shape_inputs(chunk) == (1, 2, 3)
+    for n in (3, 4, 5):  # starts and ends are required; axes and steps optional
+        op = copy.copy(chunk)
+        op.inputs = (chunk.inputs * 2)[:n]
+        assert shape_inputs(op) == tuple(range(1, n))
+
+
+@pytest.mark.parametrize("name", ["phi3", "glm4"])
+def test_partition_of_a_fused_gate_up_chunk(tmp_path: Path, run_doit: RunDoit, name: str) -> None:
+    proc = run_doit(f"partition:zoo-{name}", env=zoo_specs(tmp_path, name), check=False)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- 2. Fill of a folded shape (LFM2's zero conv state) ------------------------------------------------------
+
+
+def test_folded_fill_is_computed() -> None:
+    lfm2 = load_model(ZOO["lfm2"] / "llm.mnn")
+    fills = [op for op in lfm2.ops if op.type == "Fill"]
+    assert fills, "the LFM2 fixture holds its short-conv zero state as a Fill"
+    names = [lfm2.tensor_names[op.outputs[0]] for op in fills]
+    hidden, seq = 64, 5
+    sample = {
+        "input_ids": np.ones((seq, 1, hidden), np.float32),
+        "attention_mask": np.zeros((1, 1, seq, seq), np.float32),
+        "position_ids": np.arange(seq, dtype=np.int32)[None],
+        "logits_index": np.array([-1], np.int32),
+    }
+    (values,) = compute_folded(ZOO["lfm2"] / "llm.mnn", [sample], names, lfm2)
+    for n in names:
+        assert values[n].dtype == np.float32
+        assert values[n].size > 0 and not values[n].any()
+        assert seq in values[n].shape  # follows the sample's length, not a fixed shape
+
+
+def test_partition_of_a_short_conv_model(tmp_path: Path, run_doit: RunDoit) -> None:
+    proc = run_doit("partition:zoo-lfm2", env=zoo_specs(tmp_path, "lfm2"), check=False)
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---- 3. fp16 error a constant factor scales up (Gemma 2's logit soft-cap 30 * tanh(x / 30)) -----------------
+
+
+def test_soft_cap_tanh_stays_on_the_cpu() -> None:
+    gemma2 = load_model(ZOO["gemma2"] / "llm.mnn")
+    tanh = {op.name: op for op in gemma2.ops_of_type("UnaryOp") if _unary_kind(op) == "TANH"}
+    cap = tanh.pop("/lm/Tanh_output_0")
+    reason = unsupported_reason(cap, gemma2)
+    assert reason is not None and "multiplied by 30" in reason
+    assert unsupported_reason(cap, gemma2, precision=False) is None  # lowerable, just not precise enough
+    # The scale-down before it stays lowerable, and so do the MLP's tanh-approximated GELUs (x * 0.5 * (1 + tanh)).
+    div = next(op for op in gemma2.ops if op.outputs and op.outputs[0] == cap.inputs[0])
+    assert unsupported_reason(div, gemma2) is None
+    assert len(tanh) == 2 and all(unsupported_reason(op, gemma2) is None for op in tanh.values())
+
+
+def test_soft_cap_reason_in_partition_txt(tmp_path: Path, run_doit: RunDoit) -> None:
+    run_doit("partition:zoo-gemma2", env=zoo_specs(tmp_path, "gemma2"))
+    text = (tmp_path / "artifacts" / "zoo-gemma2" / "partition" / "partition.txt").read_text(encoding="utf-8")
+    (line,) = [ln for ln in text.splitlines() if "/lm/Tanh_output_0" in ln]
+    assert "UnaryOp" in line and "multiplied by 30" in line
+
+
+# ---- 4. a non-finite reference (GLM-4's RMSNorm epsilon 0 on a zero row) -------------------------------------
+
+
+def test_non_finite_reference_is_not_a_bundle_mismatch() -> None:
+    ref = np.array([[0.5, -1.0, 2.0], [np.nan, np.nan, np.nan]], np.float32)
+    got = np.array([[0.5, -1.0, 2.0], [0.1, 0.2, 0.3]], np.float32)
+    check = compare("step 1 logits", got, ref, Tolerance())
+    assert not check.passed
+    line = check.describe(Tolerance())
+    assert "reference (MNN CPU) itself has 3 non-finite values" in line and "[1, 0]" in line
+    assert "nan" not in line.lower().replace("non-finite", "")  # no "cosine nan" blaming the bundle
+
+
+def test_zero_epsilon_norm_is_warned_at_io(caplog: pytest.LogCaptureFixture) -> None:
+    glm4 = load_model(ZOO["glm4"] / "llm.mnn")
+    norms = glm4.ops_of_type("LayerNorm")
+    assert norms and all(float(op.main.epsilon) == 0.0 for op in norms)  # what llmexport 0.0.5 writes for GLM-4
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.stages.io"):
+        _warn_zero_epsilon(glm4, ZOO["glm4"] / "llm.mnn")
+    assert f"{len(norms)} LayerNorm ops have epsilon 0" in caplog.text and norms[0].name in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.stages.io"):
+        _warn_zero_epsilon(load_model(ZOO["phi3"] / "llm.mnn"), ZOO["phi3"] / "llm.mnn")
+    assert "epsilon 0" not in caplog.text
+
+
+# ---- LFM2's NC4HW4 norms (MNN's FuseTransformerC4): a LayerNorm over the channels -------------------------
+
+
+@pytest.mark.parametrize("seq", [1, 32])
+def test_channel_norm_of_an_nc4hw4_region(seq: int) -> None:
+    model_file, weight_file = ZOO["lfm2"] / "llm.mnn", ZOO["lfm2"] / "llm.mnn.weight"
+    lfm2 = load_model(model_file)
+    by_name = {op.name: i for i, op in enumerate(lfm2.ops)}
+    norm = by_name["/blocks.0/input_layernorm/Mul_1_output_0"]
+    ops = [by_name["FuseTransformerC4_region_pre_reshape_236"], by_name["FuseTransformerC4_region_pre_convert_237"]]
+    info = mnn_tensors(lfm2, model_file, weight_file, make_inputs(seq, 64, seed=0))
+    src, dst = lfm2.ops[ops[0]].inputs[0], lfm2.ops[norm].outputs[0]
+    assert info[lfm2.ops[norm].inputs[0]].format == "NC4HW4" and info[dst].shape == (seq, 64, 1, 1)
+    lowered = lower_subgraph(lfm2, weight_file, [*ops, norm], info, [src], [dst])
+    got = simulate(QnnLibrary(), lowered, {f"t{src}": info[src].value})[f"t{dst}"]
+    check = compare("norm", got.reshape(info[dst].shape), info[dst].value, Tolerance())
+    assert check.passed, check.describe(Tolerance())
+
+
+def test_fused_residual_norm_is_refused_by_name() -> None:
+    lfm2 = load_model(ZOO["lfm2"] / "llm.mnn")
+    fused = [op for op in lfm2.ops_of_type("LayerNorm") if len(op.inputs) == 2]
+    assert fused
+    for op in fused:
+        assert "fused residual add (2 inputs, 2 outputs)" in (unsupported_reason(op, lfm2) or "")
+
+
+# ---- 5. what cannot be supported: one line at the earliest stage that knows -----------------------------------
+
+
+def _with_custom_op(dest: Path) -> str:
+    """The Gemma 2 fixture with its first MLP activation replaced by a custom op MNN's CPU has no kernel for."""
+    shutil.copytree(ZOO["gemma2"], dest)
+    model = load_model(dest / "llm.mnn")
+    i = next(k for k, op in enumerate(model.ops) if op.type == "UnaryOp" and "act_fn" in op.name)
+    extra = fb.ExtraT()
+    extra.type, extra.engine = "MyCustomOp", "Tiny"
+    model.ops[i] = dataclasses.replace(model.ops[i], type="Extra", main=extra)
+    save_model(model, dest / "llm.mnn")
+    return f"op #{i} {model.ops[i].name!r} (Extra 'MyCustomOp')"
+
+
+def test_an_op_mnn_cannot_run_is_one_line_naming_it(tmp_path: Path, run_doit: RunDoit) -> None:
+    named = _with_custom_op(tmp_path / "custom")
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    (specs / "custom.toml").write_text(
+        f'name = "custom"\nsource = {{ local = "{tmp_path / "custom"}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
+        encoding="utf-8",
+    )
+    proc = run_doit("verify:custom-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Traceback" not in out
+    assert "failed  io:custom" in out  # the first stage that runs the model
+    (line,) = [ln for ln in out.splitlines() if "cannot run" in ln]
+    assert f"MNN's CPU cannot run {named}" in line and "weight file" not in line
+
+
+# ---- 6. the partition says up front what runs where (MoE experts keep their weights on the CPU) ---------------
+
+
+def test_partition_summary_names_the_cpu_share(tmp_path: Path, run_doit: RunDoit) -> None:
+    proc = run_doit("partition:zoo-qwen3_moe", env=zoo_specs(tmp_path, "qwen3_moe"))
+    (ending,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("partition zoo-qwen3_moe: ")]
+    text = (tmp_path / "artifacts" / "zoo-qwen3_moe" / "partition" / "partition.txt").read_text(encoding="utf-8")
+    assert text.splitlines()[1] == ending.split(": ", 1)[1]  # the report's second line, the same words
+    report = PartitionReport.model_validate_json(
+        (tmp_path / "artifacts" / "zoo-qwen3_moe" / "partition" / "partition.json").read_text(encoding="utf-8")
+    )
+    model = load_model(ZOO["qwen3_moe"] / "llm.mnn")
+    experts = sum(
+        op_weight_bytes(Op(type="Convolution", main=node.main))
+        for sg in model.subgraphs
+        for node in sg.nodes
+        if node.main is not None and type(node.main).__name__ == "Convolution2DT"
+    )
+    moe = report.cpu_weight_bytes["MoE"]
+    assert experts > 0 and experts <= moe <= 1.01 * experts  # the experts' convolutions, plus their small constants
+    share = moe / (report.total_weight_bytes + report.subgraph_weight_bytes)
+    assert 0.2 < share < 0.8 and f"the CPU keeps {share:.1%} of the weights (MoE {share:.1%}" in ending
+
+
+def test_generation_on_a_non_finite_reference_is_one_reference_line() -> None:
+    tol = Tolerance()
+    nan_row, row = np.full(4, np.nan, np.float32), np.array([0.1, 0.9, 0.2, 0.3], np.float32)
+    steps = [
+        GenerationStep(
+            step=i,
+            cpu_token=0,
+            hybrid_pick=1,
+            cpu_margin=float("nan"),
+            logits=compare(f"step {i} logits", row, nan_row, tol),
+        )
+        for i in range(3)
+    ]
+    gen = GenerationCheck(prompt="hello", max_new_tokens=3, passed=False, steps=steps)
+    (line,) = [f.line for f in generation_failures(gen, tol)]
+    assert line.startswith("generation: the CPU reference's logits are not finite at 3 of 3 steps")
+    assert "out of tolerance" not in line and "picks" not in line
+
+
+# ---- the fast subset of the matrix (benchmarks/bench_archs.py runs the whole zoo, float16 and int4) ------------
+
+
+@pytest.mark.parametrize("name", ["phi3", "lfm2", "gemma2", "qwen3_moe"])
+def test_zoo_fixture_builds_and_verifies(tmp_path: Path, run_doit: RunDoit, name: str) -> None:
+    proc = run_doit(f"verify:zoo-{name}-v79", env=zoo_specs(tmp_path, name), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert (
+        (tmp_path / "artifacts" / f"zoo-{name}" / "v79" / "verify" / "verify.txt")
+        .read_text()
+        .startswith(f"verify zoo-{name} for SM8750 (v79): PASSED")
+    )
