@@ -136,7 +136,7 @@ Q_PROJ = "op '/layers.0/self_attn/q_proj/Linear'"
         ),
         (_nan_scales, "llm.mnn.weight", f"{Q_PROJ}: 512 of its 512 scales are not finite (the first at byte 9238"),
         ({"layer_nums": -1}, "llm_config.json", "field 'layer_nums' must be a positive integer, got -1"),
-        ({"layer_nums": 3}, "llm_config.json", "field 'layer_nums' is 3, but llm.mnn has 2 attention layers"),
+        ({"layer_nums": 3}, "llm_config.json", "field 'layer_nums' is 3, but llm.mnn has 2 layers"),
         ({"is_mrope": "no"}, "llm_config.json", "field 'is_mrope' must be true or false, got 'no'"),
         ({"attn_scale": "x"}, "llm_config.json", "field 'attn_scale' must be a finite number, got 'x'"),
     ],
