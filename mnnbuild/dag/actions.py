@@ -18,7 +18,7 @@ from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
 from mnnbuild.dag.uptodate import outputs_intact
 from mnnbuild.model.spec import HfSource
-from mnnbuild.pipeline.cache import CacheTiers, cache_key, read_origin, stamps, trusted_hashes, warn_once, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, cache_key, warn_once
 from mnnbuild.pipeline.deferred import (
     CACHE_OFF,
     Unavailable,
@@ -29,6 +29,7 @@ from mnnbuild.pipeline.deferred import (
 )
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.origin import read_origin, stamps, trusted_hashes, write_origin
 from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss
 from mnnbuild.pipeline.stage import Stage, StageInputs
 from mnnbuild.stages.fetch import update_lock

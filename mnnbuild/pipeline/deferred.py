@@ -10,7 +10,8 @@ from typing import Any
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import sha256_file
-from mnnbuild.pipeline.cache import CacheTiers, Misses, read_origin, stamps, tier_gone, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, Misses, tier_gone
+from mnnbuild.pipeline.origin import read_origin, stamps, write_origin
 from mnnbuild.pipeline.resources import run_id
 from mnnbuild.pipeline.stage import Stage
 
@@ -76,7 +77,7 @@ def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[
 
 
 def output_stamps(stage: Stage, out_dir: Path) -> dict[str, list[int]]:
-    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.cache.stamps`) by its manifest."""
+    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.origin.stamps`) by its manifest."""
     try:
         outputs = stage.manifest.read(Path(out_dir)).outputs
         return stamps(Path(out_dir), [r.path for r in outputs if (Path(out_dir) / r.path).is_file()])

@@ -28,11 +28,11 @@ from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
-from mnnbuild.pipeline.cache import read_origin
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
 from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, plugin_context_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
 from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
+from mnnbuild.pipeline.origin import read_origin
 from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.report import OpCell, ReportData, StageCost, renderer_fingerprint
 from mnnbuild.report.data import op_strip

@@ -58,11 +58,11 @@ from mnnbuild.manifests.verify import VerifyInputs, VerifyManifest, VerifyParams
 from mnnbuild.model.modeldir import DEFAULT_PROMPT, chain_part
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.reference import SourceSubgraphRunner
-from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, PROMPT_FILE, QNN_DIR, bundle_model_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as REPORT_JSON
 from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
+from mnnbuild.pipeline.origin import trusted_hashes
 from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.verify import checks, failures

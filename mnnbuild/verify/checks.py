@@ -52,7 +52,6 @@ from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.reference import SourceSubgraphRunner
-from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import (
     CONFIG_FILE,
     QNN_DIR,
@@ -63,6 +62,7 @@ from mnnbuild.pipeline.layout import (
     plugin_context_dir,
 )
 from mnnbuild.pipeline.manifest import FileRecord
+from mnnbuild.pipeline.origin import trusted_hashes
 from mnnbuild.qnn import ContextRunner, QnnLibrary, read_binary_info
 from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
 from mnnbuild.verify.reference import (
