@@ -17,7 +17,6 @@ from pydantic import BaseModel, ValidationError
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
 from mnnbuild.dag.uptodate import outputs_intact
-from mnnbuild.model.spec import HfSource
 from mnnbuild.pipeline.cache import CacheTiers, cache_key, warn_once
 from mnnbuild.pipeline.deferred import (
     CACHE_OFF,
@@ -32,7 +31,6 @@ from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.origin import read_origin, stamps, trusted_hashes, write_origin
 from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss
 from mnnbuild.pipeline.stage import Stage, StageInputs
-from mnnbuild.stages.fetch import update_lock
 
 log = logging.getLogger(__name__)
 
@@ -70,19 +68,21 @@ Read = tuple[Stage, Path, "dict[str, Any] | None"]
 that makes it (None: no task can make it again here), which build it again when its files cannot be fetched."""
 
 
-def _guarded_intact(guards: list[Guard]) -> Callable[[], bool]:
-    """Whether every guarded upstream dir still holds the files its manifest lists, and nothing else (checked once).
+def _guarded_intact(stage: Stage, guards: list[Guard]) -> Callable[[], bool]:
+    """Whether every guarded upstream dir still holds the files its manifest lists, and nothing else (checked once,
+    by the stage's `Stage.intact`).
 
     A dir restored without its files holds the cache's, checked against their sha256 when fetched; files unchanged
     since their stage hashed them (their stamps) are not hashed again."""
-    from mnnbuild.verify.checks import check_integrity
-
+    check_integrity = stage.intact
+    if check_integrity is None:
+        raise MnnbuildError(f"stage {stage.name} guards {len(guards)} dirs but declares no intact check")
     records = [(Path(d), cls.stage, cls.read(Path(d)).outputs) for d, cls, _ in guards]
 
     @functools.cache
     def intact() -> bool:
         for d, name, outputs in records:
-            if deferred_origin(d, name) is None and not check_integrity(d, outputs, trusted_hashes(d, name)).passed:
+            if deferred_origin(d, name) is None and not check_integrity(d, outputs, trusted_hashes(d, name)):
                 return False
         return True
 
@@ -114,7 +114,7 @@ def run_stage(
     result: TaskFailed | dict[str, Any] | None = None
     if guards:
         try:
-            intact = _guarded_intact(guards)
+            intact = _guarded_intact(stage, guards)
         except MnnbuildError as exc:
             return TaskFailed(f"{type(exc).__name__}: {exc}")
         if CacheTiers.from_env() is not None and not intact():
@@ -302,9 +302,12 @@ def run_after_failure(
     return {}
 
 
-def run_update(source: HfSource, lock_path: Path, files: tuple[str, ...]) -> TaskFailed | None:
+def run_update(stage: Stage, source: Any, lock_path: Path, files: tuple[str, ...]) -> TaskFailed | None:
+    """``doit update:<model>``: the source stage's `Stage.update` of its lock."""
+    if stage.update is None:
+        return TaskFailed(f"stage {stage.name} declares no update of its lock")
     try:
-        update_lock(source, lock_path, files)
+        stage.update(source, lock_path, files)
     except MnnbuildError as exc:
         return TaskFailed(f"{type(exc).__name__}: {exc}")
     return None

@@ -9,22 +9,17 @@ from typing import Any
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
 from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
-from mnnbuild.manifests.fetch import FetchManifest, HfLock
 from mnnbuild.pipeline.deferred import deferred_origin
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.origin import trusted_hashes
 
 
-def hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
-    """Up to date while the fetched commit is still the one the lock file pins."""
+def hf_pinned(pinned: Callable[[Path, Path], bool], lock_path: Path, out_dir: Path) -> Callable[[], bool]:
+    """Up to date while the fetched commit is still the one the lock file pins (`Stage.pinned`)."""
 
     def check() -> bool:
-        try:
-            lock = HfLock.model_validate_json(lock_path.read_text(encoding="utf-8"))
-            return FetchManifest.read(out_dir).source.commit == lock.commit
-        except (OSError, ValueError, MnnbuildError):
-            return False
+        return pinned(lock_path, out_dir)
 
     return check
 

@@ -138,11 +138,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="modellib",
     entry=build_modellib,
-    inputs=ModellibInputs,
-    params=ModellibParams,
-    manifest=ModellibManifest,
     params_of=modellib_params,
     describe=describe,
     placement="part",

@@ -475,6 +475,7 @@ STAGE = Stage(
     outputs=(REPORT_JSON, REPORT_TEXT),
     tools=frozenset({"MNN", "QNN"}),
     guards={"bundle_dir": BUNDLE_MODEL_DIR},
+    intact=checks.integrity_passed,
     leaves_on_failure=REPORT_JSON,
     group_default_only=True,
     doc="Verify the default bundles (what a bare `doit` runs); verify:<model>-<arch> verifies any other bundle",

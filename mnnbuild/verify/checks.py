@@ -100,6 +100,11 @@ def check_integrity(
     return integrity_hashes(bundle_dir, records, trusted)[0]
 
 
+def integrity_passed(bundle_dir: Path, records: list[FileRecord], trusted: Mapping[str, list[int]]) -> bool:
+    """Whether the bundle dir passes `check_integrity` (`Stage.intact` of verify's guard)."""
+    return check_integrity(bundle_dir, records, trusted).passed
+
+
 def integrity_hashes(
     bundle_dir: Path, records: list[FileRecord], trusted: Mapping[str, list[int]] | None = None
 ) -> tuple[IntegrityCheck, dict[Path, KnownHash]]:
