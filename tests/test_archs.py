@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from mnnbuild.base.compare import Tolerance, compare
-from mnnbuild.lowering.check import mnn_tensors, simulate
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.lowering.support import _unary_kind, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, save_model
@@ -31,6 +30,7 @@ from mnnbuild.stages.io import _warn_zero_epsilon, make_inputs
 from mnnbuild.verify.failures import generation_failures
 from mnnbuild.verify.report import GenerationCheck, GenerationStep
 from tests.conftest import FIXTURE_MODELS, RunDoit
+from tests.lowering_check import mnn_tensors, simulate
 
 ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4", "qwen3_moe")}
 

@@ -14,7 +14,7 @@ from typing import Any
 from doit.exceptions import TaskFailed
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError, error_line
 from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
 from mnnbuild.dag.uptodate import outputs_intact
 from mnnbuild.pipeline.cache import CacheTiers, cache_key, warn_once
@@ -33,6 +33,11 @@ from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss
 from mnnbuild.pipeline.stage import Stage, StageInputs
 
 log = logging.getLogger(__name__)
+
+
+def task_failed(exc: BaseException) -> TaskFailed:
+    """A failed task's one line (`error_line`: the error's type and message), never a traceback."""
+    return TaskFailed(error_line(exc))
 
 
 def read_upstream(upstream: list[tuple[type[Manifest], Path]]) -> dict[str, Manifest]:
@@ -116,13 +121,13 @@ def run_stage(
         try:
             intact = _guarded_intact(stage, guards)
         except MnnbuildError as exc:
-            return TaskFailed(f"{type(exc).__name__}: {exc}")
+            return task_failed(exc)
         if CacheTiers.from_env() is not None and not intact():
             try:
                 materialize_all(reads)
                 stage.entry(inputs, params, out_dir)
             except (MnnbuildError, ValidationError) as exc:
-                result = TaskFailed(f"{type(exc).__name__}: {exc}")
+                result = task_failed(exc)
         checks = (*checks, intact)
     if result is None:
         result = _run_or_restore(
@@ -195,13 +200,13 @@ def _run_or_restore(
     try:
         fetched = materialize_all(reads)
     except MnnbuildError as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     reset_peak_rss()
     started = time.perf_counter()
     try:
         manifest = stage.entry(inputs.model_copy(update={"upstream": read_upstream(upstream)}), params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     seconds = time.perf_counter() - started
     peak = peak_rss()
     for record in (*manifest.inputs, *manifest.outputs):
@@ -297,7 +302,7 @@ def run_after_failure(
     try:
         stage.entry(inputs, params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     log.warning("%s of %s failed; its %s: %s", failed.name, failed_dir.parent, stage.name, out_dir)
     return {}
 
@@ -309,5 +314,5 @@ def run_update(stage: Stage, source: Any, lock_path: Path, files: tuple[str, ...
     try:
         stage.update(source, lock_path, files)
     except MnnbuildError as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     return None

@@ -58,10 +58,6 @@ class Run:
         return self.at.arch
 
     @property
-    def part(self) -> str | None:
-        return self.at.part
-
-    @property
     def binary(self) -> str | None:
         return self.at.binary
 

@@ -30,6 +30,7 @@ from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.model.modeldir import VISUAL, chain_part
+from mnnbuild.model.npu_weights import NpuWeights
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
@@ -48,7 +49,7 @@ def _lower_plugin(
     partition_dir: Path,
     dest_root: Path,
     plugin: PluginRecord,
-    npu_weights: str,
+    npu_weights: NpuWeights,
 ) -> tuple[list[LoweredRecord], int]:
     """Lower one plugin's graphs (decode, then each prefill length) into ``dest_root``; returns their records and
     the bytes of weights the later graphs link from the first instead of writing again."""

@@ -52,6 +52,7 @@ from mnnbuild.mnn import MnnModel, load_model, save_model
 from mnnbuild.model.modeldir import VISUAL, chain_part
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.cut import plan_cut
+from mnnbuild.partition.describe import build_report, format_report
 from mnnbuild.partition.graphs import (
     Split,
     plugin_attributes,
@@ -59,7 +60,6 @@ from mnnbuild.partition.graphs import (
     split_convolutions,
 )
 from mnnbuild.partition.records import PartitionReport
-from mnnbuild.partition.report import build_report, format_report
 from mnnbuild.partition.rewrite import rewrite_model
 from mnnbuild.partition.strip import strip_weights
 from mnnbuild.pipeline.layout import (

@@ -24,13 +24,14 @@ puts the old mtime back moves the ctime), a replacement the inode: such a blob i
 ``gs://``, ``hf://`` ...); ``off`` disables it. The default is ``~/.cache/mnnbuild``
 (``$XDG_CACHE_HOME/mnnbuild``).
 
-The modules, by role: `config` (which caches the environment names), `entries` (the names and records a cache
+The modules, by role: `env` (which caches the environment names), `entries` (the names and records a cache
 holds), `files` (a cache's root on a file system), `blobs` (blobs hashed once), `store` (`ArtifactCache`: store and
 restore a stage dir), `prune` (usage and pruning), `tiers` (the local then the remote tier), `misses` (what went
 wrong, said once per run). This package re-exports what the rest of mnnbuild uses.
 """
 
-from mnnbuild.pipeline.cache.config import (
+from mnnbuild.pipeline.cache.entries import MARKER, CachedFile, CacheEntry, Keep, cache_key
+from mnnbuild.pipeline.cache.env import (
     CACHE_ENV,
     READONLY_ENV,
     REMOTE_ENV,
@@ -41,7 +42,6 @@ from mnnbuild.pipeline.cache.config import (
     remote_url,
     warn_once,
 )
-from mnnbuild.pipeline.cache.entries import MARKER, CachedFile, CacheEntry, Keep, cache_key
 from mnnbuild.pipeline.cache.misses import Misses, tier_gone
 from mnnbuild.pipeline.cache.prune import CacheUsage, EntryUsage
 from mnnbuild.pipeline.cache.store import ArtifactCache, cache_problem, local_cache_dir

@@ -9,7 +9,7 @@ import stat
 import uuid
 from pathlib import Path
 
-from mnnbuild.pipeline.cache.config import CacheError, kind
+from mnnbuild.base.errors import CacheError
 from mnnbuild.pipeline.cache.entries import (
     BLOB_NAME,
     ENTRY_NAME,
@@ -22,6 +22,7 @@ from mnnbuild.pipeline.cache.entries import (
     STAMP_SUFFIX,
     CacheEntry,
 )
+from mnnbuild.pipeline.cache.env import kind
 from mnnbuild.pipeline.layout import CODE_DIGESTS
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from mnnbuild.pipeline.cache.config import kind
+from mnnbuild.pipeline.cache.env import kind
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from mnnbuild.base.errors import UnsafePathError
+from mnnbuild.base.errors import CacheError, UnsafePathError
 from mnnbuild.base.fsutil import (
     confined,
     file_stamp,
@@ -20,8 +20,8 @@ from mnnbuild.base.fsutil import (
 )
 from mnnbuild.base.sizes import human_bytes
 from mnnbuild.pipeline.cache.blobs import VouchedBlobs
-from mnnbuild.pipeline.cache.config import CACHE_ENV, CacheError, cache_url, kind, warn_once
 from mnnbuild.pipeline.cache.entries import SIDECAR_SUFFIX, CachedFile, CacheEntry, Keep
+from mnnbuild.pipeline.cache.env import CACHE_ENV, cache_url, kind, warn_once
 from mnnbuild.pipeline.cache.misses import LEARNED, Miss, Misses, say, went_away
 from mnnbuild.pipeline.cache.prune import Pruning
 

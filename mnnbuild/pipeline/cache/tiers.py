@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnnbuild.pipeline.cache.config import CacheError, kind, remote_readonly, remote_url, warn_once
+from mnnbuild.base.errors import CacheError
 from mnnbuild.pipeline.cache.entries import Keep
+from mnnbuild.pipeline.cache.env import kind, remote_readonly, remote_url, warn_once
 from mnnbuild.pipeline.cache.misses import LEARNED, Misses, went_away
 from mnnbuild.pipeline.cache.store import ArtifactCache
 

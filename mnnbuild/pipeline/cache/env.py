@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import CacheError
 from mnnbuild.base.userdirs import user_cache_dir
 
 log = logging.getLogger(__name__)
@@ -18,10 +18,6 @@ REMOTE_ENV = "MNNBUILD_CACHE_REMOTE"
 READONLY_ENV = "MNNBUILD_CACHE_REMOTE_READONLY"
 DISABLED = ("off", "0", "false", "no", "none")
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
-
-
-class CacheError(MnnbuildError):
-    """The cache a command names is unusable or not an mnnbuild cache (commands only: a build warns instead)."""
 
 
 def cache_url(environ: Mapping[str, str]) -> str | None:
