@@ -28,7 +28,7 @@ from mnnbuild.partition.records import PartitionReport
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.io import _warn_zero_epsilon, make_inputs
 from mnnbuild.verify.failures import generation_failures
-from mnnbuild.verify.report import GenerationCheck, GenerationStep
+from mnnbuild.verify.verdict import GenerationCheck, GenerationStep
 from tests.conftest import FIXTURE_MODELS, RunDoit
 from tests.lowering_check import mnn_tensors, simulate
 

@@ -20,7 +20,7 @@ import pytest
 from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
 # fetch only links files (never cached: links belong to one checkout); every other stage of the default bundle is

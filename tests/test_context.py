@@ -33,7 +33,7 @@ from mnnbuild.stages.chain import CHAIN
 from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
 from mnnbuild.stages.modellib import ModellibManifest
 from mnnbuild.stages.twin import TwinInputs, TwinParams, build_twin
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import PROJECT_ROOT, executed_tasks
 
 DTYPES = {1: "float32", 3: "int32"}  # MNN DataType -> numpy

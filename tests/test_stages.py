@@ -56,7 +56,7 @@ def test_every_declaration_matches_its_entry_and_its_inputs() -> None:
 class NotADir(StageInputs):
     model: str
     target: str
-    model_dir: Annotated[str, From("fetch")]
+    model_dir: Annotated[str, From(FetchManifest)]
 
 
 def _not_a_dir_entry(inputs: NotADir, params: ConfigParams, out_dir: Path) -> ConfigManifest:
@@ -162,6 +162,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.pipeline.manifest import Manifest, record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, From, Stage, StageInputs
@@ -169,7 +170,7 @@ from mnnbuild.pipeline.stage import At, From, Stage, StageInputs
 
 class ShoutInputs(StageInputs):
     model: str
-    model_dir: Annotated[Path, From("fetch")]
+    model_dir: Annotated[Path, From(FetchManifest)]
 
 
 class ShoutParams(BaseModel):

@@ -44,8 +44,8 @@ class From:
     (its manifest type: ``From(PartitionManifest)``), a ``Path``, or ``Path | None`` for a part the model may not
     have."""
 
-    upstream: type[Manifest] | str
-    """The upstream manifest type (a stage's name only where the type cannot be imported: a test's toy chain)."""
+    upstream: type[Manifest]
+    """The upstream stage's manifest type: the stage it names (`Manifest.stage`) and the file its dir holds."""
     part: str | None = None
     """Of a per-part upstream stage: which part's directory (``"visual"``: a VL model's encoder; None for a model
     without one). None: the run's own part (the language model's, for a run of the whole model)."""
@@ -64,7 +64,7 @@ class From:
     @property
     def stage(self) -> str:
         """The upstream stage's name (its manifest's `Manifest.stage`)."""
-        return self.upstream if isinstance(self.upstream, str) else self.upstream.stage
+        return self.upstream.stage
 
 
 @dataclass(frozen=True)

@@ -347,11 +347,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="io",
     entry=generate_io,
-    inputs=IoInputs,
-    params=IoParams,
-    manifest=IoManifest,
     params_of=io_params,
     describe=describe,
     placement="part",

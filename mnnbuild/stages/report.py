@@ -36,7 +36,7 @@ from mnnbuild.pipeline.origin import read_origin
 from mnnbuild.pipeline.stage import At, Ending, Stage
 from mnnbuild.report import OpCell, ReportData, StageCost, renderer_fingerprint
 from mnnbuild.report.data import op_strip
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ process beside the pass (`mnnbuild.verify.reference`); no
 file the bundle or twin stage hashed, unchanged since, is hashed again (`mnnbuild_runtime.hashes`). The report's
 ``timings`` say where each second went.
 
-Writes ``verify.json`` (:class:`~mnnbuild.verify.report.VerifyReport`) and ``verify.txt``. On any failed check
+Writes ``verify.json`` (:class:`~mnnbuild.verify.verdict.VerifyReport`) and ``verify.txt``. On any failed check
 the report is still written (so it can be read), but without ``verify.manifest.json``, the task's target:
 a failed verify never looks done, and the stage raises a ``ToleranceError`` naming the worst failure.
 """
@@ -72,7 +72,7 @@ from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild.verify import checks, failures, speculation
 from mnnbuild.verify.reference import ReferenceJob
-from mnnbuild.verify.report import GraphCheck, SpeculationCheck, VerifyReport, finish_timings, format_report
+from mnnbuild.verify.verdict import GraphCheck, SpeculationCheck, VerifyReport, finish_timings, format_report
 
 log = logging.getLogger(__name__)
 
@@ -395,7 +395,7 @@ def _check_part(
 def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> VerifyReport:
     """Every check, in order; returns the report (never raises for a failed check). It names the bundle relative
     to ``out_dir`` (where the report goes), so a report restored from the cache into another artifact root names
-    that root's bundle. Its ``timings`` say where each second went (`mnnbuild.verify.report.TIMINGS`)."""
+    that root's bundle. Its ``timings`` say where each second went (`mnnbuild.verify.verdict.TIMINGS`)."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     bundle = BundleManifest.read(inputs.bundle_dir)
@@ -501,11 +501,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="verify",
     entry=verify,
-    inputs=VerifyInputs,
-    params=VerifyParams,
-    manifest=VerifyManifest,
     params_of=verify_params,
     describe=describe,
     placement="target",

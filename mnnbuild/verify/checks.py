@@ -74,7 +74,7 @@ from mnnbuild.verify.reference import (
     describe_error,
     start_reference,
 )
-from mnnbuild.verify.report import (
+from mnnbuild.verify.verdict import (
     EngineParting,
     GenerationCheck,
     GenerationStep,
