@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {"dag"},  # the only doit code: tasks derived from the stage declarations it is handed (dodo.py hands the chain)
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
+    {"samples"},  # the io stage's reference samples: their inputs, what a model must be to make them
     {"lowering"},
     {"partition"},  # the cut: which ops run where, the plugins' graphs
     {"plugin"},  # what is made of a plugin's graphs: lowered graphs, context binaries, their twins
