@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 from mnnbuild import dag
+from mnnbuild.stages.chain import CHAIN
 
 dag.configure_logging()  # MNNBUILD_LOG_LEVEL: a value that is no level is one line
 dag.handle_interrupts()  # SIGTERM cleans up like Ctrl-C; `doit -n` workers die with their parent
-PROJECT = dag.Project.load(Path(__file__).resolve().parent, sys.argv[1:])  # named tasks: their files
+PROJECT = dag.Project.load(Path(__file__).resolve().parent, CHAIN, sys.argv[1:])  # named tasks: their files
 DOIT_CONFIG = PROJECT.doit_config()
 
 # task_<stage> per stage, task_update, and task_npu_<model>: the context, twin, bundle, verify and report tasks of a

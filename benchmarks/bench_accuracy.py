@@ -44,7 +44,7 @@ from mnnbuild.model.spec import ModelSpec, load_spec  # noqa: E402
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, VERIFY_REPORT_JSON  # noqa: E402
 from mnnbuild.stages.chain import stage_dir  # noqa: E402
 from mnnbuild.verify.compare import top2_margin  # noqa: E402
-from mnnbuild.verify.report import VerifyReport  # noqa: E402
+from mnnbuild.verify.verdict import VerifyReport  # noqa: E402
 
 log = logging.getLogger("bench_accuracy")
 

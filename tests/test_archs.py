@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from mnnbuild.base.compare import Tolerance, compare
-from mnnbuild.lowering.check import mnn_tensors, simulate
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.lowering.support import _unary_kind, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, save_model
@@ -27,10 +26,12 @@ from mnnbuild.mnn.summary import op_weight_bytes
 from mnnbuild.partition.fold import compute_folded
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.qnn import QnnLibrary
-from mnnbuild.stages.io import _warn_zero_epsilon, make_inputs
+from mnnbuild.samples.checks import warn_zero_epsilon
+from mnnbuild.samples.inputs import make_inputs
 from mnnbuild.verify.failures import generation_failures
-from mnnbuild.verify.report import GenerationCheck, GenerationStep
+from mnnbuild.verify.verdict import GenerationCheck, GenerationStep
 from tests.conftest import FIXTURE_MODELS, RunDoit
+from tests.lowering_check import mnn_tensors, simulate
 
 ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4", "qwen3_moe")}
 
@@ -146,12 +147,12 @@ def test_zero_epsilon_norm_is_warned_at_io(caplog: pytest.LogCaptureFixture) -> 
     glm4 = load_model(ZOO["glm4"] / "llm.mnn")
     norms = glm4.ops_of_type("LayerNorm")
     assert norms and all(float(op.main.epsilon) == 0.0 for op in norms)  # what llmexport 0.0.5 writes for GLM-4
-    with caplog.at_level(logging.WARNING, logger="mnnbuild.stages.io"):
-        _warn_zero_epsilon(glm4, ZOO["glm4"] / "llm.mnn")
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.samples.checks"):
+        warn_zero_epsilon(glm4, ZOO["glm4"] / "llm.mnn")
     assert f"{len(norms)} LayerNorm ops have epsilon 0" in caplog.text and norms[0].name in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="mnnbuild.stages.io"):
-        _warn_zero_epsilon(load_model(ZOO["phi3"] / "llm.mnn"), ZOO["phi3"] / "llm.mnn")
+    with caplog.at_level(logging.WARNING, logger="mnnbuild.samples.checks"):
+        warn_zero_epsilon(load_model(ZOO["phi3"] / "llm.mnn"), ZOO["phi3"] / "llm.mnn")
     assert "epsilon 0" not in caplog.text
 
 

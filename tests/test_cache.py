@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import errno
+import importlib
 import json
 import logging
 import os
+import pkgutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from mnnbuild.base.fsutil import sha256_file
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
 # fetch only links files (never cached: links belong to one checkout); every other stage of the default bundle is
@@ -739,7 +742,7 @@ def test_a_blob_linked_just_now_is_young_for_prune(tmp_path: Path) -> None:
 
 def test_origin_record_is_never_written_in_place(tmp_path: Path) -> None:
     """A restored stage dir's files may be cache blobs: its origin record replaces the name, never the content."""
-    from mnnbuild.pipeline.cache import write_origin
+    from mnnbuild.pipeline.origin import write_origin
 
     out = tmp_path / "out"
     out.mkdir()
@@ -754,12 +757,12 @@ def test_origin_record_is_never_written_in_place(tmp_path: Path) -> None:
 def test_hashes_the_stage_recorded_are_not_computed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stage's manifest already holds its outputs' sha256: storing them hashes nothing again (3.4 GB of
     context binaries at Qwen3-1.7B size), and a recorded hash that is wrong never restores a file."""
-    import mnnbuild.pipeline.cache as cache_module
-
     src = make_tree(tmp_path / "src")
     recorded = {rel: ((src / rel).stat().st_size, sha256_file(src / rel)) for rel in ("a.bin", "sub/b.json")}
     hashed: list[str] = []
-    monkeypatch.setattr(cache_module, "sha256_file", lambda p: hashed.append(Path(p).name) or sha256_file(p))
+    for module in cache_modules():
+        if hasattr(module, "sha256_file"):
+            monkeypatch.setattr(module, "sha256_file", lambda p: hashed.append(Path(p).name) or sha256_file(p))
     cache = ArtifactCache(str(tmp_path / "cache"))
     cache.store("stage", "k", src, recorded)
     assert hashed == []
@@ -781,8 +784,8 @@ def test_verify_trusts_the_stamps_of_files_the_bundle_hashed(tmp_path: Path, mon
     """verify's integrity check hashes no bundle file whose stamp (size, mtime, ctime, inode) is the one recorded when
     the bundle stage (or a checked restore) hashed it; an edit, even one that puts the old mtime back, is hashed and
     caught."""
-    from mnnbuild.pipeline.cache import stamps
     from mnnbuild.pipeline.manifest import record_outputs
+    from mnnbuild.pipeline.origin import stamps
     from mnnbuild.verify import checks
 
     bundle = make_tree(tmp_path / "bundle")
@@ -817,13 +820,22 @@ def aged_tree(root: Path) -> Path:
 
 def count_hashing(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Every file the cache hashes from now on (by name: a blob's is its sha256), by any of its ways to hash one."""
-    import mnnbuild.pipeline.cache as cache_module
-
     hashed: list[str] = []
-    for name in ("sha256_file", "hash_stamped", "copy_hashed"):
-        real = getattr(cache_module, name)
-        monkeypatch.setattr(cache_module, name, lambda p, *a, real=real: hashed.append(Path(p).name) or real(p, *a))
+    for module in cache_modules():
+        for name in ("sha256_file", "hash_stamped", "copy_hashed"):
+            if hasattr(module, name):
+                real = getattr(module, name)
+                hook = lambda p, *a, real=real: hashed.append(Path(p).name) or real(p, *a)  # noqa: E731
+                monkeypatch.setattr(module, name, hook)
     return hashed
+
+
+def cache_modules() -> list[ModuleType]:
+    """The modules of the cache package (each binds the helpers it calls)."""
+    import mnnbuild.pipeline.cache as cache_package
+
+    names = [info.name for info in pkgutil.iter_modules(cache_package.__path__)]
+    return [importlib.import_module(f"mnnbuild.pipeline.cache.{name}") for name in names]
 
 
 def test_a_blob_hashed_once_is_restored_without_hashing_it_again(
@@ -832,7 +844,7 @@ def test_a_blob_hashed_once_is_restored_without_hashing_it_again(
     """A file stored with the stamp it had while its stage hashed it is vouched for: restores link or copy its blob
     without hashing it, and the copies are its bytes. Edited in place (its blob is the same inode) with the old mtime
     put back, it is hashed and caught: the entry is discarded, the blob and its stamp record removed."""
-    import mnnbuild.pipeline.cache as cache_module
+    import mnnbuild.pipeline.cache.misses as cache_misses
     from mnnbuild.pipeline.manifest import record_outputs
 
     src = aged_tree(tmp_path / "src")
@@ -864,8 +876,9 @@ def test_a_blob_hashed_once_is_restored_without_hashing_it_again(
     os.utime(src / "a.bin", ns=(before.st_atime_ns, before.st_mtime_ns))  # the old mtime back: the ctime still moved
     assert (src / "a.bin").stat().st_size == before.st_size
     for out, link in ((tmp_path / "out-copy", False), (tmp_path / "out-link", True)):
-        # a new process each time: one run does not fetch a blob it found bad again (`cache._Learned`)
-        monkeypatch.setattr(cache_module, "_LEARNED", cache_module._Learned())
+        # a new process each time: one run does not fetch a blob it found bad again (`cache.misses.LEARNED`)
+        monkeypatch.setattr(cache_misses.LEARNED, "bad", {})
+        monkeypatch.setattr(cache_misses.LEARNED, "dead", {})
         cache.store("stage", "k", src, {r.path: (r.size, r.sha256) for r in records})  # the entry, as before
         with caplog.at_level(logging.WARNING, logger="mnnbuild.pipeline.cache"):
             assert cache.restore("stage", "k", out, link=link) is None
@@ -965,8 +978,8 @@ def test_outputs_made_after_their_task_ran_are_held_to_their_stamps_not_hashed(
     them, hashing nothing (GBs at real size, every run); an edit that keeps size and mtime moves the ctime, and is
     hashed and caught."""
     import mnnbuild.dag.uptodate as uptodate
-    from mnnbuild.pipeline.cache import stamps, write_origin
     from mnnbuild.pipeline.manifest import Manifest, record_outputs
+    from mnnbuild.pipeline.origin import stamps, write_origin
 
     class ProbeManifest(Manifest):
         stage = "probe"

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from mnnbuild.lowering.channel_last import channel_last
-from mnnbuild.lowering.check import simulate
 from mnnbuild.lowering.context import tensor_param
 from mnnbuild.lowering.graph import GraphDescription, QnnNodeDesc, QnnTensorDesc, TensorKind, raw_file_name
 from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
 from mnnbuild.mnn import load_model
 from mnnbuild.qnn import QnnLibrary, same_element_order
+from tests.lowering_check import simulate
 
 from .test_lowering import MODEL_FILE, WEIGHT_FILE, _layer_ops, _tiny_info, op_boundary
 

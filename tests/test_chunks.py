@@ -35,7 +35,7 @@ from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, 
 from mnnbuild.qnn import QnnLibrary, read_binary_info, same_element_order
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.checks import read_contexts, read_twins
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
 
 ARCH = "v79"

@@ -16,6 +16,7 @@ import pytest
 
 from mnnbuild.__main__ import main
 from mnnbuild.base.compare import TensorCheck
+from mnnbuild.base.errors import PatchError
 from mnnbuild.conform.boundaries import (
     BoundaryError,
     compare_sides,
@@ -47,7 +48,7 @@ from mnnbuild.conform.effect import (
     padding,
     summarize,
 )
-from mnnbuild.conform.patches import PatchError, check_patches, load_patches, parse_patch
+from mnnbuild.conform.patcher import check_patches, load_patches, parse_patch
 from mnnbuild.conform.run import (
     ConformError,
     EngineRun,
@@ -322,7 +323,8 @@ def test_stage_dir_links_files_and_writes_replacements(tmp_path: Path) -> None:
 def test_conform_writes_only_into_a_report_dir_it_made(tmp_path: Path) -> None:
     """`--out ~/Documents` used to remove ~/Documents/bundle (and original/, unchunked/, compilefornpu/): conform
     writes only into a new or empty dir, or one an earlier run wrote (its marker, or its conform.json)."""
-    from mnnbuild.conform.workdir import ConformDirError, claim_dir, fresh_dir
+    from mnnbuild.base.errors import ConformDirError
+    from mnnbuild.conform.workdir import claim_dir, fresh_dir
 
     docs = tmp_path / "Documents"
     (docs / "bundle").mkdir(parents=True)

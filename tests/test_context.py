@@ -29,10 +29,11 @@ from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.plugin.compose import compose_in_fresh_process
 from mnnbuild.qnn import HtpTarget, QnnLibrary, load_context, read_binary_info, same_element_order
 from mnnbuild.stages.bundle import BundleManifest
+from mnnbuild.stages.chain import CHAIN
 from mnnbuild.stages.context import ContextInputs, ContextParams, build_context
 from mnnbuild.stages.modellib import ModellibManifest
 from mnnbuild.stages.twin import TwinInputs, TwinParams, build_twin
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import PROJECT_ROOT, executed_tasks
 
 DTYPES = {1: "float32", 3: "int32"}  # MNN DataType -> numpy
@@ -385,7 +386,7 @@ def test_the_biggest_plugins_are_built_first(built: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setenv("MNNBUILD_ARTIFACTS", str(built))
     monkeypatch.setenv("MNNBUILD_CACHE", "off")
-    project = dag.Project.load(PROJECT_ROOT)
+    project = dag.Project.load(PROJECT_ROOT, CHAIN)
     spec = project.specs["tiny-qwen3"]
     sizes = {p.path: p.parameters for p in PartitionManifest.read(built / "tiny-qwen3" / "partition").plugins}
     assert len(set(sizes.values())) > 1, "the plugins differ in size"

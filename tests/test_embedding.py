@@ -21,7 +21,7 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.model.modeldir import ModelPart, check_part_graph, model_part
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, LLM_GRAPHS, QNN_DIR, binary_path, graph_name
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, RunDoit, doit
 
 FIXTURE = FIXTURE_MODELS / "qwen3-embedding-tiny"

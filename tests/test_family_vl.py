@@ -26,7 +26,7 @@ from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize, LocalSource
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, BUNDLE_README, CONFIG_FILE, LLM_GRAPHS, VISUAL_GRAPHS, graph_name
 from mnnbuild.qnn import QnnLibrary, read_binary_info, same_element_order
 from mnnbuild.stages.fetch import fetch
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks
 from tests.test_strip import reads_weights
 

@@ -204,11 +204,12 @@ def test_a_mistyped_task_gets_the_nearest_name(run_doit: RunDoit) -> None:
 def test_every_name_doit_list_shows_passes_the_task_name_check(run_doit: RunDoit) -> None:
     from mnnbuild.dag.project import Project, requested_tasks
     from mnnbuild.dag.tasks import check_task_name
+    from mnnbuild.stages.chain import CHAIN
     from tests.conftest import PROJECT_ROOT
 
     names = [line.split()[0] for line in run_doit("list", "--all").stdout.splitlines() if line.strip()]
     assert "io:tiny-qwen3" in names and "update" in names
-    project = Project.load(PROJECT_ROOT)
+    project = Project.load(PROJECT_ROOT, CHAIN)
     for name in [*names, "context:tiny-qwen3-v79:graphllm0", "partition:tiny-qwen3:parts"]:
         check_task_name(project, name)
     # doit's loader and run options in any order are not task names

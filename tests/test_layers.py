@@ -17,8 +17,10 @@ LAYERS: list[set[str]] = [
     {"mnn", "qnn", "cpu"},  # format layers: MNN flatbuffers, QNN C API, MNN's CPU runtime
     {"pipeline"},  # the DAG's machinery: stage declaration, manifests, layout, fingerprints, cache, settings
     {"model"},  # what a model is: spec, targets, the model directory's files, a visual encoder's inputs
+    {"dag"},  # the only doit code: tasks derived from the stage declarations it is handed (dodo.py hands the chain)
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
+    {"samples"},  # the io stage's reference samples: their inputs, what a model must be to make them
     {"lowering"},
     {"partition"},  # the cut: which ops run where, the plugins' graphs
     {"plugin"},  # what is made of a plugin's graphs: lowered graphs, context binaries, their twins
@@ -26,13 +28,17 @@ LAYERS: list[set[str]] = [
     {"report"},  # the page report's data, figures and HTML
     {"stages"},
     {"conform"},  # runs bundles through MNN's own engine (a command, not a stage)
-    {"dag"},
     {"__main__"},
 ]
 """Bottom to top; a unit may import its own layer (without a cycle) and the layers below."""
 
 RUNTIME_MAY_IMPORT = {"mnnbuild_runtime", "mnnbuild", "base", "mnn", "qnn", "cpu"}
 """The runtime installs on its own: it ships with the format layers and nothing of the build."""
+
+DAG_MAY_IMPORT = {"dag", "mnnbuild", "base", "pipeline", "model"}
+"""dag derives every task from the declarations (`mnnbuild.pipeline.stage.Stage`) and the specs it loops over: it
+names no stage, imports no stage, manifest or library package (the per-plugin fan-out, the lock of a source, a guard's
+check, what the run's ending says are declared on the stages)."""
 
 PACKAGE_ROOTS = {
     "mnnbuild": PROJECT_ROOT / "mnnbuild",
@@ -110,6 +116,8 @@ def upward_imports(edges: dict[tuple[str, str], list[str]]) -> list[str]:
             problems.append(
                 f"mnnbuild_runtime imports {dst} (only {sorted(RUNTIME_MAY_IMPORT)}) in {sorted(set(files))}"
             )
+        if src == "dag" and dst not in DAG_MAY_IMPORT:
+            problems.append(f"dag imports {dst} (only {sorted(DAG_MAY_IMPORT)}) in {sorted(set(files))}")
     return problems
 
 
@@ -180,10 +188,13 @@ def test_the_checks_catch_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
     rt = tmp_path / "runtime" / "mnnbuild_runtime"
     rt.mkdir(parents=True)
     (rt / "__init__.py").write_text("import mnnbuild.stages.verify\n")
+    (pkg / "dag").mkdir()
+    (pkg / "dag" / "tasks.py").write_text("def f():\n    from mnnbuild.mnn import model\n")
     edges = unit_edges({"mnnbuild": pkg, "mnnbuild_runtime": rt})
     problems = upward_imports(edges)
     assert any(p.startswith("mnn imports higher layer partition") for p in problems), problems
     assert any(p.startswith("lowering imports higher layer partition") for p in problems), problems
     assert any(p.startswith("mnnbuild_runtime imports higher layer stages") for p in problems), problems
     assert any(p.startswith("mnnbuild_runtime imports stages") for p in problems), problems
+    assert any(p.startswith("dag imports mnn ") for p in problems), problems
     assert cycles(edges) == [["lowering", "partition"]]

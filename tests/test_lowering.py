@@ -21,7 +21,6 @@ import pytest
 
 from mnnbuild.base.compare import Tolerance, compare
 from mnnbuild.cpu import import_mnn
-from mnnbuild.lowering.check import mnn_run, mnn_tensors, simulate
 from mnnbuild.lowering.context import TensorMeta
 from mnnbuild.lowering.graph import (
     GraphDescription,
@@ -37,7 +36,8 @@ from mnnbuild.lowering.lower import LoweredGraph, constant_tensors, lower_subgra
 from mnnbuild.lowering.ops import BINARY_QNN, REGISTRY, UNARY_QNN
 from mnnbuild.mnn import MnnModel, enum_name, load_model, save_model, schema
 from mnnbuild.qnn import ContextBuilder, HtpTarget, QnnLibrary, load_context, read_binary_info, same_element_order
-from mnnbuild.stages.io import make_inputs
+from mnnbuild.samples.inputs import make_inputs
+from tests.lowering_check import mnn_run, mnn_tensors, simulate
 
 from .conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 

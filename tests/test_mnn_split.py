@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from mnnbuild.base.errors import MNNFormatError
-from mnnbuild.lowering.check import mnn_run
 from mnnbuild.mnn import MnnModel, load_model, save_model
 from mnnbuild.mnn.split import conv_parameters, split_bounds, split_convolution, unsplittable
 from mnnbuild.mnn.weights import WeightFile, conv_ops, decode_conv
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
+from tests.lowering_check import mnn_run
 
 # llmexport's layouts the split must keep: asymmetric int4 block scales (tiny), int8 block 32, channel-wise int4
 MODELS = {

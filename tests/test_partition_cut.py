@@ -20,7 +20,7 @@ from mnnbuild.mnn.semantics import reads_content, shape_inputs
 from mnnbuild.partition.cut import Cut, plan_cut, schedule_ops
 from mnnbuild.partition.fold import compute_folded, folded_model
 from mnnbuild.partition.rewrite import fuse_attributes
-from mnnbuild.stages.io import make_inputs
+from mnnbuild.samples.inputs import make_inputs
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, TINY_MODEL_DIR
 
 MODEL_FILES = {

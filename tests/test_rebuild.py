@@ -68,7 +68,7 @@ def test_a_stage_key_covers_its_own_code_only() -> None:
         assert not closure & others, (stage, closure & others)
         assert "mnnbuild.__main__" not in closure and not any(n.startswith("mnnbuild.dag") for n in closure)
         if stage != "partition":
-            assert "mnnbuild.partition.report" not in closure, stage
+            assert "mnnbuild.partition.describe" not in closure, stage
     partition = {name for name, _ in module_closure("mnnbuild.stages.partition")}
     assert "mnnbuild.lowering.support" in partition and "mnnbuild.lowering.ops" not in partition
 
@@ -169,7 +169,7 @@ def test_report_formatter_edit_rebuilds_no_context(clone: tuple[Path, Build]) ->
     project, build = clone
     assert build() == []
     edit(
-        project / "mnnbuild" / "partition" / "report.py",
+        project / "mnnbuild" / "partition" / "describe.py",
         'f"partition of {report.model}',
         'f"partition report of {report.model}',
     )

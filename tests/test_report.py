@@ -26,7 +26,7 @@ from mnnbuild.pipeline.layout import REPORT_PAGE as PAGE
 from mnnbuild.stages.bundle import BundleManifest
 from mnnbuild.stages.report import ReportInputs, ReportManifest, ReportParams, report
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import doit, executed_tasks
 
 pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model

@@ -11,7 +11,7 @@ from mnnbuild.cpu import CpuRuntime, load_module, return_freed_memory, to_numpy,
 from mnnbuild.cpu.segments import plan_segments, run_segmented
 from mnnbuild.mnn import load_model
 from mnnbuild.mnn.summary import op_parameter_count
-from mnnbuild.stages.io import make_inputs
+from mnnbuild.samples.inputs import make_inputs
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 
 MODELS = [TINY_MODEL_DIR, FIXTURE_MODELS / "llama-int4-cw"]

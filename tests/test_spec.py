@@ -16,6 +16,7 @@ from mnnbuild.model.targets import SOCS, soc_for_arch
 from mnnbuild.pipeline.fingerprint import DigestMemo
 from mnnbuild.pipeline.layout import POSTREAT_FILE
 from mnnbuild.pipeline.settings import Settings
+from mnnbuild.stages.chain import CHAIN
 from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR
 
 
@@ -320,7 +321,9 @@ def test_verify_table_reaches_the_verify_task(tmp_path: Path) -> None:
     )
     plain = load_spec(write_spec(tmp_path, 'name = "p"\nsource = { local = "x" }\ntargets = ["v79"]\n', "p.toml"))
     settings = Settings.from_env(tmp_path, {"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})
-    project = Project(settings=settings, specs={"m": asked, "p": plain}, memo=DigestMemo(tmp_path / "memo.json"))
+    project = Project(
+        settings=settings, specs={"m": asked, "p": plain}, memo=DigestMemo(tmp_path / "memo.json"), chain=CHAIN
+    )
     (run,) = stage_runs(project, "verify", asked)
     assert run.params.max_new_tokens == 8 and run.params.follow_divergence is True
     (default,) = stage_runs(project, "verify", plain)
@@ -334,7 +337,9 @@ def test_verify_prompt_reaches_io_and_the_bundle(tmp_path: Path) -> None:
     asked = load_spec(write_spec(tmp_path, f'name = "m"\n{body}verify = {{ prompt = "Computes the" }}\n'))
     plain = load_spec(write_spec(tmp_path, f'name = "p"\n{body}', "p.toml"))
     settings = Settings.from_env(tmp_path, {"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})
-    project = Project(settings=settings, specs={"m": asked, "p": plain}, memo=DigestMemo(tmp_path / "memo.json"))
+    project = Project(
+        settings=settings, specs={"m": asked, "p": plain}, memo=DigestMemo(tmp_path / "memo.json"), chain=CHAIN
+    )
     for spec in (asked, plain):  # bundle tasks are declared from the partition's plugins: none here
         partition = project.stage_dir("partition", spec)
         partition.mkdir(parents=True)

@@ -28,8 +28,8 @@ from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.verify.failures import speculation_failures
-from mnnbuild.verify.report import SpeculationCheck
 from mnnbuild.verify.speculation import ReplayForward, judge
+from mnnbuild.verify.verdict import SpeculationCheck
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT
 
 pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model

@@ -14,7 +14,7 @@ from mnnbuild_runtime.speculative import EagleDrafter, engine_generate, speculat
 from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.stages.verify import REPORT_JSON
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import PROJECT_ROOT, doit
 
 pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model

@@ -14,7 +14,7 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.mnn import load_model
 from mnnbuild.pipeline.layout import REPORT_PAGE
 from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit, executed_tasks
 
 pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from mnnbuild.dag.project import Project
 from mnnbuild.dag.tasks import stage_tasks, task_creators
 from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.model.spec import load_spec
 from mnnbuild.pipeline.chain import Chain
 from mnnbuild.pipeline.fingerprint import DigestMemo
@@ -55,7 +56,7 @@ def test_every_declaration_matches_its_entry_and_its_inputs() -> None:
 class NotADir(StageInputs):
     model: str
     target: str
-    model_dir: Annotated[str, From("fetch")]
+    model_dir: Annotated[str, From(FetchManifest)]
 
 
 def _not_a_dir_entry(inputs: NotADir, params: ConfigParams, out_dir: Path) -> ConfigManifest:
@@ -83,6 +84,27 @@ def test_a_declaration_that_does_not_match_its_entry_fails_at_import() -> None:
         Stage(name="config", entry=_not_a_dir_entry, **(common | {"inputs": NotADir}))
 
 
+def test_a_stage_takes_its_name_and_types_from_its_entry() -> None:
+    """Declared once: a Stage that names neither gets its types from its entry's annotations and its name from its
+    manifest; an edge names the upstream manifest type; an entry annotated with no model is refused."""
+    stage = Stage(entry=write_config, params_of=config_params, describe=describe_config, placement="target")
+    assert (stage.name, stage.inputs, stage.params, stage.manifest) == (
+        "config",
+        ConfigInputs,
+        ConfigParams,
+        ConfigManifest,
+    )
+    edge = CHAIN["config"].edges["model_dir"]
+    assert edge.upstream is FetchManifest and edge.stage == "fetch"
+    assert [s.name for s in CHAIN if s.fan_out is not None] == ["partition"], "one stage declares the plugins"
+
+    def untyped(inputs: object, params: ConfigParams, out_dir: Path) -> ConfigManifest:
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match=r"its inputs annotation <class 'object'> is no StageInputs model"):
+        Stage(entry=untyped, params_of=config_params, describe=describe_config, placement="target")
+
+
 def test_a_chain_refuses_an_edge_to_no_earlier_stage() -> None:
     with pytest.raises(ValueError, match="ConfigInputs.model_dir reads 'fetch', which is no earlier stage"):
         Chain([CHAIN["config"], CHAIN["fetch"]])
@@ -102,7 +124,7 @@ def test_dodo_layout_and_dag_derive_their_stage_sets_from_the_one_list(tmp_path:
         where = stage_dir(tmp_path, stage, "m", "v79")
         assert where == tmp_path / "m" / ("v79" if stage.per_target else "") / stage.dir
     settings = Settings.from_env(PROJECT_ROOT, {"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})
-    project = Project(settings=settings, specs={}, memo=DigestMemo(tmp_path / "memo.json"))
+    project = Project(settings=settings, specs={}, memo=DigestMemo(tmp_path / "memo.json"), chain=CHAIN)
     creators = {name for name in task_creators(project, ["list"]) if name.startswith("task_")}
     assert creators == {f"task_{s.name}" for s in STAGES} | {"task_update"}
     assert CHAIN.names("plugin") == ("context", "twin")
@@ -141,6 +163,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.pipeline.manifest import Manifest, record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, From, Stage, StageInputs
@@ -148,7 +171,7 @@ from mnnbuild.pipeline.stage import At, From, Stage, StageInputs
 
 class ShoutInputs(StageInputs):
     model: str
-    model_dir: Annotated[Path, From("fetch")]
+    model_dir: Annotated[Path, From(FetchManifest)]
 
 
 class ShoutParams(BaseModel):
@@ -261,7 +284,7 @@ def test_a_runs_dirs_and_deps_follow_its_inputs_annotations(tmp_path: Path) -> N
     spec_file.write_text(f'name = "m"\nsource = {{ local = "{TINY_MODEL_DIR}" }}\ntargets = ["v79"]\n')
     spec = load_spec(spec_file)
     settings = Settings.from_env(tmp_path, {"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})
-    project = Project(settings=settings, specs={"m": spec}, memo=DigestMemo(tmp_path / "memo.json"))
+    project = Project(settings=settings, specs={"m": spec}, memo=DigestMemo(tmp_path / "memo.json"), chain=CHAIN)
     art = tmp_path / "artifacts" / "m"
     (art / "partition").mkdir(parents=True)
     (art / "partition" / "npu_postreat.json").write_text(

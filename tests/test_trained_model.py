@@ -21,7 +21,7 @@ from mnnbuild.mnn.llm import MODEL_CONFIG
 from mnnbuild.model.spec import load_spec
 from mnnbuild.pipeline.layout import BUNDLE_MODEL_DIR, CONFIG_FILE, PROMPT_FILE, VERIFY_REPORT_JSON
 from mnnbuild.verify.compare import top2_margin
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, doit
 
 TRAINED = "tiny-qwen3-trained"

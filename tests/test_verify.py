@@ -32,7 +32,7 @@ from mnnbuild.pipeline.layout import REPORT_PAGE as PAGE
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT, VerifyInputs, VerifyManifest, VerifyParams, verify
 from mnnbuild.verify import checks
-from mnnbuild.verify.report import TIME_PHASES, VerifyReport, format_report
+from mnnbuild.verify.verdict import TIME_PHASES, VerifyReport, format_report
 from tests.conftest import FIXTURE_MODELS, doit, executed_tasks, skipped_tasks
 
 TINY = "tiny-qwen3"

@@ -27,17 +27,13 @@ from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import Any
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import ChildDiedError, MnnbuildError, error_line
 from mnnbuild.base.logs import configure_logging
 
 log = logging.getLogger(__name__)
 
 _POLL_S = 0.2
 """How long a wait for the child blocks before it looks again: an interrupt of this process is seen that fast."""
-
-
-class ChildDiedError(MnnbuildError):
-    """A child process ended (was killed, crashed) before it sent what was waited for."""
 
 
 class Channel:
@@ -81,7 +77,7 @@ def picklable(exc: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(exc))
     except Exception:  # noqa: BLE001 - any pickling problem
-        return MnnbuildError(f"{type(exc).__name__}: {exc}")
+        return MnnbuildError(error_line(exc))
     return exc
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, computed_field
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import BoundaryError, MnnbuildError
 from mnnbuild.base.fsutil import atomic_write_text
 from mnnbuild.conform.build import MnnBuild, ensure_tools
 from mnnbuild.conform.workdir import fresh_dir
@@ -121,10 +121,6 @@ class BoundaryReport(BaseModel):
     """Every difference, one line each (plugin count, graph names, shape order, boundaries, ops, outputs)."""
     problem: str | None = None
     """Why no comparison was made (compilefornpu failed, a model it does not take), else None."""
-
-
-class BoundaryError(MnnbuildError):
-    """compilefornpu (or generateIO) could not cut the model."""
 
 
 # ---- running upstream's partitioner ---------------------------------------------------------------

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import ConformBuildError
 from mnnbuild.base.fsutil import atomic_write_text, sha256_file
 from mnnbuild.base.userdirs import user_cache_dir
-from mnnbuild.conform.patches import Patch, check_patches, load_patches
+from mnnbuild.conform.patcher import Patch, check_patches, load_patches
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,6 @@ CMAKE_OPTIONS = (
 #: target gets it from :func:`ensure_tools`, an incremental build in the same tree.
 BUILD_TARGETS = ("llm_demo", "compilefornpu", "generateIO")
 _BUILD_RECORD = "build.json"
-
-
-class ConformBuildError(MnnbuildError):
-    """MNN's runtime could not be built for the conformance run."""
 
 
 class BuildRecord(BaseModel):

@@ -15,11 +15,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError, Unavailable
 from mnnbuild.conform.boundaries import compare_boundaries
 from mnnbuild.conform.build import ensure_build, ensure_driver, resolve_qnn_headers, resolve_source
 from mnnbuild.conform.effect import default_lengths
-from mnnbuild.conform.patches import Patch, load_patches
+from mnnbuild.conform.patcher import Patch, load_patches
 from mnnbuild.conform.run import (
     BUNDLE_CONFIG,
     ConformError,
@@ -35,7 +35,7 @@ from mnnbuild.manifests.partition import read_merge
 from mnnbuild.model.spec import DEVICE_NAME_PATTERN, discover_specs
 from mnnbuild.model.targets import known_archs
 from mnnbuild.pipeline.cache import CacheTiers
-from mnnbuild.pipeline.deferred import Unavailable, deferred_origin, materialize
+from mnnbuild.pipeline.deferred import deferred_origin, materialize
 from mnnbuild.pipeline.layout import bundle_model_dir, conform_dir, plugin_context_dir
 from mnnbuild.pipeline.settings import Settings
 

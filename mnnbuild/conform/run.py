@@ -29,7 +29,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from mnnbuild.base.compare import TensorCheck, Tolerance, compare
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import ConformError, MnnbuildError
 from mnnbuild.base.fsutil import atomic_write_text, read_json_object, sha256_bytes, sha256_file
 from mnnbuild.conform.boundaries import BoundaryReport, format_boundaries
 from mnnbuild.conform.build import MnnBuild
@@ -53,10 +53,6 @@ RUNTIME_KEYS = ("precision", "memory", "chunk_limits")
 #: also sets it).
 ENGINE_SETTINGS: dict[str, object] = {"backend_type": "cpu", "thread_num": 1, "sampler_type": "greedy"}
 DRIVER_TIMEOUT_S = 1800
-
-
-class ConformError(MnnbuildError):
-    """The conformance run could not run (missing bundle, a driver crash)."""
 
 
 class BinaryRun(BaseModel):

@@ -14,15 +14,11 @@ import os
 import shutil
 from pathlib import Path
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import ConformDirError
 
 MARKER = ".mnnbuild-conform"
 REPORT = "conform.json"
 _MARKER_TEXT = "made by python -m mnnbuild conform; its next run replaces what it wrote here\n"
-
-
-class ConformDirError(MnnbuildError):
-    """A directory conform would write into is not one conform made."""
 
 
 def made_by_conform(path: Path) -> bool:

@@ -19,12 +19,9 @@ from mnnbuild.dag.interrupts import handle_interrupts
 from mnnbuild.dag.project import DEFAULT_MODEL, Project, configure_logging, doit_runs_tasks
 from mnnbuild.dag.tasks import stage_runs, stage_tasks, task_creators
 from mnnbuild.pipeline.chain import Chain
-from mnnbuild.stages.chain import CHAIN, STAGES
 
 __all__ = [
-    "CHAIN",
     "DEFAULT_MODEL",
-    "STAGES",
     "Chain",
     "Project",
     "configure_logging",

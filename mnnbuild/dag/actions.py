@@ -14,11 +14,10 @@ from typing import Any
 from doit.exceptions import TaskFailed
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError, error_line
 from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
 from mnnbuild.dag.uptodate import outputs_intact
-from mnnbuild.model.spec import HfSource
-from mnnbuild.pipeline.cache import CacheTiers, cache_key, read_origin, stamps, trusted_hashes, warn_once, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, cache_key, warn_once
 from mnnbuild.pipeline.deferred import (
     CACHE_OFF,
     Unavailable,
@@ -29,11 +28,16 @@ from mnnbuild.pipeline.deferred import (
 )
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.origin import read_origin, stamps, trusted_hashes, write_origin
 from mnnbuild.pipeline.resources import peak_rss, reset_peak_rss
 from mnnbuild.pipeline.stage import Stage, StageInputs
-from mnnbuild.stages.fetch import update_lock
 
 log = logging.getLogger(__name__)
+
+
+def task_failed(exc: BaseException) -> TaskFailed:
+    """A failed task's one line (`error_line`: the error's type and message), never a traceback."""
+    return TaskFailed(error_line(exc))
 
 
 def read_upstream(upstream: list[tuple[type[Manifest], Path]]) -> dict[str, Manifest]:
@@ -69,19 +73,21 @@ Read = tuple[Stage, Path, "dict[str, Any] | None"]
 that makes it (None: no task can make it again here), which build it again when its files cannot be fetched."""
 
 
-def _guarded_intact(guards: list[Guard]) -> Callable[[], bool]:
-    """Whether every guarded upstream dir still holds the files its manifest lists, and nothing else (checked once).
+def _guarded_intact(stage: Stage, guards: list[Guard]) -> Callable[[], bool]:
+    """Whether every guarded upstream dir still holds the files its manifest lists, and nothing else (checked once,
+    by the stage's `Stage.intact`).
 
     A dir restored without its files holds the cache's, checked against their sha256 when fetched; files unchanged
     since their stage hashed them (their stamps) are not hashed again."""
-    from mnnbuild.verify.checks import check_integrity
-
+    check_integrity = stage.intact
+    if check_integrity is None:
+        raise MnnbuildError(f"stage {stage.name} guards {len(guards)} dirs but declares no intact check")
     records = [(Path(d), cls.stage, cls.read(Path(d)).outputs) for d, cls, _ in guards]
 
     @functools.cache
     def intact() -> bool:
         for d, name, outputs in records:
-            if deferred_origin(d, name) is None and not check_integrity(d, outputs, trusted_hashes(d, name)).passed:
+            if deferred_origin(d, name) is None and not check_integrity(d, outputs, trusted_hashes(d, name)):
                 return False
         return True
 
@@ -113,15 +119,15 @@ def run_stage(
     result: TaskFailed | dict[str, Any] | None = None
     if guards:
         try:
-            intact = _guarded_intact(guards)
+            intact = _guarded_intact(stage, guards)
         except MnnbuildError as exc:
-            return TaskFailed(f"{type(exc).__name__}: {exc}")
+            return task_failed(exc)
         if CacheTiers.from_env() is not None and not intact():
             try:
                 materialize_all(reads)
                 stage.entry(inputs, params, out_dir)
             except (MnnbuildError, ValidationError) as exc:
-                result = TaskFailed(f"{type(exc).__name__}: {exc}")
+                result = task_failed(exc)
         checks = (*checks, intact)
     if result is None:
         result = _run_or_restore(
@@ -194,13 +200,13 @@ def _run_or_restore(
     try:
         fetched = materialize_all(reads)
     except MnnbuildError as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     reset_peak_rss()
     started = time.perf_counter()
     try:
         manifest = stage.entry(inputs.model_copy(update={"upstream": read_upstream(upstream)}), params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     seconds = time.perf_counter() - started
     peak = peak_rss()
     for record in (*manifest.inputs, *manifest.outputs):
@@ -296,14 +302,17 @@ def run_after_failure(
     try:
         stage.entry(inputs, params, out_dir)
     except (MnnbuildError, ValidationError) as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     log.warning("%s of %s failed; its %s: %s", failed.name, failed_dir.parent, stage.name, out_dir)
     return {}
 
 
-def run_update(source: HfSource, lock_path: Path, files: tuple[str, ...]) -> TaskFailed | None:
+def run_update(stage: Stage, source: Any, lock_path: Path, files: tuple[str, ...]) -> TaskFailed | None:
+    """``doit update:<model>``: the source stage's `Stage.update` of its lock."""
+    if stage.update is None:
+        return TaskFailed(f"stage {stage.name} declares no update of its lock")
     try:
-        update_lock(source, lock_path, files)
+        stage.update(source, lock_path, files)
     except MnnbuildError as exc:
-        return TaskFailed(f"{type(exc).__name__}: {exc}")
+        return task_failed(exc)
     return None

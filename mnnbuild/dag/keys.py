@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
-from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.pipeline.fingerprint import DigestMemo, code_fingerprint
-from mnnbuild.pipeline.manifest import Manifest, package_version
-from mnnbuild.qnn.library import find_qnn_libraries
+from mnnbuild.pipeline.manifest import Manifest
 
 
 def input_identity(inputs: BaseModel) -> dict[str, Any]:
@@ -61,19 +58,3 @@ def stage_key(
         },
         sort_keys=True,
     )
-
-
-@functools.cache
-def qnn_build_id() -> str:
-    """Which QNN libraries the QNN stages would load, without loading them (task keys only).
-
-    The PyPI package's version (or the SDK directory) plus the backend library's size: a new QNN
-    changes it, and a checkout elsewhere with the same package keeps its cache hits. Manifests
-    record the build id the library itself reports.
-    """
-    try:
-        paths = find_qnn_libraries()
-    except MnnbuildError as exc:
-        return f"unavailable ({exc})"
-    where = package_version("onnxruntime-qnn") if paths.source == "onnxruntime_qnn" else str(paths.lib_dir)
-    return f"{paths.source} {where} {paths.backend.stat().st_size}"

@@ -30,7 +30,6 @@ from mnnbuild.pipeline.chain import Chain
 from mnnbuild.pipeline.fingerprint import DigestMemo
 from mnnbuild.pipeline.layout import CODE_DIGESTS
 from mnnbuild.pipeline.settings import Settings
-from mnnbuild.stages.chain import CHAIN
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +56,8 @@ class Project:
     settings: Settings
     specs: dict[str, ModelSpec]
     memo: DigestMemo
-    chain: Chain = field(default=CHAIN)
-    """The stages tasks are declared for (`mnnbuild.stages.chain.STAGES`)."""
+    chain: Chain
+    """The stages tasks are declared for (dodo.py passes `mnnbuild.stages.chain.CHAIN`)."""
     requested: tuple[str, ...] = ()
     """The tasks the command line names (`requested_tasks`): their outputs are restored with their files."""
     hashes: KnownHashes = field(default_factory=KnownHashes, compare=False)
@@ -69,7 +68,7 @@ class Project:
     (`mnnbuild.dag.actions.build_again`)."""
 
     @classmethod
-    def load(cls, project_root: Path, argv: Sequence[str] = (), chain: Chain = CHAIN) -> Project:
+    def load(cls, project_root: Path, chain: Chain, argv: Sequence[str] = ()) -> Project:
         requested = requested_tasks(argv)
         try:
             settings = Settings.from_env(project_root)
@@ -133,7 +132,7 @@ class Project:
             "subtasks": True,
             "default_tasks": self.default_tasks(),
             "verbosity": 1,
-            "reporter": reporter_for(root),
+            "reporter": reporter_for(root, self.chain),
         }
 
 

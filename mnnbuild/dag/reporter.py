@@ -21,9 +21,9 @@ from doit.reporter import ConsoleReporter
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import atomic_write_text
 from mnnbuild.base.sizes import human_bytes
-from mnnbuild.manifests.bundle import BundleManifest
-from mnnbuild.partition.records import PartitionReport
-from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON, PUSH_SCRIPT, REPORT_PAGE, RUN_SCRIPT, VERIFY_REPORT_TEXT
+from mnnbuild.pipeline.chain import Chain
+from mnnbuild.pipeline.layout import PUSH_SCRIPT, RUN_SCRIPT, VERIFY_REPORT_TEXT
+from mnnbuild.pipeline.stage import Stage
 
 LAST_RUN = ".doit-run.json"
 """What the last doit run did, under the artifact root beside doit's own ``.doit.db`` (`BuildSummaryReporter`): a
@@ -86,9 +86,14 @@ class BuildSummaryReporter(ConsoleReporter):
         self.bytes_fetched: dict[str, int] = {}
         self.bytes_stored: dict[str, int] = {}
         self.bundles: dict[str, Path] = {}
+        """What the run made for the user (`Ending.product`), by task."""
         self.reports: dict[str, Path] = {}
-        self.partitions: dict[str, Path] = {}
+        """The pages it made (`Ending.page`), by task: the page's path."""
+        self.summaries: dict[str, tuple[Stage, Path]] = {}
+        """Dirs whose stage says a line of them (`Ending.summary`), by task."""
+        self.kinds: dict[str, Stage] = {}
         self.state_dir: Path | None = None
+        self.chain: Chain | None = None
 
     def initialize(self, tasks: dict[str, Any], selected_tasks: list[str]) -> None:
         super().initialize(tasks, selected_tasks)
@@ -100,12 +105,17 @@ class BuildSummaryReporter(ConsoleReporter):
 
     def _seen(self, task: Any) -> None:
         self.running.discard(task.name)
-        stage = task.name.split(":", 1)[0]
-        if stage in ("bundle", "report") and task.targets and ":" in task.name:
-            where = self.bundles if stage == "bundle" else self.reports
-            where[task.name] = Path(task.targets[0]).parent
-        if stage == "partition" and task.targets and ":" in task.name:
-            self.partitions[task.name] = Path(task.targets[0]).parent
+        name = task.name.split(":", 1)[0]
+        if self.chain is None or name not in self.chain.stages or not task.targets or ":" not in task.name:
+            return
+        stage, where = self.chain[name], Path(task.targets[0]).parent
+        self.kinds[task.name] = stage
+        if stage.ending.product:
+            self.bundles[task.name] = where
+        if stage.ending.page is not None:
+            self.reports[task.name] = where / stage.ending.page
+        if stage.ending.summary is not None:
+            self.summaries[task.name] = (stage, where)
 
     def add_success(self, task: Any) -> None:
         super().add_success(task)
@@ -156,7 +166,7 @@ class BuildSummaryReporter(ConsoleReporter):
             return
         for task, _ in self.failed:
             self._write_task_output(task)
-        lines = self._outcome(seconds) + self._partition_lines()
+        lines = self._outcome(seconds) + self._summary_lines()
         lines += self._failures() if self.failed else self._next_steps()
         if self.runtime_errors:
             lines += ["doit: " + " ".join(e.split()) for e in self.runtime_errors]
@@ -179,37 +189,36 @@ class BuildSummaryReporter(ConsoleReporter):
             parts.append(f"{len(self.failed)} failed")
         return [f"{'failed' if self.failed else 'done'} in {seconds:.1f} s: {', '.join(parts)}"]
 
-    def _partition_lines(self) -> list[str]:
-        """What runs where, per partition the run touched: plugins and the CPU's share of the weights."""
+    def _summary_lines(self) -> list[str]:
+        """A line of each dir the run touched whose stage says one (`Ending.summary`: what runs where, per
+        partition)."""
         lines = []
-        for task, where in list(self.partitions.items())[:_SHOWN]:
-            try:
-                report = PartitionReport.model_validate_json(
-                    (where / PARTITION_REPORT_JSON).read_text(encoding="utf-8")
-                )
-            except (OSError, ValueError):
-                continue
-            lines.append(f"{task.replace(':', ' ', 1)}: {report.cpu_summary()}")
+        for task, (stage, where) in list(self.summaries.items())[:_SHOWN]:
+            said = stage.ending.summary(where) if stage.ending.summary is not None else None
+            if said is not None:
+                lines.append(f"{task.replace(':', ' ', 1)}: {said}")
         return lines
 
     def _next_steps(self) -> list[str]:
         lines = []
         here: list[Path] = []  # bundles whose files are in their dir (a cache hit nothing read leaves them out)
         for task, bundle in list(self.bundles.items())[:_SHOWN]:
+            stage = self.kinds[task]
+            label = f"{stage.name:<7}"
             try:
-                outputs = BundleManifest.read(bundle).outputs
+                outputs = stage.manifest.read(bundle).outputs
             except MnnbuildError:
-                lines.append(f"bundle  {shown(bundle)}")
+                lines.append(f"{label} {shown(bundle)}")
                 continue
             size = f"{len(outputs)} files, {human_bytes(sum(r.size for r in outputs))}"
             if all((bundle / r.path).is_file() for r in outputs):
-                lines.append(f"bundle  {shown(bundle)} ({size})")
+                lines.append(f"{label} {shown(bundle)} ({size})")
                 here.append(bundle)
             else:
-                lines.append(f"bundle  {shown(bundle)}: in the cache ({size}); `doit {task}` writes it here")
-        for report in list(self.reports.values())[:_SHOWN]:
-            if (report / REPORT_PAGE).is_file():
-                lines.append(f"report  {(report / REPORT_PAGE).resolve().as_uri()}")
+                lines.append(f"{label} {shown(bundle)}: in the cache ({size}); `doit {task}` writes it here")
+        for task, page in list(self.reports.items())[:_SHOWN]:
+            if page.is_file():
+                lines.append(f"{self.kinds[task].name:<7} {page.resolve().as_uri()}")
         for bundle in here:
             push = shown(bundle / PUSH_SCRIPT)
             lines.append(f"push    QNN_SDK_ROOT=<QAIRT SDK> MNN_BUILD_DIR=<llm_demo build> {push}")
@@ -266,7 +275,7 @@ class BuildSummaryReporter(ConsoleReporter):
             "bytes_fetched": self.bytes_fetched,
             "bytes_stored": self.bytes_stored,
             "bundles": {name: str(d) for name, d in self.bundles.items()},
-            "reports": {name: str(d / REPORT_PAGE) for name, d in self.reports.items()},
+            "reports": {name: str(page) for name, page in self.reports.items()},
         }
         try:
             atomic_write_text(path, json.dumps(record, indent=2) + "\n")
@@ -274,13 +283,15 @@ class BuildSummaryReporter(ConsoleReporter):
             pass
 
 
-def reporter_for(artifact_root: Path) -> type[BuildSummaryReporter]:
-    """The reporter class doit instantiates (it takes a class), writing its record under ``artifact_root``."""
+def reporter_for(artifact_root: Path, chain: Chain) -> type[BuildSummaryReporter]:
+    """The reporter class doit instantiates (it takes a class), writing its record under ``artifact_root`` and
+    saying of each stage's dirs what its declaration asks (`Stage.ending`)."""
 
     class Reporter(BuildSummaryReporter):
         def __init__(self, outstream: Any, options: dict[str, Any]) -> None:
             super().__init__(outstream, options)
             self.state_dir = Path(artifact_root)
+            self.chain = chain
 
     return Reporter
 

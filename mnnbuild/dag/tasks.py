@@ -3,14 +3,14 @@
 A stage declares where it sits, what it reads (its Inputs' ``From`` fields), what it calls and whether it is
 cacheable (`mnnbuild.pipeline.stage.Stage`); the chain lists the stages (`mnnbuild.stages.chain`); the layout says
 where each stage writes. What is left here is the loop over the specs, their parts, targets and plugins (the
-per-plugin fan-out reads the partition's ``merge``).
+per-plugin fan-out is the one the chain's `Stage.fan_out` declares).
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,24 +21,19 @@ from doit.tools import config_changed
 from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
-from mnnbuild.base.fsutil import confined, remove_stage_dir, remove_stage_dirs
+from mnnbuild.base.fsutil import remove_stage_dir, remove_stage_dirs
 from mnnbuild.dag.actions import run_after_failure, run_stage, run_update, task_identity
-from mnnbuild.dag.keys import qnn_build_id, stage_key
+from mnnbuild.dag.keys import stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.status import code_record, group
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.manifests.partition import PartitionManifest, read_merge
 from mnnbuild.model.modeldir import chain_parts
 from mnnbuild.model.spec import HfSource, ModelSpec
 from mnnbuild.pipeline.layout import plugin_context_dir, plugin_dir
-from mnnbuild.pipeline.manifest import tool_versions
-from mnnbuild.pipeline.stage import At, From, Stage, StageInputs
+from mnnbuild.pipeline.manifest import qnn_build_id, tool_versions
+from mnnbuild.pipeline.stage import At, FanOut, From, Stage, StageInputs
 
 log = logging.getLogger(__name__)
-
-PLUGINS_FROM = "partition"
-"""The stage whose ``merge`` (``npu_postreat.json``) says which plugins a model part has."""
-
 
 @dataclass(frozen=True)
 class Run:
@@ -63,10 +58,6 @@ class Run:
         return self.at.arch
 
     @property
-    def part(self) -> str | None:
-        return self.at.part
-
-    @property
     def binary(self) -> str | None:
         return self.at.binary
 
@@ -82,26 +73,30 @@ def out_dir(project: Project, stage: Stage, at: At, spec: ModelSpec) -> Path:
     return project.stage_dir(stage.name, spec, at.arch, at.part if stage.placement == "part" else None)
 
 
-def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
-    """Every (target, plugin) of a model, every part's, with the partition's records of the files of its graphs and
-    of the split model they index, if any (what a per-plugin stage reads of the partition), by path and sha256.
+def fan_out(project: Project) -> tuple[Stage, FanOut]:
+    """The stage whose output says which plugins a model part has, and how (`Stage.fan_out`)."""
+    (found,) = [(s, s.fan_out) for s in project.chain if s.fan_out is not None]
+    return found
 
-    By record, not by file: the partition's own up-to-date check holds its files to those records, and a partition
-    restored without its weights (`Stage.defer`) needs not fetch them for plugins that are up to date or hit."""
+
+def plugin_binaries(project: Project, spec: ModelSpec, part: str) -> Mapping[str, list[str]]:
+    """A model part's plugins (binary -> graph dirs); an `MnnbuildError` while its fan-out stage has not run."""
+    stage, out = fan_out(project)
+    return out.binaries(project.stage_dir(stage.name, spec, part=part))
+
+
+def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
+    """Every (target, plugin) of a model, every part's, with the fan-out stage's records of the files its runs read
+    (`FanOut.plugins`), by path (under that stage's dir name) and sha256."""
+    stage, out = fan_out(project)
     for part in model_parts(spec):
-        partition_dir = project.stage_dir(PLUGINS_FROM, spec, part=part)
-        merge = read_merge(partition_dir)
-        partition = PartitionManifest.read(partition_dir)
+        plugins = out.plugins(project.stage_dir(stage.name, spec, part=part))
         # the biggest first: with `doit -n 2` the lm_head (many layers' worth) overlaps the layers instead of trailing
-        size = {p.path: p.parameters for p in partition.plugins}
-        by_cost = sorted(merge.items(), key=lambda item: -size.get(item[0], 0))
+        by_cost = sorted(plugins, key=lambda p: -p.cost)
         for arch in spec.targets:
-            for binary, graphs in by_cost:
-                records = partition.plugin_files(graphs)
-                for r in records:
-                    confined(partition_dir, r.path, "partition manifest outputs")
-                read = tuple((r.under(PLUGINS_FROM).path, r.sha256) for r in records)
-                yield At(arch=arch, part=part, binary=binary, graphs=tuple(graphs)), read
+            for plugin in by_cost:
+                read = tuple((r.under(stage.dir).path, r.sha256) for r in plugin.reads)
+                yield At(arch=arch, part=part, binary=plugin.binary, graphs=plugin.graphs), read
 
 
 def placements(project: Project, stage: Stage, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
@@ -136,17 +131,17 @@ def edge_deps(project: Project, edge: From, spec: ModelSpec, at: At) -> list[Pat
     if project.chain[edge.stage].placement != "plugin":
         return [found]
     parts = (at.part,) if at.part else model_parts(spec)
-    binaries = [b for p in parts for b in read_merge(project.stage_dir(PLUGINS_FROM, spec, part=p))]
+    binaries = [b for p in parts for b in plugin_binaries(project, spec, p)]
     return [plugin_context_dir(found, b) for b in binaries]
 
 
 def source_deps(
-    spec: ModelSpec, params: BaseModel, dest: Path
+    stage: Stage, spec: ModelSpec, params: BaseModel, dest: Path
 ) -> tuple[tuple[Path, ...], tuple[Callable[[], bool], ...]]:
     """What a stage reading the model from outside the artifact root depends on there: a local source's files (the
     ones it takes), or an HF source's lock."""
     if isinstance(spec.source, HfSource):
-        return (), (hf_pinned(spec.lock_path, dest),)
+        return (), () if stage.pinned is None else (hf_pinned(stage.pinned, spec.lock_path, dest),)
     source_dir = spec.local_dir()
     files: tuple[str, ...] = getattr(params, "files", ())
     return tuple(source_dir / n for n in files if (source_dir / n).is_file()), ()
@@ -170,7 +165,7 @@ def stage_runs(project: Project, name: str, spec: ModelSpec) -> Iterator[Run]:
         checks: tuple[Callable[[], bool], ...] = ()
         files: tuple[Path, ...] = ()
         if stage.reads_source:
-            files, checks = source_deps(spec, params, out_dir(project, stage, at, spec))
+            files, checks = source_deps(stage, spec, params, out_dir(project, stage, at, spec))
         inputs = stage.inputs(**values)
         doc = stage.describe(spec, at)
         yield Run(spec, inputs, params, doc=doc, at=at, file_dep=files, recorded=recorded, checks=checks)
@@ -293,7 +288,7 @@ def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> I
     for s in [spec] if spec else project.specs.values():
         for run in stage_runs(project, name, s):
             yield stage_task(project, stage, run)
-    if name == PLUGINS_FROM and spec is None:
+    if stage.fan_out is not None and spec is None:
         yield from parts_group_tasks(project)
 
 
@@ -340,19 +335,21 @@ def npu_task_creators(
             if subtasks and partitioned(project, spec):
                 known = {task_full_name(t) for t in creator() if "basename" in t}
                 creates += [n for n in subtasks if n in known]
-            creator = create_after(executed=partitions_task(spec), creates=creates)(creator)
+            creator = create_after(executed=partitions_task(project, spec), creates=creates)(creator)
         creators[f"task_npu_{spec.name}"] = creator
     return creators
 
 
-def partitions_task(spec: ModelSpec) -> str:
+def partitions_task(project: Project, spec: ModelSpec) -> str:
     """The task after which a model's plugins are known: its partition, or for a VL model the group of both
     parts' partitions (:func:`parts_group_tasks`)."""
-    return f"{PLUGINS_FROM}:{spec.name}" if model_parts(spec) == ("llm",) else f"{PLUGINS_FROM}:{spec.name}:parts"
+    name = fan_out(project)[0].name
+    return f"{name}:{spec.name}" if model_parts(spec) == ("llm",) else f"{name}:{spec.name}:parts"
 
 
 def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
     """``partition:<model>:parts`` per VL model: both parts' partitions (the plugin tasks are created after it)."""
+    name = fan_out(project)[0].name
     for spec in project.specs.values():
         if model_parts(spec) != ("llm",):
             yield group(
@@ -361,8 +358,8 @@ def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
                     "doc": f"the {spec.name} language model's and visual encoder's partitions",
                     "actions": None,
                     "task_dep": [
-                        f"{PLUGINS_FROM}:{spec.name}",
-                        *(f"{PLUGINS_FROM}:{spec.name}:{p}" for p in model_parts(spec)[1:]),
+                        f"{name}:{spec.name}",
+                        *(f"{name}:{spec.name}:{p}" for p in model_parts(spec)[1:]),
                     ],
                 }
             )
@@ -372,7 +369,7 @@ def partitioned(project: Project, spec: ModelSpec) -> bool:
     """Whether the model's partition is on disk (its plugins are known)."""
     try:
         for part in model_parts(spec):
-            read_merge(project.stage_dir(PLUGINS_FROM, spec, part=part))
+            plugin_binaries(project, spec, part)
     except MnnbuildError:
         return False
     return True
@@ -409,7 +406,7 @@ def update_tasks(project: Project, stage: Stage) -> Iterator[dict[str, Any]]:
         yield {
             "name": spec.name,
             "doc": f"re-resolve {spec.source.hf}@{spec.source.revision} and pin it in {spec.lock_path.name}",
-            "actions": [(run_update, [spec.source, spec.lock_path, files])],
+            "actions": [(run_update, [stage, spec.source, spec.lock_path, files])],
             "uptodate": [False],  # an update is always asked for explicitly
         }
 

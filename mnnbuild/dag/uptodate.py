@@ -9,22 +9,17 @@ from typing import Any
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
 from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
-from mnnbuild.manifests.fetch import FetchManifest, HfLock
-from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.deferred import deferred_origin
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.origin import trusted_hashes
 
 
-def hf_pinned(lock_path: Path, out_dir: Path) -> Callable[[], bool]:
-    """Up to date while the fetched commit is still the one the lock file pins."""
+def hf_pinned(pinned: Callable[[Path, Path], bool], lock_path: Path, out_dir: Path) -> Callable[[], bool]:
+    """Up to date while the fetched commit is still the one the lock file pins (`Stage.pinned`)."""
 
     def check() -> bool:
-        try:
-            lock = HfLock.model_validate_json(lock_path.read_text(encoding="utf-8"))
-            return FetchManifest.read(out_dir).source.commit == lock.commit
-        except (OSError, ValueError, MnnbuildError):
-            return False
+        return pinned(lock_path, out_dir)
 
     return check
 
@@ -200,7 +195,7 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
     were kept, [size, mtime, sha256], is held to those.)
 
     ``made_by``: the stage dir ``root`` lies in and its manifest: a file with the stamp its origin record gave it
-    when that stage hashed it (`mnnbuild.pipeline.cache.trusted_hashes`) takes the manifest's sha256, not hashed
+    when that stage hashed it (`mnnbuild.pipeline.origin.trusted_hashes`) takes the manifest's sha256, not hashed
     again on the first snapshot.
     """
 

@@ -29,7 +29,7 @@ from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight, fo
 from mnnbuild.mnn import MnnModel, Op
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
-from mnnbuild.model.npu_weights import WeightNote
+from mnnbuild.model.npu_weights import NpuWeights, WeightNote
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class LoweringContext:
         inputs: Sequence[int],
         outputs: Sequence[int],
         conv_weights: MutableMapping[str, ConvWeights | QuantizedWeight] | None = None,
-        npu_weights: str = DEFAULT_NPU_WEIGHTS,
+        npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS,
     ) -> None:
         self.model = model
         self.weights = weights

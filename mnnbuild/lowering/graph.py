@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mnnbuild.base.errors import MnnbuildError, QnnError
+from mnnbuild.base.errors import LoweringError, MnnbuildError, QnnError
 from mnnbuild.base.fsutil import confined, sha256_bytes
 from mnnbuild.base.logs import progress
 from mnnbuild.model.npu_weights import WeightNote
@@ -36,10 +36,6 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 3  # 2: STATIC tensors may name a narrower storage type; 3: quantized STATIC tensors, weight notes
 GRAPH_JSON = GRAPH_FILE
 DEFAULT_PACKAGE = "qti.aisw"
-
-
-class LoweringError(MnnbuildError):
-    """An MNN op cannot be lowered to QNN, or a graph description is inconsistent."""
 
 
 class QnnRefusal(LoweringError):

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import LoweringError, MnnbuildError
 from mnnbuild.lowering.channel_last import channel_last
 from mnnbuild.lowering.context import LoweringContext, TensorMeta
-from mnnbuild.lowering.graph import GraphDescription, LoweringError, write_graph_dir
+from mnnbuild.lowering.graph import GraphDescription, write_graph_dir
 from mnnbuild.lowering.ops import REGISTRY
 from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.lowering.support import FOLDED_OP_TYPES as FOLDED_OP_TYPES
@@ -35,6 +35,7 @@ from mnnbuild.lowering.support import unsupported_reason as unsupported_reason
 from mnnbuild.mnn import MnnModel
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
+from mnnbuild.model.npu_weights import NpuWeights
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def lower_subgraph(
     inputs: Sequence[int],
     outputs: Sequence[int],
     conv_weights: MutableMapping[str, ConvWeights | QuantizedWeight] | None = None,
-    npu_weights: str = DEFAULT_NPU_WEIGHTS,
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS,
 ) -> LoweredGraph:
     """Lower the ops ``op_indexes`` of ``model`` (in that order, topologically sorted) to one QNN graph.
 
@@ -115,7 +116,7 @@ def _lower(
     inputs: Sequence[int],
     outputs: Sequence[int],
     conv_weights: MutableMapping[str, ConvWeights | QuantizedWeight] | None = None,
-    npu_weights: str = DEFAULT_NPU_WEIGHTS,
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS,
 ) -> LoweredGraph:
     const = constant_tensors(model)
     ops = [model.ops[i] for i in op_indexes]

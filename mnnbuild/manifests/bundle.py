@@ -7,6 +7,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.manifests.config import ConfigManifest
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.model.modeldir import DEFAULT_PROMPT
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
@@ -17,15 +21,15 @@ class BundleInputs(StageInputs):
     model: str
     model_name: str
     """Directory name on the device, e.g. ``Qwen3-1.7B-MNN``."""
-    model_dir: Annotated[Path, From("fetch")]
+    model_dir: Annotated[Path, From(FetchManifest)]
     """fetch output."""
-    config_dir: Annotated[Path, From("config")]
+    config_dir: Annotated[Path, From(ConfigManifest)]
     """config output (``config_qnn.json``)."""
-    partition_dir: Annotated[Path, From("partition")]
+    partition_dir: Annotated[Path, From(PartitionManifest)]
     """partition output (the partitioned model ``qnn/<graph file>``, named by the fetch manifest's part)."""
-    visual_partition_dir: Annotated[Path | None, From("partition", part="visual")] = None
+    visual_partition_dir: Annotated[Path | None, From(PartitionManifest, part="visual")] = None
     """A VL model's encoder partition output (``qnn/visual.mnn``; None: no encoder)."""
-    context_dir: Annotated[Path, From("context")]
+    context_dir: Annotated[Path, From(ContextManifest)]
     """context outputs, one subdir per plugin: ``<plugin>/qnn/graphllm<k>.bin`` (and a VL encoder's
     ``qnn/graphvisual<k>.bin``), one for each entry of the partitions' ``merge``."""
 

@@ -8,6 +8,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import PrefillLengths
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import From, StageInputs
@@ -37,7 +38,7 @@ class ConfigQnn(BaseModel):
 class ConfigInputs(StageInputs):
     model: str
     target: str
-    model_dir: Annotated[Path, From("fetch")]
+    model_dir: Annotated[Path, From(FetchManifest)]
     """The fetch stage's output directory (its ``config.json`` and tokenizer file)."""
 
 

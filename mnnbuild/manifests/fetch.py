@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.model.modeldir import ALL_FILES, ModelPart, PartFamily
 from mnnbuild.model.spec import HfSource, LocalSource
 from mnnbuild.model.speculation import Speculation, SpeculativeAsk
@@ -63,3 +64,12 @@ class FetchManifest(Manifest):
     """The graph the later stages convert, as the model dir names it (``config.json``'s ``llm_model``)."""
     speculation: Speculation | None = None
     """The speculative decoding the bundle is built for (None: none); its files are among the outputs."""
+
+
+def lock_pinned(lock_path: Path, out_dir: Path) -> bool:
+    """Whether the fetch dir ``out_dir`` still holds the commit the lock file pins (`Stage.pinned`)."""
+    try:
+        lock = HfLock.model_validate_json(lock_path.read_text(encoding="utf-8"))
+        return FetchManifest.read(out_dir).source.commit == lock.commit
+    except (OSError, ValueError, MnnbuildError):
+        return False

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from mnnbuild.cpu import CpuRuntime
+from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.model.modeldir import ChainPart
 from mnnbuild.model.spec import DEFAULT_PROMPT, VisualEncoderKind
 from mnnbuild.pipeline.manifest import Manifest
@@ -30,7 +31,7 @@ PrefillLengths = Annotated[
 
 class IoInputs(StageInputs):
     model: str
-    model_dir: Annotated[Path, From("fetch")]
+    model_dir: Annotated[Path, From(FetchManifest)]
     """The fetch stage's output directory."""
 
 

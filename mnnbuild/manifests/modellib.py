@@ -7,6 +7,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict
 
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import From, StageInputs
@@ -14,9 +16,9 @@ from mnnbuild.pipeline.stage import From, StageInputs
 
 class ModellibInputs(StageInputs):
     model: str
-    model_dir: Annotated[Path, From("fetch")]
+    model_dir: Annotated[Path, From(FetchManifest)]
     """fetch output (the source llm.mnn and its weights)."""
-    partition_dir: Annotated[Path, From("partition")]
+    partition_dir: Annotated[Path, From(PartitionManifest)]
 
 
 class ModellibParams(BaseModel):

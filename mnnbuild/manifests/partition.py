@@ -10,19 +10,21 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.base.errors import UpstreamError
+from mnnbuild.base.fsutil import confined
 from mnnbuild.cpu import CpuRuntime
-from mnnbuild.manifests.io import PrefillLengths
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.io import IoManifest, PrefillLengths
 from mnnbuild.model.modeldir import ChainPart
 from mnnbuild.pipeline.layout import LOWERING_SOURCE, POSTREAT_FILE
 from mnnbuild.pipeline.manifest import FileRecord, Manifest
-from mnnbuild.pipeline.stage import From, StageInputs
+from mnnbuild.pipeline.stage import From, Plugin, StageInputs
 
 
 class PartitionInputs(StageInputs):
     model: str
-    model_dir: Annotated[Path, From("fetch")]
+    model_dir: Annotated[Path, From(FetchManifest)]
     """The fetch stage's output directory."""
-    io_dir: Annotated[Path, From("io")]
+    io_dir: Annotated[Path, From(IoManifest)]
     """The io stage's output directory."""
 
 
@@ -100,6 +102,24 @@ class PartitionManifest(Manifest):
         extra = {LOWERING_SOURCE} | {p.split_model for p in self.plugins if p.split_model and names & set(p.graphs)}
         files = self.outputs_in(graphs)
         return files + [r for r in self.outputs if r.path in extra]
+
+
+def partition_plugins(partition_dir: Path) -> list[Plugin]:
+    """The plugins a partition dir names (`FanOut.plugins`), with its manifest's records of the files of their graphs
+    and of the split model they index, if any (what a per-plugin stage reads of the partition), and their cost.
+
+    By record, not by file: the partition's own up-to-date check holds its files to those records, and a partition
+    restored without its weights (`Stage.defer`) needs not fetch them for plugins that are up to date or hit."""
+    merge = read_merge(partition_dir)
+    partition = PartitionManifest.read(partition_dir)
+    size = {p.path: p.parameters for p in partition.plugins}
+    found = []
+    for binary, graphs in merge.items():
+        records = partition.plugin_files(graphs)
+        for r in records:
+            confined(partition_dir, r.path, "partition manifest outputs")
+        found.append(Plugin(binary, tuple(graphs), tuple(records), size.get(binary, 0)))
+    return found
 
 
 def read_merge(partition_dir: Path) -> dict[str, list[str]]:

@@ -25,9 +25,9 @@ class PluginInputs(StageInputs):
 
     model: str
     # of the fetch, the lowering source the partition records (`PartitionManifest.plugin_files`)
-    model_dir: Annotated[Path, From("fetch", reads="files")]
+    model_dir: Annotated[Path, From(FetchManifest, reads="files")]
     """fetch output: the model and weight file the graphs are lowered from."""
-    partition_dir: Annotated[Path, From("partition", reads="files")]
+    partition_dir: Annotated[Path, From(PartitionManifest, reads="files")]
     binary: str
     """The merge entry's key, e.g. ``qnn/graphllm0.bin`` (the shipped binary, or the one a twin stands in for)."""
     graphs: list[str]

@@ -9,6 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.cpu import CpuRuntime
+from mnnbuild.manifests.bundle import BundleManifest
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.manifests.fetch import FetchManifest
+from mnnbuild.manifests.io import IoManifest
+from mnnbuild.manifests.partition import PartitionManifest
+from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import From, StageInputs
@@ -16,20 +22,20 @@ from mnnbuild.pipeline.stage import From, StageInputs
 
 class VerifyInputs(StageInputs):
     model: str
-    bundle_dir: Annotated[Path, From("bundle")]
+    bundle_dir: Annotated[Path, From(BundleManifest)]
     """bundle output (``bundle.manifest.json``, ``model/<name>/``)."""
-    partition_dir: Annotated[Path, From("partition")]
-    io_dir: Annotated[Path, From("io")]
-    model_dir: Annotated[Path, From("fetch")]
+    partition_dir: Annotated[Path, From(PartitionManifest)]
+    io_dir: Annotated[Path, From(IoManifest)]
+    model_dir: Annotated[Path, From(FetchManifest)]
     """fetch output: the original model, run whole in MNN for the references."""
-    context_dir: Annotated[Path, From("context", contents=False)]  # of the contexts, their manifests only
+    context_dir: Annotated[Path, From(ContextManifest, contents=False)]  # of the contexts, their manifests only
     """context outputs (one subdir per plugin): each shipped binary must have its recorded hash."""
-    twin_dir: Annotated[Path, From("twin")]
+    twin_dir: Annotated[Path, From(TwinManifest)]
     """twin outputs (one subdir per plugin): the unshared twins, which run in the simulator in the shipped
     binaries' place."""
-    visual_io_dir: Annotated[Path | None, From("io", part="visual")] = None
+    visual_io_dir: Annotated[Path | None, From(IoManifest, part="visual")] = None
     """A VL model's encoder (its visual part): io and partition outputs; None: no encoder."""
-    visual_partition_dir: Annotated[Path | None, From("partition", part="visual")] = None
+    visual_partition_dir: Annotated[Path | None, From(PartitionManifest, part="visual")] = None
 
 
 class VerifyParams(BaseModel):

@@ -33,6 +33,10 @@ class Chain:
                     raise ValueError(f"{where} of part {edge.part!r}, but {edge.stage} is not built per part")
                 if _DEPTH[up.placement] > _DEPTH[stage.placement]:
                     raise ValueError(f"{where}, which is built per target, from a stage that is not")
+            if stage.placement == "plugin" and not any(s.fan_out for s in self.stages.values()):
+                raise ValueError(f"stage {stage.name} is built per plugin, after no stage that declares a fan_out")
+            if stage.fan_out is not None and any(s.fan_out for s in self.stages.values()):
+                raise ValueError(f"stage {stage.name}: a second stage that declares a fan_out")
             if stage.after_failure_of is not None:
                 failed = self.stages.get(stage.after_failure_of)
                 if failed is None or failed.leaves_on_failure is None:

@@ -8,9 +8,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError, Unavailable
 from mnnbuild.base.fsutil import sha256_file
-from mnnbuild.pipeline.cache import CacheTiers, Misses, read_origin, stamps, tier_gone, write_origin
+from mnnbuild.pipeline.cache import CacheTiers, Misses, tier_gone
+from mnnbuild.pipeline.origin import read_origin, stamps, write_origin
 from mnnbuild.pipeline.resources import run_id
 from mnnbuild.pipeline.stage import Stage
 
@@ -27,16 +28,6 @@ def deferred_origin(out_dir: Path, stage: str) -> dict[str, Any] | None:
 
 
 CACHE_OFF = "the cache is off"
-
-
-class Unavailable(MnnbuildError):
-    """The files of a stage dir restored without them cannot be had from the cache (`materialize`): ``problem`` says
-    why; ``said``: a warning said so already in this run (a blob found bad, a remote tier gone)."""
-
-    def __init__(self, out_dir: Path, problem: str, said: bool) -> None:
-        super().__init__(f"{out_dir}: restored without its files, which could not be fetched ({problem})")
-        self.problem = problem
-        self.said = said
 
 
 def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[str, int] | None:
@@ -76,7 +67,7 @@ def materialize(stage: Stage, out_dir: Path, tiers: CacheTiers | None) -> tuple[
 
 
 def output_stamps(stage: Stage, out_dir: Path) -> dict[str, list[int]]:
-    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.cache.stamps`) by its manifest."""
+    """The stamps of a stage dir's outputs (`mnnbuild.pipeline.origin.stamps`) by its manifest."""
     try:
         outputs = stage.manifest.read(Path(out_dir)).outputs
         return stamps(Path(out_dir), [r.path for r in outputs if (Path(out_dir) / r.path).is_file()])

@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 import mnnbuild
-from mnnbuild.base.errors import ManifestMissing, UpstreamError
+from mnnbuild.base.errors import ManifestMissing, MnnbuildError, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, hash_stamped, sha256_bytes
 from mnnbuild.pipeline.layout import manifest_file
 
@@ -161,6 +161,24 @@ def package_version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+@functools.cache
+def qnn_build_id() -> str:
+    """Which QNN libraries the QNN stages would load, without loading them (task keys only).
+
+    The PyPI package's version (or the SDK directory) plus the backend library's size: a new QNN
+    changes it, and a checkout elsewhere with the same package keeps its cache hits. Manifests
+    record the build id the library itself reports.
+    """
+    from mnnbuild.qnn.library import find_qnn_libraries  # the QNN format layer, for the stages that call QNN only
+
+    try:
+        paths = find_qnn_libraries()
+    except MnnbuildError as exc:
+        return f"unavailable ({exc})"
+    where = package_version("onnxruntime-qnn") if paths.source == "onnxruntime_qnn" else str(paths.lib_dir)
+    return f"{paths.source} {where} {paths.backend.stat().st_size}"
 
 
 def tool_versions(*, mnn: bool = False, qnn: str | None = None) -> dict[str, str]:

@@ -3,7 +3,7 @@
 Each stage module ends with one ``STAGE = Stage(...)``: its name, entry function, Inputs / Params /
 Manifest models, where it is placed (once per model, per model part, per target or per plugin), how a
 model spec becomes its Params, whether its outputs can be restored from the cache, and which external
-tools it calls. Its edges are its Inputs model: every field annotated ``Annotated[Path, From("partition")]``
+tools it calls. Its edges are its Inputs model: every field annotated ``Annotated[Path, From(PartitionManifest)]``
 holds an upstream stage's directory, and `mnnbuild.dag` derives the stage's upstream, file_dep and the
 directories it is handed from those annotations. The stage itself knows nothing about doit.
 
@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.pipeline.manifest import Manifest
+from mnnbuild.pipeline.manifest import FileRecord, Manifest
 
 M = TypeVar("M", bound=Manifest)
 Tool = Literal["MNN", "QNN"]
@@ -40,10 +40,12 @@ plugin's binary and graph dirs."""
 
 @dataclass(frozen=True)
 class From:
-    """An Inputs field's annotation: the field holds upstream stage ``stage``'s directory (``Path``, or
-    ``Path | None`` for a part the model may not have)."""
+    """An Inputs field's annotation: the field holds the directory of the upstream stage that writes ``upstream``
+    (its manifest type: ``From(PartitionManifest)``), a ``Path``, or ``Path | None`` for a part the model may not
+    have."""
 
-    stage: str
+    upstream: type[Manifest]
+    """The upstream stage's manifest type: the stage it names (`Manifest.stage`) and the file its dir holds."""
     part: str | None = None
     """Of a per-part upstream stage: which part's directory (``"visual"``: a VL model's encoder; None for a model
     without one). None: the run's own part (the language model's, for a run of the whole model)."""
@@ -59,6 +61,11 @@ class From:
     """Whether the run reads the upstream's files, not only its manifest: restored from the cache without the bytes
     (`Stage.defer`), they are fetched before it runs (verify reads the contexts' manifests only)."""
 
+    @property
+    def stage(self) -> str:
+        """The upstream stage's name (its manifest's `Manifest.stage`)."""
+        return self.upstream.stage
+
 
 @dataclass(frozen=True)
 class At:
@@ -69,6 +76,41 @@ class At:
     part: str | None = None
     binary: str | None = None
     graphs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """One plugin a stage dir names (`FanOut`): its binary, its graph dirs, the records of the files its runs read
+    of that dir, and what it costs to build (the biggest start first)."""
+
+    binary: str
+    graphs: tuple[str, ...]
+    reads: tuple[FileRecord, ...] = ()
+    cost: int = 0
+
+
+@dataclass(frozen=True)
+class FanOut:
+    """Declared by the stage whose output says which plugins a model part has (the partition): the per-plugin
+    stages run once per plugin of each of its dirs, created once it ran."""
+
+    binaries: Callable[[Path], Mapping[str, list[str]]]
+    """``(stage dir) -> {binary: graph dirs}``; an `MnnbuildError` while the dir names none."""
+    plugins: Callable[[Path], list[Plugin]]
+    """``(stage dir) -> plugins``, with the records of what their runs read of the dir, each confined to it."""
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What the run's ending says of a stage's dirs the run touched."""
+
+    summary: Callable[[Path], str | None] | None = None
+    """``(stage dir) -> one line`` (the partition: what runs where), None when there is nothing to say."""
+    product: bool = False
+    """What a run makes for the user (the bundle): named with its files' size, or where it is when it stayed in the
+    cache, and how to push it."""
+    page: str | None = None
+    """A page in the stage dir the ending links (the page report)."""
 
 
 class StageInputs(BaseModel):
@@ -110,18 +152,21 @@ def _is_path(annotation: Any, optional: bool) -> bool:
 
 @dataclass(frozen=True)
 class Stage:
-    """One stage of the chain."""
+    """One stage of the chain. Its types are its entry's annotations and its name its manifest's `Manifest.stage`:
+    declared once, where they are used (a declaration may still name them, checked against the entry)."""
 
-    name: str
     entry: Callable[[Any, Any, Path], Manifest]
     """``(inputs, params, out_dir) -> Manifest``; writes ``out_dir`` atomically."""
-    inputs: type[StageInputs]
-    params: type[BaseModel]
-    manifest: type[Manifest]
     params_of: Callable[[Any, At], BaseModel]
     """``(spec, at) -> Params``: what the spec asks of this run."""
     describe: Callable[[Any, At], str]
     """``(spec, at) -> str``: the doc of this run's task (``doit list``)."""
+    name: str = ""
+    """Default: its manifest's `Manifest.stage`."""
+    inputs: type[StageInputs] = StageInputs
+    """Default (the base class): the entry's ``inputs`` annotation; so are ``params`` and ``manifest`` (its return)."""
+    params: type[BaseModel] = BaseModel
+    manifest: type[Manifest] = Manifest
     placement: Placement = "model"
     fields_of: Callable[[Any, At], Mapping[str, Any]] | None = None
     """``(spec, at) -> {field: value}``: the Inputs fields that are neither upstream directories nor where the run
@@ -151,10 +196,23 @@ class Stage:
     source's lock its up-to-date check."""
     symlinks: bool = False
     """Its outputs are links to files elsewhere (fetch: to the model's files), checked as links."""
+    pinned: Callable[[Path, Path], bool] | None = None
+    """Of a stage that `reads_source`: ``(lock file, stage dir) -> bool``, whether the dir still holds what the lock
+    pins (an HF source's commit): its up-to-date check."""
+    update: Callable[[Any, Path, tuple[str, ...]], object] | None = None
+    """Of a stage that `reads_source`: ``(source, lock file, files)``, moves the lock to what the source resolves to
+    now (``doit update:<model>``)."""
+    fan_out: FanOut | None = None
+    """The per-plugin fan-out its output declares (the partition's plugins)."""
+    ending: Ending = Ending()
+    """What the run's ending says of its dirs."""
     guards: Mapping[str, str] = field(default_factory=dict)
     """Inputs directory field -> a subdirectory of it whose files must still be the ones the upstream manifest
     records: checked at every up-to-date check, and a changed file is never answered from the cache (verify: a
     bundle file replaced after bundling must not pass as verified; the cache key sees only manifests)."""
+    intact: Callable[[Path, list[FileRecord], Mapping[str, list[int]]], bool] | None = None
+    """With `guards`: ``(dir, its manifest's outputs, trusted stamps) -> bool``, whether a guarded dir holds the files
+    its manifest lists and nothing else (files with a trusted stamp need no hash)."""
     leaves_on_failure: str | None = None
     """A file a failed run leaves in its directory, without a manifest (verify's report): its origin record then
     says the run failed."""
@@ -170,14 +228,40 @@ class Stage:
     """What ``doit list`` says of the stage's task group."""
 
     def __post_init__(self) -> None:
+        self._types_from_entry()
+        if not self.name:
+            object.__setattr__(self, "name", self.manifest.stage)
         if not self.dir:
             object.__setattr__(self, "dir", self.name)
         if self.manifest.stage != self.name:
             raise TypeError(f"stage {self.name}: its manifest model is the {self.manifest.stage!r} stage's")
         if not issubclass(self.inputs, StageInputs):
             raise TypeError(f"stage {self.name}: inputs {self.inputs.__name__} must derive from StageInputs")
+        if self.guards and self.intact is None:
+            raise TypeError(f"stage {self.name}: guards without an intact check")
         self._check_entry()
         self._check_edges()
+
+    def _types_from_entry(self) -> None:
+        """What a declaration leaves out, from its entry's annotations ``(inputs, params, out_dir) -> manifest``."""
+        where = f"stage {self.name or '?'}: entry {self.entry.__qualname__}"
+        try:
+            hints = typing.get_type_hints(self.entry)
+        except NameError as exc:
+            raise TypeError(f"{where}: its annotations do not resolve ({exc})") from None
+        names = list(inspect.signature(self.entry).parameters)[:2]
+        found = {
+            "inputs": hints.get(names[0]) if names else None,
+            "params": hints.get(names[1]) if len(names) > 1 else None,
+            "manifest": hints.get("return"),
+        }
+        for attr, base in (("inputs", StageInputs), ("params", BaseModel), ("manifest", Manifest)):
+            if getattr(self, attr) is not base:
+                continue  # declared: checked against the entry by `_check_entry`
+            hint = found[attr]
+            if not (isinstance(hint, type) and issubclass(hint, base) and hint is not base):
+                raise TypeError(f"{where}: its {attr} annotation {hint!r} is no {base.__name__} model")
+            object.__setattr__(self, attr, hint)
 
     def _check_entry(self) -> None:
         """The entry function's signature is ``(inputs: <inputs>, params: <params>, out_dir: Path) -> <manifest>``;

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.base.child import Channel, Child, ChildDiedError
-from mnnbuild.base.errors import QnnError
+from mnnbuild.base.child import Channel, Child
+from mnnbuild.base.errors import ChildDiedError, LoweringError, QnnError
 from mnnbuild.base.fsutil import atomic_write_bytes
 from mnnbuild.base.logs import configure_logging
-from mnnbuild.lowering.graph import GraphDescription, LoweringError, StaticSource, composed_context
+from mnnbuild.lowering.graph import GraphDescription, StaticSource, composed_context
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.model.targets import Soc
 from mnnbuild.qnn import BinaryInfo, HtpTarget, QnnLibrary, read_binary_info

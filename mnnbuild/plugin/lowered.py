@@ -15,15 +15,16 @@ from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.base.errors import UpstreamError
+from mnnbuild.base.errors import LoweringError, UpstreamError
 from mnnbuild.base.fsutil import confined
 from mnnbuild.lowering.context import TensorMeta
-from mnnbuild.lowering.graph import GraphDescription, LoweringError
+from mnnbuild.lowering.graph import GraphDescription
 from mnnbuild.lowering.lower import LoweredGraph, lower_subgraph
 from mnnbuild.lowering.quantized import DEFAULT_NPU_WEIGHTS, QuantizedWeight
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import ConvWeights, WeightFile
 from mnnbuild.model.modeldir import ModelPart
+from mnnbuild.model.npu_weights import NpuWeights
 from mnnbuild.partition.records import GRAPH_FILE, SubgraphRecord
 
 MERGE_FIELD = "npu_postreat.json field 'merge'"
@@ -47,7 +48,7 @@ def lower_plugin(
     weights: WeightFile,
     partition_dir: Path,
     graphs: Sequence[str],
-    npu_weights: str = DEFAULT_NPU_WEIGHTS,
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS,
 ) -> Iterator[tuple[Path, LoweredGraph]]:
     """Lower one plugin's graph dirs (``qnn/graphllm0``, ``qnn/graphllm1_0``: decode, then each prefill length,
     relative to ``partition_dir``), yielding each dir with its lowering. The graphs share the plugin's weights:
@@ -97,7 +98,7 @@ class PluginGraphs:
     partition_dir: Path
     graphs: tuple[str, ...]
     """Graph dirs relative to ``partition_dir``, in ``allGraphName`` order (``qnn/graphllm0``, ...)."""
-    npu_weights: str = DEFAULT_NPU_WEIGHTS
+    npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS
 
     @classmethod
     def of(
@@ -106,7 +107,7 @@ class PluginGraphs:
         part: ModelPart,
         partition_dir: Path,
         graphs: Sequence[str],
-        npu_weights: str = DEFAULT_NPU_WEIGHTS,
+        npu_weights: NpuWeights = DEFAULT_NPU_WEIGHTS,
     ) -> PluginGraphs:
         """The graphs ``graphs`` of a partition of ``part`` (its model and weight file are in ``model_dir``; the
         graphs index the partition's split model instead when their ``graph.json`` says so)."""

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.pipeline.manifest import FileRecord
-from mnnbuild.verify.report import VerifyReport, parting_note
+from mnnbuild.verify.verdict import VerifyReport, parting_note
 
 CPU = "CPU"
 

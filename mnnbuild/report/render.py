@@ -10,7 +10,7 @@ from mnnbuild.base.sizes import human_bytes
 from mnnbuild.report import figures
 from mnnbuild.report.data import CPU, ReportData
 from mnnbuild.report.template import TEMPLATE
-from mnnbuild.verify.report import parting_note, timing_groups
+from mnnbuild.verify.verdict import parting_note, timing_groups
 
 LARGEST_FILES = 15
 """Bundle files drawn in the size figure (the table lists them all)."""

@@ -40,7 +40,7 @@ from mnnbuild.pipeline.layout import (
     plugin_context_dir,
 )
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.pipeline.stage import At, Ending, Stage
 
 log = logging.getLogger(__name__)
 
@@ -257,11 +257,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="bundle",
     entry=assemble_bundle,
-    inputs=BundleInputs,
-    params=BundleParams,
-    manifest=BundleManifest,
     params_of=bundle_params,
     describe=describe,
     fields_of=bundle_fields,
@@ -272,5 +268,6 @@ STAGE = Stage(
     # (the binaries' blobs are the context stage's; the entry adds the shipped weight file); restored as copies
     defer=("*",),
     links=False,
+    ending=Ending(product=True),
     doc="Device bundle per target (created once the model's partition ran).",
 )

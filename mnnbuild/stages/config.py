@@ -127,11 +127,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="config",
     entry=write_config,
-    inputs=ConfigInputs,
-    params=ConfigParams,
-    manifest=ConfigManifest,
     params_of=config_params,
     describe=describe,
     placement="target",

@@ -52,11 +52,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="context",
     entry=build_context,
-    inputs=ContextInputs,
-    params=ContextParams,
-    manifest=ContextManifest,
     params_of=context_params,
     describe=describe,
     placement="plugin",

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from mnnbuild.base.errors import ModelDirError
 from mnnbuild.base.fsutil import atomic_write_text, relative_symlink, staged_dir
-from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord
+from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord, lock_pinned
 from mnnbuild.model.modeldir import ALL_FILES, VISUAL_FILES, ModelPart, family_files, validate_model_dir
 from mnnbuild.model.spec import HfSource, ModelSpec
 from mnnbuild.model.speculation import EAGLE_DOWNLOADS, Speculation, engine_files, resolve
@@ -191,11 +191,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="fetch",
     entry=fetch,
-    inputs=FetchInputs,
-    params=FetchParams,
-    manifest=FetchManifest,
     params_of=fetch_params,
     describe=describe,
     fields_of=fetch_fields,
@@ -205,6 +201,8 @@ STAGE = Stage(
     # would point there, and relinking is as cheap as a restore
     cacheable=False,
     reads_source=True,
+    pinned=lock_pinned,
+    update=update_lock,
     symlinks=True,
     doc="Link (local) or download (Hugging Face) each model's files.",
 )

@@ -30,6 +30,7 @@ from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.model.modeldir import VISUAL, chain_part
+from mnnbuild.model.npu_weights import NpuWeights
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
@@ -48,7 +49,7 @@ def _lower_plugin(
     partition_dir: Path,
     dest_root: Path,
     plugin: PluginRecord,
-    npu_weights: str,
+    npu_weights: NpuWeights,
 ) -> tuple[list[LoweredRecord], int]:
     """Lower one plugin's graphs (decode, then each prefill length) into ``dest_root``; returns their records and
     the bytes of weights the later graphs link from the first instead of writing again."""
@@ -138,11 +139,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="modellib",
     entry=build_modellib,
-    inputs=ModellibInputs,
-    params=ModellibParams,
-    manifest=ModellibManifest,
     params_of=modellib_params,
     describe=describe,
     placement="part",

@@ -40,18 +40,26 @@ from mnnbuild.cpu import load_vars
 from mnnbuild.lowering.support import SupportCheck, unsupported_reason
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
-from mnnbuild.manifests.partition import PartitionInputs, PartitionManifest, PartitionParams, PluginRecord
+from mnnbuild.manifests.partition import (
+    PartitionInputs,
+    PartitionManifest,
+    PartitionParams,
+    PluginRecord,
+    partition_plugins,
+    read_merge,
+)
 from mnnbuild.mnn import MnnModel, load_model, save_model
 from mnnbuild.model.modeldir import VISUAL, chain_part
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.cut import plan_cut
+from mnnbuild.partition.describe import build_report, format_report
 from mnnbuild.partition.graphs import (
     Split,
     plugin_attributes,
     run_samples,
     split_convolutions,
 )
-from mnnbuild.partition.report import build_report, format_report
+from mnnbuild.partition.records import PartitionReport
 from mnnbuild.partition.rewrite import rewrite_model
 from mnnbuild.partition.strip import strip_weights
 from mnnbuild.pipeline.layout import (
@@ -68,7 +76,7 @@ from mnnbuild.pipeline.layout import (
     testdir,
 )
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
-from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.pipeline.stage import At, Ending, FanOut, Stage
 
 log = logging.getLogger(__name__)
 
@@ -260,12 +268,17 @@ def describe(spec: ModelSpec, at: At) -> str:
     return f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{lengths} graphs)"
 
 
+def cpu_summary(out_dir: Path) -> str | None:
+    """The run's ending on a partition it touched: its plugins and the CPU's share of the weights."""
+    try:
+        report = PartitionReport.model_validate_json((out_dir / PARTITION_REPORT_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return report.cpu_summary()
+
+
 STAGE = Stage(
-    name="partition",
     entry=partition,
-    inputs=PartitionInputs,
-    params=PartitionParams,
-    manifest=PartitionManifest,
     params_of=partition_params,
     describe=describe,
     placement="part",
@@ -283,5 +296,7 @@ STAGE = Stage(
     # to be declared)
     defer=(f"{QNN_DIR}/*", f"{SPLIT_DIR}/*", "*.weight"),
     tools=frozenset({"MNN"}),
+    fan_out=FanOut(binaries=read_merge, plugins=partition_plugins),
+    ending=Ending(summary=cpu_summary),
     doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
 )

@@ -28,15 +28,15 @@ from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.partition.records import PartitionReport, SubgraphRecord
-from mnnbuild.pipeline.cache import read_origin
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
 from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, plugin_context_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
 from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
-from mnnbuild.pipeline.stage import At, Stage
+from mnnbuild.pipeline.origin import read_origin
+from mnnbuild.pipeline.stage import At, Ending, Stage
 from mnnbuild.report import OpCell, ReportData, StageCost, renderer_fingerprint
 from mnnbuild.report.data import op_strip
-from mnnbuild.verify.report import VerifyReport
+from mnnbuild.verify.verdict import VerifyReport
 
 log = logging.getLogger(__name__)
 
@@ -172,16 +172,13 @@ def renderer_versions() -> dict[str, str]:
 
 
 STAGE = Stage(
-    name="report",
     entry=report,
-    inputs=ReportInputs,
-    params=ReportParams,
-    manifest=ReportManifest,
     params_of=report_params,
     describe=describe,
     placement="target",
     default=True,
     outputs=(REPORT_PAGE,),
+    ending=Ending(page=REPORT_PAGE),
     versions=renderer_versions,
     after_failure_of="verify",
     doc="Page reports: report:<model>-<arch>, one HTML page per verified bundle (created after the model's partition).",

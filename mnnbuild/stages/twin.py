@@ -42,11 +42,7 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 
 STAGE = Stage(
-    name="twin",
     entry=build_twin,
-    inputs=TwinInputs,
-    params=TwinParams,
-    manifest=TwinManifest,
     params_of=twin_params,
     describe=describe,
     placement="plugin",

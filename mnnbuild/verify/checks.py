@@ -52,7 +52,6 @@ from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.partition.records import SubgraphRecord
 from mnnbuild.partition.reference import SourceSubgraphRunner
-from mnnbuild.pipeline.cache import trusted_hashes
 from mnnbuild.pipeline.layout import (
     CONFIG_FILE,
     QNN_DIR,
@@ -63,6 +62,7 @@ from mnnbuild.pipeline.layout import (
     plugin_context_dir,
 )
 from mnnbuild.pipeline.manifest import FileRecord
+from mnnbuild.pipeline.origin import trusted_hashes
 from mnnbuild.qnn import ContextRunner, QnnLibrary, read_binary_info
 from mnnbuild.verify.compare import is_near_tie, lead, row_errors, top2_margin
 from mnnbuild.verify.reference import (
@@ -74,7 +74,7 @@ from mnnbuild.verify.reference import (
     describe_error,
     start_reference,
 )
-from mnnbuild.verify.report import (
+from mnnbuild.verify.verdict import (
     EngineParting,
     GenerationCheck,
     GenerationStep,
@@ -98,6 +98,11 @@ def check_integrity(
     """Every file the bundle manifest lists must be there with its size and sha256; nothing else may be
     (:func:`integrity_hashes`, without the hashes)."""
     return integrity_hashes(bundle_dir, records, trusted)[0]
+
+
+def integrity_passed(bundle_dir: Path, records: list[FileRecord], trusted: Mapping[str, list[int]]) -> bool:
+    """Whether the bundle dir passes `check_integrity` (`Stage.intact` of verify's guard)."""
+    return check_integrity(bundle_dir, records, trusted).passed
 
 
 def integrity_hashes(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mnnbuild.base.compare import NON_FINITE_REFERENCE, Tolerance
-from mnnbuild.verify.report import (
+from mnnbuild.verify.verdict import (
     GenerationCheck,
     GraphCheck,
     PluginCheck,

@@ -37,7 +37,7 @@ from mnnbuild_runtime import (
 from mnnbuild_runtime.generate import ForwardFn
 
 from mnnbuild.base.child import Channel, Child
-from mnnbuild.base.errors import MnnbuildError, SpecError
+from mnnbuild.base.errors import MnnbuildError, SpecError, error_line
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.pipeline.layout import CONFIG_FILE
 
@@ -50,7 +50,7 @@ it takes less time than a child process takes to start (imports)."""
 
 def describe_error(exc: BaseException) -> str:
     # MNN raises bare RuntimeError/SystemError; keep the type so a bug is not mistaken for a bad bundle
-    return str(exc) if isinstance(exc, MnnbuildError) else f"{type(exc).__name__}: {exc}"
+    return str(exc) if isinstance(exc, MnnbuildError) else error_line(exc)
 
 
 def model_bytes(model_dir: Path) -> int:

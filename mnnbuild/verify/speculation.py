@@ -46,7 +46,7 @@ from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.mnn.llm import EAGLE
 from mnnbuild.verify.checks import Sample, check_whole_model, generation_step, step_passed
 from mnnbuild.verify.reference import describe_error
-from mnnbuild.verify.report import GenerationStep, SpeculationCheck, SpeculationRound, TreeSample
+from mnnbuild.verify.verdict import GenerationStep, SpeculationCheck, SpeculationRound, TreeSample
 
 log = logging.getLogger(__name__)
 

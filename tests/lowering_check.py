@@ -1,6 +1,6 @@
 """Checking lowered graphs: MNN CPU reference tensors, and running a lowered graph in the HTP simulator.
 
-Used by the lowering tests and by whoever verifies a subgraph (CPU vs QNN on the same inputs).
+The lowering tests' helper (moved out of mnnbuild/lowering/: no build code uses it; verify has its own checks).
 """
 
 from __future__ import annotations

@@ -13,15 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import PatchError
 
 PATCH_DIR = Path(__file__).parent / "patches"
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-class PatchError(MnnbuildError):
-    """A conformance patch is malformed or does not apply to the given MNN source."""
 
 
 @dataclass(frozen=True)
@@ -143,11 +139,3 @@ def check_patches(source_dir: Path, patches: list[Patch]) -> dict[str, str]:
                 patched[fp.path] = text.splitlines()
             patched[fp.path] = _apply_file(patched[fp.path], fp, patch.name)
     return {path: "\n".join(lines) + ("\n" if endings[path] else "") for path, lines in patched.items()}
-
-
-def apply_patches(source_dir: Path, patches: list[Patch]) -> list[str]:
-    """Check every patch, then write the patched files; returns the files changed."""
-    patched = check_patches(source_dir, patches)
-    for rel, text in patched.items():
-        (source_dir / rel).write_text(text, encoding="utf-8")
-    return sorted(patched)

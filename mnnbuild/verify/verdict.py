@@ -1,4 +1,4 @@
-"""The verify report: pydantic models (``verify.json``) and the human-readable table (``verify.txt``)."""
+"""The verify verdict: the report's pydantic models (``verify.json``) and its human-readable table (``verify.txt``)."""
 
 from __future__ import annotations
 

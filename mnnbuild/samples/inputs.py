@@ -1,0 +1,61 @@
+"""The inputs of one reference sample: seeded embeddings, the causal mask, positions (M-RoPE with a stand-in image
+for a VL language model) and the logits index, as MNN's engine feeds them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mnnbuild.manifests.io import DECODE_SEQ
+from mnnbuild.mnn.llm import DEEPSTACK_INPUT, causal_mask
+
+Feed = dict[str, np.ndarray]
+
+IMAGE_GRID = (2, 3)
+"""The merged-token grid (rows, columns) of the stand-in image in a VL prefill sample."""
+
+
+def mrope_positions(seq_len: int, rows: int) -> tuple[np.ndarray, slice]:
+    """``position_ids [rows, seq]`` of a prompt with a stand-in image, and the image tokens' span.
+
+    One row (a text LLM): ``0..seq-1``. Several (M-RoPE: time, height, width): text tokens carry their position
+    in every row; when the sample has room, tokens ``1 ..`` are an image of :data:`IMAGE_GRID` merged tokens,
+    which all share the time position and take their grid row and column in the other rows, and the text after it
+    goes on from the largest position used (the scheme Qwen2-VL's rope index follows)."""
+    grid_h, grid_w = IMAGE_GRID
+    start, count = 1, grid_h * grid_w
+    if rows == 1 or seq_len <= start + count:
+        return np.tile(np.arange(seq_len, dtype=np.int32), (rows, 1)), slice(0, 0)
+    pos = np.zeros((rows, seq_len), dtype=np.int32)
+    pos[:, :start] = np.arange(start)
+    cell = np.arange(count)
+    pos[0, start : start + count] = start
+    pos[1:, start : start + count] = start + cell // grid_w
+    pos[2:, start : start + count] = start + cell % grid_w
+    after = start + max(grid_h, grid_w)
+    pos[:, start + count :] = np.arange(after, after + seq_len - start - count)
+    return pos, slice(start, start + count)
+
+
+def make_inputs(
+    seq_len: int, hidden_size: int, seed: int, declared: dict[str, list[int]] | None = None
+) -> dict[str, np.ndarray]:
+    """The inputs of one sample; the generator is seeded by (seed, seq_len), so each shape is reproducible.
+
+    ``declared`` (the model's input dims) sizes what varies by model: M-RoPE's ``position_ids`` rows (``[3, -1]``)
+    and Qwen3-VL's ``deepstack_embeds`` (``[3, seq, hidden]``: what MNN's runtime feeds, the stand-in image's
+    rows random, the text's zero)."""
+    declared = declared or {}
+    rng = np.random.default_rng([seed, seq_len])
+    rows = declared.get("position_ids", [1])[0]
+    positions, image = mrope_positions(seq_len, rows if rows > 0 else 1)
+    feed = {
+        "input_ids": rng.random((seq_len, 1, hidden_size), dtype=np.float32),
+        "attention_mask": causal_mask(seq_len),
+        "position_ids": positions,
+        "logits_index": np.array([-1 if seq_len == DECODE_SEQ else 0], dtype=np.int32),
+    }
+    if DEEPSTACK_INPUT in declared:
+        deepstack = np.zeros((declared[DEEPSTACK_INPUT][0], seq_len, hidden_size), dtype=np.float32)
+        deepstack[:, image] = rng.standard_normal(deepstack[:, image].shape, dtype=np.float32)
+        feed[DEEPSTACK_INPUT] = deepstack
+    return feed
