@@ -11,11 +11,12 @@ plus a ``boundaries`` and a ``patch_effect`` summary. Not part of CI: the first 
 2 cores; a second build without one patch is mostly ccache hits).
 
     python benchmarks/bench_conformance.py [--arch v79] [--artifacts DIR] [--qnn-headers DIR] [--mnn-source SRC]
-        [--patch-effect 0004-cpu-attention-padded-nc4hw4] [--npu-weights int4 [--models tiny-qwen3,...]]
+        [--patch-effect 0004-cpu-attention-padded-nc4hw4] [--npu-weights int4 [--models tiny-qwen3,...]] [--eagle]
 
 ``--npu-weights ENC`` builds the chosen models (default: the two tiny ones) as ``<model>-<ENC>`` with that spec
 field ``npu_weights`` and merges their reports into ``conformance.json`` under ``npu_weights.<ENC>``, leaving the
-rest of the file as it was.
+rest of the file as it was. ``--eagle`` does the same for the Eagle3 bundle (``models/tiny-qwen3-eagle``, whose
+``Llm::generate`` runs MNN's EagleGeneration), under ``eagle``, with a table of its engine loop's forwards.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "models"
 
 RENAMED = ("tiny-qwen3-renamed", "qwen3-tiny-folder")
 """A spec named unlike its model's folder (the bundle names the model dir after the folder): conform must find it."""
+EAGLE_MODEL = "tiny-qwen3-eagle"
+"""The Eagle3 pair (a project spec): its bundle and original run EagleGeneration in Llm::generate."""
 
 
 def _specs(arch: str, specs_dir: Path) -> list[str]:
@@ -129,6 +132,31 @@ def summaries(reports: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return boundaries, effects
 
 
+def eagle_summary(reports: dict[str, Any]) -> dict[str, Any]:
+    """Per model and prompt: whether Llm::generate's speculative tokens are the stepped plain greedy ones, and its
+    target forwards (after the prompt's) and accepted tokens per forward, for each run; printed as a table."""
+    out: dict[str, Any] = {}
+    rows = []
+    for model, report in reports.items():
+        for p in report.get("prompts", []):
+            runs = {}
+            for label in ("bundle", "original", "unchunked"):
+                run = p.get(label) or {}
+                if run.get("engine_forwards") is not None:
+                    same = run["engine_loop_tokens"][: len(run["tokens"])] == run["tokens"]
+                    runs[label] = {
+                        "engine_loop_equals_plain_greedy": same,
+                        "forwards": run["engine_forwards"],
+                        "accepted_per_forward": run["engine_accepted_per_forward"],
+                    }
+                    rows.append([model, p["name"], label, "yes" if same else "NO", run["engine_forwards"],
+                                 run["engine_accepted_per_forward"]])  # fmt: skip
+            out.setdefault(model, {})[p["name"]] = runs
+    if rows:
+        print_table(["model", "prompt", "run", "Llm::generate = greedy", "forwards", "accepted / forward"], rows)
+    return out
+
+
 def portable(doc: Any, places: dict[str, str]) -> Any:
     """``doc`` with this machine's directories (``places``: path -> placeholder) named by placeholders, so a
     committed result holds no machine paths (the MNN source by its file name)."""
@@ -151,12 +179,16 @@ def main() -> int:
     parser.add_argument("--patch-effect", metavar="NAME", help="passed to conform: what this patch changes")
     parser.add_argument("--npu-weights", metavar="ENC", help="the chosen models built with this npu_weights")
     parser.add_argument("--models", default="tiny-qwen3,tiny-qwen3-trained", help="with --npu-weights: which")
+    parser.add_argument("--eagle", action="store_true", help=f"only the Eagle3 bundle ({EAGLE_MODEL}), under 'eagle'")
     args = parser.parse_args()
     artifacts = args.artifacts.resolve()
     # specs (and the renamed model's copy) outside the artifact root, which may hold no spec dir of its own
     scratch = tempfile.TemporaryDirectory(prefix="bench-conformance-")
     specs_dir = Path(scratch.name) / "specs"
-    if args.npu_weights:
+    if args.eagle:
+        specs_dir.mkdir(parents=True)
+        models = [EAGLE_MODEL]
+    elif args.npu_weights:
         models = _encoding_specs([m for m in args.models.split(",") if m], args.npu_weights, args.arch, specs_dir)
     else:
         models = _specs(args.arch, specs_dir)
@@ -206,14 +238,19 @@ def main() -> int:
     if source:
         places[str(Path(source).expanduser().resolve().parent)] = "<mnn source dir>"
     doc = {"arch": args.arch, "boundaries": boundaries, "patch_effect": effects, "models": reports}
-    if args.npu_weights:  # beside the other runs' results, which stay as they were
+    if args.eagle:
+        doc["engine_loop"] = eagle_summary(reports)
+    if args.npu_weights or args.eagle:  # beside the other runs' results, which stay as they were
         existing = (
             json.loads((RESULTS / "conformance.json").read_text()) if (RESULTS / "conformance.json").is_file() else {}
         )
         existing.pop("machine", None)
-        existing.setdefault("npu_weights", {})[args.npu_weights] = portable(doc, places)
+        if args.eagle:
+            existing["eagle"] = portable(doc, places)
+        else:
+            existing.setdefault("npu_weights", {})[args.npu_weights] = portable(doc, places)
         doc = existing
-    path = write_results("conformance", doc if args.npu_weights else portable(doc, places))
+    path = write_results("conformance", doc if args.npu_weights or args.eagle else portable(doc, places))
     sys.stdout.write(f"wrote {path}\n")
     return 0 if all(r.get("passed") for r in reports.values()) else 1
 

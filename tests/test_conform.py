@@ -55,8 +55,10 @@ from mnnbuild.conform.run import (
     PromptCheck,
     compare_runs,
     driver_result,
+    is_speculative,
     prompt_ids,
     run_configs,
+    split_engine_loop,
     stage_dir,
 )
 from mnnbuild.mnn.model import MnnModel, Op, make_blob, make_plugin_op
@@ -370,6 +372,57 @@ def test_driver_result_survives_a_foreign_prefix_on_its_line() -> None:
     assert driver_result(f"{doc}\n") == json.loads(doc)
     assert driver_result("no result here\n") is None
     assert driver_result('{"stepped": [1, \n') is None
+
+
+def test_eagle_patch_samples_the_valid_row_and_cuts_the_padding_from_the_draft(tmp_path: Path) -> None:
+    """0005: EagleGeneration sampled every row of a padded prefill (the first token from padding) and drafted on the
+    padding's hidden states; patched, it samples the row the engine marks valid, as ArGeneration does."""
+    (eagle,) = [p for p in PATCHES if p.name == "0005-eagle-padded-prefill.patch"]
+    (fp,) = eagle.files
+    assert fp.path == "transformers/llm/engine/src/speculative_decoding/eagle.cpp"
+    src = fake_source(tmp_path / "src")
+    before = (src / fp.path).read_text()
+    after = check_patches(src, PATCHES)[fp.path]
+    assert "mLlm->sample(param.outputs[0]);" in before and "mLlm->sample(param.outputs[0]);" not in after
+    assert "mLlm->sample(param.outputs[0], param.validLogitStart, param.validLogitSize);" in after
+    assert "hiddenStates = _Split(hiddenStates, {realLen, hiddenLen - realLen}, 1)[0];" in after
+
+
+def test_eagle_engine_loop_gives_its_forward_count_apart_from_its_tokens(tmp_path: Path) -> None:
+    """EagleGeneration appends its target forwards to Llm::generate's tokens; a plain run's list is all tokens."""
+    assert split_engine_loop([7, 8, 9, 2], speculative=True) == ([7, 8, 9], 2)
+    assert split_engine_loop([7, 8, 9, 2], speculative=False) == ([7, 8, 9, 2], None)
+    for no_count in ([7, 8, 9], [7, 8, 0], [7], []):  # 9 > the 2 tokens after the first; 0 forwards; too short
+        with pytest.raises(ConformError, match="count of target forwards"):
+            split_engine_loop(no_count, speculative=True)
+    eagle = tmp_path / "config.json"
+    eagle.write_text(json.dumps({"speculative_type": "eagle", "llm_model": "llm.mnn"}))
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"llm_model": "llm.mnn"}))
+    assert is_speculative(eagle) and not is_speculative(plain)
+
+
+def test_a_speculative_loop_may_run_past_the_requested_tokens_a_plain_one_not() -> None:
+    rows = np.eye(4, 50, k=3, dtype=np.float32)
+    tokens = [int(r.argmax()) for r in rows]
+    spec = _run(tokens, loop=[*tokens, 11])  # the last forward accepted one more than asked
+    spec.engine_forwards = 2
+    check = PromptCheck(name="short", prompt_tokens=3, bundle=spec, original=_run(tokens), unchunked=_run(tokens))
+    compare_runs(check, rows, rows, Tolerance())
+    assert check.engine_loop_agrees and check.passed
+
+    plain = PromptCheck(
+        name="short", prompt_tokens=3, bundle=_run(tokens, loop=[*tokens, 11]), original=_run(tokens),
+        unchunked=_run(tokens),
+    )  # fmt: skip
+    compare_runs(plain, rows, rows, Tolerance())
+    assert not plain.engine_loop_agrees
+
+    wrong = _run(tokens, loop=[tokens[0] + 1, *tokens[1:]])  # the first token from a padding row
+    wrong.engine_forwards = 2
+    bad = PromptCheck(name="short", prompt_tokens=3, bundle=wrong, original=_run(tokens), unchunked=_run(tokens))
+    compare_runs(bad, rows, rows, Tolerance())
+    assert not bad.engine_loop_agrees and not bad.passed
 
 
 # ---- what a patch changes: padding arithmetic and the per-length verdict ---------------------------------

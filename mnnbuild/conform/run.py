@@ -67,7 +67,13 @@ class EngineRun(BaseModel):
     tokens: list[int]
     """The stepped greedy loop's tokens (argmax of the dumped logits)."""
     engine_loop_tokens: list[int]
-    """Llm::generate with the greedy sampler (the engine's own decode loop); may stop early at an end token."""
+    """Llm::generate with the greedy sampler (the engine's own decode loop); may stop early at an end token. With
+    ``speculative_type = "eagle"`` (EagleGeneration) the count of target forwards it appends is not among them, and
+    its last forward may accept tokens past the requested number."""
+    engine_forwards: int | None = None
+    """EagleGeneration's target forwards after the prompt's (None: not a speculative run)."""
+    engine_accepted_per_forward: float | None = None
+    """New tokens after the prompt's own per target forward, as EagleGeneration counts them."""
     text: str
     load_s: float
     prefill_s: float
@@ -164,6 +170,30 @@ def run_configs(
     return bundle, original, unchunked
 
 
+#: The speculative strategy whose Llm::generate appends its forward count to the tokens.
+EAGLE = "eagle"
+
+
+def split_engine_loop(generated: list[int], speculative: bool) -> tuple[list[int], int | None]:
+    """Llm::generate's tokens and, for a speculative run, the target forwards: EagleGeneration pushes its count of
+    forwards after the prompt's as one more element of its output tokens when it stops (max tokens or an end token).
+    Each forward accepts at least one token after the one the prompt's forward gives, so a count outside
+    1..len(tokens) - 1 is no count: ConformError."""
+    if not speculative:
+        return list(generated), None
+    tokens, forwards = list(generated[:-1]), generated[-1] if generated else 0
+    if not 1 <= forwards <= len(tokens) - 1:
+        raise ConformError(
+            f"Llm::generate with speculative_type {EAGLE!r} returned {generated}: expected the tokens, then a count "
+            "of target forwards between 1 and the tokens after the first"
+        )
+    return tokens, forwards
+
+
+def is_speculative(config: Path) -> bool:
+    return read_json_object(config, ConformError).get("speculative_type") == EAGLE
+
+
 DRIVER_JSON = '{"stepped"'
 """How the driver's result line starts (its first key)."""
 
@@ -197,9 +227,15 @@ def run_driver(
         return None, None, f"{combined}\n(exit code {proc.returncode})"
     rows = np.fromfile(logits_path, dtype=np.float32)
     n = len(doc["stepped"])
+    try:
+        loop, forwards = split_engine_loop(doc["generated"], is_speculative(config))
+    except ConformError as exc:
+        return None, None, f"{combined}\n{exc}"
     run = EngineRun(
         tokens=doc["stepped"],
-        engine_loop_tokens=doc["generated"],
+        engine_loop_tokens=loop,
+        engine_forwards=forwards,
+        engine_accepted_per_forward=(len(loop) - 1) / forwards if forwards else None,
         text=doc["text"],
         load_s=doc["load_s"],
         prefill_s=doc["prefill_s"],
@@ -242,8 +278,12 @@ def lengthen(base: list[int], filler: list[int], n: int) -> list[int]:
 
 
 def _loop_agrees(run: EngineRun) -> bool:
+    """The engine loop's tokens are the stepped ones as far as both go; only a speculative loop may go further (its
+    last forward accepts what it accepts), a plain one stops at the requested number or before."""
     loop = run.engine_loop_tokens
-    return 0 < len(loop) <= len(run.tokens) and loop == run.tokens[: len(loop)]
+    n = min(len(loop), len(run.tokens))
+    longer_ok = run.engine_forwards is not None or len(loop) <= len(run.tokens)
+    return n > 0 and longer_ok and loop[:n] == run.tokens[:n]
 
 
 def compare_runs(check: PromptCheck, bundle_rows: np.ndarray, original_rows: np.ndarray, tol: Tolerance) -> None:
@@ -502,6 +542,13 @@ def format_report(report: ConformReport) -> str:
         if p.first_divergence is not None:
             out.append(f"  first divergence at step {p.first_divergence}")
         out.append(f"  engine's own loop (Llm::generate) agrees: {p.engine_loop_agrees}")
+        for label in ("bundle", "original", "unchunked"):
+            run = getattr(p, label)
+            if run is not None and run.engine_forwards is not None:
+                out.append(
+                    f"  {label:9s} Llm::generate (eagle): {len(run.engine_loop_tokens)} tokens in {run.engine_forwards}"
+                    f" target forwards after the prompt's, {run.engine_accepted_per_forward:.2f} accepted per forward"
+                )
     out.append(f"original with chunk_limits = without (no padding effect): {report.unchunked_agrees}")
     if report.llm_demo:
         d = report.llm_demo

@@ -10,7 +10,9 @@
 // The stepped loop is the engine's decode path: Llm::forward runs the prompt through the chunked prefill
 // (padding the last chunk per `chunk_limits`) and each new token as one decode step against the KV cache.
 // Only the sampler is ours (argmax), so every step's logits can be dumped; Llm::generate then runs the
-// engine's own loop with `sampler_type = greedy` and must give the same tokens.
+// engine's own loop with `sampler_type = greedy` and must give the same tokens. With `speculative_type = eagle`
+// that loop is MNN's EagleGeneration, which appends its count of target forwards to the tokens it returns;
+// "generated" is that list as returned (run.py splits the count off).
 #include <MNN/expr/Expr.hpp>
 #include <MNN/expr/ExecutorScope.hpp>
 
