@@ -81,7 +81,14 @@ KEEP_FILES = (
     "visual.mnn.weight",
     "embedding.mnn",
     "embedding.mnn.weight",
+    # an Eagle3 draft (llmexport --eagle_path): its decoder layer + lm_head, the fc over the target's taps, d2t
+    "eagle.mnn",
+    "eagle.mnn.weight",
+    "eagle_fc.mnn",
+    "eagle_fc.mnn.weight",
+    "eagle_d2t.mnn",
 )
+EAGLE_FILES = ("eagle.mnn", "eagle_fc.mnn", "eagle_d2t.mnn")
 
 BASE_TEXT = """\
 MNN is a lightweight deep learning inference engine. It runs large language models on
@@ -515,8 +522,11 @@ def write_mnnconvert_shim(work: Path) -> Path:
     return shim
 
 
-def run_llmexport(spec: ModelSpec, hf_dir: Path, out_dir: Path, work: Path, shim: Path) -> None:
-    """Run ``python llmexport.py ... --export mnn`` in ``work`` (it writes .export.log to cwd)."""
+def run_llmexport(
+    spec: ModelSpec, hf_dir: Path, out_dir: Path, work: Path, shim: Path, eagle_dir: Path | None = None
+) -> None:
+    """Run ``python llmexport.py ... --export mnn`` in ``work`` (it writes .export.log to cwd); with ``eagle_dir``
+    also export that Eagle3 draft (``--eagle_path``)."""
     exp_dir = llmexport_dir()
     cmd = [
         sys.executable,
@@ -536,9 +546,11 @@ def run_llmexport(spec: ModelSpec, hf_dir: Path, out_dir: Path, work: Path, shim
     ]
     if spec.symmetric:
         cmd.append("--sym")
+    if eagle_dir is not None:
+        cmd += ["--eagle_path", str(eagle_dir)]
     if spec.vision is not None:
         cmd += ["--visual_quant_bit", str(spec.vision.quant_bit), "--visual_quant_block", str(spec.vision.quant_block)]
-    if any(ch.isspace() or ch in "'\"$`\\;&|<>*?" for ch in str(work)):
+    if any(ch.isspace() or ch in "'\"$`\\;&|<>*?" for ch in str(work) + str(eagle_dir or "")):
         # llmexport runs the converter through os.popen(" ".join(args)) without quoting.
         raise SystemExit(f"temporary dir {work} must not contain spaces or shell characters (set TMPDIR)")
     env = dict(os.environ)
@@ -565,9 +577,16 @@ def run_llmexport(spec: ModelSpec, hf_dir: Path, out_dir: Path, work: Path, shim
     LOG.debug("llmexport stdout:\n%s", proc.stdout)
 
 
-def check_export(spec: ModelSpec, out_dir: Path) -> None:
-    """Sanity checks on llmexport's output before copying."""
+def check_export(spec: ModelSpec, out_dir: Path, eagle: bool = False) -> None:
+    """Sanity checks on llmexport's output before copying (``eagle``: exported with an Eagle3 draft)."""
     llm_cfg = json.loads((out_dir / "llm_config.json").read_text(encoding="utf-8"))
+    if eagle:
+        config = json.loads((out_dir / "config.json").read_text(encoding="utf-8"))
+        if config.get("speculative_type") != "eagle" or config.get("hidden_states") is not True:
+            raise SystemExit(f"{spec.name}: config.json lacks speculative_type eagle / hidden_states true")
+        missing = [name for name in EAGLE_FILES if not (out_dir / name).exists()]
+        if missing:
+            raise SystemExit(f"{spec.name}: llmexport --eagle_path wrote no {', '.join(missing)}")
     if llm_cfg.get("hidden_size") != spec.hidden_size:
         raise SystemExit(f"{spec.name}: llm_config hidden_size {llm_cfg.get('hidden_size')}")
     # llmexport labels an embedding model's mask "int" although its graph takes a float mask (docs/families.md).
@@ -886,14 +905,19 @@ def make_model(
             shutil.rmtree(work, ignore_errors=True)
 
 
-def export_hf_model(spec: ModelSpec, seed: int, hf_dir: Path, work: Path, verify: bool) -> Path:
-    """Export the HF model in ``hf_dir`` with llmexport into ``work/mnn`` (UUID pinned, checked against the HF
-    model unless not ``verify``) and return that dir."""
+def export_hf_model(
+    spec: ModelSpec, seed: int, hf_dir: Path, work: Path, verify: bool, eagle_dir: Path | None = None
+) -> Path:
+    """Export the HF model in ``hf_dir`` (with the Eagle3 draft in ``eagle_dir`` if given) with llmexport into
+    ``work/mnn`` (UUIDs pinned, checked against the HF model unless not ``verify``) and return that dir."""
     out_dir = work / "mnn"
     shim = write_mnnconvert_shim(work)
-    run_llmexport(spec, hf_dir, out_dir, work, shim)
-    check_export(spec, out_dir)
+    run_llmexport(spec, hf_dir, out_dir, work, shim, eagle_dir)
+    check_export(spec, out_dir, eagle=eagle_dir is not None)
     pin_model_uuid(spec, seed, out_dir / "llm.mnn")
+    if eagle_dir is not None:
+        pin_model_uuid(spec, seed, out_dir / "eagle.mnn", part="eagle")
+        pin_model_uuid(spec, seed, out_dir / "eagle_fc.mnn", part="eagle_fc")
     adapt_family_outputs(spec, seed, out_dir)
     if verify and spec.family == "vl":
         verify_vl_export(spec, hf_dir, out_dir)

@@ -39,7 +39,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -304,13 +304,13 @@ def train(model: torch.nn.Module, train_ids: torch.Tensor, eval_batches: torch.T
     return history
 
 
-def quantized_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` with every Linear weight replaced by what llmexport stores for it (int4 block 64,
-    asymmetric, dequantized): the exported model's arithmetic in float."""
+def quantized_copy(model: torch.nn.Module, spec: make_models.ModelSpec = MODEL) -> torch.nn.Module:
+    """A copy of ``model`` with every Linear weight replaced by what llmexport stores for it (``spec``'s
+    quantization: int4 block 64, asymmetric, dequantized): the exported model's arithmetic in float."""
     import copy
 
     quant = copy.deepcopy(model)
-    make_models.quant_dequant_linears(quant, MODEL.quant_bit, MODEL.quant_block, MODEL.symmetric)
+    make_models.quant_dequant_linears(quant, spec.quant_bit, spec.quant_block, spec.symmetric)
     return quant
 
 
@@ -327,11 +327,11 @@ def greedy_text(model: torch.nn.Module, tokenizer: Tokenizer, prompt: str, n: in
 # ---- the model dir -----------------------------------------------------------------------------------------
 
 
-def spec_prompt() -> str:
+def spec_prompt(name: str = MODEL.name) -> str:
     """The prompt of the model's spec (``models/<name>.toml``): verify's generation starts from it."""
     from mnnbuild.model.spec import load_spec
 
-    return load_spec(make_models.REPO_ROOT / "models" / f"{MODEL.name}.toml").verify.prompt
+    return load_spec(make_models.REPO_ROOT / "models" / f"{name}.toml").verify.prompt
 
 
 def sha256_file(path: Path) -> str:
@@ -387,85 +387,129 @@ For accuracy checks; it is not a useful language model. Made by `models/export/t
 """
 
 
-def write_record_files(out_dir: Path, record: dict, words: Sequence[str]) -> None:
+def write_record_files(
+    out_dir: Path, record: dict, words: Sequence[str], render: Callable[[dict], str] | None = None
+) -> None:
+    """``training.json`` (``record`` + the sha256 of each model file), ``corpus-words.txt`` and the README
+    (``render(record)``, by default this model's)."""
     record = dict(record, files={n: sha256_file(out_dir / n) for n in make_models.KEEP_FILES if (out_dir / n).exists()})
     (out_dir / TRAINING_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     (out_dir / WORDS_FILE).write_text("".join(f"{w}\n" for w in words), encoding="utf-8")
-    (out_dir / README_FILE).write_text(readme(record), encoding="utf-8")
+    (out_dir / README_FILE).write_text((render or readme)(record), encoding="utf-8")
 
 
-def build(cfg: Training, dest: Path, keep_tmp: bool, verify: bool) -> None:
+@dataclass
+class TrainedTarget:
+    """A target trained by :func:`train_target` and what the record needs of the run."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    docs: list[str]
+    train_docs: list[str]
+    held_docs: list[str]
+    vocab: int
+    params: int
+    train_ids: torch.Tensor
+    history: dict
+    seconds: float
+    cpu_seconds: float
+    held_fp32: float
+    held_quant: float
+
+
+def set_determinism(seed: int, threads: int) -> None:
+    """Seeded, deterministic kernels, ``threads`` intra- and inter-op threads (set once per process)."""
     import torch
 
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(cfg.threads)
-    torch.set_num_interop_threads(cfg.threads)
+    torch.set_num_threads(threads)
+    if torch.get_num_interop_threads() != threads:
+        torch.set_num_interop_threads(threads)
+
+
+def train_target(cfg: Training, spec: make_models.ModelSpec, hf_dir: Path) -> TrainedTarget:
+    """Train ``spec`` on torch's documentation (:func:`checked_documents`) with its own BPE tokenizer; save the HF
+    model and tokenizer into ``hf_dir``."""
+    import torch
 
     docs = [d for d in (clean_document(raw) for raw in checked_documents()) if d]
     train_docs, held_docs = split_documents(docs, cfg.held_out_every)
     LOG.info("corpus: %d documents (%d held out), %d characters", len(docs), len(held_docs), sum(map(len, docs)))
     tokenizer = make_models.bpe_tokenizer(train_docs, cfg.vocab_size)
+    vocab = make_models.save_tokenizer(tokenizer, hf_dir)
+    train_ids, held_ids = token_stream(tokenizer, train_docs), token_stream(tokenizer, held_docs)
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    eval_starts = torch.randint(0, len(held_ids) - cfg.seq_len, (cfg.eval_windows,), generator=eval_gen)
+    eval_batches = windows(held_ids, eval_starts, cfg.seq_len)
 
+    config, model_cls = make_models.hf_config(spec, vocab)
+    torch.manual_seed(cfg.seed)
+    model = model_cls(config).to(torch.float32)
+    params = sum(p.numel() for p in model.parameters())
+    LOG.info("%s: %d parameters, %d training tokens", spec.name, params, len(train_ids))
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    history = train(model, train_ids, eval_batches, cfg)
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    LOG.info("hf weights sha256 %s", sha256_file(hf_dir / "model.safetensors"))
+    held_fp32 = mean_loss(model, eval_batches)
+    held_quant = mean_loss(quantized_copy(model, spec), eval_batches)
+    return TrainedTarget(
+        model, tokenizer, docs, train_docs, held_docs, vocab, params, train_ids, history, seconds, cpu_seconds,
+        held_fp32, held_quant,
+    )  # fmt: skip
+
+
+def target_record(cfg: Training, spec: make_models.ModelSpec, run: TrainedTarget) -> dict:
+    """The corpus, model, training and results part of ``training.json`` for a target trained by
+    :func:`train_target`."""
+    return {
+        "what": spec.purpose,
+        "corpus": {
+            "source": f"torch {TORCH_VERSION}'s docstrings (train_model.raw_documents)",
+            "raw_sha256": CORPUS_SHA256,
+        },
+        "model": {
+            **{k: v for k, v in asdict(spec).items() if k not in ("dest", "vision", "mrope_section")},
+            "vocab_size": run.vocab,
+        },  # fmt: skip
+        "training": asdict(cfg),
+        "results": {
+            "documents": len(run.docs),
+            "corpus_chars": sum(map(len, run.docs)),
+            "parameters": run.params,
+            "train_tokens": len(run.train_ids),
+            "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
+            "epochs": cfg.steps * cfg.batch_size * cfg.seq_len / len(run.train_ids),
+            "train_seconds": round(run.seconds, 1),
+            "train_cpu_seconds": round(run.cpu_seconds, 1),
+            "uniform_loss": round(math.log(run.vocab), 4),
+            "train_loss": run.history["train"][-1][1],
+            "held_out_loss": round(run.held_fp32, 4),
+            "held_out_loss_int4": round(run.held_quant, 4),
+        },
+        "history": run.history,
+        "versions": versions(),
+    }
+
+
+def build(cfg: Training, dest: Path, keep_tmp: bool, verify: bool) -> None:
+    set_determinism(cfg.seed, cfg.threads)
     work = Path(tempfile.mkdtemp(prefix=f"mnnbuild-{MODEL.name}-"))
     try:
         hf_dir = work / "hf"
         hf_dir.mkdir()
-        vocab = make_models.save_tokenizer(tokenizer, hf_dir)
-        train_ids, held_ids = token_stream(tokenizer, train_docs), token_stream(tokenizer, held_docs)
-        eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
-        eval_starts = torch.randint(0, len(held_ids) - cfg.seq_len, (cfg.eval_windows,), generator=eval_gen)
-        eval_batches = windows(held_ids, eval_starts, cfg.seq_len)
-
-        config, model_cls = make_models.hf_config(MODEL, vocab)
-        torch.manual_seed(cfg.seed)
-        model = model_cls(config).to(torch.float32)
-        params = sum(p.numel() for p in model.parameters())
-        LOG.info("%s: %d parameters, %d training tokens", MODEL.name, params, len(train_ids))
-        t0, cpu0 = time.perf_counter(), time.process_time()
-        history = train(model, train_ids, eval_batches, cfg)
-        seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - cpu0
-        model.save_pretrained(hf_dir, safe_serialization=True)
-        LOG.info("hf weights sha256 %s", sha256_file(hf_dir / "model.safetensors"))
-
-        held_fp32 = mean_loss(model, eval_batches)
-        held_int4 = mean_loss(quantized_copy(model), eval_batches)
+        run = train_target(cfg, MODEL, hf_dir)
         prompt = spec_prompt()
-        sample = greedy_text(model, tokenizer, prompt, 16)
-        LOG.info("held-out loss %.4f (float32), %.4f (llmexport int4); greedy: %r", held_fp32, held_int4, sample)
+        sample = greedy_text(run.model, run.tokenizer, prompt, 16)
+        LOG.info("held-out loss %.4f (float32), %.4f (llmexport int4); greedy: %r", run.held_fp32, run.held_quant,
+                 sample)  # fmt: skip
 
         out_dir = make_models.export_hf_model(MODEL, cfg.seed, hf_dir, work, verify)
-        record = {
-            "what": MODEL.purpose,
-            "corpus": {
-                "source": f"torch {TORCH_VERSION}'s docstrings (train_model.raw_documents)",
-                "raw_sha256": CORPUS_SHA256,
-            },
-            "model": {
-                **{k: v for k, v in asdict(MODEL).items() if k not in ("dest", "vision", "mrope_section")},
-                "vocab_size": vocab,
-            },  # fmt: skip
-            "training": asdict(cfg),
-            "results": {
-                "documents": len(docs),
-                "corpus_chars": sum(map(len, docs)),
-                "parameters": params,
-                "train_tokens": len(train_ids),
-                "tokens_seen": cfg.steps * cfg.batch_size * cfg.seq_len,
-                "epochs": cfg.steps * cfg.batch_size * cfg.seq_len / len(train_ids),
-                "train_seconds": round(seconds, 1),
-                "train_cpu_seconds": round(cpu_seconds, 1),
-                "uniform_loss": round(math.log(vocab), 4),
-                "train_loss": history["train"][-1][1],
-                "held_out_loss": round(held_fp32, 4),
-                "held_out_loss_int4": round(held_int4, 4),
-                "prompt": prompt,
-                "sample": sample,
-            },
-            "history": history,
-            "versions": versions(),
-        }
-        write_record_files(out_dir, record, corpus_words(train_docs))
+        record = target_record(cfg, MODEL, run)
+        record["results"].update(prompt=prompt, sample=sample)
+        write_record_files(out_dir, record, corpus_words(run.train_docs))
         make_models.publish_outputs(out_dir, dest, extra=(TRAINING_FILE, WORDS_FILE, README_FILE))
         LOG.info("%s -> %s", MODEL.name, dest)
     finally:
