@@ -24,11 +24,14 @@ out of training). Writes ``benchmarks/results/eagle_acceptance.json`` (``--json`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import platform
+import sys
 import tempfile
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -63,16 +66,48 @@ def load_llm(model_dir: Path, speculative: bool, setting: str, max_new_tokens: i
     return llm
 
 
+@contextlib.contextmanager
+def quiet_stdout() -> Iterator[None]:
+    """Send the process's stdout (fd 1) to /dev/null: MNN's Python binding prints every response's text."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(devnull)
+
+
+def tie_margin(model_dir: Path, context: list[int]) -> dict:
+    """The full-precision plain model's next-token logits after ``context``: its top two tokens and the margin
+    between them, absolute and relative to the row's max |logit| (how verify judges a near-tie)."""
+    import numpy as np
+
+    llm = load_llm(model_dir, False, "normal", 1)
+    var = llm.forward(context)
+    row = np.array(var.read(), dtype=np.float64).reshape(-1)
+    del var, llm
+    top = np.argsort(row)[::-1][:2]
+    margin = float(row[top[0]] - row[top[1]])
+    return {"top2": [int(t) for t in top], "margin": round(margin, 5),
+            "relative_margin": round(margin / float(np.abs(row).max()), 5)}  # fmt: skip
+
+
 def run_prompt(model_dir: Path, prompt: str, setting: str, max_new_tokens: int, depth: int) -> dict:
     """One prompt: plain and speculative greedy tokens, their agreement, the target forwards of the speculative run."""
     # response() with use_template off generates from the prompt's own tokens (config max_new_tokens)
     plain_llm = load_llm(model_dir, False, setting, max_new_tokens + depth + 1)
     ids = list(plain_llm.tokenizer_encode(prompt))
-    plain_llm.response(prompt)
+    with quiet_stdout():
+        plain_llm.response(prompt)
     plain = list(plain_llm.context.output_tokens)
     del plain_llm
     spec_llm = load_llm(model_dir, True, setting, max_new_tokens)
-    spec_llm.response(prompt)
+    with quiet_stdout():
+        spec_llm.response(prompt)
     out, status = list(spec_llm.context.output_tokens), spec_llm.context.status
     del spec_llm
     # the engine appends its forward count after the tokens when it stops (max tokens or a stop token)
@@ -81,6 +116,13 @@ def run_prompt(model_dir: Path, prompt: str, setting: str, max_new_tokens: int, 
     first_diff = next((i for i, (a, b) in enumerate(zip(tokens, plain, strict=False)) if a != b), None)
     if first_diff is None and len(tokens) > len(plain):
         first_diff = len(plain)
+    parting = None
+    if first_diff is not None and first_diff < min(len(tokens), len(plain)):
+        parting = {
+            "speculative": tokens[first_diff],
+            "plain": plain[first_diff],
+            "full_precision": tie_margin(model_dir, ids + tokens[:first_diff]),
+        }
     return {
         "prompt": prompt,
         "prompt_tokens": len(ids),
@@ -88,6 +130,7 @@ def run_prompt(model_dir: Path, prompt: str, setting: str, max_new_tokens: int, 
         "status": str(status),
         "identical": first_diff is None,
         "first_difference": first_diff,
+        "parting": parting,
         "target_forwards": forwards,
         "accepted_per_forward": round(decoded / forwards, 4) if forwards > 0 else None,
         "speculative_tokens": tokens,
@@ -139,10 +182,13 @@ def main(argv: list[str] | None = None) -> int:
             "accepted_per_forward": round(decoded / forwards, 4),
         }
         LOG.info("%s (%s)", setting, ", ".join(f"{k} {v}" for k, v in SETTINGS[setting].items()))
-        LOG.info("  %-40s %6s %9s %8s %9s", "prompt", "tokens", "identical", "forwards", "accepted")
+        LOG.info("  %-40s %6s %9s %8s %9s  %s", "prompt", "tokens", "identical", "forwards", "accepted", "parting")
         for r in rows:
-            LOG.info("  %-40s %6d %9s %8d %9.2f", r["prompt"][:40], r["tokens"], r["identical"],
-                     r["target_forwards"], r["accepted_per_forward"] or 0.0)  # fmt: skip
+            part = r["parting"]
+            where = "" if part is None else (f"at {r['first_difference']}: {part['speculative']} vs {part['plain']}, "
+                                             f"margin {part['full_precision']['relative_margin']:.2%}")  # fmt: skip
+            LOG.info("  %-40s %6d %9s %8d %9.2f  %s", r["prompt"][:40], r["tokens"], r["identical"],
+                     r["target_forwards"], r["accepted_per_forward"] or 0.0, where)  # fmt: skip
         LOG.info("  %-40s %6d %9s %8d %9.2f", "all", decoded + len(rows), results[setting]["identical"], forwards,
                  decoded / forwards)  # fmt: skip
     data = {

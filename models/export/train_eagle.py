@@ -78,7 +78,9 @@ DRAFT_DIR = "eagle-draft"
 LLMEXPORT_DRAFT_ROPE_THETA = 10000.0
 """llmexport 0.0.5's ``Eagle`` builds its rotary from a fixed ``rope_theta = 10000`` (not the target's 1e6, not the
 draft config's): the draft is trained with it."""
-ACCEPTANCE_FILE = "acceptance.json"
+ENGINE_DRAFTS = 3
+"""Tokens MNN's engine drafts per target forward by default: a chain (``eagle_topk`` 1) of ``eagle_depth`` 3,
+``draft_predict_length`` 3."""
 
 
 @dataclass(frozen=True)
@@ -605,7 +607,7 @@ def simulated_acceptance(
     per_prompt, decoded, forwards = [], 0, 0
     for prompt in prompts:
         ids = tokenizer.encode(prompt, add_special_tokens=False).ids  # type: ignore[attr-defined]
-        sim = simulate_eagle(target, draft, ids, cfg.eval_new_tokens, taps, cfg.ttt_depth)
+        sim = simulate_eagle(target, draft, ids, cfg.eval_new_tokens, taps, ENGINE_DRAFTS)
         decoded, forwards = decoded + sum(sim["accepted"]), forwards + len(sim["accepted"])
         per_prompt.append(round(sum(sim["accepted"]) / len(sim["accepted"]), 4))
     return {"accepted_per_forward": round(decoded / forwards, 4), "per_prompt": per_prompt, "forwards": forwards}
@@ -670,7 +672,7 @@ def build(cfg: train_model.Training, dcfg: DraftTraining, dspec: DraftSpec, dest
         save_draft(draft, config, work / DRAFT_DIR)
         out_dir = make_models.export_hf_model(TARGET, cfg.seed, hf_dir, work, verify, eagle_dir=work / DRAFT_DIR)
         fc_diff = check_draft_export(draft, TARGET, out_dir)
-        measured = mnn_acceptance(out_dir, prompts, dcfg.eval_new_tokens, dcfg.ttt_depth)
+        measured = mnn_acceptance(out_dir, prompts, dcfg.eval_new_tokens, ENGINE_DRAFTS)
         LOG.info("MNN.llm (CPU, memory normal): accepted per target forward %.3f, tokens identical: %s",
                  measured["accepted_per_forward"], measured["identical"])  # fmt: skip
 
