@@ -407,10 +407,10 @@ def main() -> None:
     if args.eagle:
         if args.layers < 7:
             parser.error("--eagle: an Eagle3 target needs at least 7 layers (three distinct taps), give --layers")
-        if args.resume or args.jobs or args.end_to_end or "modellib" in args.stages.split(","):
-            parser.error("--eagle runs fetch..verify for both builds: drop --resume/--jobs/--end-to-end/modellib")
         if args.stages == ",".join(STAGES):
             args.stages = ",".join(SPEC_STAGES)
+        if args.resume or args.jobs or args.end_to_end or "modellib" in args.stages.split(","):
+            parser.error("--eagle runs fetch..verify for both builds: drop --resume/--jobs/--end-to-end/modellib")
         speculative_main(args, parser)
         return
 
