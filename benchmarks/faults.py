@@ -1,4 +1,4 @@
-"""Fault injection: replay the cases of issue 27 ("Trust, second round") and print what a user sees.
+"""Fault injection: replay the cases of issues 27 and 43 ("Trust", rounds 2 and 3) and print what a user sees.
 
 Each case is a small function registered with ``@case``: it sets up a temp project, artifact root or cache, does
 the bad thing a hostile but fair user (or the OOM killer) would, and returns an `Outcome`: whether the guarantee
@@ -681,6 +681,132 @@ def restored_verify_touch_r(work: Path, shared: Shared) -> Outcome:
     proc = doit(None, "verify:tiny-qwen3-v79", **env)
     held = proc.returncode != 0 and "verify:tiny-qwen3-v79" in (proc.record or {}).get("failed", {})
     return Outcome(held, proc.returncode, last_lines(proc, needle="Error"))
+
+
+# -- issue 43 ("Trust, third round"), items 3 to 8 --------------------------------------------------------------------
+
+
+def _tokenizer(data: bytes) -> Callable[[Path, Shared], Outcome]:
+    def run(work: Path, shared: Shared) -> Outcome:
+        model = model_copy(work)
+        (model / "tokenizer.mtok").write_bytes(data)
+        proc = doit(work / "artifacts", "io:bad", **bad_spec(work, "", model))
+        return refused(proc, f"{model / 'tokenizer.mtok'}: is ")
+
+    return run
+
+
+case("tokenizer-empty", "43.3", "an empty tokenizer.mtok; doit io (was SIGSEGV, rc 139, no line)")(_tokenizer(b""))
+case("tokenizer-random-30k", "43.3", "30 kB of random bytes as tokenizer.mtok; doit io")(
+    _tokenizer(os.urandom(30_000))
+)
+@case("spec-name-300-chars", "43.4", "a 300-character spec name (in m.toml); doit io")
+def spec_name_300_chars(work: Path, shared: Shared) -> Outcome:
+    env = bad_spec(work, "", name="m")
+    spec = Path(env["MNNBUILD_MODELS_PATH"]) / "m.toml"
+    spec.write_text(spec.read_text().replace('name = "m"', f'name = "{"m" * 300}"'))
+    proc = doit(work / "artifacts", f"io:{'m' * 300}", **env)
+    return refused(proc, "field 'name': String should have at most 100 characters")
+case("materialize-empty-name", "43.4", "python -m mnnbuild cache materialize ''")(
+    lambda work, shared: refused(cli("cache", "materialize", ""), "not a task name")
+)
+
+
+def _q_proj_scales(damage: str) -> Callable[[Path, Shared], Outcome]:
+    """The first conv's (q_proj's) scale bytes said 3072 instead of 2048, or made NaN, via mnnbuild.mnn."""
+
+    def run(work: Path, shared: Shared) -> Outcome:
+        from mnnbuild.mnn import conv_ops, load_model, save_model
+
+        model = model_copy(work)
+        graph = load_model(model / "llm.mnn")
+        op = conv_ops(graph)[0]
+        offset, weights, scales = (int(v) for v in op.main.external[:3])
+        if damage == "3072":
+            op.main.external = [*op.main.external[:2], 3072, *op.main.external[3:]]
+            save_model(graph, model / "llm.mnn")
+            expected = f"{model / 'llm.mnn'}: op '{op.name}': Convolution2D external[2]"
+        else:
+            data = bytearray((model / "llm.mnn.weight").read_bytes())
+            data[offset + weights : offset + weights + scales] = b"\xff" * scales
+            (model / "llm.mnn.weight").write_bytes(bytes(data))
+            expected = f"{model / 'llm.mnn.weight'}: op '{op.name}': 512 of its 512 scales are not finite"
+        return refused(doit(work / "artifacts", "io:bad", **bad_spec(work, "", model)), expected)
+
+    return run
+
+
+case("q-proj-scale-bytes-3072", "43.5", "int4 q_proj external[2] 3072 (not 2048); doit io")(_q_proj_scales("3072"))
+case("q-proj-scales-nan", "43.5", "int4 q_proj scale bytes all 0xff (NaN); doit io")(_q_proj_scales("nan"))
+case("layer-nums-negative", "43.5", "llm_config.json layer_nums = -1; doit io (was shipped)")(
+    lambda work, shared: refused(
+        doit(work / "artifacts", "io:bad", **bad_spec(work, "", model_copy(work, layer_nums=-1))),
+        "field 'layer_nums' must be a positive integer, got -1",
+    )
+)
+
+
+@case("bundle-hidden-size-1e12", "43.5", "a bundle's llm_config.json hidden_size 10^12; Embeddings")
+def bundle_hidden_size(work: Path, shared: Shared) -> Outcome:
+    root = shared.bundle_copy(work / "artifacts")
+    bundle = root / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3"
+    config = json.loads((bundle / "llm_config.json").read_text())
+    (bundle / "llm_config.json").write_text(json.dumps({**config, "hidden_size": 10**12}))
+    return _runtime_refused(f"Embeddings({str(bundle)!r})", "llm_config.json: field 'hidden_size' is 1000000000000")
+
+
+@case("plugin-offset-past-end", "43.6", "a Plugin's offset attribute past the end of its file, no size; Bundle.open")
+def plugin_offset_past_end(work: Path, shared: Shared) -> Outcome:
+    from mnnbuild.mnn import load_model, make_attribute, plugin_attributes, save_model
+
+    root = shared.bundle_copy(work / "artifacts")
+    bundle = root / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3"
+    graph = load_model(bundle / "qnn" / "llm.mnn")
+    op = next(op for op in graph.ops if op.type == "Plugin")
+    attrs = {**plugin_attributes(op), "offset": [1 << 30, 0]}
+    op.main.attr = [make_attribute(k, attrs[k]) for k in sorted(attrs)]
+    save_model(graph, bundle / "qnn" / "llm.mnn")
+    return _runtime_refused(f"Bundle.open({str(bundle)!r})", "attribute 'offset' is 1073741824 without a 'size'")
+
+
+@case("subtask-by-name", "43.7", "doit context:tiny-qwen3-v79:graphllm0 (a name doit list --all shows)")
+def subtask_by_name(work: Path, shared: Shared) -> Outcome:
+    root = shared.bundle_copy(work / "artifacts")
+    doit(root, "clean", "context:tiny-qwen3-v79:graphllm0")
+    proc = doit(root, "context:tiny-qwen3-v79:graphllm0")
+    ran = ".  context:tiny-qwen3-v79:graphllm0" in proc.stdout
+    return Outcome(proc.returncode == 0 and ran, proc.returncode, last_lines(proc))
+
+
+@case("status-after-warm-doit", "43.7", "a warm bare doit in a fresh root, then python -m mnnbuild status")
+def status_after_warm_doit(work: Path, shared: Shared) -> Outcome:
+    cache = str(work / "cache")
+    doit(work / "cold", MNNBUILD_CACHE=cache)
+    doit(work / "warm", MNNBUILD_CACHE=cache)
+    status = cli("status", MNNBUILD_CACHE=cache, MNNBUILD_ARTIFACTS=str(work / "warm"))
+    again = doit(work / "warm", MNNBUILD_CACHE=cache)
+    agree = status.stdout.strip().endswith("nothing would run") and ".  " not in again.stdout
+    return Outcome(agree and status.returncode == 0, status.returncode, last_lines(status))
+
+
+@case("ctrl-c-run-record", "43.8", "Ctrl-C mid compose in a root whose .doit-run.json says the context was built")
+def ctrl_c_run_record(work: Path, shared: Shared) -> Outcome:
+    root = work / "artifacts"
+    root.mkdir()
+    (root / ".doit-run.json").write_text(json.dumps({"built": ["context:tiny-qwen3-v79:graphllm0"]}))
+    marker = uuid.uuid4().hex
+    env = clean_env(MNNBUILD_ARTIFACTS=str(root), FAULT_MARKER=marker)
+    argv = [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "bundle:tiny-qwen3-v79"]
+    proc = subprocess.Popen(argv, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not composing(marker) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    proc.wait(timeout=120)
+    record = json.loads((root / ".doit-run.json").read_text())
+    held = record.get("interrupted") == "stopped by Ctrl-C" and bool(record.get("running"))
+    return Outcome(held, proc.returncode, f"interrupted={record.get('interrupted')!r} running={record.get('running')}")
 
 
 # -- running the table ------------------------------------------------------------------------------------------

@@ -125,7 +125,7 @@ def _materialize(args: argparse.Namespace) -> int:
     dodo = project / "dodo.py"
     if not dodo.is_file():
         raise MnnbuildError(f"--project {project}: no dodo.py there; expected an mnnbuild checkout")
-    bad = [t for t in args.tasks if t.startswith("-") or "=" in t]
+    bad = [t for t in args.tasks if not t.strip() or t.startswith("-") or "=" in t]
     if bad:
         raise MnnbuildError(f"cache materialize {bad[0]!r}: not a task name; expected one such as io:tiny-qwen3")
     return subprocess.run([sys.executable, "-m", "doit", "-f", str(dodo), *args.tasks], check=False).returncode

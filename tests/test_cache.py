@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -580,6 +581,17 @@ def test_cache_materialize_takes_its_options_in_any_order(
     )
 
 
+@pytest.mark.parametrize("task", ["", " "])
+def test_cache_materialize_of_an_empty_name_is_one_line(task: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 43, item 4: ``cache materialize ''`` was doit's IndexError (it reads an argument's first character)."""
+    from mnnbuild.__main__ import main
+
+    assert main(["cache", "materialize", task]) == 2
+    assert capsys.readouterr().err == (
+        f"error: cache materialize {task!r}: not a task name; expected one such as io:tiny-qwen3\n"
+    )
+
+
 def test_unknown_options_are_still_refused(capsys: pytest.CaptureFixture[str]) -> None:
     from mnnbuild.__main__ import main
 
@@ -956,3 +968,32 @@ def test_outputs_made_after_their_task_ran_are_held_to_their_stamps_not_hashed(
     edit_keeping_size_and_mtime(out / "a.bin", b"A", b"B")
     assert not check.intact({}) and hashed == ["a.bin"]
     assert check.problems({}) == ["output edited or replaced: a.bin"]
+
+
+def test_status_and_doit_list_agree_with_doit_after_a_warm_build(
+    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+) -> None:
+    """Issue 43, item 7: after a warm bare `doit` (the bundle restored without its files) `status` said verify would
+    run ("model missing") while the next `doit` ran nothing; and the subtasks `doit list --all` shows
+    (context:tiny-qwen3-v79:graphllm0) were "Invalid parameter" to `doit` and `cache materialize`."""
+    cache, _ = warm_cache
+    env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "warm-artifacts")}
+    run_doit(env=env)
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    status = subprocess.run(
+        [sys.executable, "-m", "mnnbuild", "status"],
+        cwd=tmp_path, env={**full_env, "HF_HUB_OFFLINE": "1", **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert status.returncode == 0 and status.stdout.strip().endswith("nothing would run"), status.stdout
+    assert executed_tasks(run_doit(env=env).stdout) == []
+
+    listed = run_doit("list", "--all", env=env).stdout.split()
+    subtasks = [t for t in listed if t.startswith(("context:tiny-qwen3-v79:", "twin:tiny-qwen3-v79:"))]
+    assert len(subtasks) == 8, listed
+    named = run_doit(*subtasks[:2], env=env)
+    assert sorted(summary(named)["from cache"]) == sorted(subtasks[:2]), named.stdout
+    materialize = subprocess.run(
+        [sys.executable, "-m", "mnnbuild", "cache", "materialize", subtasks[2]],
+        cwd=tmp_path, env={**full_env, "HF_HUB_OFFLINE": "1", **env}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert materialize.returncode == 0 and "Invalid parameter" not in materialize.stdout + materialize.stderr

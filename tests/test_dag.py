@@ -60,10 +60,46 @@ def test_touch_without_change_runs_nothing(run_doit: RunDoit, tmp_path: Path) ->
 
 
 def test_bad_spec_fails_cleanly(run_doit: RunDoit, tmp_path: Path) -> None:
+    """A bad spec is named in one line. It stops a command that asks for its model (by name, a whole stage, or a
+    bare `doit` when it is the default model); `doit list` and the other models' builds go on without it (issue 43:
+    one bad spec stopped every model's)."""
     spec_dir = tmp_path / "specs"
     spec_dir.mkdir()
     (spec_dir / "bad.toml").write_text('name = "bad"\nsource = { local = "x" }\nchunk_size = 0\ntargets = ["v79"]\n')
-    proc = run_doit("list", env={"MNNBUILD_MODELS_PATH": str(spec_dir)}, check=False)
-    assert proc.returncode != 0
-    assert f"{spec_dir / 'bad.toml'}: field 'chunk_size': Input should be greater than 1" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    env = {"MNNBUILD_MODELS_PATH": str(spec_dir)}
+    problem = f"{spec_dir / 'bad.toml'}: field 'chunk_size': Input should be greater than 1 (got 0)"
+    for asks in (["io:bad"], ["bundle:bad-v79"], ["io"]):
+        proc = run_doit(*asks, env=env, check=False)
+        assert proc.returncode != 0
+        assert proc.stdout + proc.stderr == f"ERROR: {problem}\n", asks
+    listed = run_doit("list", env=env)
+    assert "io:tiny-qwen3" in listed.stdout and ":bad" not in listed.stdout
+    assert listed.stderr == f"W mnnbuild.dag.project: {problem} (its model's tasks are left out)\n"
+    other = run_doit("fetch:tiny-qwen3", env=env)
+    assert executed_tasks(other.stdout) == ["fetch:tiny-qwen3"] and problem in other.stderr
+
+
+def test_doit_k_from_a_subdirectory_finds_the_project(tmp_path: Path) -> None:
+    """The README's answer to `doit` in a subdirectory ("could not find dodo file"): doit's -k seeks dodo.py in the
+    parent dirs, and the artifact root stays the project's (or MNNBUILD_ARTIFACTS), not the cwd."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    env.update({"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
+    argv = [sys.executable, "-m", "doit", "-k", "list"]
+    proc = subprocess.run(argv, cwd=PROJECT_ROOT / "docs", env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "io:tiny-qwen3" in proc.stdout, proc.stdout + proc.stderr
+    assert not (PROJECT_ROOT / "docs" / "artifacts").exists() and not (PROJECT_ROOT / "docs" / ".doit.db").exists()
+
+
+def test_doit_list_says_which_groups_take_every_model(run_doit: RunDoit) -> None:
+    """Issue 43, first hour: `doit bundle` / `doit report` build every model's (offline they stopped at
+    fetch:qwen3-1.7b) while `doit verify` builds the default bundles only; `doit list` now says which."""
+    rows = {line.split()[0]: line for line in run_doit("list").stdout.splitlines() if line.strip()}
+    for group in ("bundle", "report", "context", "twin"):
+        assert f"every model's: {group}:qwen3-1.7b-v79, " in rows[group] and f"{group}:tiny-qwen3-v79" in rows[group]
+    assert "Verify the default bundles" in rows["verify"] and "every model's" not in rows["verify"]

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from mnnbuild.base.fsutil import sha256_file
+from mnnbuild.dag.reporter import LAST_RUN
 from mnnbuild.pipeline.cache import ArtifactCache
 from tests.conftest import PROJECT_ROOT, RunDoit, doit, executed_tasks
 
@@ -568,6 +569,9 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path, sig: str) -> None:
     import signal
 
     root = tmp_path / "artifacts"
+    root.mkdir()
+    old_record = {"built": [f"context:tiny-qwen3-v79:graphllm{k}" for k in range(4)], "interrupted": None}
+    (root / LAST_RUN).write_text(json.dumps(old_record))  # a previous run's, which said they were built
     proc = start_doit(root, "bundle:tiny-qwen3-v79")
     wait_until("a context stage's temp dir", lambda: context_temps(root), proc, root)
     interrupted = context_temps(root)[0].name.split(".")[1]  # graphllm<k>
@@ -580,6 +584,10 @@ def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path, sig: str) -> None:
     said = [line for line in log.splitlines() if not line.startswith((".  ", "-- "))]
     how = "stopped by SIGTERM" if sig == "SIGTERM" else "stopped by Ctrl-C"
     assert len(said) == 1 and said[0].startswith(how) and "resume" in said[0], log
+    # issue 43, item 8: the record for scripts is written on this ending too, and says so
+    record = json.loads((root / LAST_RUN).read_text())
+    assert record["interrupted"] == how and f"context:tiny-qwen3-v79:{interrupted}" in record["running"], record
+    assert f"context:tiny-qwen3-v79:{interrupted}" not in record["built"] and "fetch:tiny-qwen3" in record["built"]
     assert temps_under(root) == [], "SIGTERM left temps behind"
     done = finished_stages(root)
     assert f"tiny-qwen3/v79/context/{interrupted}" not in done and "tiny-qwen3/partition" in done

@@ -408,6 +408,13 @@ def test_wrong_target_is_refused(synthetic: Synthetic, qnn_lib: QnnLibrary) -> N
         ({"path": "qnn/nope.bin"}, r"qnn0.*'path' = 'qnn/nope.bin' but .*nope.bin does not exist"),
         ({"allInputShape": [1, 8, 4]}, r"qnn0.*'allInputShape' has 3 dims, not a multiple of the 2 shapes"),
         ({"state": "x"}, r"qnn0.*'state'.*not supported"),
+        # issue 43, item 6: MNN's engine ignores an offset without a size and loads the whole file; so did we
+        ({"offset": [1 << 30, 0]}, r"qnn0.*attribute 'offset' is 1073741824 without a 'size'"),
+        ({"offset": [-8, -1]}, r"qnn0.*attribute 'offset' is 18446744073709551608 without a 'size'"),
+        ({"offset": [0, 1], "size": [16, 0]}, r"qnn0.*'offset' 4294967296 and 'size' 16 reach byte 4294967312, but"),
+        ({"size": [1 << 30, 0]}, r"qnn0.*'offset' 0 and 'size' 1073741824 reach byte 1073741824, but .* has \d+ bytes"),
+        ({"offset": [1, 2, 3]}, r"qnn0.*attribute 'offset' must be a list of two ints"),
+        ({"dump_intermediate_outputs": 1}, r"qnn0.*'dump_intermediate_outputs' is set: MNN's engine would write"),
     ],
 )
 def test_bad_plugin_attributes(bundle_copy: Path, edit: dict[str, object], message: str) -> None:
@@ -923,8 +930,16 @@ def test_readme_runtime_examples_run_as_written(run_doit: RunDoit, tmp_path: Pat
     run_doit("twin:tiny-qwen3-v79", "bundle:tiny-qwen3-v79")
     examples = [(readme, block) for readme in README_EXAMPLES for block in python_blocks(readme)]
     assert len(examples) >= 2, "each README has its runtime example"
+    env = {k: v for k, v in os.environ.items() if k != "MNNBUILD_ARTIFACTS"}
     for readme, block in examples:
         proc = subprocess.run(
-            [sys.executable, "-I", "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=600
+            [sys.executable, "-I", "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
         )
         assert proc.returncode == 0, f"{readme.relative_to(PROJECT_ROOT)}'s example failed:\n{proc.stderr[-3000:]}"
+    # issue 43, first hour: the project README's example ran only from the project root and printed nothing
+    (elsewhere := tmp_path / "elsewhere").mkdir()
+    block = python_blocks(PROJECT_ROOT / "README.md")[0]
+    proc = subprocess.run([sys.executable, "-I", "-c", block], cwd=elsewhere, capture_output=True, text=True,
+                          timeout=600, env={**env, "MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.fullmatch(r"logits \[1, 128, 1024\]; the token after 1 2 3: \d+\n", proc.stdout), proc.stdout

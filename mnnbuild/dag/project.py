@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sqlite3
 import tempfile
 import time
@@ -19,11 +20,11 @@ from doit.dependency import MD5Checker
 from doit.exceptions import InvalidDodoFile
 
 from mnnbuild.base import logs
-from mnnbuild.base.errors import MnnbuildError
+from mnnbuild.base.errors import MnnbuildError, SpecError
 from mnnbuild.base.fsutil import KnownHashes
 from mnnbuild.dag.reporter import reporter_for
 from mnnbuild.dag.status import MnnbuildDoit
-from mnnbuild.model.spec import LocalSource, ModelSpec, discover_specs
+from mnnbuild.model.spec import LocalSource, ModelSpec, declared_name, discover_specs
 from mnnbuild.pipeline.cache import local_cache_dir
 from mnnbuild.pipeline.chain import Chain
 from mnnbuild.pipeline.fingerprint import DigestMemo
@@ -69,9 +70,15 @@ class Project:
 
     @classmethod
     def load(cls, project_root: Path, argv: Sequence[str] = (), chain: Chain = CHAIN) -> Project:
+        requested = requested_tasks(argv)
         try:
             settings = Settings.from_env(project_root)
-            specs = discover_specs(list(settings.spec_dirs))
+            bad: dict[Path, SpecError] = {}
+            specs = discover_specs(list(settings.spec_dirs), bad)
+            for path, exc in bad.items():  # named and left out, unless the command asks for that model
+                if _asks_for(path, requested, doit_runs_tasks(argv)):
+                    raise exc
+                log.warning("%s (its model's tasks are left out)", exc)
             settings.check_artifact_root(s.local_dir() for s in specs.values() if isinstance(s.source, LocalSource))
         except MnnbuildError as exc:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
@@ -79,7 +86,7 @@ class Project:
         # beside a local cache, the memo serves every artifact root and clone that shares the cache
         memo_dir = local_cache_dir(os.environ) or settings.artifact_root
         memo = DigestMemo(memo_dir / CODE_DIGESTS)
-        return cls(settings=settings, specs=specs, memo=memo, chain=chain, requested=requested_tasks(argv))
+        return cls(settings=settings, specs=specs, memo=memo, chain=chain, requested=requested)
 
     def wants(self, task: str) -> bool:
         """Whether the command line asks for ``task`` itself: by its name, or by a group it belongs to (``bundle``,
@@ -151,6 +158,22 @@ def content_checker(hashes: KnownHashes) -> type[MD5Checker]:
     return ContentChecker
 
 
+def _asks_for(spec_path: Path, requested: Sequence[str], runs: bool) -> bool:
+    """Whether a command that runs tasks asks for the model of a spec that did not load: a task of it by name (the
+    spec's ``name`` if it reads, else its file's stem), a whole stage (every model's), or a bare `doit` when it is
+    the default model."""
+    if not runs:
+        return False
+    names = {spec_path.stem, declared_name(spec_path)} - {None}
+    if not requested:
+        return DEFAULT_MODEL in names
+    for task in requested:
+        model = task.split(":")[1] if ":" in task else None
+        if model is None or any(model == n or re.fullmatch(rf"{re.escape(n)}-[^-]+", model) for n in names):
+            return True
+    return False
+
+
 def doit_runs_tasks(argv: Sequence[str]) -> bool:
     """Whether the doit command line ``argv`` (its arguments) runs tasks, by doit's own account of its commands
     (``run``, the default, does; ``list``, ``clean``, ``info``, ``forget`` ... only read the task list). Parsed
@@ -173,22 +196,19 @@ def requested_tasks(argv: Sequence[str]) -> tuple[str, ...]:
     ``doit``, whose default tasks are verify and report): its positional arguments after doit's options."""
     if not doit_runs_tasks(argv):
         return ()
-    try:
-        _, rest = CmdParse([CmdOption(opt) for opt in DodoTaskLoader.cmd_options]).parse_only(list(argv))
-    except CmdParseError:
-        rest = list(argv)
     commands = {cmd.get_name(): cmd for cmd in MnnbuildDoit.DOIT_CMDS}
+
+    def parse(args: list[str], command: str) -> list[str]:
+        """``args`` after the loader's options (``-f FILE``) and ``command``'s, which may come in any order."""
+        options = [*DodoTaskLoader.cmd_options, *commands[command].cmd_options]
+        try:
+            return list(CmdParse([CmdOption(opt) for opt in options]).parse_only(args)[1])
+        except CmdParseError:
+            return args
+
+    rest = parse(list(argv), "run")  # `doit -f dodo.py -n 2 bundle:...`: run is the default command
     if rest and rest[0] in commands:
-        try:
-            _, rest = CmdParse([CmdOption(opt) for opt in commands[rest[0]].cmd_options]).parse_only(rest[1:])
-        except CmdParseError:
-            rest = rest[1:]
-    else:
-        run = commands["run"]
-        try:
-            _, rest = CmdParse([CmdOption(opt) for opt in run.cmd_options]).parse_only(rest)
-        except CmdParseError:
-            pass
+        rest = parse(rest[1:], rest[0])
     return tuple(arg for arg in rest if not arg.startswith("-") and "=" not in arg)
 
 

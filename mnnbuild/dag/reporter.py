@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -144,10 +145,15 @@ class BuildSummaryReporter(ConsoleReporter):
             self.up_to_date.append(task.name)
 
     def complete_run(self) -> None:
+        # doit calls this in a `finally`: a Ctrl-C or SIGTERM on its way out is the exception being handled
+        stop = sys.exc_info()[1]
+        seconds = time.monotonic() - self.started
+        stopped = (str(stop) or "stopped by Ctrl-C") if isinstance(stop, KeyboardInterrupt) else None
+        if self.running and stopped is None:
+            stopped = "stopped"
+        self._write_record(seconds, stopped)  # on every ending: a script must not read the last run's record
         if self.running:  # stopped (Ctrl-C, SIGTERM) inside a task: the interrupt handler says so, in one line
             return
-        seconds = time.monotonic() - self.started
-        self._write_record(seconds)
         for task, _ in self.failed:
             self._write_task_output(task)
         lines = self._outcome(seconds) + self._partition_lines()
@@ -240,12 +246,16 @@ class BuildSummaryReporter(ConsoleReporter):
     def _record_path(self) -> Path | None:
         return None if self.state_dir is None else self.state_dir / LAST_RUN
 
-    def _write_record(self, seconds: float) -> None:
+    def _write_record(self, seconds: float, stopped: str | None = None) -> None:
+        """``stopped``: how the run was interrupted (None: it ran to its end); ``running`` then names the tasks it
+        stopped in, which finished nothing."""
         path = self._record_path()
         if path is None:
             return
         record = {
             "seconds": round(seconds, 3),
+            "interrupted": stopped,
+            "running": sorted(self.running),
             "built": self.built,
             "from_cache": self.restored,
             "up_to_date": self.up_to_date,

@@ -8,13 +8,15 @@ per-plugin fan-out reads the partition's ``merge``).
 
 from __future__ import annotations
 
+import difflib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from doit import create_after
+from doit.exceptions import InvalidDodoFile
 from doit.tools import config_changed
 from pydantic import BaseModel
 
@@ -306,7 +308,14 @@ def group_tasks(project: Project, stage: Stage, spec: ModelSpec | None) -> Itera
             yield group({"basename": f"{stage.name}:{spec.name}-{arch}", "name": None, "doc": doc})
 
 
-def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
+def task_full_name(task: dict[str, Any]) -> str:
+    """A task dict's name as doit knows it: ``basename:name`` for a subtask, else its basename."""
+    return f"{task['basename']}:{task['name']}" if task.get("name") else str(task["basename"])
+
+
+def npu_task_creators(
+    project: Project, delayed: bool = True, requested: Sequence[str] = ()
+) -> dict[str, Callable[[], Iterator[dict[str, Any]]]]:
     """One task creator per model (``task_npu_<model>``) for its context, twin, bundle, verify and report tasks.
 
     These tasks exist once the partition has said how many plugins there are. When doit runs tasks (``delayed``),
@@ -325,6 +334,12 @@ def npu_task_creators(project: Project, delayed: bool = True) -> dict[str, Calla
 
         creator.__doc__ = f"{spec.name}: {' / '.join(late)} tasks, created after its partition"
         if delayed or not partitioned(project, spec):
+            # doit resolves a named subtask of a delayed task by the part of its name before the first ':'
+            # ('context'), so a subtask `doit list` shows (context:<model>-<arch>:graphllm0) is named here too
+            subtasks = [n for n in requested if n.count(":") > 1 and n.rsplit(":", 1)[0] in creates]
+            if subtasks and partitioned(project, spec):
+                known = {task_full_name(t) for t in creator() if "basename" in t}
+                creates += [n for n in subtasks if n in known]
             creator = create_after(executed=partitions_task(spec), creates=creates)(creator)
         creators[f"task_npu_{spec.name}"] = creator
     return creators
@@ -369,10 +384,14 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
     ``doit clean context`` removes what they built (as ``doit clean io`` does for its subtasks), also for a model
     whose tasks are not created yet."""
     dirs = [project.stage_dir(name, s, arch) for s in project.specs.values() for arch in s.targets]
+    members = [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets]
+    # unlike `doit verify` (the default bundles), the group is every model's: say so where `doit list` shows it
+    doc = project.chain[name].doc.rstrip(".")
     return group(
         {
+            "doc": f"{doc}; every model's: {', '.join(members)} (`doit verify`: the default bundles only)",
             "actions": None,
-            "task_dep": [f"{name}:{s.name}-{arch}" for s in project.specs.values() for arch in s.targets],
+            "task_dep": members,
             "clean": [
                 (remove_stage_dirs if project.chain[name].placement == "plugin" else remove_stage_dir, [d])
                 for d in dirs
@@ -445,15 +464,39 @@ def task_creators(project: Project, argv: list[str]) -> dict[str, Callable[[], A
     doit creates those after ``partition:<model>`` (one creator per model, since create_after waits for one task
     and building one model must not partition the others); ``doit list`` and ``doit clean``, which run nothing,
     get them right away from a partition on disk (`mnnbuild.dag.project.doit_runs_tasks`)."""
-    from mnnbuild.dag.project import doit_runs_tasks
+    from mnnbuild.dag.project import doit_runs_tasks, requested_tasks
 
     found: dict[str, Callable[[], Any]] = {}
     for stage in project.chain:
         found[f"task_{stage.name}"] = group_creator(project, stage)
         if stage.reads_source:
             found["task_update"] = update_creator(project, stage)
-    found.update(npu_task_creators(project, delayed=doit_runs_tasks(argv)))
+    found.update(npu_task_creators(project, delayed=doit_runs_tasks(argv), requested=requested_tasks(argv)))
+    for name in requested_tasks(argv):
+        check_task_name(project, name)
     return found
+
+
+def check_task_name(project: Project, name: str) -> None:
+    """A task named on the command line that no model's tasks can be: one line with the nearest name, instead of
+    doit's "Invalid parameter". A name under a task (a plugin's subtask, a VL model's part) is left to doit, and so
+    is a path (doit also takes a target file)."""
+    known = {"update", *(s.name for s in project.chain)}
+    for spec in project.specs.values():
+        known.add(f"update:{spec.name}")
+        for stage in project.chain:
+            if stage.per_target:
+                known |= {f"{stage.name}:{spec.name}-{arch}" for arch in spec.targets}
+            else:
+                known.add(f"{stage.name}:{spec.name}")
+    under = any(name.startswith(f"{k}:") for k in known if ":" in k)  # a subtask or part of a model's task
+    if name in known or under or "/" in name or "*" in name:
+        return
+    if Path(name).exists():
+        return
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    raise InvalidDodoFile(f"no task {name!r}; {hint}(`doit list` shows every task, `doit list --all` their subtasks)")
 
 
 __all__ = [

@@ -255,8 +255,8 @@ class files_unchanged:  # noqa: N801 - a doit uptodate checker, named like doit.
         """What differs from ``known`` (the record of the last success), in words; ``first``: stop at the first."""
         if not isinstance(known, dict):
             return ["no record of the files it checked"]
-        if not self.root.is_dir():
-            return [f"{self.root.name} missing"]
+        if not self.root.is_dir():  # absent then too (a stage restored without its files): nothing changed
+            return [] if known == {} else [f"{self.root.name} missing"]
         present = {p.relative_to(self.root).as_posix() for p in self.root.rglob("*") if p.is_file() or p.is_symlink()}
         found = [f"{self.root.name} file added: {rel}" for rel in sorted(present - set(known))]
         found += [f"{self.root.name} file missing: {rel}" for rel in sorted(set(known) - present)]

@@ -182,6 +182,59 @@ def check_weight_ranges(model: MnnModel, weight_path: str | os.PathLike[str]) ->
             weights.read(r.offset, r.size, r.reader)
 
 
+def _idst_weight_count(header: np.ndarray, shape_int32: bool, where: str) -> int:
+    """The weight count an IDSTQuan type-1 block declares in its header (``u8 ndim`` then the dims)."""
+    dim_dtype = np.dtype("<i4" if shape_int32 else "<u2")
+    ndim = int(header[0]) if header.size else 0
+    if not 1 <= ndim <= 4 or header.size < 1 + ndim * dim_dtype.itemsize:
+        raise MNNFormatError(f"{where}: quantized weight header has {ndim} dims in {header.size} bytes, expected 1..4")
+    return math.prod(int(d) for d in header[1 : 1 + ndim * dim_dtype.itemsize].view(dim_dtype))
+
+
+def check_conv_scales(model: MnnModel, weight_path: str | os.PathLike[str]) -> None:
+    """Every quantized Convolution's scales fit its shape as MNN's engine reads them, and are finite.
+
+    MNN takes ``external[2]`` bytes of scales and derives the block count from it (scales / output channels, pairs
+    when asymmetric); a count that does not split the inputs into equal blocks, or a NaN/inf scale, made io fail
+    with only "non-finite values" on a graph output. Only the weight headers and scales are read (at Qwen3-1.7B
+    size a quarter of an int4 weight file), not the codes. MNNFormatError names the model file's op and field, or
+    the weight file's bytes."""
+    model_file = getattr(model, "path", None) or "the model"
+    with WeightFile(weight_path) as weights:
+        for op in conv_ops(model):
+            c, q = op.main, op.main.quanParameter
+            ext = [int(v) for v in c.external] if c.external is not None else []
+            if q is None or len(ext) < 3 or q.buffer is not None or int(q.type) not in (QUANT_IDST, QUANT_INT8):
+                continue
+            where = f"op {op.name!r}"
+            out_ch = int(c.common.outputCount) if c.common is not None else 0
+            head = weights.read(ext[0], min(ext[1], 17), f"{where} quantized weight")
+            count = _idst_weight_count(head, bool(q.shapeInt32), where) if int(q.type) == QUANT_IDST else ext[1]
+            fp16 = int(q.scaleStorage) == 1
+            asymmetric = int(q.readType) != 0 or (
+                int(q.type) == QUANT_INT8 and q.aMin == 0 and abs(q.quantScale) < 1e-6
+            )
+            per_block = out_ch * (2 if asymmetric else 1)
+            scales, item = ext[2] // (2 if fp16 else 4), 2 if fp16 else 4
+            in_ch = count // out_ch if out_ch > 0 and count % out_ch == 0 else 0
+            blocks = scales // per_block if per_block and scales % per_block == 0 else 0
+            if ext[2] % item or not in_ch or not blocks or in_ch % blocks:
+                per = "(zero, scale) pairs" if asymmetric else "scales"
+                raise MNNFormatError(
+                    f"{model_file}: {where}: Convolution2D external[2] (scale bytes) is {ext[2]}: "
+                    f"{ext[2] / item / per_block:g} blocks of {per} per output channel ({out_ch} channels, {item}-byte "
+                    f"values); expected a whole number of blocks splitting its {in_ch or count} inputs evenly"
+                )
+            alpha = weights.read(ext[0] + ext[1], ext[2], f"{where} scales").view("<f2" if fp16 else "<f4")
+            bad = np.flatnonzero(~np.isfinite(alpha))
+            if bad.size:
+                at = ext[0] + ext[1] + int(bad[0]) * item
+                raise MNNFormatError(
+                    f"{weights.path}: {where}: {bad.size} of its {alpha.size} scales are not finite (the first at "
+                    f"byte {at}: {float(alpha[bad[0]])}); not this model's weight file, or a damaged one"
+                )
+
+
 # ---- low-level decoders -----------------------------------------------------------------------------
 
 
@@ -678,6 +731,19 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
             path = _model_file(model_dir, cfg, "embedding_file", DEFAULT_EMBEDDINGS)
         else:
             path = _model_file(model_dir, cfg, "llm_weight", DEFAULT_WEIGHT)
+        # the codes run from weight_offset to alpha_offset, a row of hidden_size codes per token: a hidden_size
+        # that fits them no whole number of times is the config's fault, not the weight file's
+        row_bits, code_bits = hidden * bits, (a_off - w_off) * 8
+        if w_off and (row_bits % 8 or code_bits % row_bits or code_bits < row_bits):
+            raise MNNFormatError(
+                f"{cfg_path}: field 'hidden_size' is {hidden}, but field {TIE_EMBEDDINGS!r} gives {a_off - w_off} "
+                f"bytes of {bits}-bit codes (alpha_offset - weight_offset), no whole number of rows that wide; "
+                "expected the model's hidden size"
+            )
+        if bits != 16 and block and hidden % block:
+            raise MNNFormatError(
+                f"{cfg_path}: field {TIE_EMBEDDINGS!r} block {block} does not divide field 'hidden_size' {hidden}"
+            )
         if bits == 16:
             vocab = (a_off - w_off) // (2 * hidden) if a_off > w_off else 0
             return EmbeddingInfo(path, hidden, vocab, "fp16", w_off, a_off, a_size, 16, 0, a_fp16)
@@ -688,8 +754,10 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
         size = path.stat().st_size
     except OSError as exc:
         raise MNNFormatError(f"{path}: untied model without its bf16 embedding file: {exc}") from exc
-    if size % (2 * hidden):
-        raise MNNFormatError(f"{path}: {size} bytes is not a whole number of bf16 rows of {hidden}")
+    if size % (2 * hidden) or size < 2 * hidden:
+        raise MNNFormatError(
+            f"{path}: {size} bytes is not a whole number of bf16 rows of {cfg_path} field 'hidden_size' = {hidden}"
+        )
     return EmbeddingInfo(path, hidden, size // (2 * hidden), "bf16")
 
 

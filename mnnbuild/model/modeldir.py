@@ -7,7 +7,9 @@ by. Every stage reads the part the fetch stage recorded instead of assuming ``ll
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -202,7 +204,42 @@ def read_llm_config(model_dir: Path) -> dict[str, Any]:
     mask = config.get("attention_mask")
     if not isinstance(mask, str):
         raise ModelDirError(f"{path}: field 'attention_mask' must be a string such as \"float\", got {mask!r}")
+    for field, (kind, check) in LLM_CONFIG_FIELDS.items():
+        if field in config and not check(config[field]):
+            raise ModelDirError(f"{path}: field {field!r} must be {kind}, got {config[field]!r}")
     return config
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+LLM_CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    **{
+        field: ("true or false", lambda v: isinstance(v, bool))
+        for field in ("is_visual", "is_embedding", "is_audio", "has_talker", "has_deepstack", "is_mrope")
+    },
+    **{
+        field: ("a positive integer", _positive_int)
+        for field in ("layer_nums", "max_position_embeddings", "image_max_pixels", "image_min_pixels", "mrope_axes")
+    },
+    "attn_scale": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+                   and math.isfinite(v)),  # fmt: skip
+    "attention_type": ("a string such as \"full\"", lambda v: isinstance(v, str)),
+    "key_value_shape": ("a list of positive integers", lambda v: isinstance(v, list) and all(map(_positive_int, v))),
+}
+"""``llm_config.json`` fields MNN's engine reads (``llmconfig.hpp``) beyond those the chain checks itself: the file
+ships in the bundle as it is, and the engine takes a value of another type for its default or stops."""
+
+
+def check_layer_nums(llm_config: dict[str, Any], model: Any, path: Path, model_file: str) -> None:
+    """``layer_nums`` sizes MNN's KV cache bookkeeping (one per layer): it must be the graph's Attention op count."""
+    layers = sum(op.type == "Attention" for op in model.ops)
+    if "layer_nums" in llm_config and layers and llm_config["layer_nums"] != layers:
+        raise ModelDirError(
+            f"{path}: field 'layer_nums' is {llm_config['layer_nums']}, but {model_file} has {layers} attention "
+            f"layers (Attention ops); expected layer_nums = {layers}"
+        )
 
 
 def tokenizer_file(model_dir: Path) -> str:
@@ -330,10 +367,17 @@ def validate_model_dir(
     # a truncated or foreign graph, or a weight file of another model, is named here and not met
     # later as an error inside MNN
     try:
-        from mnnbuild.mnn import WeightFile, check_weight_ranges, load_model, tie_embeddings  # the schema: only here
+        from mnnbuild.mnn import (  # the schema: only here
+            WeightFile,
+            check_conv_scales,
+            check_weight_ranges,
+            load_model,
+            tie_embeddings,
+        )
 
         model = load_model(model_dir / part.model_file)
         check_weight_ranges(model, model_dir / part.weight_file)
+        check_conv_scales(model, model_dir / part.weight_file)
         tie = tie_embeddings(llm_config, model_dir / LLM_CONFIG)
         tied = tie.weight_range() if tie is not None else None
         if tied is not None:  # MNN's engine reads the embeddings there (the partition keeps them for the bundle)
@@ -352,10 +396,24 @@ def validate_model_dir(
         raise family_mismatch(model_dir, label, found, why, asked)
     check_part_graph(part, model.input_names, list(model.output_names), model_dir / part.model_file)
     check_hidden_size(llm_config, model, model_dir, part.model_file)
+    check_layer_nums(llm_config, model, model_dir / LLM_CONFIG, part.model_file)
     try:
-        tokenizer_file(model_dir)
+        tokenizer = tokenizer_file(model_dir)
     except ModelDirError:
         raise ModelDirError(f"{label}: no tokenizer file; expected one of {', '.join(TOKENIZER_FILES)}") from None
+    try:  # MNN's engine crashes on a tokenizer it cannot read (SIGSEGV, nothing printed)
+        from mnnbuild.mnn import embedding_info
+        from mnnbuild.mnn.tokenizer import check_tokenizer
+
+        tokens = check_tokenizer(model_dir / tokenizer)
+        rows = embedding_info(model_dir)
+    except MNNFormatError as exc:
+        raise ModelDirError(str(exc)) from None
+    if tokens.largest_id >= rows.vocab:  # the engine would read an embedding row past the table
+        raise ModelDirError(
+            f"{model_dir / tokenizer}: gives token ids up to {tokens.largest_id}, but the model's embeddings "
+            f"({rows.path.name}) have {rows.vocab} rows; expected this model's tokenizer"
+        )
     files = present_files(model_dir, part)
     if visual_encoder is None:
         return part, files

@@ -39,6 +39,9 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"
+MAX_NAME_LENGTH = 100
+"""A spec's name is a path component (``<artifact root>/<name>/``) and part of task names and of the temp names
+written next to it; a file system takes 255 bytes per component. 100 holds every Hugging Face repo name (96)."""
 #: The model's directory name on the device (a local dir's or HF repo's name): it reaches shell scripts.
 DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 
@@ -229,7 +232,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: Annotated[str, Field(pattern=NAME_PATTERN)]
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=MAX_NAME_LENGTH)]
     source: LocalSource | HfSource
     chunk_size: Annotated[int, Field(gt=1, le=MAX_CHUNK)] | None = Field(
         default=None, description=f"The one prefill length (tokens per chunk; default {DEFAULT_CHUNK}); decode is 1."
@@ -495,14 +498,30 @@ def load_spec(path: Path) -> ModelSpec:
         raise SpecError(f"{path}: {problems}") from None
 
 
-def discover_specs(spec_dirs: list[Path]) -> dict[str, ModelSpec]:
-    """Load every ``*.toml`` in ``spec_dirs`` (in order); a name defined twice is an error."""
+def declared_name(path: Path) -> str | None:
+    """The ``name`` a spec file writes, read without validating anything else (None: unreadable or not a string)."""
+    try:
+        name = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
+def discover_specs(spec_dirs: list[Path], bad: dict[Path, SpecError] | None = None) -> dict[str, ModelSpec]:
+    """Load every ``*.toml`` in ``spec_dirs`` (in order); a name defined twice is an error. ``bad``: a spec that
+    does not load is put there (by path) and the others are still loaded, instead of the first one failing all."""
     specs: dict[str, ModelSpec] = {}
     for directory in spec_dirs:
         if not directory.is_dir():
             raise SpecError(f"{directory}: model spec directory does not exist")
         for path in sorted(directory.glob("*.toml")):
-            spec = load_spec(path)
+            try:
+                spec = load_spec(path)
+            except SpecError as exc:
+                if bad is None:
+                    raise
+                bad[path] = exc
+                continue
             if spec.name in specs:
                 raise SpecError(f"{path}: model name {spec.name!r} is already defined by {specs[spec.name].spec_path}")
             specs[spec.name] = spec

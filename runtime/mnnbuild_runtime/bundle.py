@@ -273,6 +273,27 @@ def _pair_to_size(value: Any, where: str, key: str) -> int:
     return (high << 32) | low
 
 
+def _binary_slice(attrs: dict[str, Any], where: str, file: Path | None) -> tuple[int, int]:
+    """The ``offset``/``size`` attributes, as MNN's QNN plugin reads them: ``size`` bytes at ``offset`` of the file,
+    or (no size, or 0) the whole file with ``offset`` ignored. So an offset without a size, or a slice past the end
+    of ``file`` (None: not built yet), is refused rather than the whole file run in its place."""
+    offset = _pair_to_size(attrs["offset"], where, "offset") if "offset" in attrs else 0
+    size = _pair_to_size(attrs["size"], where, "size") if "size" in attrs else 0
+    if offset and not size:
+        raise BundleError(
+            f"{where}: attribute 'offset' is {offset} without a 'size'; MNN's engine would ignore it and load the "
+            "whole file: expected both (a slice of the file) or neither"
+        )
+    if file is not None and size:
+        length = file.stat().st_size
+        if offset + size > length:
+            raise BundleError(
+                f"{where}: attributes 'offset' {offset} and 'size' {size} reach byte {offset + size}, but {file} has "
+                f"{length} bytes; expected a slice inside the file"
+            )
+    return offset, size
+
+
 def _str_list(attrs: dict[str, Any], key: str, where: str, count: int | None = None) -> tuple[str, ...]:
     value = attrs.get(key)
     if value is None:
@@ -302,6 +323,11 @@ def parse_plugin(
         raise BundleError(
             f"{where}: attribute 'state' (KV cache kept on the NPU) is not supported by this runtime; "
             "expected plugins without state (attention on the CPU)"
+        )
+    if attrs.get("dump_intermediate_outputs"):
+        raise BundleError(
+            f"{where}: attribute 'dump_intermediate_outputs' is set: MNN's engine would write every intermediate "
+            "tensor into the model dir; expected it unset (a debugging switch, never shipped)"
         )
     path = attrs.get("path")
     if not isinstance(path, str) or not path:
@@ -345,8 +371,7 @@ def parse_plugin(
                 )
             descs.append(OutputDesc(dims, int(blob.dataType), int(blob.dataFormat)))
         outputs.append(tuple(descs))
-    offset = _pair_to_size(attrs["offset"], where, "offset") if "offset" in attrs else 0
-    size = _pair_to_size(attrs["size"], where, "size") if "size" in attrs else 0
+    offset, size = _binary_slice(attrs, where, file if binaries else None)
     return PluginSpec(
         model_dir=Path(model_dir),
         name=op.name or path,  # unnamed ops are known by their binary
@@ -579,7 +604,7 @@ def _check_weight_extent(
         try:
             info = embedding_info(model_dir)
         except MNNFormatError as exc:
-            raise BundleError(f"{model_dir / 'llm_config.json'}: {exc}") from exc
+            raise BundleError(str(exc)) from exc  # its message names llm_config.json or the file it points at
         if info.path == weight_file and info.alpha_offset + info.alpha_size > size:
             raise BundleError(
                 f"{weight_file}: llm_config.json 'tie_embeddings' reads bytes up to "

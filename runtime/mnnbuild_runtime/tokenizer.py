@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.base.native import native_output
 from mnnbuild.cpu import import_mnn
+from mnnbuild.mnn.tokenizer import check_tokenizer
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.errors import BundleError
 
@@ -36,6 +38,10 @@ class Tokenizer:
             raise BundleError(
                 f"{path}: tokenizer file {tok_file} (field 'tokenizer_file', default 'tokenizer.txt') does not exist"
             )
+        try:  # MNN's engine crashes on a tokenizer it cannot read (SIGSEGV, nothing printed)
+            check_tokenizer(tok_file)
+        except MNNFormatError as exc:
+            raise BundleError(str(exc)) from None
         import_mnn()
         check_engine_files(path, config_data, links=links)  # MNN opens them by name: checked right before
         with native_output(f"MNN's tokenizer ({path})"):  # MNN prints progress on stdout
