@@ -155,8 +155,11 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
         # one load of its context served the per-graph check, both io samples and the generation sequence
         assert p.loads == 1, p
     assert {"graphs", "bundle_pass", "cpu_reference", "total"} <= set(report.timings)
+    # a bundle that does not speculate gets no speculation check, time or text
+    assert report.speculation is None and "speculation" not in report.timings
     text = (out / REPORT_TEXT).read_text(encoding="utf-8")
     assert "PASSED" in text and "unshared twins" in text and "graphllm1_0" in text
+    assert "speculat" not in text
 
     again = doit(cwd, "verify")
     assert again.returncode == 0, again.stderr

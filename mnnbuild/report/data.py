@@ -140,7 +140,35 @@ class ReportData(BaseModel):
         )
         gen = v.generation
         rows.append(("(c) greedy generation", gen.passed if gen is not None else None, generation_detail(v)))
+        if v.speculation is not None:  # only a bundle that speculates has this row
+            rows.append(("speculative decoding", v.speculation.passed, speculation_detail(v)))
         return rows
+
+
+def speculation_detail(v: VerifyReport) -> str:
+    """The speculation row's detail: the tree sample, the tokens against plain greedy, and what speculation buys."""
+    c = v.speculation
+    if c is None:
+        return "not run"
+    if c.problem:
+        return c.problem
+    if c.note:
+        return c.note
+    parts = []
+    if c.tree_check is not None:
+        shape = "chain" if c.tree is not None and c.tree.chain else "tree"
+        shape += " (forked)" if c.tree is not None and c.tree.forked else ""
+        parts.append(f"{shape} sample at {c.verify_length} rows {'within' if c.tree_check.passed else 'OUT OF'} "
+                     "tolerance")  # fmt: skip
+    if c.first_difference is None:
+        parts.append(f"speculative tokens = plain greedy ({len(c.bundle_tokens)} tokens)")
+    else:
+        parts.append(c.difference_note or f"tokens differ from new token {c.first_difference}")
+    if c.mean_accepted is not None:
+        parts.append(f"{c.mean_accepted:.2f} tokens per target forward")
+    if c.npu_weight_bytes_per_token is not None:
+        parts.append(f"{c.npu_weight_bytes_per_token / 1e6:.2f} MB NPU weights per token (a size)")
+    return "; ".join(parts)
 
 
 def generation_detail(v: VerifyReport) -> str:

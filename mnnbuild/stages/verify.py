@@ -13,7 +13,10 @@ Checks (tolerances in :class:`VerifyParams`):
   too, at every image size (its io samples);
 - (c) generation: the bundle's greedy pick and logits vs MNN CPU's on the original model at every step of MNN's own
   greedy tokens for the same prompt (models that generate: not an embedding model, whose whole-model check compares
-  ``sentence_embeddings`` by cosine and error).
+  ``sentence_embeddings`` by cosine and error);
+- speculation, for a bundle whose config asks for it (``speculative_type = "eagle"``): the engine's verifying forward
+  on a real draft tree against the CPU, and the bundle's speculative greedy tokens against the CPU's plain greedy ones
+  (`mnnbuild.verify.speculation`), with the mean accepted tokens per forward and NPU weight bytes per token.
 
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same graphs and weights (``mnnbuild.verify.checks``); the report says per plugin which binary ran.
@@ -44,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 from mnnbuild_runtime import Bundle, FileHashes, HybridModel
+from mnnbuild_runtime.bundle import CONFIG_FILE
+from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.base.errors import MnnbuildError, StageError, ToleranceError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
@@ -65,9 +70,9 @@ from mnnbuild.pipeline.layout import VERIFY_REPORT_TEXT as REPORT_TEXT
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
 from mnnbuild.qnn import HtpTarget, QnnLibrary
-from mnnbuild.verify import checks, failures
+from mnnbuild.verify import checks, failures, speculation
 from mnnbuild.verify.reference import ReferenceJob
-from mnnbuild.verify.report import GraphCheck, VerifyReport, finish_timings, format_report
+from mnnbuild.verify.report import GraphCheck, SpeculationCheck, VerifyReport, finish_timings, format_report
 
 log = logging.getLogger(__name__)
 
@@ -232,6 +237,8 @@ def _run_bundle(
     if gen is not None:
         gen_runs = dict(zip(gen_feeds, runs[len(feeds) :], strict=True))
         gen_runs |= {size: by_sample[i] for size, i in gen.shared.items()}
+        fed = gen_feeds | {size: samples[i].feed for size, i in gen.shared.items()}
+        gen.bundle_runs = {size: (fed[size], run.outputs) for size, run in gen_runs.items() if run.error is None}
         with progress(desc="verify: generation", unit="step") as bar:
 
             def forward(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -244,6 +251,31 @@ def _run_bundle(
     for g in found:
         graphs.setdefault(g.binary, []).append(g)
     return graphs
+
+
+def _check_speculation(
+    model: HybridModel,
+    inputs: VerifyInputs,
+    params: VerifyParams,
+    gen: checks.GenerationRun,
+    contexts: dict[str, ContextManifest],
+) -> SpeculationCheck | None:
+    """A speculating bundle's tree-shaped sample and speculative generation (`mnnbuild.verify.speculation`), on the
+    generation check's prompt; None for a bundle that does not speculate."""
+    prompt_ids = gen.check.prompt_ids
+    if not prompt_ids:
+        prompt_ids = Tokenizer(model.bundle.model_dir / CONFIG_FILE).encode(gen.check.prompt)
+    return speculation.check_speculation(
+        model,
+        Path(inputs.model_dir),
+        prompt_ids,
+        params.max_new_tokens,
+        params.runtime,
+        params.model_tolerance,
+        speculation.npu_weight_bytes(contexts),
+        replay=gen.bundle_runs,
+        plain=gen.plain_greedy(),
+    )
 
 
 def _check_part(
@@ -318,6 +350,11 @@ def _check_part(
                 _add(timings, "plugin_checks", t0)
                 if twins and all(p.passed for p in plugins):
                     graphs = _run_bundle(model, inputs, part, params, twins, report, timings, gen, job)
+                    if gen is not None:
+                        t0 = time.perf_counter()
+                        report.speculation = _check_speculation(model, inputs, params, gen, contexts)
+                        if report.speculation is not None:  # a plain bundle's report stays as it was
+                            _add(timings, "speculation", t0)
                 else:
                     found.append(
                         failures.structure(
@@ -392,6 +429,7 @@ def run_checks(inputs: VerifyInputs, params: VerifyParams, out_dir: Path) -> Ver
     t0 = time.perf_counter()
     found += failures.whole_model_failures(report.whole_model, params.model_tolerance)
     found += failures.generation_failures(report.generation, params.model_tolerance)
+    found += failures.speculation_failures(report.speculation, params.model_tolerance)
     report.executed_note = failures.executed_note(report.plugins)
     failures.conclude(report, found)
     _add(timings, "comparison", t0)

@@ -39,7 +39,7 @@ from mnnbuild_runtime import (
     loop_redraft,
 )
 from mnnbuild_runtime.errors import BundleError
-from mnnbuild_runtime.generate import ForwardFn, Redraft
+from mnnbuild_runtime.generate import ForwardFn, GenerationResult, Redraft
 from mnnbuild_runtime.hashes import FileHashes, KnownHash
 from mnnbuild_runtime.twins import Twin as RuntimeTwin
 from mnnbuild_runtime.twins import twin_of
@@ -508,6 +508,9 @@ class GenerationRun:
         """By prefill length: the io sample whose bundle run is also this check's forward (:meth:`share`)."""
         self._wanted: dict[int, list[str]] = {}
         self._cpu: tuple[ForwardFn, Embeddings, Redraft] | None = None
+        self.bundle_runs: dict[int, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] = {}
+        """By length: the bundle pass's inputs and outputs over the sequence (its feeds and the shared samples'), for
+        a speculating bundle's loop to read its rows from (`mnnbuild.verify.speculation.ReplayForward`)."""
 
     def reference(self) -> None:
         """The sequence and, per step, the CPU's logits row, here and now (a failure is recorded)."""
@@ -607,6 +610,17 @@ class GenerationRun:
                          kv_cache_redraft(self.model_dir, self.runtime))  # fmt: skip
         return self._cpu
 
+    def plain_greedy(self) -> GenerationResult | None:
+        """The original model's plain greedy loop on the CPU, when the sequence is its tokens (every recompute pick is
+        the sequence's token): the rows the reference computed are that loop's rows, bit for bit. None otherwise."""
+        check, rows = self.check, self.cpu_rows
+        if check.problem is not None or not check.cpu_tokens or len(rows) != len(check.cpu_tokens):
+            return None
+        if any(int(row.argmax()) != token for row, token in zip(rows, check.cpu_tokens, strict=True)):
+            return None
+        return GenerationResult(list(check.prompt_ids), list(check.cpu_tokens), "max_new_tokens", max(self.limits),
+                                top2_margins=[top2_margin(r) for r in rows], rows=list(rows))  # fmt: skip
+
     def _partings(self, tol: Tolerance) -> list[EngineParting]:
         """The steps whose sequence token (MNN's KV-cache engine's) is not the recompute forward's pick, with the
         engine's own row there against the forward's."""
@@ -666,22 +680,9 @@ class GenerationRun:
             check.engine_partings = self._partings(tol)  # recorded: the steps are judged against the forward
             ok = True
             for i, (hyb_row, cpu_row) in enumerate(zip(hyb_rows, cpu_rows, strict=True)):
-                token, pick = int(cpu_row.argmax()), int(hyb_row.argmax())
-                flip = pick != token
-                tolerated = flip and is_near_tie(cpu_row, token, pick, tol)
-                step_logits = compare(f"step {i} logits", hyb_row, cpu_row, tol)
-                check.steps.append(
-                    GenerationStep(
-                        step=i,
-                        cpu_token=token,
-                        hybrid_pick=pick,
-                        cpu_margin=top2_margin(cpu_row),
-                        logits=step_logits,
-                        tolerated_flip=tolerated,
-                        cpu_lead=lead(cpu_row, token, pick) if flip else None,
-                    )
-                )
-                ok = ok and step_logits.passed and (not flip or tolerated)
+                step = generation_step(i, hyb_row, cpu_row, int(cpu_row.argmax()), int(hyb_row.argmax()), tol)
+                check.steps.append(step)
+                ok = ok and step_passed(step)
             first = hyb.rejected
             check.hybrid_tokens = list(hyb.result.tokens)
             check.followed = first is not None and self.follow
@@ -699,6 +700,27 @@ class GenerationRun:
             check.problem = describe_error(exc)
             check.passed = False
         return check
+
+
+def generation_step(
+    i: int, got_row: np.ndarray, cpu_row: np.ndarray, token: int, pick: int, tol: Tolerance
+) -> GenerationStep:
+    """Step ``i`` of a generation, both rows on the same prefix: the CPU's ``token`` and the bundle's ``pick``, a flip
+    tolerated only on a near-tie of the CPU's row, the rows within the model tolerance."""
+    flip = pick != token
+    return GenerationStep(
+        step=i,
+        cpu_token=token,
+        hybrid_pick=pick,
+        cpu_margin=top2_margin(cpu_row),
+        logits=compare(f"step {i} logits", got_row, cpu_row, tol),
+        tolerated_flip=flip and is_near_tie(cpu_row, token, pick, tol),
+        cpu_lead=lead(cpu_row, token, pick) if flip else None,
+    )
+
+
+def step_passed(step: GenerationStep) -> bool:
+    return step.logits.passed and (step.hybrid_pick == step.cpu_token or step.tolerated_flip)
 
 
 def _divergence_note(s: GenerationStep, engine_token: int) -> str:

@@ -1,6 +1,7 @@
 """Judging a verify report: one line per failure, ordered by kind and severity, and the report's verdict.
 
-Kinds, in the order they are listed: integrity, bundle and plugin structure, per graph, whole model, generation.
+Kinds, in the order they are listed: integrity, bundle and plugin structure, per graph, whole model, generation,
+speculation.
 The error message names the worst failure of each kind, so a hash mismatch alone never hides what the
 numbers say.
 """
@@ -10,9 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mnnbuild.base.compare import NON_FINITE_REFERENCE, Tolerance
-from mnnbuild.verify.report import GenerationCheck, GraphCheck, PluginCheck, ShapeCheck, VerifyReport
+from mnnbuild.verify.report import (
+    GenerationCheck,
+    GraphCheck,
+    PluginCheck,
+    ShapeCheck,
+    SpeculationCheck,
+    VerifyReport,
+)
 
-INTEGRITY, STRUCTURE, GRAPHS, WHOLE_MODEL, GENERATION = range(5)
+INTEGRITY, STRUCTURE, GRAPHS, WHOLE_MODEL, GENERATION, SPECULATION = range(6)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,43 @@ def generation_failures(gen: GenerationCheck | None, tol: Tolerance) -> list[Fai
             f"cpu {gen.cpu_tokens}, hybrid {gen.hybrid_tokens}"
         )
         failures.append(Failure(GENERATION, 0.0, line))
+    return failures
+
+
+def speculation_failures(spec: SpeculationCheck | None, tol: Tolerance) -> list[Failure]:
+    """A speculating bundle's checks: the tree-shaped sample, then the speculative tokens (naming the step)."""
+    if spec is None or spec.passed:
+        return []
+    if spec.problem:
+        return [Failure(SPECULATION, float("inf"), f"speculation: {spec.problem}")]
+    failures = []
+    if spec.tree_check is not None and not spec.tree_check.passed:
+        where = f"speculation: tree-shaped sample ({spec.verify_length} rows)"
+        failures += [
+            Failure(SPECULATION, f.severity, f.line.replace(f"whole model seq {spec.verify_length}", where))
+            for f in whole_model_failures([spec.tree_check], tol)
+        ]
+    bad = [s for s in spec.steps if not s.logits.passed]
+    if bad:
+        worst = max(bad, key=lambda s: s.logits.severity(tol))
+        failures.append(
+            Failure(
+                SPECULATION,
+                worst.logits.severity(tol),
+                f"speculation: the logits of {len(bad)} of "
+                f"{len(spec.steps)} steps out of tolerance; worst: step {worst.step} "
+                f"{worst.logits.describe(tol)}",
+            )
+        )
+    flipped = spec.first_difference is not None and not (spec.steps and spec.steps[-1].tolerated_flip)
+    if flipped:
+        failures.append(
+            Failure(
+                SPECULATION,
+                0.0,
+                f"speculation: {spec.difference_note}; cpu {spec.cpu_tokens}, speculative {spec.bundle_tokens}",
+            )
+        )
     return failures
 
 

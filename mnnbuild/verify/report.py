@@ -177,6 +177,82 @@ class GenerationCheck(BaseModel):
         return [s for s in self.steps if s.hybrid_pick != s.cpu_token and not s.tolerated_flip]
 
 
+class TreeSample(BaseModel):
+    """The engine's verifying forward for a real draft tree (a speculating bundle's (b) sample)."""
+
+    tokens: list[int]
+    """The sampled token, then the tree's best nodes (target ids)."""
+    positions: list[int]
+    """``position_ids``: the prompt's length plus each row's depth (the sampled token's 0)."""
+    sees: list[list[int]]
+    """The tree mask: 1 where a row attends to a column."""
+    topk: int
+    """Candidates per node the draft grew it with."""
+    chain: bool
+    """The nodes form a chain (the mask is causal): a draft too sure of itself for any branch."""
+    forked: bool = False
+    """The draft's best nodes formed a chain; its deepest gave way to the best node that branches, so the sample's
+    mask is a tree's."""
+
+
+class SpeculationRound(BaseModel):
+    """One target round of the speculative loop."""
+
+    draft: list[int]
+    accepted: int
+    """Draft tokens the target confirmed."""
+    tokens: int
+    """Tokens the round added."""
+    forwards: int
+    """Target forwards it ran."""
+    cut: bool = False
+    """Its draft was cut to the tokens left (the last round; not in the mean)."""
+
+
+class SpeculationCheck(BaseModel):
+    """A speculating bundle (``speculative_type`` in its config): (b) the engine's verifying forward on a draft tree,
+    and (c) the bundle's speculative greedy tokens against the CPU's plain greedy ones
+    (`mnnbuild.verify.speculation`)."""
+
+    kind: str
+    draft_length: int = 0
+    """``draft_predict_length``: draft tokens per target forward."""
+    topk: int = 1
+    depth: int = 3
+    verify_length: int = 0
+    """Rows of the engine's verifying forward (``draft_length`` + 1)."""
+    tree: TreeSample | None = None
+    tree_check: ShapeCheck | None = None
+    prompt_ids: list[int] = Field(default_factory=list)
+    cpu_tokens: list[int] = Field(default_factory=list)
+    """The original model's plain greedy tokens on the CPU (the recompute loop's)."""
+    bundle_tokens: list[int] = Field(default_factory=list)
+    """The bundle's speculative greedy tokens (its draft on the CPU, its forwards in the simulator)."""
+    rounds: list[SpeculationRound] = Field(default_factory=list)
+    forwards: int = 0
+    """Target forwards of the bundle's loop."""
+    replayed_forwards: int = 0
+    """Of them, those whose rows came from the generation check's bundle pass (the same rows: causal mask)."""
+    simulator_forwards: int = 0
+    """Of them, those the loop ran in the simulator itself."""
+    mean_accepted: float | None = None
+    """Tokens per target forward over the rounds that drafted (the prompt's forward excluded, as MNN's engine
+    counts its decode; a last round cut to the tokens left too, unless it is the only one)."""
+    npu_weight_bytes_per_forward: int | None = None
+    """NPU weight bytes one forward reads (every plugin weight once, as stored)."""
+    npu_weight_bytes_per_token: float | None = None
+    """``npu_weight_bytes_per_forward`` / ``mean_accepted``: a size, not a speed."""
+    first_difference: int | None = None
+    """The first new token where the bundle's speculative tokens are not the CPU's plain ones (None: identical)."""
+    difference_note: str | None = None
+    steps: list[GenerationStep] = Field(default_factory=list)
+    """Per step up to ``first_difference``: the bundle loop's row vs the CPU's, on the same prefix."""
+    seconds: float | None = None
+    note: str | None = None
+    passed: bool
+    problem: str | None = None
+
+
 class VerifyReport(BaseModel):
     model: str
     target: str
@@ -196,6 +272,8 @@ class VerifyReport(BaseModel):
     graphs: list[GraphCheck] = Field(default_factory=list)
     whole_model: list[ShapeCheck] = Field(default_factory=list)
     generation: GenerationCheck | None = None
+    speculation: SpeculationCheck | None = None
+    """Only for a bundle whose config asks for speculation."""
     qnn: dict[str, str] = Field(default_factory=dict)
     binaries_hashed: int = 0
     """Reads of context binaries (shipped, twins; at each check and load) that hashed them; the others took a hash
@@ -217,6 +295,7 @@ TIME_PHASES = {
     "reference_wait": "waiting for the CPU reference",
     "comparison": "comparison",
     "generation": "generation",
+    "speculation": "speculation",
     "other": "other",
 }
 """``timings`` keys of verify's own steps, one after the other: with ``other`` they add up to ``total``."""
@@ -449,5 +528,70 @@ def format_report(r: VerifyReport) -> str:
             f"  time: cpu {_f(g.cpu_seconds, '.3f')} s, hybrid {_f(g.hybrid_seconds, '.3f')} s "
             f"({g.hybrid_forwards} forwards)"
         )
+    if r.speculation is not None:
+        lines += speculation_lines(r.speculation, r.model_tolerance)
     lines += timing_lines(r.timings)
     return "\n".join(lines) + "\n"
+
+
+def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
+    """verify.txt's section on a speculating bundle."""
+    tree = f", eagle_topk {c.topk}, eagle_depth {c.depth}" if c.kind == "eagle" else ""
+    lines = [
+        "",
+        f"speculative decoding ({c.kind}): draft_predict_length {c.draft_length}{tree}; the engine verifies a draft "
+        f"in one forward of {c.verify_length} rows",
+    ]
+    if c.tree is not None:
+        shape = "a chain (the draft was that sure)" if c.tree.chain else "a tree"
+        if c.tree.forked:
+            shape += ", its deepest best node swapped for the best branching one"
+        lines.append(
+            f"  (b) tree-shaped sample (topk {c.tree.topk}, {shape}): tokens {c.tree.tokens}, positions "
+            f"{c.tree.positions}, mask rows {[''.join(map(str, r)) for r in c.tree.sees]}"
+        )
+    t = c.tree_check
+    if t is not None:
+        if t.outputs:
+            lines += [
+                "    " + row
+                for row in _table(
+                    ["output", "shape", "max abs", "rel", "cosine", "result"], _tensor_rows([], t.outputs)
+                )
+            ]
+        if t.top1 is not None:
+            lines.append(f"    top-1 agreement {t.top1.agree}/{t.top1.rows} {_ok(t.top1.passed)}")
+        if t.problem:
+            lines.append(f"    FAIL ({t.problem})")
+    if c.cpu_tokens or c.bundle_tokens:
+        lines.append(f"  (c) speculative generation, prompt ids {c.prompt_ids}, {len(c.cpu_tokens)} new tokens")
+        lines.append(f"    cpu    (original model, plain greedy):      {c.cpu_tokens}")
+        lines.append(f"    hybrid (bundle, Eagle draft, speculative): {c.bundle_tokens}")
+        if c.first_difference is None:
+            lines.append(f"    tokens identical: {_ok(c.passed)}")
+        else:
+            lines.append(f"    first difference: {c.difference_note} {_ok(c.passed)}")
+        if c.steps:
+            worst = max(c.steps, key=lambda s: s.logits.severity(tol))
+            lines.append(f"    per step (same prefix): worst {worst.logits.describe(tol)}")
+        lines.append(
+            f"    the loop's {c.forwards} bundle forwards: {c.replayed_forwards} read from the generation check's pass "
+            f"(the same rows, by the causal mask), {c.simulator_forwards} run in the simulator"
+        )
+        accepted = [f"{r.accepted}/{len(r.draft)}" for r in c.rounds if r.draft]
+        lines.append(
+            f"    mean accepted tokens per target forward: {_f(c.mean_accepted, '.3f')} ({c.forwards} forwards;"
+            f" draft tokens accepted per round: {' '.join(accepted) or 'none drafted'})"
+        )
+    if c.npu_weight_bytes_per_forward is not None and c.mean_accepted is not None:
+        per_token = _f(None if c.npu_weight_bytes_per_token is None else c.npu_weight_bytes_per_token / 1e6, ".2f")
+        lines.append(
+            f"    NPU weight bytes per generated token: {per_token} MB (per forward "
+            f"{c.npu_weight_bytes_per_forward / 1e6:.2f} MB / mean accepted; a size, not a speed)"
+        )
+    if c.note:
+        lines.append(f"  {c.note}")
+    if c.problem:
+        lines.append(f"  problem: {c.problem}")
+    lines.append(f"  speculation: {_ok(c.passed)}" + ("" if c.seconds is None else f" in {c.seconds:.1f} s"))
+    return lines

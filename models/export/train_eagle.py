@@ -27,7 +27,8 @@ recipe) through the same export, for build plumbing only (its draft accepts almo
 Deterministic (seeds, ``torch.use_deterministic_algorithms``, pinned threads). Maintenance only (``pip install -e
 '.[export]'`` with torch 2.13.0, the corpus' version): never run by CI or tests.
 
-    python models/export/train_eagle.py [--out DIR] [--steps N] [--draft-steps N] [--threads N] [--keep-tmp] [-v]
+    python models/export/train_eagle.py [--out DIR] [--steps N] [--draft-steps N] [--draft-sequences N]
+                                        [--ttt-depth N] [--threads N] [--no-verify] [--keep-tmp] [-v]
     python models/export/train_eagle.py --random DIR
     python models/export/train_eagle.py --random DIR --qwen3-1.7b-layers 28 --no-verify   # real-size, random
 """
@@ -796,6 +797,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=train_model.Training.steps, help="target training steps")
     parser.add_argument("--draft-steps", type=int, default=DraftTraining.steps, help="draft training steps")
     parser.add_argument("--draft-sequences", type=int, default=DraftTraining.sequences, help="draft training texts")
+    parser.add_argument(
+        "--ttt-depth", type=int, default=DraftTraining.ttt_depth, help="draft steps unrolled in training (1: none)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (intra and inter op)")
     parser.add_argument("--random", type=Path, metavar="DIR", help="write a random-weight pair to DIR instead")
     parser.add_argument(
@@ -813,7 +817,9 @@ def main(argv: list[str] | None = None) -> int:
                      args.qwen3_layers)  # fmt: skip
         return 0
     target_cfg = train_model.Training(steps=args.steps, threads=args.threads)
-    draft_cfg = DraftTraining(steps=args.draft_steps, sequences=args.draft_sequences, threads=args.threads)
+    draft_cfg = DraftTraining(
+        steps=args.draft_steps, sequences=args.draft_sequences, ttt_depth=args.ttt_depth, threads=args.threads
+    )
     build(target_cfg, draft_cfg, DraftSpec(), args.out.resolve(), args.keep_tmp, not args.no_verify)
     return 0
 

@@ -1,0 +1,232 @@
+"""Verify of a bundle that speculates (``speculative_type`` in its ``config_qnn.json``): the engine's verifying
+forward on a real draft tree, and speculative generation against plain greedy decoding.
+
+- (b) tree-shaped sample: the original model on the CPU reads the prompt; its hidden rows feed the bundle's Eagle
+  draft, which grows a token tree (``eagle_topk`` at least 2); the engine's verifying forward for it (the sampled
+  token and the ``draft_predict_length`` best nodes, at the verify length, with the tree mask and the tree positions
+  after the prompt; should the best nodes form a chain, the deepest gives way to the best node that branches:
+  :meth:`~mnnbuild_runtime.speculative.DraftTree.branching`) runs through the bundle and through the original model
+  on the CPU, judged as an io sample is (:func:`mnnbuild.verify.checks.check_whole_model`). Without a KV cache the
+  rows see the tree only, not the prompt: the sample exercises the verify-length graphs with the tree's mask and
+  positions.
+- (c) speculative generation: the bundle's speculative greedy loop (its Eagle draft on the CPU, its forwards in the
+  simulator, :func:`mnnbuild_runtime.speculative.speculative_generate`) must give the original model's plain
+  greedy tokens on the CPU (:func:`mnnbuild_runtime.generate.cpu_greedy_generate`). Up to the first token where
+  they part both loops ran the same prefixes, so each step's rows are compared too (the model tolerance); where
+  they part, the bundle's token is a flip of the CPU's, allowed only at a near-tie (as the plain generation check
+  judges one) and named as such, and the check ends there. Anything else fails, naming the step.
+
+The report gives the bundle loop's mean accepted tokens per target forward and the NPU weight bytes per generated
+token (the NPU weight bytes a forward reads, over that mean: a size, not a speed).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+from mnnbuild_runtime import Embeddings, ForwardResult, HybridModel, cpu_forward_fn, cpu_greedy_generate, llm_inputs
+from mnnbuild_runtime.bundle import CONFIG_FILE
+from mnnbuild_runtime.generate import ForwardFn, GenerationResult
+from mnnbuild_runtime.speculative import (
+    HIDDEN,
+    EagleDrafter,
+    SpeculationConfig,
+    SpeculativeResult,
+    speculation_config,
+    speculative_generate,
+)
+
+from mnnbuild.base.compare import Tolerance
+from mnnbuild.cpu import CpuRuntime
+from mnnbuild.manifests.context import ContextManifest
+from mnnbuild.mnn.llm import EAGLE
+from mnnbuild.verify.checks import Sample, check_whole_model, generation_step, step_passed
+from mnnbuild.verify.reference import describe_error
+from mnnbuild.verify.report import GenerationStep, SpeculationCheck, SpeculationRound, TreeSample
+
+log = logging.getLogger(__name__)
+
+TREE_TOPK = 2
+"""Candidates per node for the tree-shaped sample when the model's ``eagle_topk`` is 1 (a chain)."""
+
+
+def npu_weight_bytes(contexts: Mapping[str, ContextManifest]) -> int:
+    """The NPU weight bytes a forward reads: every conv weight of the plugins once, as the binaries store it."""
+    return sum(note.stored_bytes for ctx in contexts.values() for note in ctx.weights)
+
+
+def tree_feed(
+    cpu_forward: ForwardFn, embed: Embeddings, drafter: EagleDrafter, prompt_ids: list[int], chunk: int, topk: int
+) -> tuple[TreeSample, dict[str, np.ndarray]]:
+    """The engine's verifying forward for the draft's tree after ``prompt_ids`` (the original model's forward at
+    ``chunk`` rows gives the sampled token and the hidden rows the draft reads)."""
+    n = len(prompt_ids)
+    out = cpu_forward(llm_inputs(embed(prompt_ids), chunk, logits_index=0))
+    logits = np.asarray(out["logits"]).reshape(chunk, -1)
+    if HIDDEN not in out:
+        raise ValueError(f"the original model gives no {HIDDEN!r} output; an Eagle draft reads it")
+    hidden = np.asarray(out[HIDDEN]).reshape(chunk, -1)[:n]
+    sample = int(logits[n - 1].argmax())
+    tree = drafter.tree([*prompt_ids, sample], hidden, topk=topk)
+    size = drafter.config.verify_length
+    best, nodes = tree.best(size - 1), tree.branching(size - 1)
+    tokens, mask, positions = tree.inputs(sample, size - 1, nodes)
+    if len(tokens) < size:
+        raise ValueError(f"the draft's tree has {len(tokens) - 1} nodes for a verifying forward of {size} rows")
+    feed = llm_inputs(embed(tokens), size, logits_index=0)
+    feed["attention_mask"] = mask
+    feed["position_ids"] = (positions + n).reshape(1, size).astype(np.int32)
+    sees = (mask[0, 0] == 0).astype(int).tolist()
+    chain = bool(np.array_equal(mask[0, 0] == 0, np.tril(np.ones((size, size), dtype=bool))))
+    fed = feed["position_ids"][0].tolist()
+    return TreeSample(tokens=tokens, positions=fed, sees=sees, topk=topk, chain=chain, forked=nodes != best), feed
+
+
+class ReplayForward:
+    """The bundle's forward for the speculative loop, served from the generation check's pass where that pass already
+    holds the rows: with the causal mask a row depends only on the tokens up to it (the generation check and the
+    shared io samples rest on the same fact), so a forward whose rows up to ``p`` carry the pass's inputs has the
+    pass's outputs there. Rows after the first that differs are NaN (the loop reads them only when the bundle's token
+    leaves the pass's sequence; its rows then show it, and the loop runs again on ``forward``); a length the pass
+    did not run, or other inputs, run on ``forward``."""
+
+    def __init__(
+        self, forward: ForwardFn, runs: Mapping[int, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]]
+    ) -> None:
+        self.forward, self.runs = forward, runs
+        self.served = self.ran = 0
+
+    def __call__(self, feed: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+        ids = np.asarray(feed["input_ids"])
+        size = ids.shape[0]
+        cached = self.runs.get(size)
+        if (
+            cached is None
+            or set(cached[0]) != set(feed)
+            or any(not np.array_equal(cached[0][k], v) for k, v in feed.items() if k != "input_ids")
+        ):
+            self.ran += 1
+            return self.forward(feed)
+        rows, ref = ids.reshape(size, -1), np.asarray(cached[0]["input_ids"]).reshape(size, -1)
+        real = np.any(rows != 0, axis=1)
+        fed = size if real.all() else int(np.argmin(real))  # the sequence's rows; zeros pad the rest
+        same = np.all(rows[:fed] == ref[:fed], axis=1)
+        valid = fed if same.all() else int(np.argmin(same))
+        outputs = {}
+        for name, value in cached[1].items():
+            value = np.array(value, copy=True)
+            if value.ndim >= 2 and value.shape[-2] == size and np.issubdtype(value.dtype, np.floating):
+                value[..., valid:, :] = np.nan
+            outputs[name] = value
+        self.served += 1
+        return outputs
+
+
+def judge(
+    spec: SpeculativeResult, cpu: GenerationResult, tol: Tolerance
+) -> tuple[list[GenerationStep], int | None, str | None, bool]:
+    """The bundle's speculative tokens against the CPU's plain greedy ones: each step up to the first where they part
+    (same prefix for both), its rows within the model tolerance; where they part, a flip allowed only at a near-tie
+    of the CPU's row. Returns the steps, that step (None: the same tokens), a note on it and the verdict."""
+    steps, first, note, ok = [], None, None, True
+    for i, (got, want) in enumerate(zip(spec.result.tokens, cpu.tokens, strict=False)):
+        step = generation_step(i, spec.result.rows[i], cpu.rows[i], want, got, tol)
+        steps.append(step)
+        ok = ok and step_passed(step)
+        flip = got != want
+        if flip:
+            first = i
+            tie = "a near-tie, tolerated" if step.tolerated_flip else "NOT a near-tie"
+            note = (
+                f"at new token {i} the bundle's speculative loop gives {got} where the CPU's plain greedy "
+                f"decoding gives {want}, which the CPU prefers by {step.cpu_lead:.4g} (top-2 margin "
+                f"{step.cpu_margin:.4g}, {tie})"
+            )
+            break
+    if first is None and len(spec.result.tokens) != len(cpu.tokens):
+        first, ok = min(len(spec.result.tokens), len(cpu.tokens)), False
+        note = (
+            f"the bundle's speculative loop gives {len(spec.result.tokens)} tokens ({spec.result.stop_reason}), "
+            f"the CPU's plain greedy decoding {len(cpu.tokens)} ({cpu.stop_reason})"
+        )
+    return steps, first, note, ok
+
+
+def check_speculation(
+    model: HybridModel,
+    model_dir: Path,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    runtime: CpuRuntime,
+    tol: Tolerance,
+    weight_bytes: int | None,
+    *,
+    cpu_forward: ForwardFn | None = None,
+    replay: Mapping[int, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] | None = None,
+    plain: GenerationResult | None = None,
+) -> SpeculationCheck | None:
+    """(b) on the tree-shaped sample and (c) speculative generation for a bundle whose config asks for speculation
+    (None for one that does not); a problem is recorded, never raised. ``model_dir``: the original (fetched) model;
+    ``weight_bytes``: the NPU weight bytes a forward reads (:func:`npu_weight_bytes`); ``replay``: the generation
+    check's bundle pass by length, whose rows serve the loop where they can (:class:`ReplayForward`); ``plain``: the
+    original model's plain greedy tokens and rows for the prompt when already at hand (else computed here)."""
+    bundle = model.bundle
+    config_path = bundle.model_dir / CONFIG_FILE
+    t0 = time.perf_counter()
+    try:
+        config: SpeculationConfig | None = speculation_config(config_path)
+    except Exception as exc:
+        return SpeculationCheck(kind="?", passed=False, problem=describe_error(exc))
+    if config is None:
+        return None
+    check = SpeculationCheck(
+        kind=config.kind,
+        draft_length=config.draft_length,
+        topk=config.topk,
+        depth=config.depth,
+        verify_length=config.verify_length,
+        prompt_ids=list(prompt_ids),
+        npu_weight_bytes_per_forward=weight_bytes,
+        passed=False,
+    )
+    if config.kind != EAGLE:
+        # no draft model to run: the verify-length graphs are proved by (a) and (b) on io's sample of that length
+        check.note = f"{config.kind}: no draft model; its verify-length graphs are checked per graph and on io's sample"
+        check.passed, check.seconds = True, time.perf_counter() - t0
+        return check
+    try:
+        embed = Embeddings(bundle.model_dir)
+        drafter = EagleDrafter(bundle.model_dir, runtime, config_name=CONFIG_FILE, embed=embed)
+        cpu_forward = cpu_forward or cpu_forward_fn(model_dir, runtime)
+        limits = bundle.block_sizes
+        # (b) the engine's verifying forward on a real tree
+        check.tree, feed = tree_feed(cpu_forward, embed, drafter, prompt_ids, limits[-1], max(config.topk, TREE_TOPK))
+        refs = {k: np.asarray(v) for k, v in cpu_forward(feed).items()}
+        run: ForwardResult = model.run(feed)
+        check.tree_check = check_whole_model(Sample(config.verify_length, feed, refs), run, tol)
+        # (c) the bundle's speculative loop against the CPU's plain greedy decoding
+        served = ReplayForward(model.forward, replay or {})
+        spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
+        if not all(np.isfinite(row).all() for row in spec.result.rows):  # left the pass's sequence: run it all
+            served = ReplayForward(model.forward, {})
+            spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
+        check.replayed_forwards, check.simulator_forwards = served.served, served.ran
+        model.unload()  # the CPU reference's decoded weights take the memory now
+        cpu = plain or cpu_greedy_generate(model_dir, prompt_ids, max_new_tokens, chunk=limits, runtime=runtime)
+        check.cpu_tokens, check.bundle_tokens = list(cpu.tokens), list(spec.result.tokens)
+        check.rounds = [SpeculationRound(**vars(r)) for r in spec.rounds]
+        check.forwards, check.mean_accepted = spec.forwards, spec.mean_accepted
+        if weight_bytes is not None and spec.mean_accepted:
+            check.npu_weight_bytes_per_token = weight_bytes / spec.mean_accepted
+        check.steps, check.first_difference, check.difference_note, same = judge(spec, cpu, tol)
+        check.passed = same and check.tree_check.passed
+    except Exception as exc:
+        log.debug("speculation check failed", exc_info=True)
+        check.problem = describe_error(exc)
+        check.passed = False
+    check.seconds = time.perf_counter() - t0
+    return check
