@@ -68,6 +68,7 @@ def test_every_onnx_slice_form_has_its_shape_inputs() -> None:
         assert shape_inputs(op) == tuple(range(1, n))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["phi3", "glm4"])
 def test_partition_of_a_fused_gate_up_chunk(tmp_path: Path, run_doit: RunDoit, name: str) -> None:
     proc = run_doit(f"partition:zoo-{name}", env=zoo_specs(tmp_path, name), check=False)
@@ -97,6 +98,7 @@ def test_folded_fill_is_computed() -> None:
         assert seq in values[n].shape  # follows the sample's length, not a fixed shape
 
 
+@pytest.mark.slow
 def test_partition_of_a_short_conv_model(tmp_path: Path, run_doit: RunDoit) -> None:
     proc = run_doit("partition:zoo-lfm2", env=zoo_specs(tmp_path, "lfm2"), check=False)
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -119,6 +121,7 @@ def test_soft_cap_tanh_stays_on_the_cpu() -> None:
     assert len(tanh) == 2 and all(unsupported_reason(op, gemma2) is None for op in tanh.values())
 
 
+@pytest.mark.slow
 def test_soft_cap_reason_in_partition_txt(tmp_path: Path, run_doit: RunDoit) -> None:
     run_doit("partition:zoo-gemma2", env=zoo_specs(tmp_path, "gemma2"))
     text = (tmp_path / "artifacts" / "zoo-gemma2" / "partition" / "partition.txt").read_text(encoding="utf-8")
@@ -194,6 +197,7 @@ def _with_custom_op(dest: Path) -> str:
     return f"op #{i} {model.ops[i].name!r} (Extra 'MyCustomOp')"
 
 
+@pytest.mark.slow
 def test_an_op_mnn_cannot_run_is_one_line_naming_it(tmp_path: Path, run_doit: RunDoit) -> None:
     named = _with_custom_op(tmp_path / "custom")
     specs = tmp_path / "specs"
@@ -213,6 +217,7 @@ def test_an_op_mnn_cannot_run_is_one_line_naming_it(tmp_path: Path, run_doit: Ru
 # ---- 6. the partition says up front what runs where (MoE experts keep their weights on the CPU) ---------------
 
 
+@pytest.mark.slow
 def test_partition_summary_names_the_cpu_share(tmp_path: Path, run_doit: RunDoit) -> None:
     proc = run_doit("partition:zoo-qwen3_moe", env=zoo_specs(tmp_path, "qwen3_moe"))
     (ending,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("partition zoo-qwen3_moe: ")]
@@ -256,6 +261,7 @@ def test_generation_on_a_non_finite_reference_is_one_reference_line() -> None:
 # ---- the fast subset of the matrix (benchmarks/bench_archs.py runs the whole zoo, float16 and int4) ------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["phi3", "lfm2", "gemma2", "qwen3_moe"])
 def test_zoo_fixture_builds_and_verifies(tmp_path: Path, run_doit: RunDoit, name: str) -> None:
     proc = run_doit(f"verify:zoo-{name}-v79", env=zoo_specs(tmp_path, name), check=False)

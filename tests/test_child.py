@@ -34,6 +34,7 @@ def _gone(pid: int) -> bool:
     return found is None or found[1] in ("Z", "X")
 
 
+@pytest.mark.slow
 def test_messages_both_ways_and_the_result() -> None:
     with Child(SPAWN, _echo, (3,), "echo") as child:
         assert child.recv() == 3
@@ -42,11 +43,13 @@ def test_messages_both_ways_and_the_result() -> None:
     assert not child.process.is_alive()
 
 
+@pytest.mark.slow
 def test_the_childs_exception_is_raised_here() -> None:
     with Child(SPAWN, _fail, (), "failing") as child, pytest.raises(ValueError, match="bad input: field x"):
         child.result()
 
 
+@pytest.mark.slow
 def test_a_child_dies_with_its_requester(tmp_path: Path) -> None:
     """kill -9 the process that started a child (no handler of it runs): the child, busy sleeping, is gone within
     seconds (its watch thread sees the pipe close)."""

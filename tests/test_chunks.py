@@ -117,6 +117,7 @@ def bundle_dir(root: Path, name: str) -> Path:
     return stage / BUNDLE_MODEL_DIR / BundleManifest.read(stage).model_name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_two_length_spec_builds_and_verifies(built: Path, name: str) -> None:
     root = built / name
@@ -144,6 +145,7 @@ def test_two_length_spec_builds_and_verifies(built: Path, name: str) -> None:
     assert report.generation.hybrid_tokens == report.generation.cpu_tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", MODELS)
 def test_every_binary_holds_its_plugin_graphs_in_order(built: Path, name: str) -> None:
     """What MNN's QNN plugin relies on: the binary holds exactly the ``allGraphName`` graphs (it retrieves graph i
@@ -174,6 +176,7 @@ def test_every_binary_holds_its_plugin_graphs_in_order(built: Path, name: str) -
             assert {b for a, b in zip(flat0, flat, strict=True) if a != b} <= {seq_lens[s]}
 
 
+@pytest.mark.slow
 def test_runtime_picks_the_smallest_graph_that_fits(built: Path) -> None:
     """The bundle's forwards run at ``prefill_blocks``' sizes and each plugin executes the graph of that length."""
     root = built / "tiny2"

@@ -612,6 +612,7 @@ def _finished_bundle(artifacts: Path, model_name: str) -> Path:
     return bundle_dir
 
 
+@pytest.mark.slow
 def test_the_bundle_is_found_under_its_source_folders_name(renamed: dict[str, Path], tmp_path: Path) -> None:
     """conform built the bundle's model path by hand under the spec name (``model/ho-x``), while the bundle names it
     after the source folder: every path now comes from the layout module and the bundle manifest."""
@@ -636,6 +637,7 @@ def test_the_bundle_is_found_under_its_source_folders_name(renamed: dict[str, Pa
         locate(artifacts, "ho-x", "v79")
 
 
+@pytest.mark.slow
 def test_conform_gets_past_locating_on_a_renamed_model(
     renamed: dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -650,6 +652,7 @@ def test_conform_gets_past_locating_on_a_renamed_model(
     assert err.count("\n") == 1 and "conform needs an MNN source: set MNN_SOURCE" in err, err
 
 
+@pytest.mark.slow
 def test_cut_settings_are_read_from_the_partition_manifest(renamed: dict[str, Path], tmp_path: Path) -> None:
     """The boundary comparison crashed on PartitionParams.chunk_size (renamed chunk_sizes for several lengths): it
     compiles upstream's one chunk at our longest length and reads our graphs in their shape order."""
@@ -661,6 +664,7 @@ def test_cut_settings_are_read_from_the_partition_manifest(renamed: dict[str, Pa
         cut_settings(tmp_path)
 
 
+@pytest.mark.slow
 def test_our_cut_against_upstreams_recorded_cut(renamed: dict[str, Path]) -> None:
     """compilefornpu's own cut of the tiny model (recorded from a conform run, tests/fixtures/conform) against our
     partition of it: the findings docs/conformance.md lists, from the comparison code conform runs."""
@@ -715,6 +719,7 @@ def restored_without_bytes(tmp_path_factory: pytest.TempPathFactory) -> dict[str
     return {"cache": cache, "cold": work / "cold", "warm": work / "warm"}
 
 
+@pytest.mark.slow
 def test_conform_fetches_what_it_reads_from_the_cache(
     restored_without_bytes: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,6 +40,7 @@ def run_native(level: str) -> str:
     return proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_native_banners_appear_at_debug_only() -> None:
     quiet = run_native("INFO")
     assert not [b for b in BANNERS if b in quiet], quiet
@@ -95,6 +96,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_a_first_build_is_a_line_per_task_and_an_ending(project: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     clone, proc = project
     tasks = [line for line in proc.stdout.splitlines() if line.startswith(".  ")]
@@ -144,6 +146,7 @@ def edited(path: Path, old: str, new: str) -> Callable[[], None]:
     return lambda: path.write_text(text)
 
 
+@pytest.mark.slow
 def test_status_after_a_build_says_nothing_would_run(project: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     clone, _ = project
     out = status(clone)
@@ -158,6 +161,7 @@ def test_status_after_a_build_says_nothing_would_run(project: tuple[Path, subpro
     assert "created after its partition" not in rows["context:tiny-qwen3-v79"], rows["context:tiny-qwen3-v79"]
 
 
+@pytest.mark.slow
 def test_status_names_a_changed_input_file(project: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     clone, _ = project
     undo = edited(clone / "models/tiny-qwen3/config.json", "{", '{"comment": "edited",')
@@ -170,6 +174,7 @@ def test_status_names_a_changed_input_file(project: tuple[Path, subprocess.Compl
     assert list(found) == ["fetch:tiny-qwen3"], found  # io only if fetch's outputs come out different
 
 
+@pytest.mark.slow
 def test_status_names_a_changed_param(project: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     clone, _ = project
     undo = edited(clone / "models/tiny-qwen3.toml", "chunk_size = 128", "chunk_size = 128\nseed = 7")
@@ -180,6 +185,7 @@ def test_status_names_a_changed_param(project: tuple[Path, subprocess.CompletedP
     assert found == {"io:tiny-qwen3": ["param seed: 0 -> 7"]}, found
 
 
+@pytest.mark.slow
 def test_status_names_changed_code(project: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     clone, _ = project
     module = clone / "mnnbuild/stages/config.py"
@@ -191,6 +197,7 @@ def test_status_names_changed_code(project: tuple[Path, subprocess.CompletedProc
     assert found == {"config:tiny-qwen3-v79": ["code changed: mnnbuild.stages.config"]}, found
 
 
+@pytest.mark.slow
 def test_status_names_a_missing_output(project: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     clone, _ = project
     output = clone / "artifacts/tiny-qwen3/io/testdir/1/output.mnn"
@@ -203,6 +210,7 @@ def test_status_names_a_missing_output(project: tuple[Path, subprocess.Completed
     assert found == {"io:tiny-qwen3": ["output missing: artifacts/tiny-qwen3/io/testdir/1/output.mnn"]}, found
 
 
+@pytest.mark.slow
 def test_a_failed_build_ends_with_the_task_its_reason_and_the_file_to_read(tmp_path: Path, run_doit: RunDoit) -> None:
     src, specs = tmp_path / "src", tmp_path / "specs"
     shutil.copytree(TINY_MODEL_DIR, src)

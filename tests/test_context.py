@@ -79,6 +79,7 @@ def verified(bundled: tuple[Path, list[str], list[Path]]) -> tuple[Path, list[st
     return root, executed_tasks(run_task(root, "verify:tiny-qwen3-v79").stdout)
 
 
+@pytest.mark.slow
 def test_a_bundle_builds_no_twin_and_verify_builds_them(
     bundled: tuple[Path, list[str], list[Path]], verified: tuple[Path, list[str]]
 ) -> None:
@@ -113,6 +114,7 @@ def plugins(root: Path) -> list[dict]:
     return [plugin_attributes(op) for op in model.ops if op.type == "Plugin"]
 
 
+@pytest.mark.slow
 def test_bundle_layout_and_manifest(built: Path) -> None:
     model_dir = bundle_dir(built)
     names = {p.relative_to(model_dir).as_posix() for p in model_dir.rglob("*") if p.is_file()}
@@ -132,6 +134,7 @@ def test_bundle_layout_and_manifest(built: Path) -> None:
     assert f"\nneed={release}  #" in push, "push.sh checks the SDK against the QNN that built the binaries"
 
 
+@pytest.mark.slow
 def test_binaries_hold_the_plugin_graphs(built: Path, lib: QnnLibrary) -> None:
     """Each graphllm<k>.bin holds allGraphName in order, with the plugin's IO names, shapes and dtypes."""
     attrs = plugins(built)
@@ -163,6 +166,7 @@ def twin_dir(root: Path, binary: str) -> Path:
     return root / "tiny-qwen3" / "v79" / "twin" / Path(binary).stem
 
 
+@pytest.mark.slow
 def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(
     verified: tuple[Path, list[str]], lib: QnnLibrary
 ) -> None:
@@ -207,6 +211,7 @@ def test_each_plugin_has_an_unshared_twin_the_bundle_does_not_ship(
     )
 
 
+@pytest.mark.slow
 def test_graphs_match_their_references_in_the_simulator(verified: tuple[Path, list[str]], lib: QnnLibrary) -> None:
     """Every graph, run in the x86 HTP simulator (the unshared twin of its plugin's context), reproduces
     the partition's reference outputs: cosine >= 0.999, max abs error <= 2% of the reference max."""
@@ -232,6 +237,7 @@ def test_graphs_match_their_references_in_the_simulator(verified: tuple[Path, li
                     assert cos >= 0.999 and err <= 0.02, f"{graph} {t.qnn_name}: cosine {cos}, rel max err {err}"
 
 
+@pytest.mark.slow
 def test_weight_sharing_keeps_one_copy(modellib: Path, lib: QnnLibrary) -> None:
     """decode + prefill in one shared context is at most 1.2x the prefill graph alone."""
     manifest = ModellibManifest.read(modellib)
@@ -245,6 +251,7 @@ def test_weight_sharing_keeps_one_copy(modellib: Path, lib: QnnLibrary) -> None:
     assert len(unshared) > len(shared)
 
 
+@pytest.mark.slow
 def test_decode_and_prefill_name_weights_alike(modellib: Path) -> None:
     modellib = modellib / "qnn"
     decode, prefill = read_graph_description(modellib / "graphllm0"), read_graph_description(modellib / "graphllm1_0")
@@ -258,6 +265,7 @@ def test_decode_and_prefill_name_weights_alike(modellib: Path) -> None:
         assert os.path.samefile(modellib / "graphllm0" / d[name], modellib / "graphllm1_0" / p[name])
 
 
+@pytest.mark.slow
 def test_modellib_writes_each_weight_once(modellib: Path) -> None:
     """The graph dir (graph.json + raws) is the whole model-lib: no second copy of the weights, each stored in
     fp16 (QNN float32 tensors, widened exactly when composed; the test below shows the binary is the same)."""
@@ -277,6 +285,7 @@ def test_modellib_writes_each_weight_once(modellib: Path) -> None:
     assert on_disk < 1.05 * sum(p.stat().st_size for d in decode_graphs for p in d.glob("*.raw"))
 
 
+@pytest.mark.slow
 def test_the_modellib_composes_the_shipped_binaries(built: Path, modellib: Path) -> None:
     """The model-lib a user hands to QNN tools holds the graphs the bundle ships: every plugin composed from its
     graph dirs (raws read back) is byte for byte the binary the context stage lowered and composed in memory."""
@@ -289,6 +298,7 @@ def test_the_modellib_composes_the_shipped_binaries(built: Path, modellib: Path)
         assert dest.read_bytes() == (context_dir(built, attr["path"]) / attr["path"]).read_bytes(), attr["path"]
 
 
+@pytest.mark.slow
 def test_fp16_stored_weights_give_the_same_binary(modellib: Path, tmp_path: Path) -> None:
     """Weights stored in fp16 cost the HTP nothing: the context composed from the modellib is byte for byte the
     one composed from the same graphs with every raw widened back to float32 (QNN rounds float32 weights to fp16
@@ -319,6 +329,7 @@ def test_fp16_stored_weights_give_the_same_binary(modellib: Path, tmp_path: Path
     assert (tmp_path / "fp16.bin").read_bytes() == (tmp_path / "fp32.bin").read_bytes()
 
 
+@pytest.mark.slow
 def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     soc = soc_by_name("SM8650")
     inputs = ContextInputs(model="tiny-qwen3", model_dir=built / "tiny-qwen3" / "model",
@@ -339,6 +350,7 @@ def test_v75_build(built: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     assert twin_manifest.target == "v75" and twin_manifest.params.soc == soc
 
 
+@pytest.mark.slow
 def test_refused_graph_names_graph_op_and_qnn_message(modellib: Path, tmp_path: Path, lib: QnnLibrary) -> None:
     import shutil
 
@@ -363,6 +375,7 @@ def test_missing_qnn_library_is_clear(tmp_path: Path, monkeypatch: pytest.Monkey
         QnnLibrary()
 
 
+@pytest.mark.slow
 def test_the_biggest_plugins_are_built_first(built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With `doit -n 2` a big plugin (a real model's lm_head takes ~10x a layer) should start first rather than
     run alone after every other: context and twin subtasks are created biggest first, and the tasks that read
@@ -389,6 +402,7 @@ def test_the_biggest_plugins_are_built_first(built: Path, monkeypatch: pytest.Mo
         assert task["task_dep"] == groups, (stage, task["task_dep"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("edit", ["index out of range", "another model's op", "split model outside", "split model"])
 def test_a_graph_dir_not_of_this_model_is_one_line(built: Path, tmp_path: Path, edit: str) -> None:
     """The context stage lowers from the partition's graph dirs: one whose ops are not the model's (edited, or

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from mnnbuild.stages.io import IoManifest
 from tests.conftest import TINY_MODEL_DIR, RunDoit, executed_tasks, skipped_tasks
+
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
 
 
 def test_list_shows_every_task_with_a_doc(run_doit: RunDoit) -> None:

@@ -14,9 +14,12 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mnnbuild.model.spec import load_spec
 from tests.conftest import PROJECT_ROOT
+
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
 
 NAME = "tiny-qwen3-eagle"
 MODEL_DIR = PROJECT_ROOT / "models" / NAME

@@ -66,12 +66,14 @@ def upstream_config(model_dir: Path, chunk: int) -> dict[str, object]:
     return {"llm_model": f"qnn/{model_name}", "llm_weight": f"{model_name}.weight", "chunk_limits": [chunk, 1]}
 
 
+@pytest.mark.slow
 def test_fetch_records_the_embedding_graph(built: Path) -> None:
     part = FetchManifest.read(built / "model").part
     assert part == ModelPart(family="embedding", model_file="embedding.mnn", weight_file="embedding.mnn.weight")
     assert not part.generates and part.output == "sentence_embeddings"
 
 
+@pytest.mark.slow
 def test_io_samples_have_no_logits_index_and_a_float_mask(built: Path) -> None:
     """llm_config.json says "int"; the graph declares a float mask, and the samples follow the graph."""
     assert json.loads((FIXTURE / "llm_config.json").read_text())["attention_mask"] == "int"
@@ -86,6 +88,7 @@ def test_io_samples_have_no_logits_index_and_a_float_mask(built: Path) -> None:
     assert {r.path for r in io.inputs} == {"model/embedding.mnn", "model/embedding.mnn.weight", "model/llm_config.json"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_builds_and_verifies(built: Path, arch: str) -> None:
     manifest = VerifyManifest.read(built / arch / "verify")
@@ -104,6 +107,7 @@ def test_builds_and_verifies(built: Path, arch: str) -> None:
         assert check.passed and check.cosine is not None and check.cosine >= report.model_tolerance.min_cosine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_bundle_is_what_upstream_writes(built: Path, arch: str) -> None:
     model_dir = bundle_dir(built, arch)
@@ -134,6 +138,7 @@ def test_bundle_is_what_upstream_writes(built: Path, arch: str) -> None:
         assert list(spec.graph_names) == [graph_name(0, p.plugin), graph_name(1, p.plugin)]
 
 
+@pytest.mark.slow
 def test_embedding_spec_on_a_text_llm_is_refused(run_doit: RunDoit, tmp_path: Path) -> None:
     """The tiny text LLM outputs logits: as an embedding model it would build a bundle MNN's embedding engine cannot
     load, so fetch refuses it in one line saying which family the model is and the field to set."""

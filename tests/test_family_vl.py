@@ -59,6 +59,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cwd / "artifacts"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(VL_MODELS))
 def test_vl_language_model_verifies(built: Path, name: str, arch: str) -> None:
@@ -77,6 +78,7 @@ def test_vl_language_model_verifies(built: Path, name: str, arch: str) -> None:
     assert gen is not None and gen.passed and gen.cpu_tokens and gen.hybrid_tokens == gen.cpu_tokens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(VL_MODELS))
 def test_vl_io_feeds_mrope_positions_and_deepstack(built: Path, name: str) -> None:
     """The prefill sample holds a stand-in image: its tokens share a time position and take grid rows, and
@@ -111,6 +113,7 @@ def bundle_model_dir(built: Path, name: str, arch: str) -> Path:
     return built / name / arch / "bundle" / BUNDLE_MODEL_DIR / name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(VL_MODELS))
 def test_vl_encoder_verifies_at_every_image_size(built: Path, name: str, arch: str) -> None:
@@ -133,6 +136,7 @@ def test_vl_encoder_verifies_at_every_image_size(built: Path, name: str, arch: s
     assert {g.graph for g in graphs} == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("name", sorted(VL_MODELS))
 def test_vl_bundle_binaries_match_their_plugins(built: Path, name: str, arch: str) -> None:
@@ -193,6 +197,7 @@ def test_vl_bundle_binaries_match_their_plugins(built: Path, name: str, arch: st
     assert all(size in readme for size in sizes) and "qnn/graphvisual" in readme
 
 
+@pytest.mark.slow
 def test_vl_parts_are_tasks_of_one_model_rebuilt_on_their_own(tmp_path: Path) -> None:
     """doit list shows the visual part's stages as tasks of the model; a new image size re-runs the encoder's io
     only, the language model's stays up to date (and a new prefill length the reverse)."""

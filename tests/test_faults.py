@@ -123,6 +123,7 @@ def test_failed_cache_write_leaves_no_partial_blob(tmp_path: Path) -> None:
     assert "could not store stage" in proc.stderr and "No space left" in proc.stderr
 
 
+@pytest.mark.slow
 def test_stale_partial_writes_are_reported_and_swept(tmp_path: Path) -> None:
     """A writer killed mid-upload leaves ``<blob>.tmp-*``: `cache info` counts it and prune removes it."""
     cache, _ = stored_tree(tmp_path)
@@ -160,6 +161,7 @@ def test_unusable_cache_is_a_warning(tmp_path: Path, url: str, why: str, caplog:
     assert (tmp_path / "a-file").read_text() == "not a directory"
 
 
+@pytest.mark.slow
 def test_read_only_cache_with_corrupt_blob_degrades_to_a_build(tmp_path: Path, run_doit: RunDoit) -> None:
     """A shared read-only cache (a real read-only mount) whose blob is corrupt: every run still builds."""
     cache_dir = tmp_path / "cache"
@@ -216,6 +218,7 @@ def fake_sdk(root: Path, version: str | None, libs: tuple[str, ...] = V79_LIBS) 
 V75_LIBS = tuple(lib.replace("79", "75") for lib in V79_LIBS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("version", "libs", "expected"),
     [
@@ -266,6 +269,7 @@ def test_push_checks_the_sdk_before_pushing(
     assert not (tmp_path / "adb.log").exists(), "something was pushed before the SDK was checked"
 
 
+@pytest.mark.slow
 def test_hostile_names_in_device_scripts_never_execute(tmp_path: Path) -> None:
     """A model folder named ``m$(touch pwned)`` and a PHONE_DIR full of shell syntax: the scripts run
     against a fake adb (whose 'device shell' really is a shell) and nothing but the intended commands run."""
@@ -380,6 +384,7 @@ def tree_hashes(root: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_two_cold_cache_off_builds_are_byte_identical(built: Path, tmp_path: Path) -> None:
     """Context binaries and their unshared twins included: their bytes no longer depend on what the process built
     before (the second build runs two workers, so each process builds other contexts in another order)."""
@@ -391,6 +396,7 @@ def test_two_cold_cache_off_builds_are_byte_identical(built: Path, tmp_path: Pat
     assert not differing, f"files that differ between two builds of the same inputs: {differing}"
 
 
+@pytest.mark.slow
 def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path) -> None:
     """One process builds plugin 0, then plugin 1, then plugin 0 again, shipped binaries and twins interleaved:
     both plugin-0 binaries of each kind are equal, and equal to what doit built."""
@@ -419,6 +425,7 @@ def test_context_bytes_do_not_depend_on_build_order(built: Path, tmp_path: Path)
     )
 
 
+@pytest.mark.slow
 def test_qnn_numbers_tensors_per_process(built: Path) -> None:
     """The evidence behind the fresh process per binary: composed twice in one process, the same graphs give
     different bytes (QNN serializes tensor ids taken from a process-wide counter)."""
@@ -439,6 +446,7 @@ def test_qnn_numbers_tensors_per_process(built: Path) -> None:
     assert len(one) == len(two) and one != two
 
 
+@pytest.mark.slow
 def test_editing_a_bundle_file_leaves_the_source_untouched(built: Path, tiny_model_dir: Path) -> None:
     bundle = built / "tiny-qwen3" / "v79" / "bundle" / "model" / "tiny-qwen3"
     sources = {
@@ -538,6 +546,7 @@ def test_only_temps_of_gone_processes_are_removed(tmp_path: Path) -> None:
         runner.wait()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_stage_then_a_clean_identical_rebuild(tmp_path: Path) -> None:
     """kill -9 (no handler runs) while a context binary is being built: its temp dir stays; the next run removes
     it, finishes, and gives the same bytes as a build that was never interrupted."""
@@ -561,6 +570,7 @@ def finished_stages(root: Path) -> set[str]:
     return {p.parent.relative_to(root).as_posix() for p in root.rglob("*.manifest.json")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_sigterm_cleans_up_like_ctrl_c(tmp_path: Path, sig: str) -> None:
     """A CI cancel (SIGTERM to doit) or a Ctrl-C (SIGINT to its process group) mid-stage: temp dir removed, no half
@@ -611,6 +621,7 @@ def group_members(pgid: int) -> dict[int, str]:
     return members
 
 
+@pytest.mark.slow
 def test_workers_of_doit_n_die_with_their_parent(tmp_path: Path) -> None:
     """kill -9 the parent of `doit -n 2` while its workers build context binaries in parallel: within seconds no
     process of that run is left (a worker whose parent is gone used to wait for its next task forever)."""
@@ -644,6 +655,7 @@ def damage_state(path: Path, damage: str) -> None:
         conn.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "bad-row"])
 def test_corrupt_doit_state_is_set_aside_with_one_warning(tmp_path: Path, run_doit: RunDoit, damage: str) -> None:
     state = tmp_path / "artifacts" / ".doit.db"
@@ -689,6 +701,7 @@ def verified(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_doit_clean_works_for_every_listed_task(verified: Path) -> None:
     """`doit clean <name>` for every name `doit list --all` prints (context subtasks and the tasks created after
     the partition included): it succeeds, removes exactly that task's outputs (a group's: its members'), and the
@@ -718,6 +731,7 @@ def test_doit_clean_works_for_every_listed_task(verified: Path) -> None:
         assert built_tasks(root) == everything
 
 
+@pytest.mark.slow
 def test_deleted_or_edited_outputs_are_rebuilt(verified: Path) -> None:
     """A context binary deleted and push.sh edited after the build: the next run builds exactly those two tasks
     again (and nothing after them: the rebuilt files are the same bytes)."""
@@ -753,6 +767,7 @@ def hostile_model(tmp_path: Path, tiny_model_dir: Path, damage: str) -> dict[str
     return {"MNNBUILD_MODELS_PATH": str(specs)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("damage", "expected"),
     [
@@ -774,6 +789,7 @@ def test_broken_model_files_are_one_line(
     assert len(lines) == 1 and re.search(expected, lines[0]), proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_read_only_artifact_root_is_one_line(tmp_path: Path) -> None:
     root = tmp_path / "artifacts"
     root.mkdir()
@@ -784,6 +800,7 @@ def test_read_only_artifact_root_is_one_line(tmp_path: Path) -> None:
     assert f"{root}" in out and "Read-only file system" in out, out
 
 
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -> None:
     """A real full file system: the artifact root is a 2 MB tmpfs, io's outputs do not fit."""
     root = tmp_path / "artifacts"
@@ -803,6 +820,7 @@ def test_full_disk_is_one_line_and_leaves_nothing_half_written(tmp_path: Path) -
     assert "LEFT []" in out, "a stage that ran out of space left its temp dir behind"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("chunk", "verify", "expected"),
     [

@@ -33,6 +33,7 @@ def tree_state(root: Path) -> dict[str, bytes]:
 # -- 1. roots are checked before anything is written ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_empty_artifact_root_does_not_replace_the_source_package(tmp_path: Path) -> None:
     """The issue's repro on a copy of the project: ``MNNBUILD_ARTIFACTS=`` made the checkout the artifact root, and
     ``doit partition:mnnbuild`` (a spec named like the package) replaced ``mnnbuild/partition/``."""
@@ -107,6 +108,7 @@ def test_models_path_values_are_one_line(tmp_path: Path, name: str, value: str, 
         Settings.from_env(tmp_path / "proj", env)
 
 
+@pytest.mark.slow
 def test_bad_roots_are_one_line_from_doit_and_the_cli(tmp_path: Path) -> None:
     """doit prints the problem as one line (InvalidDodoFile), and ``python -m mnnbuild conform`` as well (on a copy
     of the project: a regression would write into it)."""
@@ -156,6 +158,7 @@ def test_staged_dir_never_replaces_a_directory_it_did_not_make(tmp_path: Path) -
     assert (tmp_path / "built" / "new").read_text() == "again"
 
 
+@pytest.mark.slow
 def test_a_stage_stops_at_a_foreign_directory_and_clean_leaves_it(tmp_path: Path) -> None:
     """An artifact root holding other directories (here a folder named like the model's fetch dir): the stage stops
     with one line naming the path, and ``doit clean`` does not remove it."""
@@ -197,6 +200,7 @@ def small_cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
+@pytest.mark.slow
 def test_prune_refuses_a_directory_that_is_not_a_cache(tmp_path: Path) -> None:
     """The issue's repro: ``cache prune --url <any dir> --max-size 0`` deleted every path with ``.tmp-`` older than an
     hour (``report.tmp-final.docx``), with no check that the directory is a cache."""
@@ -216,6 +220,7 @@ def test_prune_refuses_a_directory_that_is_not_a_cache(tmp_path: Path) -> None:
     assert tree_state(docs) == before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["-5G", "0", "1e999", "nan", "-inf", "lots"])
 def test_prune_sizes_are_validated(tmp_path: Path, size: str) -> None:
     cache = small_cache(tmp_path)
@@ -246,6 +251,7 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_cache_without_its_marker_is_recognised_by_its_contents(tmp_path: Path) -> None:
     """Caches made before the marker existed hold only names the cache writes: prune takes them (and marks them);
     one more foreign file and it is not a cache."""
@@ -264,6 +270,7 @@ def test_a_cache_without_its_marker_is_recognised_by_its_contents(tmp_path: Path
     assert not (cache / MARKER).exists()
 
 
+@pytest.mark.slow
 def test_a_build_never_writes_into_a_directory_that_is_not_a_cache(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -278,6 +285,7 @@ def test_a_build_never_writes_into_a_directory_that_is_not_a_cache(tmp_path: Pat
 # -- 8. cache messages say what is true -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("value", "expected"),
     [
@@ -387,6 +395,7 @@ def test_outputs_outside_the_stage_dir_are_never_up_to_date(tmp_path: Path) -> N
     assert not check(Task(), state)
 
 
+@pytest.mark.slow
 def test_a_bundle_manifest_listing_an_outside_file_is_rebuilt(built: Path, tmp_path: Path) -> None:
     """The issue's repro at the doit level: the bundle manifest gains a record ``../../../../<outside file>`` that
     matches that file; the bundle used to stay up to date (its check hashed the outside file)."""
@@ -415,6 +424,7 @@ def swap(a: Path, b: Path) -> None:
     tmp.rename(b)
 
 
+@pytest.mark.slow
 def test_swapped_twin_dirs_are_rebuilt(built: Path) -> None:
     """``twin/graphllm0`` <-> ``twin/graphllm1``: each matches its own manifest, so both stayed up to date and verify
     failed forever. Now their records name the other plugin's task: both are built again, into the right places."""
@@ -431,6 +441,7 @@ def test_swapped_twin_dirs_are_rebuilt(built: Path) -> None:
         assert [r.path for r in TwinManifest.read(twin / d).outputs] == [f"{d}.bin"]
 
 
+@pytest.mark.slow
 def test_swapped_context_dirs_are_rebuilt_not_a_traceback(built: Path) -> None:
     """Swapped context dirs made the bundle fail with a FileNotFoundError traceback on every run."""
     context = built / "tiny-qwen3" / "v79" / "context"
@@ -445,6 +456,7 @@ def test_swapped_context_dirs_are_rebuilt_not_a_traceback(built: Path) -> None:
 # -- 7. finished stages survive a kill -9 of doit with the cache off ----------------------------------------------
 
 
+@pytest.mark.slow
 def test_finished_stages_survive_kill_9_with_the_cache_off(tmp_path: Path) -> None:
     """doit writes its state file at the end of a run; a ``kill -9`` (the OOM killer) lost the record of every
     stage that had finished, and the next run built them all again. The stage dirs' own records (manifest, origin
@@ -503,6 +515,7 @@ def composing(marker: str) -> bool:
     return any(parent in servers for parent, _ in procs.values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("workers", "sig"), [("0", "SIGKILL"), ("2", "SIGTERM")])  # the issue's two cases
 def test_no_process_outlives_doit(tmp_path: Path, workers: str, sig: str) -> None:
     """``kill -9 <doit pid>`` (that pid alone, as the OOM killer does) while a context binary is composed used to
@@ -561,6 +574,7 @@ def link_out(bundle: Path, rel: str, tmp_path: Path) -> Path:
     return outside
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rel", [*LINKED_FILES, "tokenizer.mtok"])
 def test_bundle_files_that_are_symlinks_are_refused(built: Path, tmp_path: Path, rel: str) -> None:
     """The issue's repro: ``qnn/graphllm0.bin``, ``qnn/llm.mnn``, ``llm.mnn.weight``, ``config_qnn.json`` may each
@@ -576,6 +590,7 @@ def test_bundle_files_that_are_symlinks_are_refused(built: Path, tmp_path: Path,
     assert f"{bundle / rel} is a symlink" in message and "\n" not in message, message
 
 
+@pytest.mark.slow
 def test_a_link_inside_the_bundle_is_refused_too(built: Path, tmp_path: Path) -> None:
     """A bundle's files are copies: a link is refused even when it points at another file of the bundle."""
     from mnnbuild_runtime import Bundle, BundleError
@@ -587,6 +602,7 @@ def test_a_link_inside_the_bundle_is_refused_too(built: Path, tmp_path: Path) ->
         Bundle.open(bundle)
 
 
+@pytest.mark.slow
 def test_files_are_checked_at_every_open_not_only_at_bundle_open(built: Path, tmp_path: Path) -> None:
     """A bundle opened while sound, whose files become links afterwards: the next read of each refuses it (the
     context binary handed to QNN, the weights MNN maps for a segment, the embedding rows)."""

@@ -124,6 +124,7 @@ def hf_spec(directory: Path, repo: str) -> Path:
     return spec
 
 
+@pytest.mark.slow
 def test_hf_fetch_offline_from_cache(tmp_path: Path, run_doit: RunDoit) -> None:
     cache = tmp_path / "hf-cache"
     commit = make_hf_cache(cache, "acme/tiny-mnn", {**tiny_files(), "README.md": b"not needed"})
@@ -143,6 +144,7 @@ def test_hf_fetch_offline_from_cache(tmp_path: Path, run_doit: RunDoit) -> None:
     assert executed_tasks(again.stdout) == [] and skipped_tasks(again.stdout) == ["fetch:fake-hf"]
 
 
+@pytest.mark.slow
 def test_hf_fetch_missing_file_names_file_and_repo(tmp_path: Path, run_doit: RunDoit) -> None:
     cache = tmp_path / "hf-cache"
     files = tiny_files()
@@ -158,6 +160,7 @@ def test_hf_fetch_missing_file_names_file_and_repo(tmp_path: Path, run_doit: Run
     assert not (tmp_path / "artifacts" / "fake-hf" / "model").exists()
 
 
+@pytest.mark.slow
 def test_hf_fetch_not_in_cache_is_clear(tmp_path: Path, run_doit: RunDoit) -> None:
     spec = hf_spec(tmp_path / "specs", "acme/absent")
     env = {"MNNBUILD_MODELS_PATH": str(spec.parent), "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
@@ -179,6 +182,7 @@ socket.getaddrinfo = _blocked
 """A ``sitecustomize`` whose resolver fails every lookup, as a box without DNS does (no packet leaves)."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("offline", ["1", "0"])
 def test_hf_fetch_says_why_it_could_not_download(tmp_path: Path, run_doit: RunDoit, offline: str) -> None:
     """A model not in the HF cache: with HF_HUB_OFFLINE set the line says so; without it, on a box whose resolver
@@ -201,6 +205,7 @@ def test_hf_fetch_says_why_it_could_not_download(tmp_path: Path, run_doit: RunDo
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_update_moves_the_pin(tmp_path: Path, run_doit: RunDoit) -> None:
     cache = tmp_path / "hf-cache"
     first = make_hf_cache(cache, "acme/moving", tiny_files(), commit="a" * 40)
@@ -228,6 +233,7 @@ def test_update_moves_the_pin(tmp_path: Path, run_doit: RunDoit) -> None:
 FIXTURES = TINY_MODEL_DIR.parent.parent / "tests" / "fixtures" / "models"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "body", "expected"),
     [
@@ -293,6 +299,7 @@ def test_an_audio_model_is_refused_by_every_family(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_a_wrong_hidden_size_is_named_as_such(run_doit: RunDoit, tmp_path: Path) -> None:
     """hidden_size sizes io's embeddings: a wrong one made MNN fail inside the graph, blamed on the weight file."""
     import json

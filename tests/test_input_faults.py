@@ -16,6 +16,7 @@ def only_line(out: str) -> str:
     return lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", DOIT_COMMANDS, ids=lambda c: c[0])
 @pytest.mark.parametrize("value", ["bogus", ""])
 def test_a_log_level_that_is_no_level_is_one_line(run_doit: RunDoit, command: tuple[str, ...], value: str) -> None:
@@ -26,11 +27,13 @@ def test_a_log_level_that_is_no_level_is_one_line(run_doit: RunDoit, command: tu
     )
 
 
+@pytest.mark.slow
 def test_log_levels_in_any_case_are_taken(run_doit: RunDoit) -> None:
     proc = run_doit("list", env={"MNNBUILD_LOG_LEVEL": "warning"})
     assert "io:tiny-qwen3" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", DOIT_COMMANDS, ids=lambda c: c[0])
 def test_doit_state_that_is_a_directory_is_one_line(run_doit: RunDoit, tmp_path, command: tuple[str, ...]) -> None:
     state = tmp_path / "artifacts" / ".doit.db"
@@ -44,6 +47,7 @@ def test_doit_state_that_is_a_directory_is_one_line(run_doit: RunDoit, tmp_path,
     assert (state / "kept").is_dir(), "a directory mnnbuild did not make is left alone"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
@@ -71,6 +75,7 @@ def test_spec_values_that_used_to_fail_late_are_one_line(run_doit: RunDoit, tmp_
     assert not (tmp_path / "artifacts" / "bad").exists()
 
 
+@pytest.mark.slow
 def test_a_spec_name_longer_than_a_path_component_takes_is_one_line(run_doit: RunDoit, tmp_path) -> None:
     """Issue 43, item 4: a 300-character name (the pattern allows it) became a path component and a 40-line
     ``OSError: File name too long``; the spec is refused at load, with the limit. 100 characters still build."""
@@ -136,7 +141,7 @@ Q_PROJ = "op '/layers.0/self_attn/q_proj/Linear'"
         ),
         (_nan_scales, "llm.mnn.weight", f"{Q_PROJ}: 512 of its 512 scales are not finite (the first at byte 9238"),
         ({"layer_nums": -1}, "llm_config.json", "field 'layer_nums' must be a positive integer, got -1"),
-        ({"layer_nums": 3}, "llm_config.json", "field 'layer_nums' is 3, but llm.mnn has 2 attention layers"),
+        ({"layer_nums": 3}, "llm_config.json", "field 'layer_nums' is 3, but llm.mnn has 2 layers"),
         ({"is_mrope": "no"}, "llm_config.json", "field 'is_mrope' must be true or false, got 'no'"),
         ({"attn_scale": "x"}, "llm_config.json", "field 'attn_scale' must be a finite number, got 'x'"),
     ],
@@ -156,6 +161,7 @@ def test_a_damaged_model_is_named_where_the_damage_is(tmp_path, damage, file: st
     assert str(info.value).startswith(f"{model / file}: {expected}"), str(info.value)
 
 
+@pytest.mark.slow
 def test_nan_scales_stop_doit_at_fetch_naming_the_weight_file(run_doit: RunDoit, tmp_path) -> None:
     model = _model_copy(tmp_path)
     _nan_scales(model)
@@ -182,6 +188,7 @@ def test_a_hidden_size_the_tied_codes_cannot_hold_is_blamed_on_llm_config(tmp_pa
     assert "token ids" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_mistyped_task_gets_the_nearest_name(run_doit: RunDoit) -> None:
     """doit's own answer was `Invalid parameter: "io:tiny-qwen". Must be a command, task, or a target.`"""
     for typed, nearest in (("io:tiny-qwen", "io:tiny-qwen3"), ("bundel:tiny-qwen3-v79", "bundle:tiny-qwen3-v79")):
@@ -193,6 +200,7 @@ def test_a_mistyped_task_gets_the_nearest_name(run_doit: RunDoit) -> None:
         )
 
 
+@pytest.mark.slow
 def test_every_name_doit_list_shows_passes_the_task_name_check(run_doit: RunDoit) -> None:
     from mnnbuild.dag.project import Project, requested_tasks
     from mnnbuild.dag.tasks import check_task_name

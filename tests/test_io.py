@@ -65,6 +65,7 @@ def test_outputs_equal_a_fresh_mnn_run(tiny_io: tuple[Path, Path, IoManifest]) -
             np.testing.assert_array_equal(to_numpy(var), expected[name])
 
 
+@pytest.mark.slow
 def test_same_seed_same_files(tiny_io: tuple[Path, Path, IoManifest], tmp_path: Path) -> None:
     model_dir, io_dir, manifest = tiny_io
     again = generate_io(IoInputs(model="m", model_dir=model_dir), manifest.params, tmp_path / "io")
@@ -141,6 +142,7 @@ def test_prefill_longer_than_the_models_positions_is_refused(tmp_path: Path) -> 
     assert generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(64,)), tmp_path / "io").samples
 
 
+@pytest.mark.slow
 def test_image_larger_than_the_models_pixel_cap_is_refused(tmp_path: Path) -> None:
     from tests.conftest import FIXTURE_MODELS
 

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
+
 BLOCK_S3FS = """
 import importlib.abc
 

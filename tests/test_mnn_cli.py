@@ -41,6 +41,7 @@ def test_inspect_storage_labels(capsys: pytest.CaptureFixture[str]) -> None:
     assert labels["llama-int4-cw"] == {"int4 sym channel": 15}
 
 
+@pytest.mark.slow
 def test_inspect_text_from_another_directory(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
@@ -72,6 +73,7 @@ def _inspect_cli(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("make", "expected"),
     [
@@ -96,6 +98,7 @@ def test_inspect_refuses_what_is_no_model_file_without_reading_it(tmp_path: Path
     assert proc.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_inspect_a_text_file_says_not_a_model_and_a_cut_model_truncated(tmp_path: Path) -> None:
     """``inspect README.md`` (any size): "not an MNN model", never "truncated"; a real model cut to a size that is
     not a multiple of 4 is still called truncated (its header is intact)."""

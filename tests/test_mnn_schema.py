@@ -6,6 +6,8 @@ from __future__ import annotations
 import inspect
 import re
 
+import pytest
+
 from mnnbuild.mnn import OP_TYPES, PARAM_TYPES, schema
 from mnnbuild.mnn._generated import mnn_fb
 from mnnbuild.mnn._generated.vector_types import VECTOR_DTYPES
@@ -74,6 +76,7 @@ def test_import_time_enums_in_sync_with_generated_code() -> None:
         assert getattr(enums, const) == members, const
 
 
+@pytest.mark.slow
 def test_doit_start_runs_neither_the_schema_module_nor_the_c_parser() -> None:
     # both cost ~0.4 s at every doit start and in every context process, without a model being read
     import subprocess

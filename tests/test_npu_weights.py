@@ -68,6 +68,7 @@ def _binaries(artifacts: Path, model: str) -> dict[str, Path]:
     return {p.name: p for p in sorted((artifacts / model / ARCH / "context").glob("*/qnn/*.bin"))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", list(MODELS))
 def test_bundle_verifies_with_its_weights_encoded_as_mapped(built: Path, model: str) -> None:
     _, mode, encoding, exact = MODELS[model]
@@ -88,6 +89,7 @@ def test_bundle_verifies_with_its_weights_encoded_as_mapped(built: Path, model: 
         assert all(n["error"] == 0 or (n["centered"] and 0 < n["error"] < 14.0**-4) for n in notes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["tiny-int4", "cw-int4", "int8-int4"])
 def test_int4_bundle_is_smaller_by_what_its_codes_save(built: Path, model: str) -> None:
     """Every plugin's binary is smaller, and all of them together by the fp16 bytes of their weights minus the stored
@@ -119,6 +121,7 @@ def _float16_of(source: Path) -> str:
     return "tiny-qwen3" if source == TINY_MODEL_DIR else FLOAT16_FIXTURES[source.name]
 
 
+@pytest.mark.slow
 def test_float16_is_todays_binaries_byte_for_byte(built: Path) -> None:
     """``npu_weights = "float16"`` written out builds the very binaries (and twins) of a spec without the field."""
     for stage, pattern in (("context", "*/qnn/*.bin"), ("twin", "*/*.bin")):
@@ -204,6 +207,7 @@ def test_bad_npu_weights_is_one_line(tmp_path: Path) -> None:
     assert "\n" not in message and str(spec) in message and "npu_weights" in message and "'int4'" in message
 
 
+@pytest.mark.slow
 def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: Path) -> None:
     """The model-lib stores the same quantized weights: every int4 plugin composed from its graph dirs (codes and
     (scale, offset) raws read back) is byte for byte the binary the context stage composed in memory."""
@@ -230,6 +234,7 @@ def test_the_int4_modellib_composes_the_shipped_binaries(built: Path, tmp_path: 
         assert dest.read_bytes() == shipped[Path(binary).name].read_bytes(), binary
 
 
+@pytest.mark.slow
 def test_prefill_centers_by_grouped_convs_and_decode_reads_no_more_weights(built: Path) -> None:
     """Asymmetric int4 reads its input centered per block. At one row (decode, read once per token) the means are a
     ReduceMean and a broadcast subtraction, no weights; at several rows (prefill) two fp16 convs with one group per

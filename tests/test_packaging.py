@@ -56,6 +56,7 @@ def test_extras_and_urls() -> None:
     assert meta["urls"] and all(u.startswith("https://") for u in meta["urls"].values())
 
 
+@pytest.mark.slow
 def test_version_flag() -> None:
     """``python -m mnnbuild --version`` and the ``mnnbuild`` script print the package version."""
     proc = subprocess.run([sys.executable, "-m", "mnnbuild", "--version"], capture_output=True, text=True, check=True)

@@ -34,6 +34,8 @@ from mnnbuild.stages.partition import PartitionInputs, PartitionManifest, Partit
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
 from tests.test_partition_cut import KV_ATTENTION, LOGITS_SLICE, ROTARY, input_only_ops, npu_runs, rotary_ops
 
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
+
 CHUNK = 16
 MODELS = {
     "tiny-qwen3": TINY_MODEL_DIR,

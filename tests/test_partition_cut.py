@@ -21,7 +21,7 @@ from mnnbuild.partition.cut import Cut, plan_cut, schedule_ops
 from mnnbuild.partition.fold import compute_folded, folded_model
 from mnnbuild.partition.rewrite import fuse_attributes
 from mnnbuild.stages.io import make_inputs
-from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR
+from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, TINY_MODEL_DIR
 
 MODEL_FILES = {
     "tiny-qwen3": TINY_MODEL_DIR / "llm.mnn",
@@ -429,3 +429,30 @@ def test_folded_values_need_no_layer_run(tmp_path: Path, seq_len: int) -> None:
         want = to_numpy(ran[n])
         assert got[n].dtype == want.dtype and np.array_equal(got[n].reshape(want.shape), want), n
     assert any(got[n].size > 1 for n in names)
+
+
+def test_no_plugin_mixes_rows_the_logits_index_selects_with_rows_it_does_not() -> None:
+    """The engine feeds the ops after the ``logits_index`` slice 1 row or all of them while the rest of a chunk keeps
+    its length (an unpadded prefill chunk takes the last row only), and a plugin only runs the input shapes it was
+    compiled for together. An Eagle3 target also outputs ``hidden_states`` (three tapped layers concatenated, every
+    row): its Concat must not share the lm_head's plugin, or a full 128-token chunk finds no graph (MNN's engine:
+    "onForward returned no outputs")."""
+    model = load_model(PROJECT_ROOT / "models" / "tiny-qwen3-eagle" / "llm.mnn")
+    cut = cut_of(model)
+    index = {n: i for i, n in enumerate(model.tensor_names)}
+    slice_op = next(i for i, op in enumerate(model.ops) if index[LOGITS_SLICE] in op.outputs)
+    producer = {t: i for i, op in enumerate(model.ops) for t in op.outputs}
+
+    def after_slice(i: int, seen: dict[int, bool]) -> bool:
+        if i not in seen:
+            seen[i] = i == slice_op or any(
+                after_slice(producer[t], seen) for t in model.ops[i].inputs if t in producer
+            )
+        return seen[i]
+
+    seen: dict[int, bool] = {}
+    for plugin in cut.plugins:
+        sides = {after_slice(i, seen) for i in plugin.ops}
+        assert len(sides) == 1, f"plugin {plugin.graph} holds ops on both sides of the logits_index slice"
+    concat = producer[index["hidden_states"]]
+    assert concat not in {i for p in cut.plugins for i in p.ops}, "the hidden_states Concat stays on the CPU"

@@ -181,6 +181,7 @@ def test_two_inputs_native_tensor_and_params(lib: QnnLibrary) -> None:
     assert_close(out["t5"], b.T)
 
 
+@pytest.mark.slow
 def test_weight_sharing_keeps_one_copy(lib: QnnLibrary) -> None:
     # Big enough that weights, not per-graph overhead (~20 KB), dominate the size.
     weight = np.random.default_rng(4).standard_normal((512, 512)).astype(np.float32)

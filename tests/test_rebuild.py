@@ -58,6 +58,7 @@ def test_lowering_support_table_matches_the_rules() -> None:
     assert LOWERED_OP_TYPES == set(REGISTRY) - {"Const"}
 
 
+@pytest.mark.slow
 def test_a_stage_key_covers_its_own_code_only() -> None:
     """No stage imports another (they share `mnnbuild.manifests`), the CLI, or the lowering rules it does not run."""
     stages = ("fetch", "io", "partition", "modellib", "config", "context", "twin", "bundle", "verify")
@@ -150,6 +151,7 @@ def test_memo_serves_a_fresh_clone_without_parsing(tmp_path: Path, monkeypatch: 
     assert DigestMemo(tmp_path / "memo.json").digest(clone) == first
 
 
+@pytest.mark.slow
 def test_description_change_invalidates_nothing(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -162,6 +164,7 @@ def test_description_change_invalidates_nothing(clone: tuple[Path, Build]) -> No
     assert build() == []
 
 
+@pytest.mark.slow
 def test_report_formatter_edit_rebuilds_no_context(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -178,6 +181,7 @@ def test_report_formatter_edit_rebuilds_no_context(clone: tuple[Path, Build]) ->
     assert not {"fetch:tiny-qwen3", "io:tiny-qwen3", "config:tiny-qwen3-v79"} & set(ran)
 
 
+@pytest.mark.slow
 def test_partition_code_change_with_identical_outputs_reruns_partition_only(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -186,6 +190,7 @@ def test_partition_code_change_with_identical_outputs_reruns_partition_only(clon
     assert build() == ["partition:tiny-qwen3"]
 
 
+@pytest.mark.slow
 def test_cli_edit_rebuilds_nothing(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -194,6 +199,7 @@ def test_cli_edit_rebuilds_nothing(clone: tuple[Path, Build]) -> None:
     assert build() == []
 
 
+@pytest.mark.slow
 def test_new_context_manifest_field_invalidates_its_writer_and_readers(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -209,6 +215,7 @@ def test_new_context_manifest_field_invalidates_its_writer_and_readers(clone: tu
     assert ran == sorted([*contexts, "bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"])
 
 
+@pytest.mark.slow
 def test_new_twin_manifest_field_rebuilds_twins_and_verify_not_the_bundle(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -224,6 +231,7 @@ def test_new_twin_manifest_field_rebuilds_twins_and_verify_not_the_bundle(clone:
     assert ran == sorted([*twins, "verify:tiny-qwen3-v79", "report:tiny-qwen3-v79"])
 
 
+@pytest.mark.slow
 def test_lowering_rule_edit_rebuilds_contexts_onwards(clone: tuple[Path, Build]) -> None:
     project, build = clone
     assert build() == []
@@ -242,6 +250,7 @@ def test_lowering_rule_edit_rebuilds_contexts_onwards(clone: tuple[Path, Build])
     assert ran == sorted([*expected, "report:tiny-qwen3-v79"])
 
 
+@pytest.mark.slow
 def test_changing_only_chunk_sizes_reruns_io_onward(clone: tuple[Path, Build]) -> None:
     """A prefill length more changes the io samples, so every stage from io on; the order the lengths are written
     in changes nothing (graphs are named longest first, and MNN sorts ``chunk_limits`` itself)."""
@@ -261,6 +270,7 @@ def test_changing_only_chunk_sizes_reruns_io_onward(clone: tuple[Path, Build]) -
     assert build() == []
 
 
+@pytest.mark.slow
 def test_a_model_config_edit_rebuilds_no_binary(clone: tuple[Path, Build]) -> None:
     """The context and twin stages depend on the fetched model and weight files (through the partition's
     ``lowered_from.json``), not on the whole fetch: a sampler setting in config.json changes the bundle's config,

@@ -21,6 +21,8 @@ from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
 from tests.conftest import PROJECT_ROOT, attach_record, copy_project, doit
 from tests.test_cache import guard_env, summary
 
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
+
 BUCKET = "mnnbuild-ci"
 REMOTE = f"s3://{BUCKET}/cache"
 STAGES_CACHED = {"io", "partition", "config", "context", "twin", "bundle", "verify", "report"}

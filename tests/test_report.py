@@ -29,6 +29,8 @@ from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import doit, executed_tasks
 
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
+
 TINY = "tiny-qwen3"
 ARCH = "v79"
 TASK = f"report:{TINY}-{ARCH}"

@@ -547,6 +547,7 @@ def tiny_bundle(tmp_path_factory: pytest.TempPathFactory, qnn_lib: QnnLibrary) -
     return bundle, {"qnn/graphllm0.bin": build(False)}
 
 
+@pytest.mark.slow
 def test_tiny_model_hybrid_matches_cpu(tiny_bundle: tuple[Path, dict[str, bytes]], qnn_lib: QnnLibrary) -> None:
     bundle, twins = tiny_bundle
     embed = Embeddings(bundle)
@@ -561,6 +562,7 @@ def test_tiny_model_hybrid_matches_cpu(tiny_bundle: tuple[Path, dict[str, bytes]
             assert np.array_equal(got["logits"][0].argmax(-1), ref["logits"][0].argmax(-1))
 
 
+@pytest.mark.slow
 def test_tiny_model_greedy_generation(tiny_bundle: tuple[Path, dict[str, bytes]], qnn_lib: QnnLibrary) -> None:
     bundle, twins = tiny_bundle
     prompt = [11, 22, 33]
@@ -577,6 +579,7 @@ def test_tiny_model_greedy_generation(tiny_bundle: tuple[Path, dict[str, bytes]]
 FIXTURES = PROJECT_ROOT / "tests" / "fixtures" / "models"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "model_dir", [TINY, FIXTURES / "llama-int4-cw", FIXTURES / "qwen3-untied-int8-b32"], ids=lambda p: p.name
 )
@@ -621,6 +624,7 @@ def test_padding_rows_never_reach_the_rows_before_them() -> None:
     assert not np.array_equal(padded[len(ids) :], zeros[len(ids) :])
 
 
+@pytest.mark.slow
 def test_a_wrong_draft_costs_forwards_not_tokens() -> None:
     ids = Tokenizer(TINY / "config.json").encode("hello")
     forward, embed = cpu_forward_fn(TINY), Embeddings(TINY)
@@ -840,6 +844,7 @@ def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
 
 
+@pytest.mark.slow
 def test_runtime_installs_and_runs_a_bundle_without_the_build(synthetic: Synthetic, tmp_path: Path) -> None:
     """``runtime/`` builds offline into a wheel holding the runtime and its format layers only, declaring none of
     the build's dependencies, and leaves its source tree as it was (no build/, no egg-info: ``git status`` of a
@@ -924,6 +929,7 @@ def python_blocks(readme: Path) -> list[str]:
     return [b for b in blocks if "mnnbuild_runtime" in b]
 
 
+@pytest.mark.slow
 def test_readme_runtime_examples_run_as_written(run_doit: RunDoit, tmp_path: Path) -> None:
     """Each README's Python example of the runtime, executed as it is written from the directory `doit` ran in
     (``artifacts/`` there), on the tiny model's bundle and twins: no name it uses is undefined, its asserts hold."""

@@ -124,6 +124,7 @@ def bundle_dir(artifacts: Path, name: str, model_dir_name: str = TINY_MODEL_DIR.
     return artifacts / name / "v79" / "bundle" / "model" / model_dir_name
 
 
+@pytest.mark.slow
 def test_lookahead_adds_the_verify_graph_to_every_plugin(built: Path) -> None:
     plain, look = read_merge(built / PLAIN / "partition"), read_merge(built / LOOK / "partition")
     assert plain.keys() == look.keys() and plain
@@ -137,6 +138,7 @@ def test_lookahead_adds_the_verify_graph_to_every_plugin(built: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_lookahead_writes_the_engine_config(built: Path) -> None:
     config = json.loads((bundle_dir(built, LOOK) / "config_qnn.json").read_text())
     plain = json.loads((bundle_dir(built, PLAIN) / "config_qnn.json").read_text())
@@ -156,6 +158,7 @@ def test_lookahead_writes_the_engine_config(built: Path) -> None:
     }
 
 
+@pytest.mark.slow
 def test_a_plain_bundle_has_no_speculation_and_ships_the_same_files(built: Path) -> None:
     plain, look = bundle_dir(built, PLAIN), bundle_dir(built, LOOK)
     assert "speculative_type" not in json.loads((plain / "config_qnn.json").read_text())
@@ -164,6 +167,7 @@ def test_a_plain_bundle_has_no_speculation_and_ships_the_same_files(built: Path)
     assert not any(p.is_symlink() for p in look.rglob("*"))
 
 
+@pytest.mark.slow
 def test_a_bundle_without_the_verify_graph_is_refused_in_one_line(built: Path, tmp_path: Path) -> None:
     """A bundle whose config speculates but whose plugins lack the verify length: MNN's plugin would find no graph
     for the verify forward."""
@@ -210,6 +214,7 @@ def test_a_missing_draft_file_is_one_line_at_fetch(tmp_path: Path, missing: str)
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_an_eagle_draft_longer_than_its_tree_is_refused(tmp_path: Path) -> None:
     """eagle_depth 3 x eagle_topk 1 drafts 3 tokens: the engine would verify 4, so a graph at 6 would never run."""
     with pytest.raises(ModelDirError) as exc:
@@ -230,6 +235,7 @@ def test_the_engine_is_not_handed_an_eagle_config_without_its_draft(tmp_path: Pa
     assert "eagle_d2t 'eagle_d2t.mnn'" in str(exc.value) and "\n" not in str(exc.value)
 
 
+@pytest.mark.slow
 def test_the_eagle_io_has_a_verify_sample_with_every_row_and_the_hidden_states(built: Path) -> None:
     io = IoManifest.read(built / EAGLE / "io")
     assert [s.seq_len for s in io.samples] == [1, 128, 4]
@@ -239,6 +245,7 @@ def test_the_eagle_io_has_a_verify_sample_with_every_row_and_the_hidden_states(b
     assert fed["logits_index"].tolist() == [0]  # every row's logits, as the engine verifies
 
 
+@pytest.mark.slow
 def test_an_eagle_bundle_outputs_hidden_states_and_ships_its_draft(built: Path) -> None:
     model_dir = bundle_dir(built, EAGLE, EAGLE_MODEL_DIR.name)
     opened = Bundle.open(model_dir)
@@ -258,6 +265,7 @@ def test_an_eagle_bundle_outputs_hidden_states_and_ships_its_draft(built: Path) 
         assert shipped[f"model/{EAGLE_MODEL_DIR.name}/{name}"] == sha256_file(EAGLE_MODEL_DIR / name)
 
 
+@pytest.mark.slow
 def test_verify_runs_every_verify_length_graph_and_the_whole_model_at_it(built: Path) -> None:
     """Verify's (a) runs each plugin's graph at the verify length in the simulator, (b) the whole model at it, with
     ``hidden_states`` compared as an output."""

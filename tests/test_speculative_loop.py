@@ -32,6 +32,8 @@ from mnnbuild.verify.report import SpeculationCheck
 from mnnbuild.verify.speculation import ReplayForward, judge
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT
 
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
+
 TRAINED = PROJECT_ROOT / "models" / "tiny-qwen3-trained"
 
 

@@ -17,6 +17,8 @@ from mnnbuild.stages.verify import REPORT_JSON
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import PROJECT_ROOT, doit
 
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
+
 EAGLE = PROJECT_ROOT / "models" / "tiny-qwen3-eagle"
 NEW_TOKENS = 32
 

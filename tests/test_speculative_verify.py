@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from mnnbuild_runtime import Embeddings, HybridModel, cpu_forward_fn, load_twins, recompute_generate
 from mnnbuild_runtime.speculative import EagleDrafter, speculative_generate
 
 from mnnbuild.stages.verify import REPORT_JSON, REPORT_TEXT
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
+
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
 
 RANDOM_PAIR = FIXTURE_MODELS / "qwen3-eagle-random"
 

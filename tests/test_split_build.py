@@ -17,6 +17,8 @@ from mnnbuild.stages.verify import REPORT_JSON, VerifyManifest
 from mnnbuild.verify.report import VerifyReport
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit, executed_tasks
 
+pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole model
+
 NAME = "qwen3-untied-int8-b32"  # its lm_head (98304 weights) is bigger than any layer's plugin (< 80000)
 ARCH = "v79"
 LIMIT = 90000

@@ -115,6 +115,7 @@ def test_dodo_layout_and_dag_derive_their_stage_sets_from_the_one_list(tmp_path:
     ]
 
 
+@pytest.mark.slow
 def test_the_dag_picture_is_generated_from_the_stage_list() -> None:
     """docs/dag.md holds `python -m mnnbuild dag`'s picture as it is now: the list changes, the page must too."""
     proc = subprocess.run(
@@ -214,6 +215,7 @@ globals().update(dag.task_creators(PROJECT, sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_new_stage_is_one_module_and_one_line_in_the_list(tmp_path: Path) -> None:
     """A toy stage in a temp package: its module and a list with one more entry. doit lists it, runs it after the
     fetch it reads (its file_dep: the fetch manifest, derived from its ``From``), then finds it up to date."""

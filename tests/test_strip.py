@@ -143,6 +143,7 @@ def run_on_cpu(model_file: Path, weight_file: Path, b: Built, feeds: dict[str, n
 # ---- MNN on the CPU: the stripped pair computes what the source's did ----------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_stripped_weight_file_serves_the_cpu_ops_bit_exactly(
     stripped: Callable[[str], Built], name: str, tmp_path: Path
@@ -386,6 +387,7 @@ def bundled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, d
     return cwd / "artifacts", before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", BUNDLED)
 def test_bundle_ships_the_stripped_file_and_never_touches_the_source(
     bundled: tuple[Path, dict[str, dict[str, tuple[str, int]]]], name: str
@@ -452,6 +454,7 @@ def test_a_bad_tie_embeddings_entry_is_one_line_at_fetch(tmp_path: Path, tie: ob
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_a_bad_tie_embeddings_entry_fails_the_build_in_one_line(tmp_path: Path) -> None:
     model = tmp_path / "m"
     shutil.copytree(TINY_MODEL_DIR, model)
@@ -468,6 +471,7 @@ def test_a_bad_tie_embeddings_entry_fails_the_build_in_one_line(tmp_path: Path) 
     assert len(lines) == 1 and "llm.mnn.weight: llm_config.json field 'tie_embeddings' needs bytes" in lines[0], out
 
 
+@pytest.mark.slow
 def test_a_missing_shipped_weight_file_is_one_line_at_the_bundle(
     bundled: tuple[Path, dict[str, dict[str, tuple[str, int]]]], tmp_path: Path
 ) -> None:
@@ -488,6 +492,7 @@ def test_a_missing_shipped_weight_file_is_one_line_at_the_bundle(
     assert not (tmp_path / "bundle").exists()
 
 
+@pytest.mark.slow
 def test_a_short_shipped_weight_file_is_one_line_at_the_runtime(
     bundled: tuple[Path, dict[str, dict[str, tuple[str, int]]]], tmp_path: Path
 ) -> None:

@@ -84,6 +84,7 @@ def test_text_kinds_mnn_reads_are_taken(tmp_path: Path) -> None:
         assert check_tokenizer(path).vocab_size == (3 if kind == 3 else 2)
 
 
+@pytest.mark.slow
 def test_every_cut_of_an_mtok_before_its_optional_tail_is_refused(tmp_path: Path) -> None:
     data = TINY_MTOK.read_bytes()
     path = tmp_path / "tokenizer.mtok"
@@ -136,6 +137,7 @@ def bad_tokenizer_model(tmp_path: Path, data: bytes) -> Path:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("data", [b"", bytes(range(256)) * 120], ids=["empty", "random-30k"])
 def test_doit_io_on_a_bad_tokenizer_is_one_line(run_doit: RunDoit, tmp_path: Path, data: bytes) -> None:
     """Issue 43's case: `doit io:m` died with SIGSEGV (rc 139) and printed nothing but the task."""
@@ -149,6 +151,7 @@ def test_doit_io_on_a_bad_tokenizer_is_one_line(run_doit: RunDoit, tmp_path: Pat
     assert "Traceback" not in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_the_runtime_checks_the_tokenizer_before_mnn_reads_it(tmp_path: Path) -> None:
     """A bundle (or model dir) whose tokenizer was swapped after it was built: a BundleError, not a crash (run in a
     child: the crash took the process with it)."""

@@ -68,6 +68,7 @@ def verified(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, VerifyRepo
     return root, report
 
 
+@pytest.mark.slow
 def test_trained_bundle_generates_corpus_words_equal_on_cpu_and_bundle(verified: tuple[Path, VerifyReport]) -> None:
     root, report = verified
     assert VerifyManifest.read(root / ARCH / "verify").tokens_match and report.passed
@@ -88,6 +89,7 @@ def test_trained_bundle_generates_corpus_words_equal_on_cpu_and_bundle(verified:
     assert not unknown, f"{text!r}: {unknown} are not words of the training corpus"
 
 
+@pytest.mark.slow
 def test_trained_generation_margins_are_not_near_ties(verified: tuple[Path, VerifyReport]) -> None:
     """Each greedy step's top-1 wins by more than verify's near-tie margin at most steps: the CPU's rows, computed
     again here from the original model, are the report's."""

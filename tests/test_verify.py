@@ -120,6 +120,7 @@ def test_compare_judges_cosine_relative_error_and_zero_references() -> None:
 # ---- the tiny bundle -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
     cwd, proc = built
     assert f"verify:{TINY}-{ARCH}" in executed_tasks(proc.stdout)
@@ -166,6 +167,7 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
     assert f"verify:{TINY}-{ARCH}" in skipped_tasks(again.stdout), "a second `doit verify` does nothing"
 
 
+@pytest.mark.slow
 def test_bare_doit_builds_and_verifies_the_default_bundle(built: tuple[Path, object]) -> None:
     proc = doit(built[0])  # same artifacts: everything is up to date, verify included
     assert proc.returncode == 0, proc.stderr
@@ -173,6 +175,7 @@ def test_bare_doit_builds_and_verifies_the_default_bundle(built: tuple[Path, obj
     assert f"bundle:{TINY}-{ARCH}" in skipped_tasks(proc.stdout)
 
 
+@pytest.mark.slow
 def test_generation_shortcut_equals_the_runtime_greedy_loop(built: tuple[Path, object]) -> None:
     """verify runs the bundle once on the CPU's token sequence instead of once per token; the causal mask
     makes that the same greedy tokens. Checked against the runtime's own loop."""
@@ -187,6 +190,7 @@ def test_generation_shortcut_equals_the_runtime_greedy_loop(built: tuple[Path, o
     assert report.generation is not None and tokens == report.generation.hybrid_tokens[:8]
 
 
+@pytest.mark.slow
 def test_a_tolerated_flip_ends_the_bundles_tokens_unless_followed(built: tuple[Path, object]) -> None:
     """After the bundle's first own pick (a tolerated near-tie) the check needs no simulator forward: every step is
     compared on the CPU's sequence. Only ``follow_divergence`` runs the bundle's loop on, for the report's text.
@@ -241,6 +245,7 @@ def test_a_tolerated_flip_ends_the_bundles_tokens_unless_followed(built: tuple[P
             )
 
 
+@pytest.mark.slow
 def test_the_cpu_reference_beside_the_pass_gives_the_same_report(
     built: tuple[Path, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -273,6 +278,7 @@ def test_the_cpu_reference_beside_the_pass_gives_the_same_report(
     assert "CPU reference" in text and "of work in" in text and "process start" in text
 
 
+@pytest.mark.slow
 def test_the_generation_is_judged_on_the_engines_tokens_with_the_recompute_rows(
     built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -332,6 +338,7 @@ def test_the_generation_is_judged_on_the_engines_tokens_with_the_recompute_rows(
         assert said in text and ("(a near-tie)" if near else "(beyond a near-tie)") in text
 
 
+@pytest.mark.slow
 def test_without_the_engine_the_sequence_is_the_recompute_loops(
     built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -359,6 +366,7 @@ def test_without_the_engine_the_sequence_is_the_recompute_loops(
     assert "cpu    (original model, MNN's recompute loop)" in text
 
 
+@pytest.mark.slow
 def test_a_near_tie_parting_passes_with_one_simulator_pass(
     held_out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -400,6 +408,7 @@ def test_a_near_tie_parting_passes_with_one_simulator_pass(
     assert "part at new token 7" in text and "(a near-tie); the engine's own logits are " in text
 
 
+@pytest.mark.slow
 def test_bounded_plugin_loading_is_bit_identical(built: tuple[Path, object], monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``max_loaded`` N, no more than N plugin contexts are alive at any time (counted where they are
     created and freed), and the outputs are bit for bit those of the all-loaded runtime; one lockstep pass over
@@ -453,6 +462,7 @@ def test_bounded_plugin_loading_is_bit_identical(built: tuple[Path, object], mon
                 assert all(np.array_equal(got[k], ref[k]) for k in ref), (max_loaded, lockstep)
 
 
+@pytest.mark.slow
 def test_tampered_bundle_file_reruns_verify_and_fails_then_recovers(built: tuple[Path, object], tmp_path: Path) -> None:
     """doit must not trust an old verify when a bundle file changed, nor restore a passing one from the cache
     (whose key only sees the manifests); the failed run leaves the report and no manifest, and a restored
@@ -496,6 +506,7 @@ def qnn_file(bundle: Path, name: str) -> Path:
     return bundle / "model" / TINY / "qnn" / name
 
 
+@pytest.mark.slow
 def test_flipped_byte_in_a_context_binary_fails(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
     path = qnn_file(bundle_copy, "graphllm2.bin")
     data = bytearray(path.read_bytes())
@@ -512,6 +523,7 @@ def test_flipped_byte_in_a_context_binary_fails(built: tuple[Path, object], bund
     assert report.graphs and all(g.fed == "reference" for g in report.graphs)
 
 
+@pytest.mark.slow
 def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: Path) -> None:
     """The twins are the twin stage's: plugin 0's dir holding plugin 1's twin, and no twin for plugin 1, fail
     verify naming both (nothing is composed in their place)."""
@@ -531,6 +543,7 @@ def test_a_missing_or_foreign_twin_fails(built: tuple[Path, object], tmp_path: P
     assert {g.binary for g in report.graphs if not g.passed} == {"qnn/graphllm0.bin", "qnn/graphllm1.bin"}
 
 
+@pytest.mark.slow
 def test_a_twin_built_from_other_weights_fails(built: tuple[Path, object], tmp_path: Path) -> None:
     """A twin stands in for the shipped binary only if both were built from the same partition files and model
     weights: a twin manifest recording another weight file (as after the model changed and only the twin was kept)
@@ -551,6 +564,7 @@ def test_a_twin_built_from_other_weights_fails(built: tuple[Path, object], tmp_p
     assert len(origin) == 1 and "plugin qnn/graphllm1.bin" in origin[0] and "twin stage" in origin[0], origin
 
 
+@pytest.mark.slow
 def test_swapped_binaries_fail_on_structure(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
     a, b = qnn_file(bundle_copy, "graphllm0.bin"), qnn_file(bundle_copy, "graphllm1.bin")
     da, db = a.read_bytes(), b.read_bytes()
@@ -563,6 +577,7 @@ def test_swapped_binaries_fail_on_structure(built: tuple[Path, object], bundle_c
     assert any("'graphllm0'" in f for f in structure) and any("'graphllm1'" in f for f in structure), report.failures
 
 
+@pytest.mark.slow
 def test_all_graph_name_naming_a_missing_graph_fails(
     built: tuple[Path, object], bundle_copy: Path, tmp_path: Path
 ) -> None:
@@ -580,6 +595,7 @@ def test_all_graph_name_naming_a_missing_graph_fails(
     assert structure and "qnn/graphllm3.bin" in structure[0], report.failures
 
 
+@pytest.mark.slow
 def test_weight_file_of_another_model_fails(built: tuple[Path, object], bundle_copy: Path, tmp_path: Path) -> None:
     weight = bundle_copy / "model" / TINY / "llm.mnn.weight"
     foreign = FIXTURE_MODELS / "qwen3-embedding-tiny" / "embedding.mnn.weight"
@@ -591,6 +607,7 @@ def test_weight_file_of_another_model_fails(built: tuple[Path, object], bundle_c
     assert any("not the weight file of this model" in f for f in report.failures), report.failures
 
 
+@pytest.mark.slow
 def test_perturbed_weight_file_fails_on_the_numbers(
     built: tuple[Path, object], bundle_copy: Path, tmp_path: Path
 ) -> None:
@@ -612,6 +629,7 @@ def test_perturbed_weight_file_fails_on_the_numbers(
     assert any(not s.logits.passed for s in gen.steps), "detected by the logits, not only by the hash"
 
 
+@pytest.mark.slow
 def test_graph_off_its_ops_fails_naming_graph_and_tensor(
     built: tuple[Path, object], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -637,6 +655,7 @@ def test_graph_off_its_ops_fails_naming_graph_and_tensor(
     assert report.whole_model and all(s.passed for s in report.whole_model), "the bundle itself is fine"
 
 
+@pytest.mark.slow
 def test_a_failed_verify_states_the_broken_limit_in_one_line(built: tuple[Path, object], tmp_path: Path) -> None:
     """The tiny bundle against a model tolerance no fp16 result meets (exact): the error is one line naming the
     worst failure with the limit it broke and how many more failed, and the page's row (c) does not say
@@ -660,6 +679,7 @@ def test_a_failed_verify_states_the_broken_limit_in_one_line(built: tuple[Path, 
     assert any(f.startswith("generation: the logits of") and "above the allowed" in f for f in report.failures)
 
 
+@pytest.mark.slow
 def test_a_graph_alone_is_checked_against_the_partition_reference(built: tuple[Path, object], tmp_path: Path) -> None:
     """A graph no whole-model pass ran (here the decode graphs: the decode io sample is unreadable, and the
     generation runs prefill chunks) is run alone on the partition's reference inputs, and a reference output made
@@ -710,6 +730,7 @@ def held_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cwd / "artifacts"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", HELD_OUT_ARCHS)
 @pytest.mark.parametrize("name", HELD_OUT)
 def test_held_out_models_verify(held_out: Path, name: str, arch: str) -> None:

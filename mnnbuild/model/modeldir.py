@@ -232,13 +232,18 @@ LLM_CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
 ships in the bundle as it is, and the engine takes a value of another type for its default or stops."""
 
 
+LAYER_OP_TYPES = frozenset({"Attention", "LinearAttention"})
+"""The op kinds one per layer: full attention with its KV cache, and the linear-attention family's state."""
+
+
 def check_layer_nums(llm_config: dict[str, Any], model: Any, path: Path, model_file: str) -> None:
-    """``layer_nums`` sizes MNN's KV cache bookkeeping (one per layer): it must be the graph's Attention op count."""
-    layers = sum(op.type == "Attention" for op in model.ops)
+    """``layer_nums`` sizes MNN's per-layer state bookkeeping (one per layer): it must be the graph's count of
+    Attention ops and of ``LinearAttention`` ops (a hybrid model's state-carrying layers, e.g. LFM2's short convs)."""
+    layers = sum(op.type in LAYER_OP_TYPES for op in model.ops)
     if "layer_nums" in llm_config and layers and llm_config["layer_nums"] != layers:
         raise ModelDirError(
-            f"{path}: field 'layer_nums' is {llm_config['layer_nums']}, but {model_file} has {layers} attention "
-            f"layers (Attention ops); expected layer_nums = {layers}"
+            f"{path}: field 'layer_nums' is {llm_config['layer_nums']}, but {model_file} has {layers} layers "
+            f"(Attention and LinearAttention ops); expected layer_nums = {layers}"
         )
 
 

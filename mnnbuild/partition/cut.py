@@ -17,9 +17,12 @@ Pure graph logic on the source model (no MNN runtime, no files), in the order up
    the first NPU op instead of splitting a run in two just because of where the exporter put it;
    in the source order it sits between layer 0's q_proj and k_proj.
 5. *second split*: inside a candidate, an op whose output shape depends on the content of a
-   non-constant input becomes a module of its own (a fixed-shape NPU graph cannot hold it); and a
-   candidate is split before a Convolution that would take its weights past ``max_plugin_parameters``
-   (what QNN holds while it serializes a context grows with them).
+   non-constant input becomes a module of its own (a fixed-shape NPU graph cannot hold it); the ops
+   downstream of such an op are kept apart from the ops that are not (their row counts vary
+   independently: after the ``logits_index`` slice the engine feeds 1 row or all of them, while the
+   rest of the chunk keeps its length, and a plugin only runs input shapes it was compiled for
+   together); and a candidate is split before a Convolution that would take its weights past
+   ``max_plugin_parameters`` (what QNN holds while it serializes a context grows with them).
 6. *boundaries* from tensor masks (1 consumed, 2 produced, 3 both): inputs are consumed
    non-static tensors made elsewhere, outputs are produced tensors nobody inside reads, plus graph
    outputs; a tensor internal to an earlier module that a later one reads is promoted to an output.
@@ -440,14 +443,46 @@ def _split_into_modules(
             group.append(i)
     if group:
         candidates.append(Module(ops=group))
+    regimes = _shape_regimes(model, compute, static)
     modules: list[Module] = []
     for m in candidates:
         if m.is_break:
             modules.append(m)
             continue
         for piece in _shape_split(model, m.ops, static):
-            modules.extend(_weight_split(model, piece, max_parameters))
+            for part in _regime_split(piece, regimes):
+                modules.extend(_weight_split(model, part, max_parameters))
     return modules
+
+
+def _shape_regimes(model: MnnModel, compute: Sequence[int], static: Collection[int]) -> dict[int, frozenset[int]]:
+    """Per op of ``compute`` (in topological order), the content-dependent-shape ops it depends on: ops with the
+    same set have row counts that vary together from one forward to the next."""
+    producer = {t: i for i in compute for t in model.ops[i].outputs}
+    regimes: dict[int, frozenset[int]] = {}
+    for i in compute:
+        regime: set[int] = set()
+        for t in model.ops[i].inputs:
+            j = producer.get(t)
+            if j is None or j not in regimes:
+                continue
+            regime |= regimes[j]
+            if _dynamic_shape_inputs(model.ops[j], static):
+                regime.add(j)
+        regimes[i] = frozenset(regime)
+    return regimes
+
+
+def _regime_split(piece: Module, regimes: Mapping[int, frozenset[int]]) -> list[Module]:
+    """``piece`` as one module per shape regime (a piece with one regime comes back as it is). An op depends only
+    on ops whose regime is a subset of its own, so smaller regimes first keeps the modules in dependency order."""
+    if piece.reason or len({regimes.get(i, frozenset()) for i in piece.ops}) < 2:
+        return [piece]
+    parts: dict[frozenset[int], list[int]] = {}
+    for i in piece.ops:
+        parts.setdefault(regimes.get(i, frozenset()), []).append(i)
+    ordered = sorted(parts.items(), key=lambda kv: (len(kv[0]), piece.ops.index(kv[1][0])))
+    return [Module(ops=ops) for _, ops in ordered]
 
 
 def _number_plugins(model: MnnModel, modules: list[Module]) -> None:
