@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import stat
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, machine, print_table  # noqa: E402
+from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, checkout_commit, machine, print_table  # noqa: E402
 
 from mnnbuild.pipeline.layout import LLM_GRAPHS, VERIFY_REPORT_JSON, origin_file  # noqa: E402
 from mnnbuild.stages.chain import CHAIN, stage_dir  # noqa: E402
@@ -53,7 +54,10 @@ STAGES = ("fetch", "io", "partition", "config", "context", "bundle", "twin", "ve
 BUNDLE_STAGES = STAGES[: STAGES.index("bundle") + 1]
 """What ``doit bundle`` runs: its wall time over the floor and its bytes over the bundle's are the goals."""
 EXPORT_SCRIPT = PROJECT_ROOT / "models" / "export" / "make_models.py"
+EAGLE_SCRIPT = PROJECT_ROOT / "models" / "export" / "train_eagle.py"
 READY = "READY"
+DRAFT_PREFIX = "eagle"
+"""An Eagle bundle's draft files: ``eagle.mnn``, ``eagle_fc.mnn``, ``eagle_d2t.mnn`` and their ``.weight``."""
 
 # Runs a command and reports the peak RSS of its process tree and its block writes (getrusage of children).
 RUSAGE_WRAPPER = (
@@ -74,25 +78,34 @@ MODELS_CACHE_ENV = "MODELS_CACHE"
 EXPORT_PYTHON_ENV = "EXPORT_PYTHON"
 
 
-def ensure_model(layers: int, cache: Path, export_python: Path | None) -> Path:
-    """The exported model dir, built by the export script unless a complete one is there."""
-    dest = cache / f"qwen3-1.7b-L{layers}"
+def ensure_model(layers: int, cache: Path, export_python: Path | None, eagle: bool = False) -> Path:
+    """The exported model dir, built by the export script unless a complete one is there (``eagle``: the target
+    exported with a random Eagle3 draft of Qwen3-1.7B-Eagle3's sizes, ``qwen3-1.7b-eagle-L<n>``)."""
+    dest = cache / (f"qwen3-1.7b-eagle-L{layers}" if eagle else f"qwen3-1.7b-L{layers}")
     if (dest / READY).is_file() or dest.with_name(f"{dest.name}.{READY}").is_file():  # inside it, or beside it
         return dest
     if export_python is None:
         raise SystemExit(f"{dest} is not exported yet: give --export-python or ${EXPORT_PYTHON_ENV} to export it")
-    cmd = [str(export_python), str(EXPORT_SCRIPT), "--qwen3-1.7b-layers", str(layers), "--out", str(dest)]
+    if eagle:  # the target's own export check loads the HF model again (~8 GB at 28 layers): the draft's is kept
+        cmd = [str(export_python), str(EAGLE_SCRIPT), "--random", str(dest), "--qwen3-1.7b-layers", str(layers)]
+        cmd.append("--no-verify")
+    else:
+        cmd = [str(export_python), str(EXPORT_SCRIPT), "--qwen3-1.7b-layers", str(layers), "--out", str(dest)]
     sys.stderr.write(f"exporting {dest.name}: {' '.join(cmd)}\n")
     subprocess.run(cmd, check=True)
     (dest / READY).write_text("exported by benchmarks/bench_scale.py\n")
     return dest
 
 
-def write_spec(models_dir: Path, name: str, model_dir: Path, arch: str, npu_weights: str | None = None) -> None:
+def write_spec(
+    models_dir: Path, name: str, model_dir: Path, arch: str, npu_weights: str | None = None, speculative: str = ""
+) -> None:
     models_dir.mkdir(parents=True, exist_ok=True)
     text = f'name = "{name}"\nsource = {{ local = "{model_dir}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
     if npu_weights is not None:
         text += f'npu_weights = "{npu_weights}"\n'
+    if speculative:
+        text += f'speculative = "{speculative}"\n'
     (models_dir / f"{name}.toml").write_text(text)
 
 
@@ -249,9 +262,10 @@ def require_cache(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 
 def bundle_parts(bundle_dir: Path) -> dict[str, float]:
-    """MB of the device dir by part: the context binaries, the weight file, ``qnn/llm.mnn``, the rest."""
+    """MB of the device dir by part: the context binaries, the weight file, ``qnn/llm.mnn``, an Eagle draft's files
+    (``eagle*``), the rest."""
     model_dirs = [p for p in (bundle_dir / "model").iterdir() if p.is_dir()]
-    parts = {"qnn_binaries": 0, "weight_file": 0, "llm_mnn": 0, "other": 0}
+    parts = {"qnn_binaries": 0, "weight_file": 0, "llm_mnn": 0, "draft": 0, "other": 0}
     for root in model_dirs:
         for path in root.rglob("*"):
             if not path.is_file() or path.is_symlink():
@@ -260,6 +274,8 @@ def bundle_parts(bundle_dir: Path) -> dict[str, float]:
             kind = (
                 "qnn_binaries"
                 if rel.startswith("qnn/") and rel.endswith(".bin")
+                else "draft"
+                if rel.startswith(DRAFT_PREFIX)
                 else "weight_file"
                 if rel.endswith(".mnn.weight") or rel == "embeddings_bf16.bin"
                 else "llm_mnn"
@@ -370,6 +386,18 @@ def main() -> None:
     )
     parser.add_argument("--npu-weights", help="the spec's npu_weights (float16, int8, int4); default: no field")
     parser.add_argument("--no-floor", action="store_true", help="skip the floor (it costs as much as context)")
+    parser.add_argument(
+        "--context-rounds",
+        type=int,
+        default=1,
+        help="with --eagle: build the context stage of both this many times in all (alternating order), medians",
+    )
+    parser.add_argument(
+        "--eagle",
+        action="store_true",
+        help="the model exported with a random Eagle3 draft (Qwen3-1.7B-Eagle3's sizes, at least 7 layers), built "
+        "with speculative = 'off' and 'eagle' in one run; results under scale.json's 'speculative' by commit",
+    )
     parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument(
@@ -382,6 +410,15 @@ def main() -> None:
     if args.floor_worker:
         model, partition, arch, out, npu_weights = args.floor_worker
         floor_worker(Path(model), Path(partition), arch, Path(out), npu_weights)
+        return
+    if args.eagle:
+        if args.layers < 7:
+            parser.error("--eagle: an Eagle3 target needs at least 7 layers (three distinct taps), give --layers")
+        if args.stages == ",".join(STAGES):
+            args.stages = ",".join(SPEC_STAGES)
+        if args.resume or args.jobs or args.end_to_end or "modellib" in args.stages.split(","):
+            parser.error("--eagle runs fetch..verify for both builds: drop --resume/--jobs/--end-to-end/modellib")
+        speculative_main(args, parser)
         return
 
     name = model_name(args.layers)
@@ -515,6 +552,269 @@ def main() -> None:
         )
 
     out(f"wrote {save_result(key, result)}\n")
+
+
+# ---- speculation at real size (--eagle) ------------------------------------------------------------------------
+
+SPEC_STAGES = ("fetch", "io", "partition", "config", "context", "bundle", "twin", "verify")
+"""What ``--eagle`` measures for each variant (the model-lib is the same for both and is left out)."""
+VARIANTS = ("off", "eagle")
+"""The spec's ``speculative`` of the two builds of the same Eagle-exported model."""
+GOAL_BUNDLE_TIME = 0.15
+GOAL_BUNDLE_BYTES = 0.05
+"""Issue 41's goals at 28 layers: the verify-length graph costs at most this much more ``doit bundle`` wall time /
+bundle bytes."""
+GOAL_BYTES_PER_TOKEN = 0.45e9
+ACCEPTANCE_JSON = RESULTS / "eagle_acceptance.json"
+"""The tiny trained pair's accepted tokens per target forward (``models/export/check_eagle.py``)."""
+ACCEPTANCE_SETTING = "normal"
+"""Its full-precision setting (``memory: normal``), where speculative tokens equal plain ones exactly."""
+
+
+def speculation_summary(report: dict[str, Any]) -> dict[str, Any] | None:
+    """verify's speculation check (a speculating bundle's (b) tree sample and (c) speculative tokens), in short."""
+    c = report.get("speculation")
+    if not c:
+        return None
+    tree = c.get("tree_check") or {}
+    logits = next((t for t in tree.get("outputs", []) if t["name"] == "logits"), None) or {}
+    return {
+        "passed": c.get("passed"),
+        "problem": c.get("problem"),
+        "verify_length": c.get("verify_length"),
+        "tree_logits_rel_err": logits.get("rel_err"),
+        "tree_top1": (tree.get("top1") or {}).get("agree"),
+        "tokens": len(c.get("bundle_tokens") or []),
+        "first_difference": c.get("first_difference"),
+        "forwards": c.get("forwards"),
+        "simulator_forwards": c.get("simulator_forwards"),
+        "mean_accepted": c.get("mean_accepted"),
+        "npu_weight_bytes_per_forward": c.get("npu_weight_bytes_per_forward"),
+        "seconds": c.get("seconds"),
+    }
+
+
+def projection(npu_bytes_per_forward: int) -> dict[str, Any] | None:
+    """NPU weight bytes per generated token at real size, projected with the tiny trained pair's measured
+    acceptance (a random draft accepts almost nothing, so the real-size pair cannot give it); None until that
+    measurement is in ``results/``."""
+    if not ACCEPTANCE_JSON.is_file():
+        return None
+    measured = json.loads(ACCEPTANCE_JSON.read_text())
+    mean = measured["settings"][ACCEPTANCE_SETTING]["accepted_per_forward"]
+    per_token = npu_bytes_per_forward / mean
+    return {
+        "label": "projection: this bundle's NPU weight bytes per forward / the tiny trained pair's accepted tokens "
+        "per target forward (a size, not a speed)",
+        "npu_weight_bytes_per_forward": npu_bytes_per_forward,
+        "accepted_per_forward": mean,
+        "accepted_from": f"{ACCEPTANCE_JSON.name} {measured.get('model')} settings.{ACCEPTANCE_SETTING}",
+        "npu_weight_bytes_per_generated_token": round(per_token),
+        "goal_bytes": GOAL_BYTES_PER_TOKEN,
+        "meets_goal": per_token <= GOAL_BYTES_PER_TOKEN,
+    }
+
+
+def save_speculative(commit: str, key: str, result: dict[str, Any]) -> Path:
+    """Merge ``result`` into ``scale.json`` under ``speculative`` / the commit / ``key`` (after every stage)."""
+    path = RESULTS / "scale.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    data["machine"] = machine()
+    runs = data.setdefault("speculative", {}).setdefault(commit, {})
+    runs[key] = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **result}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def extra(with_it: float, without: float) -> float | None:
+    """How much more ``with_it`` is than ``without``, as a fraction."""
+    return round(with_it / without - 1, 4) if without else None
+
+
+def compare(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the verify-length graph (and the draft) cost: eagle over off, by the goals' measures."""
+    off, on = runs["off"], runs["eagle"]
+    out: dict[str, Any] = {}
+    if "bundle_wall_s" in off and "bundle_wall_s" in on:
+        out["bundle_time_extra"] = extra(on["bundle_wall_s"], off["bundle_wall_s"])
+        out["bundle_time_goal"] = GOAL_BUNDLE_TIME
+        out["bundle_time_meets_goal"] = out["bundle_time_extra"] <= GOAL_BUNDLE_TIME
+    stages_off, stages_on = off["stages"], on["stages"]
+    if "context" in stages_off and "context" in stages_on:
+        out["context_stage_extra"] = extra(stages_on["context"]["stage_s"], stages_off["context"]["stage_s"])
+        out["context_wall_extra"] = extra(stages_on["context"]["wall_s"], stages_off["context"]["wall_s"])
+    if "verify" in stages_off and "verify" in stages_on:
+        out["verify_wall_extra"] = extra(stages_on["verify"]["wall_s"], stages_off["verify"]["wall_s"])
+    if "bundle_parts_mb" in off and "bundle_parts_mb" in on:
+        p_off, p_on = off["bundle_parts_mb"], on["bundle_parts_mb"]
+        # the goal is the verify-length graph's: the bundle without the draft files (which are the draft's own)
+        out["bundle_bytes_extra_without_draft"] = extra(p_on["total"] - p_on["draft"], p_off["total"])
+        out["bundle_bytes_extra"] = extra(p_on["total"], p_off["total"])
+        out["qnn_binaries_extra"] = extra(p_on["qnn_binaries"], p_off["qnn_binaries"])
+        out["bundle_bytes_goal"] = GOAL_BUNDLE_BYTES
+        out["bundle_bytes_meets_goal"] = out["bundle_bytes_extra_without_draft"] <= GOAL_BUNDLE_BYTES
+    return out
+
+
+def context_rounds(
+    args: argparse.Namespace,
+    runs: dict[str, dict[str, Any]],
+    names: dict[str, str],
+    work: Path,
+    envs: dict[str, dict[str, str]],
+) -> dict[str, Any]:
+    """The context stage again for both builds (cache off), ``--context-rounds`` - 1 more rounds, each round in the
+    other order than the last, so a load that changes mid-run falls on both alike: the median of each's stage
+    seconds (every round's, the chain's first included) and the verify-length graph's extra over them."""
+    seconds = {v: [runs[v]["stages"]["context"]["stage_s"]] for v in VARIANTS}
+    walls = {v: [runs[v]["stages"]["context"]["wall_s"]] for v in VARIANTS}
+    for n in range(1, args.context_rounds):
+        for variant in VARIANTS[::-1] if n % 2 else VARIANTS:
+            where = stage_dir(work / variant / "artifacts", "context", names[variant], args.arch)
+            shutil.rmtree(where)
+            rec = run_doit([f"context:{names[variant]}-{args.arch}"], {**envs[variant], "MNNBUILD_CACHE": "off"})
+            seconds[variant].append(round(sum(origin_seconds(d, "context") or 0.0 for d in plugin_dirs(where)), 2))
+            walls[variant].append(rec["wall_s"])
+            sys.stderr.write(f"{variant} context round {n + 1}: {seconds[variant][-1]} s\n")
+    median = {v: statistics.median(seconds[v]) for v in VARIANTS}
+    # doit bundle's wall with the context's median wall in place of the chain's one
+    bundle = {
+        v: runs[v]["bundle_wall_s"] - runs[v]["stages"]["context"]["wall_s"] + statistics.median(walls[v])
+        for v in VARIANTS
+        if "bundle_wall_s" in runs[v]
+    }
+    return {
+        "stage_s": seconds,
+        "wall_s": walls,
+        "median_stage_s": median,
+        "context_stage_extra": extra(median["eagle"], median["off"]),
+        "bundle_wall_s_median_context": {v: round(x, 2) for v, x in bundle.items()},
+        "bundle_time_extra": extra(bundle["eagle"], bundle["off"]) if len(bundle) == 2 else None,
+    }
+
+
+def speculative_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The same Eagle-exported model built with ``speculative = "off"`` and ``"eagle"``, stage by stage in turn
+    (so the shared box's load falls on both alike), each in its own artifact root and cache."""
+    model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python, eagle=True)
+    commit = checkout_commit()
+    key = f"{args.layers}-{args.npu_weights or 'default'}" + (f"-{args.label}" if args.label else "")
+    base = f"qwen3-1.7b-eagle-l{args.layers}"
+    names = {v: f"{base}-{v}" for v in VARIANTS}
+    work = Path(tempfile.mkdtemp(prefix=f"bench-scale-{base}-", dir=args.work))
+    models = work / "models"
+    envs: dict[str, dict[str, str]] = {}
+    for variant, name in names.items():
+        (work / variant / "artifacts").mkdir(parents=True)
+        (work / variant / "cache").mkdir()
+        write_spec(models, name, model_dir, args.arch, args.npu_weights, variant)
+        envs[variant] = doit_env(work / variant / "artifacts", work / variant / "cache", models)
+    runs: dict[str, dict[str, Any]] = {
+        v: {"model": names[v], "target": f"{names[v]}-{args.arch}", "speculative": v, "stages": {}} for v in VARIANTS
+    }
+    result: dict[str, Any] = {"layers": args.layers, "npu_weights": args.npu_weights, "runs": runs}
+    stages = [s for s in args.stages.split(",") if s]
+    try:
+        for stage in stages:
+            for variant in VARIANTS:
+                run, name = runs[variant], names[variant]
+                artifacts, cache = work / variant / "artifacts", work / variant / "cache"
+                per_target = CHAIN[stage].per_target
+                task = f"{stage}:{name}-{args.arch}" if per_target else f"{stage}:{name}"
+                rec = measure_stage(task, envs[variant], artifacts, cache)
+                where = stage_dir(artifacts, stage, name, args.arch if per_target else None)
+                if CHAIN[stage].placement == "plugin":
+                    per = {d.name: origin_seconds(d, stage) for d in plugin_dirs(where)}
+                    rec["plugins_s"] = per
+                    rec["stage_s"] = round(sum(v or 0.0 for v in per.values()), 2)
+                else:
+                    rec["stage_s"] = origin_seconds(where, stage)
+                if stage == "context":
+                    run["weights"] = weight_storage(where)
+                if stage == "bundle":
+                    run["bundle_parts_mb"] = bundle_parts(where)
+                    run["final_bundle_mb"] = round(disk_bytes(where) / 1e6, 1)
+                    earlier = sum(run["stages"][s]["wall_s"] for s in BUNDLE_STAGES[:-1] if s in run["stages"])
+                    run["bundle_wall_s"] = round(earlier + rec["wall_s"], 2)
+                if stage == "verify":
+                    report = json.loads((where / VERIFY_REPORT_JSON).read_text())
+                    rec["checks_s"] = report.get("timings", {})
+                    rec["passed"] = report.get("passed")
+                    run["accuracy"] = accuracy(report)
+                    run["speculation"] = speculation_summary(report)
+                run["stages"][stage] = rec
+                sys.stderr.write(f"{variant} {stage}: {rec}\n")
+                result["comparison"] = compare(runs)
+                save_speculative(commit, key, {**result, "partial": True})
+        if args.context_rounds > 1 and "context" in stages:
+            result["context_rounds"] = context_rounds(args, runs, names, work, envs)
+            save_speculative(commit, key, {**result, "partial": True})
+        if "weights" in runs["eagle"]:
+            result["projection"] = projection(runs["eagle"]["weights"]["npu_weight_bytes_per_decoded_token"])
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            sys.stderr.write(f"kept {work}\n")
+    path = save_speculative(commit, key, result)
+    print_speculative(runs, result)
+    sys.stdout.write(f"wrote {path} (speculative / {commit} / {key})\n")
+
+
+def print_speculative(runs: dict[str, dict[str, Any]], result: dict[str, Any]) -> None:
+    off, on = runs["off"]["stages"], runs["eagle"]["stages"]
+    table = [
+        (s, off[s]["wall_s"], on[s]["wall_s"], off[s].get("stage_s") or 0.0, on[s].get("stage_s") or 0.0,
+         off[s]["peak_rss_mb"], on[s]["peak_rss_mb"], off[s]["load_avg"], on[s]["load_avg"])
+        for s in off if s in on
+    ]  # fmt: skip
+    headers = ["stage", "wall s off", "wall s eagle", "stage s off", "stage s eagle", "peak RSS MB off",
+               "peak RSS MB eagle", "load off", "load eagle"]  # fmt: skip
+    print_table(headers, table)
+    out = sys.stdout.write
+    for v in VARIANTS:
+        run = runs[v]
+        if "bundle_parts_mb" in run:
+            parts = ", ".join(f"{k} {x}" for k, x in run["bundle_parts_mb"].items())
+            out(f"{v}: doit bundle (fetch..bundle) {run['bundle_wall_s']} s; bundle MB by part: {parts}\n")
+        if "context" in run["stages"]:
+            plugins = run["stages"]["context"]["plugins_s"]
+            out(f"{v}: context per plugin (s): " + ", ".join(f"{k} {x}" for k, x in plugins.items()) + "\n")
+        if "verify" in run["stages"]:
+            out(f"{v}: verify passed {run['stages']['verify']['passed']}; checks (s): "
+                + ", ".join(f"{k} {x}" for k, x in run["stages"]["verify"]["checks_s"].items()) + "\n")  # fmt: skip
+        if run.get("speculation"):
+            out(f"{v}: speculation check: {run['speculation']}\n")
+    c = result.get("comparison", {})
+    if "bundle_time_extra" in c:
+        out(
+            f"verify-length graph: doit bundle {c['bundle_time_extra']:+.1%} (goal <= {GOAL_BUNDLE_TIME:.0%}: "
+            f"{'met' if c['bundle_time_meets_goal'] else 'NOT met'}), context stage {c['context_stage_extra']:+.1%}"
+        )
+        out("\n")
+    if "bundle_bytes_extra_without_draft" in c:
+        out(
+            f"bundle bytes: {c['bundle_bytes_extra_without_draft']:+.2%} without the draft files (goal <= "
+            f"{GOAL_BUNDLE_BYTES:.0%}: {'met' if c['bundle_bytes_meets_goal'] else 'NOT met'}), "
+            f"{c['bundle_bytes_extra']:+.2%} with them\n"
+        )
+    if "verify_wall_extra" in c:
+        out(f"verify wall: {c['verify_wall_extra']:+.1%}\n")
+    r = result.get("context_rounds")
+    if r:
+        out(f"context stage over {len(r['stage_s']['off'])} rounds (s): off {r['stage_s']['off']}, eagle "
+            f"{r['stage_s']['eagle']}; medians: {r['context_stage_extra']:+.1%}; doit bundle with the median context "
+            f"wall: {r['bundle_time_extra']:+.1%}\n")  # fmt: skip
+    p = result.get("projection")
+    if p:
+        out(
+            f"PROJECTION: {p['npu_weight_bytes_per_forward'] / 1e9:.3f} GB NPU weights per forward / "
+            f"{p['accepted_per_forward']} accepted tokens per forward ({p['accepted_from']}) = "
+            f"{p['npu_weight_bytes_per_generated_token'] / 1e9:.3f} GB per generated token (goal <= "
+            f"{GOAL_BYTES_PER_TOKEN / 1e9} GB: {'met' if p['meets_goal'] else 'NOT met'})\n"
+        )
 
 
 if __name__ == "__main__":
