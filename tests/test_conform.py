@@ -386,6 +386,8 @@ def test_eagle_patch_samples_the_valid_row_and_cuts_the_padding_from_the_draft(t
     assert "mLlm->sample(param.outputs[0]);" in before and "mLlm->sample(param.outputs[0]);" not in after
     assert "mLlm->sample(param.outputs[0], param.validLogitStart, param.validLogitSize);" in after
     assert "hiddenStates = _Split(hiddenStates, {realLen, hiddenLen - realLen}, 1)[0];" in after
+    # a prompt of several chunks: the draft (and the tree it gives the target) starts at the last chunk's position
+    assert "mEaglePastLen   = mContext->all_seq_len - seqLen;" in after
 
 
 def test_eagle_engine_loop_gives_its_forward_count_apart_from_its_tokens(tmp_path: Path) -> None:
