@@ -75,11 +75,15 @@ def _imports(path: Path, module: str) -> frozenset[str]:
     tree = _parse(path)
     is_pkg = path.name == "__init__.py"
     package = module if is_pkg else module.rpartition(".")[0]
+    edges = _edge_only_names(tree)
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
+            names = [a for a in node.names if (a.asname or a.name) not in edges]
+            if not names:
+                continue  # only names an upstream stage's manifest in a From(...) edge: no code of it runs here
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
@@ -87,8 +91,24 @@ def _imports(path: Path, module: str) -> frozenset[str]:
                 base = ".".join(p for p in [*parts, base] if p)
             found.add(base)
             # `from pkg import mod` may name a submodule
-            found.update(f"{base}.{a.name}" for a in node.names)
+            found.update(f"{base}.{a.name}" for a in names)
     return frozenset(n for n in found if _ours(n))
+
+
+def _edge_only_names(tree: ast.Module) -> set[str]:
+    """Names used only as the manifest type of a ``From(...)`` edge: a stage's Inputs name the upstream stage that
+    way, which makes the upstream's dir an input (by content), not its code or schema part of this stage's."""
+    in_edges: dict[str, int] = {}
+    uses: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "From" and node.args:
+            first = node.args[0]
+            if isinstance(first, ast.Name):
+                in_edges[first.id] = in_edges.get(first.id, 0) + 1
+        elif isinstance(node, ast.Name):
+            uses[node.id] = uses.get(node.id, 0) + 1
+    # every use of the name: the From argument is an ast.Name too, so it is counted in both
+    return {name for name, n in in_edges.items() if uses.get(name, 0) == n}
 
 
 @functools.cache
