@@ -171,6 +171,24 @@ def plugin_dirs(group_dir: Path) -> list[Path]:
     return sorted(group_dir.glob("graph*"), key=lambda p: int(p.name.removeprefix(LLM_GRAPHS)))
 
 
+def timed_stage(
+    stage: str, name: str, arch: str, env: dict[str, str], artifacts: Path, cache: Path
+) -> tuple[dict[str, Any], Path]:
+    """One stage's doit run on model ``name`` (per target on ``arch``): its wall time, RSS and writes, and the stage's
+    own seconds from its origin record (per plugin too); with the stage dir."""
+    per_target = CHAIN[stage].per_target
+    task = f"{stage}:{name}-{arch}" if per_target else f"{stage}:{name}"
+    rec = measure_stage(task, env, artifacts, cache)
+    where = stage_dir(artifacts, stage, name, arch if per_target else None)
+    if CHAIN[stage].placement == "plugin":
+        per = {d.name: origin_seconds(d, stage) for d in plugin_dirs(where)}
+        rec["plugins_s"] = per
+        rec["stage_s"] = round(sum(v or 0.0 for v in per.values()), 2)
+    else:
+        rec["stage_s"] = origin_seconds(where, stage)
+    return rec, where
+
+
 def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path, npu_weights: str) -> None:
     """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone
     (lowered in memory first, not timed: Qualcomm's part only), their weights stored as ``npu_weights`` says."""
@@ -441,16 +459,7 @@ def main() -> None:
         result.update({k: v for k, v in earlier.items() if k not in ("stages", "measured", "partial")})
     try:
         for stage in stages:
-            per_target = CHAIN[stage].per_target
-            task = f"{stage}:{target}" if per_target else f"{stage}:{name}"
-            rec = measure_stage(task, env, artifacts, cache)
-            where = stage_dir(artifacts, stage, name, args.arch if per_target else None)
-            if CHAIN[stage].placement == "plugin":
-                per = {d.name: origin_seconds(d, stage) for d in plugin_dirs(where)}
-                rec["plugins_s"] = per
-                rec["stage_s"] = round(sum(v or 0.0 for v in per.values()), 2)
-            else:
-                rec["stage_s"] = origin_seconds(where, stage)
+            rec, where = timed_stage(stage, name, args.arch, env, artifacts, cache)
             if stage == "verify":
                 report = json.loads((where / VERIFY_REPORT_JSON).read_text())
                 rec["checks_s"] = report.get("timings", {})
@@ -721,16 +730,7 @@ def speculative_main(args: argparse.Namespace, parser: argparse.ArgumentParser) 
             for variant in VARIANTS:
                 run, name = runs[variant], names[variant]
                 artifacts, cache = work / variant / "artifacts", work / variant / "cache"
-                per_target = CHAIN[stage].per_target
-                task = f"{stage}:{name}-{args.arch}" if per_target else f"{stage}:{name}"
-                rec = measure_stage(task, envs[variant], artifacts, cache)
-                where = stage_dir(artifacts, stage, name, args.arch if per_target else None)
-                if CHAIN[stage].placement == "plugin":
-                    per = {d.name: origin_seconds(d, stage) for d in plugin_dirs(where)}
-                    rec["plugins_s"] = per
-                    rec["stage_s"] = round(sum(v or 0.0 for v in per.values()), 2)
-                else:
-                    rec["stage_s"] = origin_seconds(where, stage)
+                rec, where = timed_stage(stage, name, args.arch, envs[variant], artifacts, cache)
                 if stage == "context":
                     run["weights"] = weight_storage(where)
                 if stage == "bundle":
