@@ -84,7 +84,15 @@ def read_reference() -> dict[str, Any] | None:
     path = RESULTS / f"{RESULTS_NAME}.json"
     if not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8")).get("reference")
+    try:
+        reference = json.loads(path.read_text(encoding="utf-8")).get("reference")
+    except (ValueError, AttributeError) as exc:
+        raise SystemExit(f"{path}: not a JSON object of results ({exc})") from None
+    if reference is not None and not (
+        isinstance(reference, dict) and isinstance(reference.get("ratio"), (int, float)) and reference["ratio"] > 0
+    ):
+        raise SystemExit(f"{path}: field 'reference' must hold a positive number 'ratio' and its 'commit'")
+    return reference
 
 
 def main() -> None:
@@ -97,6 +105,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < 1 or not 0 < args.margin < 10:
         raise SystemExit("--rounds must be >= 1 and --margin in (0, 10)")
+    reference = read_reference()  # a bad results file is one line before minutes of rounds
     chains: list[float] = []
     floors: list[float] = []
     with tempfile.TemporaryDirectory(prefix="mnnbuild-chain-") as work:
@@ -116,7 +125,6 @@ def main() -> None:
         "ratio": round(ratio, 3),
         "load_avg": round(os.getloadavg()[0], 1),
     }
-    reference = read_reference()
     rows: list[list[Any]] = [["this run", commit, chain_s, floor_s, ratio]]
     if reference:
         rows.append(["reference", reference["commit"], "", "", reference["ratio"]])
