@@ -17,6 +17,7 @@ LAYERS: list[set[str]] = [
     {"mnn", "qnn", "cpu"},  # format layers: MNN flatbuffers, QNN C API, MNN's CPU runtime
     {"pipeline"},  # the DAG's machinery: stage declaration, manifests, layout, fingerprints, cache, settings
     {"model"},  # what a model is: spec, targets, the model directory's files, a visual encoder's inputs
+    {"cluster"},  # stage runs on a Dask cluster, the cache their data plane; knows nothing of doit
     {"dag"},  # the only doit code: tasks derived from the stage declarations it is handed (dodo.py hands the chain)
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
@@ -35,7 +36,7 @@ LAYERS: list[set[str]] = [
 RUNTIME_MAY_IMPORT = {"mnnbuild_runtime", "mnnbuild", "base", "mnn", "qnn", "cpu"}
 """The runtime installs on its own: it ships with the format layers and nothing of the build."""
 
-DAG_MAY_IMPORT = {"dag", "mnnbuild", "base", "pipeline", "model"}
+DAG_MAY_IMPORT = {"dag", "mnnbuild", "base", "pipeline", "model", "cluster"}
 """dag derives every task from the declarations (`mnnbuild.pipeline.stage.Stage`) and the specs it loops over: it
 names no stage, imports no stage, manifest or library package (the per-plugin fan-out, the lock of a source, a guard's
 check, what the run's ending says are declared on the stages)."""

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import run_after_failure, run_stage, run_update, task_identity
+from mnnbuild.dag.actions import Remote, run_after_failure, run_stage, run_update, task_identity
 from mnnbuild.dag.keys import stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.status import code_record, group
@@ -30,10 +30,10 @@ from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, ou
 from mnnbuild.model.modeldir import chain_parts
 from mnnbuild.model.spec import HfSource, ModelSpec
 from mnnbuild.pipeline.layout import plugin_context_dir, plugin_dir
-from mnnbuild.pipeline.manifest import qnn_build_id, tool_versions
 from mnnbuild.pipeline.stage import At, FanOut, From, Stage, StageInputs
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Run:
@@ -96,7 +96,7 @@ def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[tupl
         for arch in spec.targets:
             for plugin in by_cost:
                 read = tuple((r.under(stage.dir).path, r.sha256) for r in plugin.reads)
-                yield At(arch=arch, part=part, binary=plugin.binary, graphs=plugin.graphs), read
+                yield At(arch=arch, part=part, binary=plugin.binary, graphs=plugin.graphs, cost=plugin.cost), read
 
 
 def placements(project: Project, stage: Stage, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
@@ -201,9 +201,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
             extra += [found / f for f in edge.files]
     upstream = list(dict.fromkeys(upstream))
     file_dep = list(dict.fromkeys([*run.file_dep, *extra, *manifests]))
-    tools = tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None)
-    if stage.versions is not None:
-        tools.update(stage.versions())
+    tools = stage.key_tools()
     key = stage_key(
         stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo, dict(run.recorded)
     )
@@ -230,6 +228,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         "reads": reads,
         "wanted": wanted,
         "hashes": project.hashes,
+        "remote": Remote(name, project.settings.artifact_root, stage.memory(run.at) if stage.memory else 0),
     }
     args = list(call.values())  # run_stage's parameters in order
     if stage.defer and stage.cacheable:  # its dir may be restored without its files, which a later task may need
