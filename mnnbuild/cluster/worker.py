@@ -3,18 +3,27 @@ client cancels the task (Ctrl-C: a Dask worker cannot stop the thread running a 
 
 from __future__ import annotations
 
+import functools
 import json
-import os
-import subprocess
-import sys
+import multiprocessing
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-POLL_SECONDS = 0.2
+from mnnbuild.cluster.child import PRELOAD
+
+POLL_SECONDS = 0.1
 STOPPED = ("cancelled", "released", "forgotten")
 """Worker task states of a task nobody wants any more."""
+
+
+@functools.cache
+def _forkserver() -> Any:
+    """The fork server of this worker (it exits when the worker does), with mnnbuild's stages imported."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def run_task(payload: bytes) -> dict[str, Any]:
@@ -22,40 +31,28 @@ def run_task(payload: bytes) -> dict[str, Any]:
     ``{"error": line}``."""
     from distributed import get_worker
 
+    from mnnbuild.cluster.child import run
+
     worker = get_worker()
     key = worker.get_current_task()
+    ctx = _forkserver()
     with tempfile.TemporaryDirectory(prefix="mnnbuild-submit-") as tmp:
-        task_file, result_file, log_file = Path(tmp, "task.pkl"), Path(tmp, "result.json"), Path(tmp, "stderr.txt")
+        task_file, result_file = Path(tmp, "task.pkl"), Path(tmp, "result.json")
         task_file.write_bytes(payload)
-        with log_file.open("wb") as err:
-            child = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "mnnbuild.cluster.child",
-                    str(task_file),
-                    str(result_file),
-                    str(os.getpid()),
-                    worker.address,
-                ],  # fmt: skip
-                stdin=subprocess.DEVNULL,
-                stdout=err,
-                stderr=err,
-            )
-            try:
-                while child.poll() is None:
-                    state = worker.state.tasks.get(key)
-                    if state is None or state.state in STOPPED:
-                        child.kill()
-                        child.wait()
-                        return {"error": f"worker {worker.address}: cancelled"}
-                    time.sleep(POLL_SECONDS)
-            finally:
-                if child.poll() is None:
+        child = ctx.Process(target=run, args=(str(task_file), str(result_file), worker.address))
+        child.start()
+        try:
+            while child.is_alive():
+                state = worker.state.tasks.get(key)
+                if state is None or state.state in STOPPED:
                     child.kill()
-                    child.wait()
+                    child.join()
+                    return {"error": f"worker {worker.address}: cancelled"}
+                time.sleep(POLL_SECONDS)
+        finally:
+            if child.is_alive():
+                child.kill()
+                child.join()
         if result_file.is_file():
             return dict(json.loads(result_file.read_text(encoding="utf-8")))
-        said = log_file.read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        last = said[-1] if said else "nothing said"
-        return {"error": f"worker {worker.address}: the task's process ended with {child.returncode}: {last}"}
+        return {"error": f"worker {worker.address}: the task's process ended with {child.exitcode} before its result"}
