@@ -74,7 +74,7 @@ class Loopback:
         before = set(self.client.scheduler_info(n_workers=-1)["workers"])
         scratch = self.base / name
         args = ["worker", self.address, "--no-nanny", "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1",
-                "--resources", f"MEMORY={memory}", "--name", name]  # fmt: skip
+                "--resources", f"MEMORY={memory}", "--name", name, "--preload", "mnnbuild.cluster.worker"]  # fmt: skip
         proc = self._spawn(args, name, {"MNNBUILD_WORKER_DIR": str(scratch), **(env or {})})
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 
 from mnnbuild.base.errors import ClusterError, MnnbuildError, error_line
 from mnnbuild.base.fsutil import KnownHashes
-from mnnbuild.pipeline.cache import ArtifactCache, cache_key
+from mnnbuild.pipeline.cache import LOCAL, REMOTE, ArtifactCache, CacheTiers, Tier, cache_key
 from mnnbuild.pipeline.fingerprint import DigestMemo, code_fingerprint
 from mnnbuild.pipeline.layout import CODE_DIGESTS
 from mnnbuild.pipeline.manifest import Manifest
@@ -141,24 +141,33 @@ def _execute(task: RemoteTask, worker: str) -> dict[str, Any]:
     checked = time.perf_counter()
     scratch = Path(tempfile.mkdtemp(prefix="task-", dir=scratch_base()))
     try:
-        return _run_in(task, stage, key_config, cache, scratch, worker, (started, checked))
+        return _run_in(task, stage, key_config, worker_tiers(cache), scratch, worker, (started, checked))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def worker_tiers(shared: ArtifactCache) -> CacheTiers:
+    """The worker's own cache (its ``MNNBUILD_CACHE``, default ``~/.cache/mnnbuild``; ``off``: none) in front of the
+    shared one: an input many tasks read (the model's weight file) is fetched once per worker machine."""
+    own = ArtifactCache.from_env()
+    tiers = [Tier(LOCAL, own)] if own is not None and own.url != shared.url else []
+    return CacheTiers([*tiers, Tier(REMOTE, shared)])
 
 
 def _run_in(
     task: RemoteTask,
     stage: Stage,
     key_config: str,
-    cache: ArtifactCache,
+    tiers: CacheTiers,
     scratch: Path,
     worker: str,
     times: tuple[float, float],
 ) -> dict[str, Any]:
     started, checked = times
     root = Path(task.root)
+    cache = tiers.tiers[-1].cache
     for ref in task.refs:
-        if cache.restore(ref.stage, ref.key, scratch / ref.rel) is None:
+        if tiers.restore(ref.stage, ref.key, scratch / ref.rel) is None:
             raise ClusterError(
                 f"worker {worker}: the shared cache {task.cache} holds no intact {ref.stage} {ref.key[:12]} "
                 f"({ref.rel}), an input of {task.name}"
@@ -179,7 +188,7 @@ def _run_in(
     peak = peak_rss()
     hashed = {r.path: (r.size, r.sha256) for r in manifest.outputs}
     proven = {r.path: (r.stamp, r.sha256) for r in manifest.outputs if r.stamp is not None}
-    stored = cache.store(stage.name, key, out_dir, hashed, link=stage.links, proven=proven)
+    stored = tiers.store(stage.name, key, out_dir, hashed, link=stage.links, proven=proven).get(REMOTE, 0)
     if not cache.has(stage.name, key):
         raise ClusterError(f"worker {worker}: {task.name} ran but could not be stored in the shared cache {task.cache}")
     done = time.perf_counter()

@@ -26,6 +26,15 @@ def _forkserver() -> Any:
     return ctx
 
 
+def dask_setup(worker: Any) -> None:
+    """``dask worker --preload mnnbuild.cluster.worker``: start the fork server (importing the stages, ~1-4 s) as the
+    worker starts, not with its first task."""
+    _forkserver()
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()
+
+
 def run_task(payload: bytes) -> dict[str, Any]:
     """Run the pickled `mnnbuild.cluster.task.RemoteTask` ``payload`` in a child process; its result, or
     ``{"error": line}``."""
