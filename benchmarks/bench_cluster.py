@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, add_result, print_table  # noqa: E402
 
@@ -86,9 +88,14 @@ def main() -> None:
         cluster_wall = doit(["-n", "1", target], env, work)
         remote = origins(work / "cluster")
     finally:
+        below = [p for proc in procs if proc.poll() is None for p in psutil.Process(proc.pid).children(recursive=True)]
         for proc in reversed(procs):
             proc.kill()
             proc.wait()
+        psutil.wait_procs(below, timeout=10)
+        for p in below:  # what a worker started ends with it (mnnbuild.cluster.child); if not, not beyond this run
+            if p.is_running():
+                p.kill()
         shutil.rmtree(work, ignore_errors=True)
     rows, tasks = [], {}
     for rel, record in sorted(remote.items()):

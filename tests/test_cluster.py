@@ -93,11 +93,25 @@ class Loopback:
         proc.wait()
 
     def stop(self) -> None:
+        """Kill the cluster; its workers' task processes (and what they started) must end with them."""
         self.client.close()
+        below = []
+        for proc in self.procs:
+            try:
+                below += psutil.Process(proc.pid).children(recursive=True)
+            except psutil.NoSuchProcess:
+                pass
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        gone = all_gone(below)
+        for left in below:  # not to outlive the tests even so
+            try:
+                left.kill()
+            except psutil.NoSuchProcess:
+                pass
+        assert gone, f"processes outlived their worker: {below}"
 
 
 def cluster_env(s3_env: Mapping[str, str]) -> dict[str, str]:

@@ -1,21 +1,26 @@
-"""What a Dask worker runs for one task: the task in a child process (`mnnbuild.cluster.child`), killed when the
-client cancels the task (Ctrl-C: a Dask worker cannot stop the thread running a task, it can stop a process)."""
+"""What a Dask worker runs for one task: the task in a process of its own (`mnnbuild.cluster.child`), one per worker
+thread and kept for the next task, killed when the client cancels the task (Ctrl-C: a Dask worker cannot stop the
+thread running a task, it can stop a process)."""
 
 from __future__ import annotations
 
 import functools
-import json
 import multiprocessing
-import tempfile
+import os
+import threading
 import time
-from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from mnnbuild.cluster.child import PRELOAD
+from mnnbuild.cluster.child import PRELOAD, kill_tree
 
 POLL_SECONDS = 0.1
 STOPPED = ("cancelled", "released", "forgotten")
 """Worker task states of a task nobody wants any more."""
+
+_RUNNERS: dict[int, ProcessPoolExecutor] = {}
+"""Each worker thread's task process."""
 
 
 @functools.cache
@@ -35,8 +40,27 @@ def dask_setup(worker: Any) -> None:
     forkserver.ensure_running()
 
 
+def _runner() -> ProcessPoolExecutor:
+    thread = threading.get_ident()
+    if thread not in _RUNNERS:
+        _RUNNERS[thread] = ProcessPoolExecutor(max_workers=1, mp_context=_forkserver())
+    return _RUNNERS[thread]
+
+
+def _kill_runner() -> None:
+    """Kill this thread's task process (and what it started: it dies with its parent); the next task gets a new one."""
+    pool = _RUNNERS.pop(threading.get_ident(), None)
+    if pool is None:
+        return
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        if proc.pid is not None:
+            kill_tree(proc.pid)
+        proc.kill()
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
 def run_task(payload: bytes) -> dict[str, Any]:
-    """Run the pickled `mnnbuild.cluster.task.RemoteTask` ``payload`` in a child process; its result, or
+    """Run the pickled `mnnbuild.cluster.task.RemoteTask` ``payload`` in this thread's task process; its result, or
     ``{"error": line}``."""
     from distributed import get_worker
 
@@ -44,24 +68,15 @@ def run_task(payload: bytes) -> dict[str, Any]:
 
     worker = get_worker()
     key = worker.get_current_task()
-    ctx = _forkserver()
-    with tempfile.TemporaryDirectory(prefix="mnnbuild-submit-") as tmp:
-        task_file, result_file = Path(tmp, "task.pkl"), Path(tmp, "result.json")
-        task_file.write_bytes(payload)
-        child = ctx.Process(target=run, args=(str(task_file), str(result_file), worker.address))
-        child.start()
-        try:
-            while child.is_alive():
-                state = worker.state.tasks.get(key)
-                if state is None or state.state in STOPPED:
-                    child.kill()
-                    child.join()
-                    return {"error": f"worker {worker.address}: cancelled"}
-                time.sleep(POLL_SECONDS)
-        finally:
-            if child.is_alive():
-                child.kill()
-                child.join()
-        if result_file.is_file():
-            return dict(json.loads(result_file.read_text(encoding="utf-8")))
-        return {"error": f"worker {worker.address}: the task's process ended with {child.exitcode} before its result"}
+    future = _runner().submit(run, payload, worker.address, os.getpid())
+    while not future.done():
+        state = worker.state.tasks.get(key)
+        if state is None or state.state in STOPPED:
+            _kill_runner()
+            return {"error": f"worker {worker.address}: cancelled"}
+        time.sleep(POLL_SECONDS)
+    try:
+        return dict(future.result())
+    except BrokenProcessPool:
+        _kill_runner()
+        return {"error": f"worker {worker.address}: the task's process died"}
