@@ -329,3 +329,20 @@ def test_a_scheduler_that_does_not_answer_stops_the_build_in_one_line(
     line = one_line(proc, "does not answer")
     assert f"MNNBUILD_SCHEDULER={address}: the scheduler does not answer within 1 s" in line, line
     assert not (tmp_path / "artifacts/tiny-qwen3/io/io.origin.json").exists()
+
+
+def test_a_task_bigger_than_every_worker_says_so_in_one_line(
+    tmp_path: Path,
+    s3: dict[str, str],  # noqa: F811
+    odd: Loopback,
+) -> None:
+    """Workers declare the memory they give tasks (``--resources MEMORY=<GiB>``); a task needs 1 GiB besides its
+    stage's own: with only a half-GiB worker, io is not submitted to wait forever but fails in one line."""
+    address = odd.add_worker("small", memory=0.5)
+    try:
+        proc = doit(tmp_path, "io:tiny-qwen3", env=build_env(s3, odd, "small"))
+    finally:
+        odd.kill(address)
+    assert proc.returncode != 0
+    line = one_line(proc, "needs 1 GiB")
+    assert f"io:tiny-qwen3 needs 1 GiB and the largest worker of {odd.address} declares 0.5 (MEMORY)" in line, line
