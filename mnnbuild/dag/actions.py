@@ -206,7 +206,10 @@ def _run_or_restore(
         if hit is not None:
             _restored_origin(stage, out_dir, key, identity, hit)
             return {"origin": "cache", "tier": hit.tier, "bytes": hit.bytes, "deferred": bool(hit.deferred)}
-    cluster = Cluster.from_env() if remote is not None and runs_remotely(stage) else None
+    try:
+        cluster = Cluster.from_env() if remote is not None and runs_remotely(stage) else None
+    except MnnbuildError as exc:
+        return task_failed(exc)
     if cluster is not None:
         assert remote is not None
         key = key or cache_key(stage.name, key_config, file_dep, hashes)
