@@ -33,6 +33,7 @@ from mnnbuild.mnn.semantics import shape_inputs
 from mnnbuild.mnn.summary import op_weight_bytes
 from mnnbuild.model.modeldir import read_llm_config
 from mnnbuild.model.spec import LocalSource
+from mnnbuild.partition.cut import plan_cut
 from mnnbuild.partition.fold import compute_folded
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.qnn import QnnLibrary
@@ -42,7 +43,7 @@ from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
 from mnnbuild.stages.io import IoInputs, IoParams, generate_io
 from mnnbuild.verify.failures import generation_failures
 from mnnbuild.verify.verdict import GenerationCheck, GenerationStep
-from tests.conftest import FIXTURE_MODELS, RunDoit
+from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, RunDoit
 from tests.lowering_check import mnn_tensors, simulate
 
 ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "gemma3_text", "glm4", "qwen3_moe")}
@@ -109,6 +110,22 @@ def test_folded_fill_is_computed() -> None:
         assert values[n].dtype == np.float32
         assert values[n].size > 0 and not values[n].any()
         assert seq in values[n].shape  # follows the sample's length, not a fixed shape
+
+
+@pytest.mark.parametrize(
+    "model_file",
+    sorted(FIXTURE_MODELS.glob("*/*.mnn")) + sorted((PROJECT_ROOT / "models").glob("*/llm.mnn")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_every_subgraph_has_a_data_input(model_file: Path) -> None:
+    """No CPU step without data inputs ("subgraph ... has no data input", LFM2 before its Fill folded): an op whose
+    inputs are all constant, folded or read for their shape only is folded, so every op a subgraph runs reads the
+    content of a graph input or of another subgraph's output."""
+    model = load_model(model_file)
+    cut = plan_cut(model, model.input_names, model.output_names)
+    assert all(m.inputs for m in cut.modules)
+    folded = set(cut.folded_ops)
+    assert all(i in folded for i, op in enumerate(model.ops) if op.type == "Fill" and i in set(cut.needed))
 
 
 @pytest.mark.slow
