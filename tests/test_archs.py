@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +30,7 @@ from mnnbuild.lowering.support import _unary_kind, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, save_model
 from mnnbuild.mnn._generated import mnn_fb as fb
 from mnnbuild.mnn.llm import causal_mask, engine_mask, windowed_mask
+from mnnbuild.mnn.model import OP_TYPE_NAMES, OP_TYPES
 from mnnbuild.mnn.semantics import shape_inputs
 from mnnbuild.mnn.summary import op_weight_bytes
 from mnnbuild.model.modeldir import read_llm_config
@@ -215,33 +217,64 @@ def test_fused_residual_norm_is_refused_by_name() -> None:
 # ---- 5. what cannot be supported: one line at the earliest stage that knows -----------------------------------
 
 
-def _with_custom_op(dest: Path) -> str:
-    """The Gemma 2 fixture with its first MLP activation replaced by a custom op MNN's CPU has no kernel for."""
+def _custom(op: Op) -> Op:
+    extra = fb.ExtraT()
+    extra.type, extra.engine = "MyCustomOp", "Tiny"
+    return dataclasses.replace(op, type="Extra", main=extra)
+
+
+def _plugin(op: Op) -> Op:
+    plugin = fb.PluginT()
+    plugin.type, plugin.attr = "QNN", []
+    return dataclasses.replace(op, type="Plugin", main=plugin)
+
+
+REFUSED_OPS: dict[str, tuple[Callable[[Op], Op], str, str]] = {
+    # what replaces the first MLP activation: (make it, the stage that refuses it, the op's type as the line names it)
+    "custom": (_custom, "io", "Extra 'MyCustomOp'"),  # a custom op MNN's CPU has no kernel for
+    "plugin": (_plugin, "io", "Plugin"),  # a bundle's partitioned graph given back as a source model
+    "no-cpu-kernel": (lambda op: dataclasses.replace(op, type="QuantizedAdd", main=None), "io", "QuantizedAdd"),
+    "unknown-type": (lambda op: dataclasses.replace(op, type="Unknown9999", main=None), "fetch", "9999"),
+}
+
+
+def _with_refused_op(dest: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Gemma 2 fixture with its first MLP activation replaced by an op of ``kind``; returns how the refusal
+    names it."""
     shutil.copytree(ZOO["gemma2"], dest)
     model = load_model(dest / "llm.mnn")
     i = next(k for k, op in enumerate(model.ops) if op.type == "UnaryOp" and "act_fn" in op.name)
-    extra = fb.ExtraT()
-    extra.type, extra.engine = "MyCustomOp", "Tiny"
-    model.ops[i] = dataclasses.replace(model.ops[i], type="Extra", main=extra)
+    make, _, type_name = REFUSED_OPS[kind]
+    # an OpType value no MNN schema has: written by this process only (the build's parser does not know it)
+    monkeypatch.setitem(OP_TYPES, "Unknown9999", 9999)
+    monkeypatch.setitem(OP_TYPE_NAMES, 9999, "Unknown9999")
+    model.ops[i] = make(model.ops[i])
     save_model(model, dest / "llm.mnn")
-    return f"op #{i} {model.ops[i].name!r} (Extra 'MyCustomOp')"
+    if kind == "unknown-type":
+        return f"llm.mnn: op #{i} has unknown OpType value {type_name}"
+    return f"MNN's CPU cannot run op #{i} {model.ops[i].name!r} ({type_name})"
 
 
 @pytest.mark.slow
-def test_an_op_mnn_cannot_run_is_one_line_naming_it(tmp_path: Path, run_doit: RunDoit) -> None:
-    named = _with_custom_op(tmp_path / "custom")
+@pytest.mark.parametrize("kind", sorted(REFUSED_OPS))
+def test_an_op_we_refuse_is_one_line_naming_it(
+    tmp_path: Path, run_doit: RunDoit, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Every stage asked for (verify of the bundle), on a model holding an op of a type the chain refuses: the first
+    stage that reads the op stops the build in one line naming it and its type, never a traceback."""
+    named = _with_refused_op(tmp_path / "model", kind, monkeypatch)
     specs = tmp_path / "specs"
     specs.mkdir()
-    (specs / "custom.toml").write_text(
-        f'name = "custom"\nsource = {{ local = "{tmp_path / "custom"}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
+    (specs / "refused.toml").write_text(
+        f'name = "refused"\nsource = {{ local = "{tmp_path / "model"}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
         encoding="utf-8",
     )
-    proc = run_doit("verify:custom-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    proc = run_doit("verify:refused-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
-    assert "failed  io:custom" in out  # the first stage that runs the model
-    (line,) = [ln for ln in out.splitlines() if "cannot run" in ln]
-    assert f"MNN's CPU cannot run {named}" in line and "weight file" not in line
+    assert f"failed  {REFUSED_OPS[kind][1]}:refused" in out  # the first stage that reads the op
+    (line,) = [ln for ln in out.splitlines() if named in ln]
+    assert "weight file" not in line
 
 
 # ---- 6. the partition says up front what runs where (MoE experts keep their weights on the CPU) ---------------
