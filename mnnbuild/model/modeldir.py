@@ -24,6 +24,7 @@ from mnnbuild.mnn.llm import (
     DEFAULT_WEIGHT,
     LLM_INPUTS,
     MODEL_CONFIG,
+    attention_window,
 )
 from mnnbuild.model.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
 from mnnbuild.model.spec import Family
@@ -207,6 +208,10 @@ def read_llm_config(model_dir: Path) -> dict[str, Any]:
     for field, (kind, check) in LLM_CONFIG_FIELDS.items():
         if field in config and not check(config[field]):
             raise ModelDirError(f"{path}: field {field!r} must be {kind}, got {config[field]!r}")
+    try:
+        attention_window(config)
+    except ValueError as exc:
+        raise ModelDirError(f"{path}: {exc}") from None
     return config
 
 
@@ -223,9 +228,11 @@ LLM_CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
         field: ("a positive integer", _positive_int)
         for field in ("layer_nums", "max_position_embeddings", "image_max_pixels", "image_min_pixels", "mrope_axes")
     },
-    "attn_scale": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and math.isfinite(v)),  # fmt: skip
-    "attention_type": ("a string such as \"full\"", lambda v: isinstance(v, str)),
+    "attn_scale": (
+        "a finite number",
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    ),  # fmt: skip
+    "attention_type": ('a string such as "full"', lambda v: isinstance(v, str)),
     "key_value_shape": ("a list of positive integers", lambda v: isinstance(v, list) and all(map(_positive_int, v))),
 }
 """``llm_config.json`` fields MNN's engine reads (``llmconfig.hpp``) beyond those the chain checks itself: the file
