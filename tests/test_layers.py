@@ -16,8 +16,8 @@ LAYERS: list[set[str]] = [
     {"mnnbuild", "base"},  # foundations: errors, hashing and atomic files, logging, the numeric comparison
     {"mnn", "qnn", "cpu"},  # format layers: MNN flatbuffers, QNN C API, MNN's CPU runtime
     {"pipeline"},  # the DAG's machinery: stage declaration, manifests, layout, fingerprints, cache, settings
-    {"model"},  # what a model is: spec, targets, the model directory's files, a visual encoder's inputs
     {"dag"},  # the only doit code: tasks derived from the stage declarations it is handed (dodo.py hands the chain)
+    {"model"},  # what a model is: spec, targets, the model directory's files, a visual encoder's inputs
     {"manifests"},  # what each stage reads and writes (stages share these instead of importing each other)
     {"mnnbuild_runtime"},  # runs a bundle; knows nothing about the build
     {"samples"},  # the io stage's reference samples: their inputs, what a model must be to make them
@@ -35,10 +35,11 @@ LAYERS: list[set[str]] = [
 RUNTIME_MAY_IMPORT = {"mnnbuild_runtime", "mnnbuild", "base", "mnn", "qnn", "cpu"}
 """The runtime installs on its own: it ships with the format layers and nothing of the build."""
 
-DAG_MAY_IMPORT = {"dag", "mnnbuild", "base", "pipeline", "model"}
-"""dag derives every task from the declarations (`mnnbuild.pipeline.stage.Stage`) and the specs it loops over: it
-names no stage, imports no stage, manifest or library package (the per-plugin fan-out, the lock of a source, a guard's
-check, what the run's ending says are declared on the stages)."""
+DAG_MAY_IMPORT = {"dag", "mnnbuild", "base", "pipeline"}
+"""dag derives every task from the declarations (`mnnbuild.pipeline.stage.Stage`) and the models the chain is declared
+over (`mnnbuild.pipeline.models.Models`): it names no stage, imports no stage, manifest, model or library package (the
+per-plugin fan-out, the lock of a source, a guard's check, what the run's ending says are declared on the stages; how
+specs are found and what a model's parts are, on the chain's models)."""
 
 PACKAGE_ROOTS = {
     "mnnbuild": PROJECT_ROOT / "mnnbuild",

@@ -217,11 +217,12 @@ STAGE = Stage(
 
 TOY_LIST = """
 from mnnbuild.pipeline.chain import Chain
+from mnnbuild.model.spec import MODELS
 from mnnbuild.stages.chain import STAGES
 
 from toy import shout
 
-CHAIN = Chain((*STAGES, shout.STAGE))
+CHAIN = Chain((*STAGES, shout.STAGE), models=MODELS)
 """
 
 TOY_DODO = f"""

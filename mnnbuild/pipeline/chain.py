@@ -1,4 +1,5 @@
-"""A chain: a checked list of stage declarations, by name (mnnbuild's is `mnnbuild.stages.chain.CHAIN`).
+"""A chain: a checked list of stage declarations, by name, and the models it is built for (mnnbuild's is
+`mnnbuild.stages.chain.CHAIN`).
 
 `Chain` checks the list when it is made: every ``From`` names an earlier stage, a per-part field names a per-part
 stage, and no stage reads a stage placed under it (a per-model stage cannot read a per-target one).
@@ -10,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from mnnbuild.pipeline import layout
+from mnnbuild.pipeline.models import Models
 from mnnbuild.pipeline.stage import Stage
 
 _DEPTH = {"model": 0, "part": 0, "target": 1, "plugin": 1}
@@ -17,9 +19,11 @@ _DEPTH = {"model": 0, "part": 0, "target": 1, "plugin": 1}
 
 
 class Chain:
-    """A checked list of stages, by name."""
+    """A checked list of stages, by name; ``models``: how the DAG finds the models the stages' ``params_of`` read
+    (a chain without them declares no tasks, it only names stage dirs)."""
 
-    def __init__(self, stages: Iterable[Stage]) -> None:
+    def __init__(self, stages: Iterable[Stage], models: Models | None = None) -> None:
+        self.models = models
         self.stages: dict[str, Stage] = {}
         for stage in stages:
             if stage.name in self.stages:

@@ -34,12 +34,11 @@ from mnnbuild.mnn import load_model
 from mnnbuild.mnn.llm import MODEL_CONFIG
 from mnnbuild.model.modeldir import (
     LLM_CONFIG,
-    VISUAL,
     chain_part,
     check_hidden_size,
     read_llm_config,
 )
-from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize, ModelSpec
+from mnnbuild.model.spec import VISUAL, VISUAL_ENCODERS, ImageSize, ModelSpec
 from mnnbuild.pipeline.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage

@@ -49,8 +49,8 @@ from mnnbuild.manifests.partition import (
     read_merge,
 )
 from mnnbuild.mnn import MnnModel, load_model, save_model
-from mnnbuild.model.modeldir import VISUAL, chain_part
-from mnnbuild.model.spec import ModelSpec
+from mnnbuild.model.modeldir import chain_part
+from mnnbuild.model.spec import VISUAL, ModelSpec
 from mnnbuild.partition.cut import plan_cut
 from mnnbuild.partition.describe import build_report, format_report
 from mnnbuild.partition.graphs import (
