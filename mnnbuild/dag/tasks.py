@@ -30,7 +30,7 @@ from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, ou
 from mnnbuild.pipeline.layout import plugin_context_dir, plugin_dir
 from mnnbuild.pipeline.manifest import qnn_build_id, tool_versions
 from mnnbuild.pipeline.models import Model
-from mnnbuild.pipeline.stage import At, FanOut, From, Stage, StageInputs
+from mnnbuild.pipeline.stage import UPDATE_DOC, At, FanOut, From, Stage, StageInputs
 
 log = logging.getLogger(__name__)
 
@@ -408,9 +408,9 @@ def update_tasks(project: Project, stage: Stage) -> Iterator[dict[str, Any]]:
 
 def update_creator(project: Project, stage: Stage) -> Callable[[], Iterator[dict[str, Any]]]:
     def task_update() -> Iterator[dict[str, Any]]:
-        """Move a Hugging Face model's lock to what its revision resolves to now (then fetch again)."""
         yield from update_tasks(project, stage)
 
+    task_update.__doc__ = UPDATE_DOC
     return task_update
 
 

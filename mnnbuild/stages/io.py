@@ -202,5 +202,9 @@ STAGE = Stage(
     defer=("*",),
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
-    doc="Generate each model's decode/prefill reference inputs and outputs.",
+    doc=(
+        "Reference samples of the whole graph, decode and each prefill length (and a speculative bundle's "
+        "verify length), by MNN on the CPU."
+    ),
+    mirrors="generateLlmIO",
 )

@@ -145,5 +145,8 @@ STAGE = Stage(
     placement="part",
     defer=("*",),
     outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw"),
-    doc="Lower each model's graphs to QNN graph descriptions and static tensors.",
+    doc=(
+        "On demand only: each model's graphs as QNN model-libs (graph descriptions and static tensors), for "
+        "QNN's own tools."
+    ),
 )

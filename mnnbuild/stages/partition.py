@@ -298,5 +298,9 @@ STAGE = Stage(
     tools=frozenset({"MNN"}),
     fan_out=FanOut(binaries=read_merge, plugins=partition_plugins),
     ending=Ending(summary=cpu_summary),
-    doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
+    doc=(
+        "Cut each model into CPU ops and QNN Plugin ops, with why each CPU op stays (`qnn/<model>.mnn`, graph "
+        "dirs, `npu_postreat.json`)."
+    ),
+    mirrors="compilefornpu",
 )
