@@ -27,7 +27,7 @@ from mnnbuild.mnn.llm import (
     attention_window,
 )
 from mnnbuild.model.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
-from mnnbuild.model.spec import Family
+from mnnbuild.model.spec import ChainPart, Family
 from mnnbuild.pipeline.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 
 LLM_CONFIG = "llm_config.json"
@@ -121,16 +121,6 @@ FAMILY_FILES: dict[str, tuple[str, str]] = {
 
 VISUAL_PART = ModelPart(family="visual", model_file=VISUAL_FILE, weight_file=VISUAL_WEIGHT_FILE)
 """A VL model's encoder: MNN's engine loads ``visual_model`` (default ``visual.mnn``) with ``<file>.weight``."""
-ChainPart = Literal["llm", "visual"]
-"""Which chain of a model a part stage builds: the model's own graph (``llm``: a text LLM, a VL model's language
-model or an embedding model, as fetch recorded it) or a VL model's encoder (``visual``: :data:`VISUAL_PART`)."""
-VISUAL: ChainPart = "visual"
-
-
-def chain_parts(family: str) -> tuple[ChainPart, ...]:
-    """The chains a model of spec family ``family`` is built in, each with its own io, partition and modellib: the
-    language model (``llm``) and, for a VL model, its encoder (``visual``)."""
-    return ("llm", VISUAL) if family == "vl" else ("llm",)
 
 
 def chain_part(fetched: ModelPart, chain: ChainPart) -> ModelPart:

@@ -59,5 +59,8 @@ STAGE = Stage(
     defer=("*",),
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     tools=frozenset({"QNN"}),
-    doc="HTP context binaries, one per plugin (created once the model's partition ran).",
+    doc=(
+        "HTP context binaries, one per plugin, all its graphs sharing weights (created once the model's partition ran)."
+    ),
+    mirrors="qnn-context-binary-generator",
 )

@@ -36,12 +36,11 @@ from mnnbuild.mnn import load_model
 from mnnbuild.mnn.llm import MODEL_CONFIG, attention_window
 from mnnbuild.model.modeldir import (
     LLM_CONFIG,
-    VISUAL,
     chain_part,
     check_hidden_size,
     read_llm_config,
 )
-from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize, ModelSpec
+from mnnbuild.model.spec import VISUAL, VISUAL_ENCODERS, ImageSize, ModelSpec
 from mnnbuild.pipeline.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
@@ -206,5 +205,9 @@ STAGE = Stage(
     defer=("*",),
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
-    doc="Generate each model's decode/prefill reference inputs and outputs.",
+    doc=(
+        "Reference samples of the whole graph, decode and each prefill length (and a speculative bundle's "
+        "verify length), by MNN on the CPU."
+    ),
+    mirrors="generateLlmIO",
 )
