@@ -33,6 +33,9 @@ Placement = Literal["model", "part", "target", "plugin"]
 (``<model>/<arch>/<dir>/<plugin>``)."""
 Reads = Literal["manifest", "files", "dir"]
 
+UPDATE_DOC = "Move a Hugging Face model's lock to what its revision resolves to now (then fetch again)."
+"""What ``doit list`` and the stage table say of ``update:<model>`` (a stage's `Stage.update`)."""
+
 COORDINATES = ("model", "target", "binary", "graphs")
 """Inputs fields the DAG fills from where a run sits: the spec's name, the target arch, and (per-plugin stages) the
 plugin's binary and graph dirs."""
@@ -231,7 +234,11 @@ class Stage:
     group_default_only: bool = False
     """``doit <stage>`` runs the default model's tasks only (``doit verify``: the shipped tiny model's)."""
     doc: str = ""
-    """What ``doit list`` says of the stage's task group."""
+    """What ``doit list`` says of the stage's task group, and the stage table of the README and docs/design.md
+    (`mnnbuild.pipeline.chain.Chain.table`). A per-plugin stage's first clause (to its first comma) names what one
+    plugin's subtasks make."""
+    mirrors: str = ""
+    """The upstream MNN tool whose work the stage does (``compilefornpu``), for the stage table."""
 
     def __post_init__(self) -> None:
         self._types_from_entry()

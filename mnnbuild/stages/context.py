@@ -60,5 +60,8 @@ STAGE = Stage(
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     tools=frozenset({"QNN"}),
     memory=composing_memory,
-    doc="HTP context binaries, one per plugin (created once the model's partition ran).",
+    doc=(
+        "HTP context binaries, one per plugin, all its graphs sharing weights (created once the model's partition ran)."
+    ),
+    mirrors="qnn-context-binary-generator",
 )

@@ -50,5 +50,8 @@ STAGE = Stage(
     outputs=("graphllm<k>.bin",),
     tools=frozenset({"QNN"}),
     memory=composing_memory,
-    doc="Unshared twins of the context binaries, one per plugin, which verify runs (created once the partition ran).",
+    doc=(
+        "Unshared twins of the context binaries, one per plugin, for the x86 simulator: verify's, never "
+        "shipped (created once the partition ran)."
+    ),
 )
