@@ -1,5 +1,5 @@
-"""Verify of bundles built for speculation: lookahead (no draft model: it passes as a plain bundle does, with its
-verify-length graph among the checks, and says that no draft ran) and Eagle3 (the random pair: the tree-shaped
+"""Verify of bundles built for speculation: lookahead (no draft model: its verify-length graph among the checks, and
+its n-gram drafts' speculative tokens against plain greedy) and Eagle3 (the random pair: the tree-shaped
 sample and the speculative tokens)."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # every test here runs doit, a bundle or a whole 
 RANDOM_PAIR = FIXTURE_MODELS / "qwen3-eagle-random"
 
 
-def test_a_lookahead_bundle_verifies_its_verify_length_and_says_no_draft_ran(tmp_path: Path) -> None:
+def test_a_lookahead_bundle_verifies_its_verify_length_and_its_speculative_tokens(tmp_path: Path) -> None:
     specs = tmp_path / "specs"
     specs.mkdir()
     (specs / "tiny-look.toml").write_text(
@@ -39,7 +39,10 @@ def test_a_lookahead_bundle_verifies_its_verify_length_and_says_no_draft_ran(tmp
     assert all(g.passed and g.fed == "bundle_pass" for g in at_four)
     spec = report.speculation
     assert spec is not None and spec.passed and spec.kind == "lookahead" and spec.verify_length == 4
-    assert spec.note is not None and "no draft model" in spec.note and not spec.bundle_tokens
+    # (c) ran with lookahead's n-gram drafts: the bundle's speculative tokens are the CPU's plain greedy ones
+    assert spec.note is None and spec.problem is None and spec.tree is None
+    assert report.generation is not None and spec.cpu_tokens == report.generation.cpu_tokens
+    assert spec.bundle_tokens == spec.cpu_tokens and len(spec.rounds) > 1 and spec.mean_accepted is not None
     assert "speculative decoding (lookahead)" in (out / REPORT_TEXT).read_text(encoding="utf-8")
 
 
