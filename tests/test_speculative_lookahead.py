@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from mnnbuild_runtime import Embeddings, cpu_forward_fn, recompute_generate
+from mnnbuild_runtime import Embeddings, cpu_forward_fn
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.lookahead import LookaheadDrafter, LookaheadSettings, StdCounts
 from mnnbuild_runtime.speculative import engine_generate, speculative_generate
@@ -98,34 +98,39 @@ def test_lookahead_settings_come_from_the_config(tmp_path: Path) -> None:
 # ---- against MNN's engine on the trained model --------------------------------------------------------
 
 
-def repeating_prompt(start: str, tokenizer: Tokenizer, forward: object, embed: Embeddings) -> str:
-    """``start``, its 40 greedy tokens, a blank line and ``start`` again: a prompt the continuation may copy from."""
-    ids = tokenizer.encode(start)
-    return start + tokenizer.decode(recompute_generate(forward, embed, ids, 40, 128).tokens) + "\n\n" + start
+def repeating_prompt(start: str, tokenizer: Tokenizer) -> str:
+    """``start``, its 40 greedy tokens (MNN's engine's), a blank line and ``start`` again: a prompt the
+    continuation may copy from."""
+    plain = engine_generate(TRAINED / "config.json", start, 40, speculative=False)
+    return start + tokenizer.decode(plain.tokens) + "\n\n" + start
 
 
 @pytest.mark.slow
 def test_the_drafter_needs_the_forwards_mnns_engine_needs() -> None:
     """PyPI MNN's engine with ``speculative_type = "lookahead"`` on the CPU and the runtime's loop with this
     drafter, on the same prompts and settings: the same tokens added per target forward, round by round (the
-    engine's rounds read from where it stops, `engine_generate`), and both give plain greedy tokens. "Computes
-    the" decides a tie between equally scored drafts: another order than libstdc++'s drafts otherwise."""
+    engine's rounds read from where it stops, `engine_generate`), and the engine's plain greedy tokens. "Computes
+    the" decides ties between equally scored drafts: with another order than libstdc++'s the drafter needs other
+    forwards there; "Applies a 2D convolution over" takes whole drafts."""
     tokenizer, forward, embed = Tokenizer(TRAINED / "config.json"), cpu_forward_fn(TRAINED), Embeddings(TRAINED)
-    starts = ("Computes the", "Applies a 2D convolution over")
+    computes, applies = (repeating_prompt(s, tokenizer) for s in ("Computes the", "Applies a 2D convolution over"))
+    cases = (
+        (computes, LookaheadSettings()),
+        (computes, LookaheadSettings(update=True)),
+        (applies, LookaheadSettings()),
+        (applies, LookaheadSettings(rule="fcfs", update=True)),
+    )
     accepted = 0
-    for start in starts:
-        prompt = repeating_prompt(start, tokenizer, forward, embed)
-        for settings in ({}, {"ngram_update": True}, {"ngram_update": True, "draft_selection_rule": "fcfs"}):
-            run = engine_generate(TRAINED / "config.json", prompt, 24, speculative=True,
-                                  settings={"speculative_type": "lookahead", **settings})  # fmt: skip
-            assert run.rounds is not None and sum(run.rounds) == len(run.tokens) >= 24
-            ours = LookaheadDrafter(TRAINED, settings=LookaheadSettings(
-                update=bool(settings.get("ngram_update")), rule=settings.get("draft_selection_rule", "freqxlen")))  # type: ignore[arg-type]  # fmt: skip
-            spec = speculative_generate(forward, embed, ours, run.prompt_ids, len(run.tokens) + 1, 128)
-            assert [r.tokens for r in spec.rounds[1:]] == run.rounds, (start, settings)
-            plain = recompute_generate(forward, embed, run.prompt_ids, len(run.tokens), 128)
-            assert run.tokens == plain.tokens == spec.result.tokens[: len(run.tokens)]
-            accepted += sum(r.accepted for r in spec.rounds)
+    for prompt, settings in cases:
+        run = engine_generate(TRAINED / "config.json", prompt, 16, speculative=True,
+                              settings={"speculative_type": "lookahead", **settings.engine_config()})  # fmt: skip
+        assert run.rounds is not None and sum(run.rounds) == len(run.tokens) >= 16
+        spec = speculative_generate(forward, embed, LookaheadDrafter(TRAINED, settings=settings), run.prompt_ids,
+                                    len(run.tokens) + 1, 128)  # fmt: skip
+        assert [r.tokens for r in spec.rounds[1:]] == run.rounds, (prompt[-30:], settings)
+        plain = engine_generate(TRAINED / "config.json", prompt, len(run.tokens), speculative=False)
+        assert run.tokens == plain.tokens == spec.result.tokens[: len(run.tokens)]
+        accepted += sum(r.accepted for r in spec.rounds)
     assert accepted > 0  # drafts held somewhere: the rounds compared are not all one-token forwards
 
 
@@ -136,8 +141,7 @@ def test_the_drafter_needs_the_forwards_mnns_engine_needs() -> None:
 def looked(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The trained model built for lookahead and verified on a prompt its continuation copies from."""
     root = tmp_path_factory.mktemp("lookahead")
-    tokenizer, forward, embed = Tokenizer(TRAINED / "config.json"), cpu_forward_fn(TRAINED), Embeddings(TRAINED)
-    prompt = repeating_prompt("Applies a 2D convolution over", tokenizer, forward, embed)
+    prompt = repeating_prompt("Applies a 2D convolution over", Tokenizer(TRAINED / "config.json"))
     specs = root / "specs"
     specs.mkdir()
     (specs / f"{NAME}.toml").write_text(
@@ -154,8 +158,17 @@ def test_a_lookahead_bundle_speculates_losslessly_as_the_engine_does(looked: Pat
     simulator) are the CPU's plain greedy ones; drafts held (more than one token per forward), with exactly the
     rounds MNN's engine runs for that prompt; verify.txt and the page report it."""
     report = VerifyReport.model_validate_json((looked / "v79" / "verify" / REPORT_JSON).read_text(encoding="utf-8"))
+    assert report.passed
+    # the engine's verify forward (draft_predict_length 3 + 1 rows) is io's sample of that length, and every graph
+    # at that length ran in the simulator
+    assert sorted(s.seq_len for s in report.whole_model) == [1, 4, 128] and all(s.passed for s in report.whole_model)
+    rows = {g.outputs[0].shape[1] for g in report.graphs}  # a graph's first output: [1, rows, width]
+    at_four = [g for g in report.graphs if g.outputs[0].shape[1] == 4]
+    assert rows == {1, 4, 128} and len(at_four) == len(report.plugins)
+    assert all(g.passed and g.fed == "bundle_pass" for g in at_four)
     spec = report.speculation
-    assert report.passed and spec is not None and spec.passed and spec.kind == "lookahead" and spec.problem is None
+    assert spec is not None and spec.passed and spec.kind == "lookahead" and spec.problem is None
+    assert spec.verify_length == 4
     assert spec.settings == {"draft_match_strictness": "low", "draft_selection_rule": "freqxlen",
                              "ngram_match_maxlen": 4, "ngram_update": False}  # fmt: skip
     assert spec.tree is None and spec.note is None

@@ -33,7 +33,7 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -162,7 +162,7 @@ class LookaheadSettings:
             draft_length=positive(DRAFT_LENGTH_FIELD, DEFAULT_DRAFT_LENGTH),
             strictness=strictness if strictness in ("low", "medium", "high") else "low",
             rule=rule if rule in ("freqxlen", "fcfs") else "freqxlen",
-            max_key=positive("ngram_match_maxlen", int(LOOKAHEAD_DEFAULTS["ngram_match_maxlen"]), MAX_KEY),  # type: ignore[call-overload]
+            max_key=positive("ngram_match_maxlen", cast(int, LOOKAHEAD_DEFAULTS["ngram_match_maxlen"]), MAX_KEY),
             update=update,
             lookup_file=lookup if lookup.is_file() else None,
         )
