@@ -46,7 +46,7 @@ def drafter(comma: int | None = None, **settings: object) -> LookaheadDrafter:
 
 def test_std_counts_iterate_in_libstdcxx_order() -> None:
     """Which of two equally scored tokens the engine drafts is the first its ``std::unordered_map`` yields; the
-    order libstdc++ (g++ 13, the box's libstdc++.so.6) gave for these inserts, 13 buckets and then grown twice to
+    order libstdc++ (g++ 12.2, the box's libstdc++.so.6) gave for these inserts, 13 buckets and then grown twice to
     59, printed by a ten-line C++ program (insert each id, ``++count`` when present, print the iteration)."""
     seq = [(i * 37 + 11) % 101 + (13 if i % 5 == 0 else 0) for i in range(40)]
     counts = StdCounts()
