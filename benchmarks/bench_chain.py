@@ -8,10 +8,14 @@ the median chain time over the median floor time.
 
 Results are merged into ``benchmarks/results/chain.json`` under the checkout's commit. ``reference`` in that file is
 the ratio the check compares against (set with ``--set-reference``, from a run on a quiet box); ``--check`` exits 1
-when this run's ratio exceeds it by more than ``--margin`` (default 35%): a 30% slowdown of the whole chain at equal
-floor grows the ratio by 30%, while a loaded box slows chain and floor alike.
+when this run's ratio exceeds it by more than ``--margin`` (default 25%): a 30% slowdown of the whole chain at equal
+floor grows the ratio by 30%, while a loaded box slows chain and floor nearly alike (measured in docs/benchmarks.md:
+at load 8-12 the unslowed ratio stayed within 23% of the reference, and 35% let one of five 30% slowdowns pass).
 
-    python benchmarks/bench_chain.py [--rounds 3] [--check] [--margin 0.35] [--set-reference]
+    python benchmarks/bench_chain.py [--rounds 3] [--check] [--margin 0.25] [--set-reference]
+
+``--slow-chain 0.3`` is the check's own test: each chain's doit process sleeps 0.3 x its own time before it exits,
+a chain 30% slower at the same floor whatever the box's load (docs/benchmarks.md has the measured run).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from _common import PROJECT_ROOT, RESULTS, add_result, checkout_commit, print_ta
 MODEL = "tiny-qwen3"
 ARCH = "v79"
 RESULTS_NAME = "chain"
-DEFAULT_MARGIN = 0.35
+DEFAULT_MARGIN = 0.25
 
 FLOOR = """
 import sys
@@ -44,6 +48,18 @@ from _floor import compose_plugins
 root = Path(sys.argv[2])
 compose_plugins(root / "model", root / "partition", sys.argv[3], sys.argv[4], keep=None)
 """
+
+
+SLOWED = """
+import runpy, sys, time
+started, fraction = time.perf_counter(), float(sys.argv[1])
+sys.argv = ["doit", *sys.argv[2:]]
+try:
+    runpy.run_module("doit", run_name="__main__")
+finally:
+    time.sleep(fraction * (time.perf_counter() - started))
+"""
+"""doit, made ``fraction`` slower (``--slow-chain``)."""
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -61,14 +77,15 @@ def _timed(cmd: list[str], env: dict[str, str], what: str) -> float:
     return seconds
 
 
-def one_round(work: Path, n: int) -> tuple[float, float]:
-    """Seconds of the cold chain and of its floor, on one fresh root (removed after)."""
+def one_round(work: Path, n: int, slow: float = 0.0) -> tuple[float, float]:
+    """Seconds of the cold chain (``slow``: made that fraction slower) and of its floor, on one fresh root (removed
+    after)."""
     root = work / f"round{n}"
     env = _env(root)
+    doit = ["-c", SLOWED, str(slow)] if slow else ["-m", "doit"]
     try:
-        chain = _timed(
-            [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), f"bundle:{MODEL}-{ARCH}"], env, "doit"
-        )
+        task = f"bundle:{MODEL}-{ARCH}"
+        chain = _timed([sys.executable, *doit, "-f", str(PROJECT_ROOT / "dodo.py"), task], env, "doit")
         npu_weights = "float16"
         floor = _timed(
             [sys.executable, "-c", FLOOR, str(Path(__file__).resolve().parent), str(root / MODEL), ARCH, npu_weights],
@@ -102,15 +119,20 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     parser.add_argument("--set-reference", action="store_true", help="record this run's ratio as the reference")
     parser.add_argument("--no-save", action="store_true", help="do not write results (what CI runs)")
+    parser.add_argument(
+        "--slow-chain", type=float, default=0.0, metavar="FRACTION", help="make the chain this much slower (0.3: 30%%)"
+    )
     args = parser.parse_args()
-    if args.rounds < 1 or not 0 < args.margin < 10:
-        raise SystemExit("--rounds must be >= 1 and --margin in (0, 10)")
+    if args.rounds < 1 or not 0 < args.margin < 10 or not 0 <= args.slow_chain < 10:
+        raise SystemExit("--rounds must be >= 1, --margin in (0, 10) and --slow-chain in [0, 10)")
+    if args.slow_chain and (args.set_reference or not args.no_save):
+        raise SystemExit("--slow-chain measures a deliberately slowed chain: give --no-save, never --set-reference")
     reference = read_reference()  # a bad results file is one line before minutes of rounds
     chains: list[float] = []
     floors: list[float] = []
     with tempfile.TemporaryDirectory(prefix="mnnbuild-chain-") as work:
         for n in range(args.rounds):
-            chain, floor = one_round(Path(work), n)
+            chain, floor = one_round(Path(work), n, args.slow_chain)
             chains.append(chain)
             floors.append(floor)
             sys.stderr.write(f"round {n + 1}/{args.rounds}: chain {chain:.2f} s, floor {floor:.2f} s\n")

@@ -7,7 +7,7 @@ Runs whatever ``mnnbuild`` is importable, so a before/after pair is two runs on 
 
 Hard links count once (``du``), a cache blob linked to an output too; ``io_written_mb`` is what the process
 wrote to the block device. The result is merged into ``benchmarks/results/scale.json`` under
-``layers.<n>.modellib_bytes.<label>``.
+``layers`` / the commit of the code measured / ``<n>-modellib-bytes`` / ``<label>``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS  # noqa: E402
+from _common import RESULTS, checkout_commit  # noqa: E402
 from bench_scale import written  # noqa: E402
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     total = resource.getrusage(resource.RUSAGE_SELF)
     artifacts_bytes, cache_bytes = written(out, args.work / "cache")
     result = {
-        "code": str(Path(mnnbuild.__file__).parent),
+        "code": checkout_commit(Path(mnnbuild.__file__).resolve().parent.parent),
         "seconds": round(seconds, 1),
         "peak_rss_mb": round(usage.ru_maxrss / 1024),
         "io_written_mb": round(total.ru_oublock / 2048),
@@ -56,7 +56,8 @@ def main() -> None:
     sys.stdout.write(json.dumps(result) + "\n")
     path = RESULTS / "scale.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
-    data.setdefault("layers", {}).setdefault(args.layers, {}).setdefault("modellib_bytes", {})[args.label] = result
+    runs = data.setdefault("layers", {}).setdefault(result["code"], {})
+    runs.setdefault(f"{args.layers}-modellib-bytes", {})[args.label] = result
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 

@@ -25,8 +25,10 @@ Besides the stages: the bundle's bytes by part, the twins' bytes, how the contex
 weight bytes a phone reads per decoded token: every weight once, as stored; a size, not a speed), and verify's
 logits error and greedy agreement against the CPU.
 
-Results are merged into ``benchmarks/results/scale.json`` under the layer count (``--npu-weights`` and
-``--label`` add to the key, e.g. ``28-int4``, ``4-before`` for a run of older code).
+Results are merged into ``benchmarks/results/scale.json`` under ``layers`` / the commit measured (``+``: with
+changes) / ``<layers>-<npu weights>[-<label>]``, e.g. ``layers / 3fc9602cf2b0 / 28-int4``. Runs from before commits
+were recorded sit under the date they were measured (``layers / 2026-12-01 / 28-float16``), each with the key it
+had (``was``) and its commit where a note named it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, checkout_commit, machine, print_table  # noqa: E402
 
+from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS  # noqa: E402
 from mnnbuild.pipeline.layout import LLM_GRAPHS, VERIFY_REPORT_JSON, origin_file  # noqa: E402
 from mnnbuild.stages.chain import CHAIN, stage_dir  # noqa: E402
 
@@ -238,13 +241,16 @@ def end_to_end(work: Path, name: str, target: str, arch: str, env: dict[str, str
     return record
 
 
-def save_result(key: str, result: dict[str, Any], results: str = "scale.json") -> Path:
-    """Merge ``result`` into ``results`` (``scale.json``) under ``key`` (after every stage, so a long run leaves its
-    stages)."""
+def save_result(key: str, result: dict[str, Any], results: str = "scale.json", commit: str | None = None) -> Path:
+    """Merge ``result`` into ``results`` (``scale.json``) under ``layers`` / ``commit`` / ``key`` (after every stage,
+    so a long run leaves its stages); without a commit (the other scripts' files), under ``layers`` / ``key``."""
     path = RESULTS / results
     data = json.loads(path.read_text()) if path.is_file() else {}
     data["machine"] = machine()
-    data.setdefault("layers", {})[key] = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **result}
+    runs = data.setdefault("layers", {})
+    if commit is not None:
+        runs = runs.setdefault(commit, {})
+    runs[key] = {"measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **result}
     RESULTS.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
@@ -443,7 +449,9 @@ def main() -> None:
     target = f"{name}-{args.arch}"
     stages = [s for s in args.stages.split(",") if s]
     model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python)
-    key = str(args.layers) + "".join(f"-{v}" for v in (args.npu_weights, args.label) if v)
+    # keyed by the code measured, as --eagle's: layers / <commit> / <layers>-<npu weights>[-<label>]
+    commit = checkout_commit()
+    key = f"{args.layers}-{args.npu_weights or DEFAULT_NPU_WEIGHTS}" + (f"-{args.label}" if args.label else "")
     work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
     if not args.resume:
@@ -454,7 +462,9 @@ def main() -> None:
     rows: dict[str, dict[str, Any]] = {}
     result: dict[str, Any] = {"model": name, "target": target, "npu_weights": args.npu_weights, "stages": rows}
     if args.resume:  # carry the earlier stages' records on
-        earlier = json.loads((RESULTS / "scale.json").read_text())["layers"][key]
+        earlier = json.loads((RESULTS / "scale.json").read_text())["layers"].get(commit, {}).get(key)
+        if earlier is None:
+            parser.error(f"--resume: scale.json has no layers / {commit} / {key} to add to (the code changed since?)")
         rows.update(earlier.get("stages", {}))
         result.update({k: v for k, v in earlier.items() if k not in ("stages", "measured", "partial")})
     try:
@@ -491,7 +501,7 @@ def main() -> None:
                 if "floor_npu_weights" in result:
                     own_s = result["floor_npu_weights"]["seconds"]
                     result["bundle_over_floor_npu_weights"] = round(bundle_wall / own_s, 2)
-            save_result(key, {**result, "partial": True})
+            save_result(key, {**result, "partial": True}, commit=commit)
         result["final_bundle_mb"] = round(disk_bytes(artifacts / name / args.arch / "bundle") / 1e6, 1)
         result["written_mb"] = round(sum(r["artifacts_mb"] + r["cache_mb"] for r in rows.values()), 1)
         bundle_rows = [r for s, r in rows.items() if s in BUNDLE_STAGES]
@@ -560,7 +570,7 @@ def main() -> None:
             f"{e['n2']['wall_s']} s = {e['n2_over_floor']}x the floor measured right after ({e['floor_s']} s)\n"
         )
 
-    out(f"wrote {save_result(key, result)}\n")
+    out(f"wrote {save_result(key, result, commit=commit)} (layers / {commit} / {key})\n")
 
 
 # ---- speculation at real size (--eagle) ------------------------------------------------------------------------

@@ -169,12 +169,13 @@ def _add_status(sub: argparse._SubParsersAction) -> None:
 def _dag(args: argparse.Namespace) -> int:
     from mnnbuild.stages.chain import CHAIN
 
-    sys.stdout.write(CHAIN.mermaid())
+    sys.stdout.write(CHAIN.table() if args.table else CHAIN.mermaid())
     return 0
 
 
 def _add_dag(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("dag", help="print the stage DAG as a Mermaid flowchart (generated from the stage list)")
+    p.add_argument("--table", action="store_true", help="print the stage table of the README and docs/design.md")
     p.set_defaults(handler=_dag)
 
 

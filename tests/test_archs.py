@@ -2,38 +2,53 @@
 
 The fixtures under tests/fixtures/models/zoo-* come from ``models/export/make_zoo.py --fixture`` (2 layers, hidden
 64, int4 block 64): Phi-3 (fused gate_up_proj chunk), LFM2 (short-conv zero state), Gemma 2 (logit soft-cap),
-GLM-4 (RMSNorm epsilon 0), Qwen3-MoE (experts in subgraphs, on the CPU).
+GLM-4 (RMSNorm epsilon 0), Qwen3-MoE (experts in subgraphs, on the CPU), Gemma 3 (full and sliding-window layers,
+window 8: the two-part mask MNN's engine builds).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
+from mnnbuild_runtime import Embeddings, cpu_forward_fn, kv_cache_draft, llm_inputs
+from mnnbuild_runtime.bundle import mask_window
+from mnnbuild_runtime.errors import BundleError
 
 from mnnbuild.base.compare import Tolerance, compare
+from mnnbuild.base.errors import ModelDirError
+from mnnbuild.cpu import load_vars
 from mnnbuild.lowering.lower import lower_subgraph
 from mnnbuild.lowering.support import _unary_kind, unsupported_reason
 from mnnbuild.mnn import MnnModel, Op, load_model, save_model
 from mnnbuild.mnn._generated import mnn_fb as fb
+from mnnbuild.mnn.llm import causal_mask, engine_mask, windowed_mask
+from mnnbuild.mnn.model import OP_TYPE_NAMES, OP_TYPES
 from mnnbuild.mnn.semantics import shape_inputs
 from mnnbuild.mnn.summary import op_weight_bytes
+from mnnbuild.model.modeldir import read_llm_config
+from mnnbuild.model.spec import LocalSource
+from mnnbuild.partition.cut import plan_cut
 from mnnbuild.partition.fold import compute_folded
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.qnn import QnnLibrary
 from mnnbuild.samples.checks import warn_zero_epsilon
 from mnnbuild.samples.inputs import make_inputs
+from mnnbuild.stages.fetch import FetchInputs, FetchParams, fetch
+from mnnbuild.stages.io import IoInputs, IoParams, generate_io
 from mnnbuild.verify.failures import generation_failures
 from mnnbuild.verify.verdict import GenerationCheck, GenerationStep
-from tests.conftest import FIXTURE_MODELS, RunDoit
+from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT, RunDoit
 from tests.lowering_check import mnn_tensors, simulate
 
-ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "glm4", "qwen3_moe")}
+ZOO = {name: FIXTURE_MODELS / f"zoo-{name}" for name in ("phi3", "lfm2", "gemma2", "gemma3_text", "glm4", "qwen3_moe")}
 
 
 def zoo_specs(tmp_path: Path, *names: str) -> dict[str, str]:
@@ -97,6 +112,22 @@ def test_folded_fill_is_computed() -> None:
         assert values[n].dtype == np.float32
         assert values[n].size > 0 and not values[n].any()
         assert seq in values[n].shape  # follows the sample's length, not a fixed shape
+
+
+@pytest.mark.parametrize(
+    "model_file",
+    sorted(FIXTURE_MODELS.glob("*/*.mnn")) + sorted((PROJECT_ROOT / "models").glob("*/llm.mnn")),
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_every_subgraph_has_a_data_input(model_file: Path) -> None:
+    """No CPU step without data inputs ("subgraph ... has no data input", LFM2 before its Fill folded): an op whose
+    inputs are all constant, folded or read for their shape only is folded, so every op a subgraph runs reads the
+    content of a graph input or of another subgraph's output."""
+    model = load_model(model_file)
+    cut = plan_cut(model, model.input_names, model.output_names)
+    assert all(m.inputs for m in cut.modules)
+    folded = set(cut.folded_ops)
+    assert all(i in folded for i, op in enumerate(model.ops) if op.type == "Fill" and i in set(cut.needed))
 
 
 @pytest.mark.slow
@@ -186,33 +217,64 @@ def test_fused_residual_norm_is_refused_by_name() -> None:
 # ---- 5. what cannot be supported: one line at the earliest stage that knows -----------------------------------
 
 
-def _with_custom_op(dest: Path) -> str:
-    """The Gemma 2 fixture with its first MLP activation replaced by a custom op MNN's CPU has no kernel for."""
+def _custom(op: Op) -> Op:
+    extra = fb.ExtraT()
+    extra.type, extra.engine = "MyCustomOp", "Tiny"
+    return dataclasses.replace(op, type="Extra", main=extra)
+
+
+def _plugin(op: Op) -> Op:
+    plugin = fb.PluginT()
+    plugin.type, plugin.attr = "QNN", []
+    return dataclasses.replace(op, type="Plugin", main=plugin)
+
+
+REFUSED_OPS: dict[str, tuple[Callable[[Op], Op], str, str]] = {
+    # what replaces the first MLP activation: (make it, the stage that refuses it, the op's type as the line names it)
+    "custom": (_custom, "io", "Extra 'MyCustomOp'"),  # a custom op MNN's CPU has no kernel for
+    "plugin": (_plugin, "io", "Plugin"),  # a bundle's partitioned graph given back as a source model
+    "no-cpu-kernel": (lambda op: dataclasses.replace(op, type="QuantizedAdd", main=None), "io", "QuantizedAdd"),
+    "unknown-type": (lambda op: dataclasses.replace(op, type="Unknown9999", main=None), "fetch", "9999"),
+}
+
+
+def _with_refused_op(dest: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The Gemma 2 fixture with its first MLP activation replaced by an op of ``kind``; returns how the refusal
+    names it."""
     shutil.copytree(ZOO["gemma2"], dest)
     model = load_model(dest / "llm.mnn")
     i = next(k for k, op in enumerate(model.ops) if op.type == "UnaryOp" and "act_fn" in op.name)
-    extra = fb.ExtraT()
-    extra.type, extra.engine = "MyCustomOp", "Tiny"
-    model.ops[i] = dataclasses.replace(model.ops[i], type="Extra", main=extra)
+    make, _, type_name = REFUSED_OPS[kind]
+    # an OpType value no MNN schema has: written by this process only (the build's parser does not know it)
+    monkeypatch.setitem(OP_TYPES, "Unknown9999", 9999)
+    monkeypatch.setitem(OP_TYPE_NAMES, 9999, "Unknown9999")
+    model.ops[i] = make(model.ops[i])
     save_model(model, dest / "llm.mnn")
-    return f"op #{i} {model.ops[i].name!r} (Extra 'MyCustomOp')"
+    if kind == "unknown-type":
+        return f"llm.mnn: op #{i} has unknown OpType value {type_name}"
+    return f"MNN's CPU cannot run op #{i} {model.ops[i].name!r} ({type_name})"
 
 
 @pytest.mark.slow
-def test_an_op_mnn_cannot_run_is_one_line_naming_it(tmp_path: Path, run_doit: RunDoit) -> None:
-    named = _with_custom_op(tmp_path / "custom")
+@pytest.mark.parametrize("kind", sorted(REFUSED_OPS))
+def test_an_op_we_refuse_is_one_line_naming_it(
+    tmp_path: Path, run_doit: RunDoit, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Every stage asked for (verify of the bundle), on a model holding an op of a type the chain refuses: the first
+    stage that reads the op stops the build in one line naming it and its type, never a traceback."""
+    named = _with_refused_op(tmp_path / "model", kind, monkeypatch)
     specs = tmp_path / "specs"
     specs.mkdir()
-    (specs / "custom.toml").write_text(
-        f'name = "custom"\nsource = {{ local = "{tmp_path / "custom"}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
+    (specs / "refused.toml").write_text(
+        f'name = "refused"\nsource = {{ local = "{tmp_path / "model"}" }}\nchunk_size = 32\ntargets = ["v79"]\n',
         encoding="utf-8",
     )
-    proc = run_doit("verify:custom-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
+    proc = run_doit("verify:refused-v79", env={"MNNBUILD_MODELS_PATH": str(specs)}, check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "Traceback" not in out
-    assert "failed  io:custom" in out  # the first stage that runs the model
-    (line,) = [ln for ln in out.splitlines() if "cannot run" in ln]
-    assert f"MNN's CPU cannot run {named}" in line and "weight file" not in line
+    assert f"failed  {REFUSED_OPS[kind][1]}:refused" in out  # the first stage that reads the op
+    (line,) = [ln for ln in out.splitlines() if named in ln]
+    assert "weight file" not in line
 
 
 # ---- 6. the partition says up front what runs where (MoE experts keep their weights on the CPU) ---------------
@@ -257,6 +319,126 @@ def test_generation_on_a_non_finite_reference_is_one_reference_line() -> None:
     (line,) = [f.line for f in generation_failures(gen, tol)]
     assert line.startswith("generation: the CPU reference's logits are not finite at 3 of 3 steps")
     assert "out of tolerance" not in line and "picks" not in line
+
+
+# ---- 7. the masks MNN's engine builds for the model's attention kinds (Gemma 3: full and sliding layers) -------
+
+
+def _engine_rule(seq: int, window: int) -> np.ndarray:
+    """Upstream llm.cpp's two-part float mask, element by element: a key is seen by the full layers when at or before
+    the query, by the sliding ones when also fewer than ``window`` positions behind it."""
+    low = np.finfo(np.float32).min
+    full = [[0.0 if j <= i else low for j in range(seq)] for i in range(seq)]
+    sliding = [[0.0 if i - window < j <= i else low for j in range(seq)] for i in range(seq)]
+    return np.array([full, sliding], np.float32).reshape(2, 1, 1, seq, seq)
+
+
+def test_windowed_mask_follows_the_query_positions() -> None:
+    """Two new rows after 4 cached keys (MNN's engine puts row ``i``'s query at ``i + kv - seq``), window 3."""
+    low = np.finfo(np.float32).min
+    seen = np.zeros((1, 1, 2, 6), np.float32)  # the caller's mask: every key seen
+    mask = windowed_mask(seen, 3)
+    assert mask.shape == (2, 1, 1, 2, 6) and np.array_equal(mask[0], seen)
+    assert (mask[1, 0, 0, 0] == 0).tolist() == [False, False, True, True, True, True]  # query 4: keys 2.. (3 back)
+    assert (mask[1, 0, 0, 1] == 0).tolist() == [False, False, False, True, True, True]
+    assert mask[1, 0, 0, 0, 0] == low and windowed_mask(mask, 3) is mask and windowed_mask(seen, None) is seen
+    assert np.array_equal(engine_mask(12, 5), _engine_rule(12, 5)) and np.array_equal(engine_mask(12), causal_mask(12))
+
+
+def _gemma3(tmp_path: Path, **changes: object) -> tuple[Path, int]:
+    """A copy of the Gemma 3 fixture (layer 0 sliding, layer 1 full) with ``llm_config.json`` fields changed (None:
+    removed), and its sliding window."""
+    dest = tmp_path / "gemma3"
+    shutil.copytree(ZOO["gemma3_text"], dest)
+    config = json.loads((dest / "llm_config.json").read_text(encoding="utf-8"))
+    config.update(changes)
+    config = {k: v for k, v in config.items() if v is not None}
+    (dest / "llm_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return dest, config.get("sliding_window", 0)
+
+
+def _fetched(src: Path, dest: Path) -> Path:
+    fetch(FetchInputs(model="m", source=LocalSource(local=str(src)), source_dir=src), FetchParams(), dest)
+    return dest
+
+
+def test_io_samples_carry_the_engines_two_part_mask(tmp_path: Path) -> None:
+    model_dir = _fetched(ZOO["gemma3_text"], tmp_path / "model")
+    config = json.loads((model_dir / "llm_config.json").read_text(encoding="utf-8"))
+    assert config["attention_type"] == "mix" and 0 < config["sliding_window"] < 32  # the sample goes past it
+    window, seq = config["sliding_window"], 32
+    generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(seq,), seed=3), tmp_path / "io")
+    feed = load_vars(tmp_path / "io" / "testdir" / str(seq) / "input.mnn")
+    ref = load_vars(tmp_path / "io" / "testdir" / str(seq) / "output.mnn")["logits"].reshape(seq, -1)
+    assert np.array_equal(feed["attention_mask"], _engine_rule(seq, window))
+    assert np.array_equal(load_vars(tmp_path / "io" / "testdir" / "1" / "input.mnn")["attention_mask"],
+                          _engine_rule(1, window))  # fmt: skip
+    # The reference outputs are the model's on that mask: fed one full mask in both parts instead, the rows past the
+    # window (whose sliding layer would see keys it must not) come out otherwise, the rows within it the same.
+    forward = cpu_forward_fn(model_dir)
+    full = np.stack([causal_mask(seq)] * 2)
+    wrong = np.asarray(forward({**feed, "attention_mask": full})["logits"]).reshape(seq, -1)
+    assert np.array_equal(wrong[:window], ref[:window])
+    assert not compare("rows past the window", wrong[window:], ref[window:], Tolerance()).passed
+
+
+def test_recompute_forward_is_mnns_engine_past_the_window(tmp_path: Path) -> None:
+    """The forward verify's reference and the bundle run (a one-part mask completed to the model's kinds) against
+    MNN's own LLM engine, which builds the two-part mask itself: the same rows, on a prompt longer than the window.
+    ``attn_scale`` is dropped: the engine hands it to the Attention op at run time (KV meta), which a module run has
+    no way to (noticed, not this test's subject)."""
+    model_dir, window = _gemma3(tmp_path, attn_scale=None)
+    prompt = list(range(40, 40 + window + 4))
+    rows: list[np.ndarray] = []
+    tokens = kv_cache_draft(model_dir, prompt, 6, rows=rows)
+    assert len(rows) == 6, "MNN's LLM engine ran the model"
+    feed = llm_inputs(Embeddings(model_dir)(prompt + tokens[:-1]), 32, logits_index=0)
+    assert feed["attention_mask"].shape == (1, 1, 32, 32)  # one part: the forward completes it as the engine does
+    forward = cpu_forward_fn(model_dir)
+    got = np.asarray(forward(feed)["logits"]).reshape(32, -1)
+    full = np.asarray(forward({**feed, "attention_mask": np.stack([feed["attention_mask"]] * 2)})["logits"])
+    full = full.reshape(32, -1)
+    tol = Tolerance()
+    for i, row in enumerate(rows):
+        at = len(prompt) - 1 + i
+        check = compare(f"step {i}", got[at], row, tol)
+        assert check.passed, check.describe(tol)
+        assert not compare(f"step {i}, one full mask", full[at], row, tol).passed
+
+
+def test_mixed_attention_without_a_window_or_a_two_part_input_is_one_line(tmp_path: Path) -> None:
+    no_window, _ = _gemma3(tmp_path, sliding_window=None)
+    with pytest.raises(ModelDirError) as err:
+        read_llm_config(no_window)
+    assert str(err.value).startswith(f"{no_window / 'llm_config.json'}: field 'sliding_window' must be a positive")
+    with pytest.raises(BundleError, match=r"llm_config.json: field 'sliding_window' must be a positive integer when"):
+        mask_window(no_window / "config.json", {})
+    # A graph taking one mask, described as mixing both kinds: the engine would feed it two.
+    one_part = tmp_path / "one-part"
+    shutil.copytree(ZOO["gemma2"], one_part)
+    config = json.loads((one_part / "llm_config.json").read_text(encoding="utf-8"))
+    (one_part / "llm_config.json").write_text(json.dumps({**config, "attention_type": "mix", "sliding_window": 8}))
+    model_dir = tmp_path / "model"
+    fetch(
+        FetchInputs(model="m", source=LocalSource(local=str(one_part)), source_dir=one_part), FetchParams(), model_dir
+    )
+    with pytest.raises(ModelDirError) as err:
+        generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(32,)), tmp_path / "io")
+    assert "field 'attention_type' is 'mix'" in str(err.value) and "graph input 'attention_mask'" in str(err.value)
+    assert "\n" not in str(err.value) and not (tmp_path / "io").exists()
+
+
+@pytest.mark.slow
+def test_sliding_window_model_verifies_on_the_engines_mask(tmp_path: Path, run_doit: RunDoit) -> None:
+    proc = run_doit("verify:zoo-gemma3_text-v79", env=zoo_specs(tmp_path, "gemma3_text"), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    verify_dir = tmp_path / "artifacts" / "zoo-gemma3_text" / "v79" / "verify"
+    assert (verify_dir / "verify.txt").read_text().startswith("verify zoo-gemma3_text for SM8750 (v79): PASSED")
+    report = json.loads((verify_dir / "verify.json").read_text(encoding="utf-8"))
+    # the generation's forward at 32 is the io sample's run: its inputs, the two-part mask included, are the same
+    assert report["generation"]["passed"] and report["generation"]["shared_lengths"] == [32]
+    assert len(report["generation"]["prompt_ids"]) + len(report["generation"]["hybrid_tokens"]) > 8  # past the window
 
 
 # ---- the fast subset of the matrix (benchmarks/bench_archs.py runs the whole zoo, float16 and int4) ------------

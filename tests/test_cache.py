@@ -17,9 +17,9 @@ from types import ModuleType
 
 import pytest
 
-from mnnbuild.base.fsutil import sha256_file
+from mnnbuild.base.fsutil import KnownHashes, sha256_file
 from mnnbuild.manifests.twin import TwinManifest
-from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry
+from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry, cache_key
 from mnnbuild.verify.verdict import VerifyReport
 from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
 
@@ -66,6 +66,25 @@ def warm_cache(tmp_path: Path, run_doit: RunDoit) -> tuple[Path, list[str]]:
     assert any(t.startswith("context:tiny-qwen3-v79:") for t in built)
     assert "from cache" not in summary(first)
     return cache, built
+
+
+def test_the_key_is_every_thing_an_entry_was_made_from(tmp_path: Path) -> None:
+    """An entry is restored only for what made it: its stage, its config (code fingerprint, params, tools) and each
+    input file by name and content. A key that dropped one of them would hand a stale output to a changed run."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text("1")
+    b.write_text("2")
+    key = cache_key("io", '{"seed": 0}', [a, b])
+    assert cache_key("io", '{"seed": 0}', [a, b], KnownHashes()) == key, "known hashes change nothing"
+    changed = {
+        "stage": cache_key("partition", '{"seed": 0}', [a, b]),
+        "config": cache_key("io", '{"seed": 7}', [a, b]),
+        "an input's name": cache_key("io", '{"seed": 0}', [a, b.rename(tmp_path / "c.json")]),
+    }
+    (tmp_path / "c.json").rename(b)
+    a.write_text("3")
+    changed["an input's content"] = cache_key("io", '{"seed": 0}', [a, b])
+    assert {what: k for what, k in changed.items() if k == key} == {}
 
 
 @pytest.mark.slow

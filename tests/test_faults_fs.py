@@ -1,6 +1,6 @@
 """Trust, second round (issue 27), files and processes: nothing a user mistypes deletes their files, nothing in a
 bundle reads outside it, no process outlives the build. Each case is reproduced as the issue reports it, then shown
-handled; ``benchmarks/faults.py`` replays them as a table.
+handled; ``python -m tests.faults.replay`` replays them as a table.
 """
 
 from __future__ import annotations

@@ -134,12 +134,12 @@ def test_bare_doit_writes_a_self_contained_page(built: Path) -> None:
     assert prefill and prefill[0].logits_rows is not None and len(prefill[0].logits_rows.max_abs_err) == 128
     # cost: the run that verified built every stage, and says so with time and peak memory
     for stage in ("io", "partition", "bundle", "verify"):
-        assert re.search(rf"<td>{stage}</td><td>built</td><td class=\"num\">\d+\.\d\d</td>", page), stage
+        assert re.search(rf"<td[^>]*>{stage}</td><td[^>]*>built</td><td class=\"num\"[^>]*>\d+\.\d\d</td>", page), stage
     # every plugin's context and twin (verify's build cost) has its row
     assert len(verify_report.plugins) == 4
     for k in range(len(verify_report.plugins)):
         for stage in ("context", "twin"):
-            assert re.search(rf"<td>{stage} graphllm{k}</td><td>built</td>", page), (stage, k)
+            assert re.search(rf"<td[^>]*>{stage} graphllm{k}</td><td[^>]*>built</td>", page), (stage, k)
 
 
 def test_page_names_outputs_units_and_paths_as_the_reader_needs(built: Path) -> None:
@@ -262,6 +262,25 @@ return out;
 """
 """Every laid-out element that starts or ends off-screen, or hides content behind a sideways scroll."""
 
+FRAGMENTS = """
+const out = [];
+for (const cell of document.querySelectorAll("th, td")) {
+  const walker = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    for (const m of node.textContent.matchAll(/\\S+/g)) {
+      if (m[0].length > 24) continue;  // a hash or a long path may wrap
+      const range = document.createRange();
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const tops = new Set([...range.getClientRects()].filter(r => r.width > 0).map(r => Math.round(r.top)));
+      if (tops.size > 1) out.push(`${m[0]} (${tops.size} lines)`);
+    }
+  }
+}
+return out;
+"""
+"""Every word of at most 24 characters in a table that the layout breaks across lines ("resul|t", "qnn/|grap|hllm")."""
+
 
 def test_page_renders_in_chromium(built: Path, browser: webdriver.Chrome, tmp_path: Path) -> None:
     """At a desktop's width and a phone's (390 px), nothing is cut off: no element reaches past either edge of the
@@ -277,6 +296,11 @@ def test_page_renders_in_chromium(built: Path, browser: webdriver.Chrome, tmp_pa
         cut = browser.execute_script(CUT_OFF)
         assert cut == [], f"at {width} px: {cut[:10]}"
         assert all(w <= width for w, _ in sizes), "every figure fits the window"
+        fragments = browser.execute_script(FRAGMENTS)
+        assert fragments == [], f"at {width} px, words broken across lines: {fragments[:10]}"
+    page = path.read_text("utf-8")
+    for title in ("wall time per stage", "peak RSS per stage", "largest files"):  # the cost figures say what they are
+        assert title in page, title
     open_page(browser, path, 1000, 1250)
     shot = tmp_path / "report.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

@@ -86,6 +86,14 @@ class Unavailable(MnnbuildError):
         self.said = said
 
 
+class ClusterError(MnnbuildError):
+    """The Dask cluster ``MNNBUILD_SCHEDULER`` names cannot run a task: the scheduler does not answer, a worker's code,
+    MNN or QNN differs from this machine's (it refuses the task), a worker cannot reach the shared cache, or no worker
+    has the memory a task declares. Make the workers' environment match (same mnnbuild checkout, same MNN and
+    onnxruntime-qnn), give them the shared cache (``MNNBUILD_CACHE_REMOTE``), or unset ``MNNBUILD_SCHEDULER`` to build
+    on this machine."""
+
+
 class ChildDiedError(MnnbuildError):
     """A child process ended (was killed, crashed) before it sent what was waited for. Read the output the message
     quotes; killed for memory, run fewer tasks at once (``doit -n 1``)."""

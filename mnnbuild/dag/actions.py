@@ -8,6 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,10 @@ from pydantic import BaseModel, ValidationError
 
 from mnnbuild.base.errors import MnnbuildError, error_line
 from mnnbuild.base.fsutil import KnownHashes, sha256_bytes, sha256_file
+from mnnbuild.cluster import Cluster, runs_remotely
+from mnnbuild.cluster.client import remote_task, shared_tier
 from mnnbuild.dag.uptodate import outputs_intact
-from mnnbuild.pipeline.cache import CacheTiers, cache_key, warn_once
+from mnnbuild.pipeline.cache import CacheTiers, Restored, cache_key, warn_once
 from mnnbuild.pipeline.deferred import (
     CACHE_OFF,
     Unavailable,
@@ -65,6 +68,16 @@ def recorded(
     return outputs_intact(out_dir, stage.manifest, links, deferred_ok).intact() and all(check() for check in checks)
 
 
+@dataclass(frozen=True)
+class Remote:
+    """What a task's run on the cluster needs besides `run_stage`'s arguments: the task's name, the artifact root its
+    dirs sit under, and the memory its run holds (`Stage.memory`)."""
+
+    name: str
+    root: Path
+    memory: int = 0
+
+
 Guard = tuple[Path, type[Manifest], str]
 """An upstream dir, its manifest model and the subdir whose files must be as that manifest records (`Stage.guards`)."""
 
@@ -107,6 +120,7 @@ def run_stage(
     reads: tuple[Read, ...] = (),
     wanted: bool = False,
     hashes: KnownHashes | None = None,
+    remote: Remote | None = None,
 ) -> TaskFailed | dict[str, Any]:
     """doit action: keep what the stage dir already holds for this key (`recorded`), restore the stage's outputs
     from the cache, or run the stage and store them (`_run_or_restore`). ``hashes``: the files this run hashed.
@@ -142,6 +156,7 @@ def run_stage(
             reads,
             wanted,
             hashes or KnownHashes(),
+            remote,
         )
     left = stage.leaves_on_failure
     if isinstance(result, TaskFailed) and left and (Path(out_dir) / left).is_file():
@@ -162,6 +177,7 @@ def _run_or_restore(
     reads: tuple[Read, ...],
     wanted: bool,
     hashes: KnownHashes,
+    remote: Remote | None = None,
 ) -> TaskFailed | dict[str, Any]:
     """Keep what the stage dir holds for this key, restore it from the cache, or run the stage and store it.
 
@@ -188,15 +204,17 @@ def _run_or_restore(
         keep = deferred_keep(stage) if stage.defer and not wanted else None
         hit = tiers.restore(stage.name, key, out_dir, keep=keep, link=stage.links)
         if hit is not None:
-            origin = {"origin": "cache", "key": key, "task": identity, "cache": hit.url, "tier": hit.tier}
-            origin["bytes"] = hit.bytes
-            if hit.deferred:
-                manifest_sha = sha256_file(Path(out_dir) / stage.manifest.filename())
-                origin |= {"deferred": True, "deferred_files": list(hit.deferred), "manifest_sha256": manifest_sha}
-            # the files restored were checked against their sha256 just now
-            origin["stamps"] = output_stamps(stage, out_dir)
-            write_origin(out_dir, stage.name, {**origin, **run_stamp()})
+            _restored_origin(stage, out_dir, key, identity, hit)
             return {"origin": "cache", "tier": hit.tier, "bytes": hit.bytes, "deferred": bool(hit.deferred)}
+    try:
+        cluster = Cluster.from_env() if remote is not None and runs_remotely(stage) else None
+    except MnnbuildError as exc:
+        return task_failed(exc)
+    if cluster is not None:
+        assert remote is not None
+        key = key or cache_key(stage.name, key_config, file_dep, hashes)
+        return _run_on_cluster(cluster, remote, stage, inputs, params, out_dir, key_config, key, file_dep, upstream,
+                               tiers, wanted)  # fmt: skip
     try:
         fetched = materialize_all(reads)
     except MnnbuildError as exc:
@@ -229,6 +247,71 @@ def _run_or_restore(
         "stored": stored,
         "fetched": fetched,
         "seconds": round(seconds, 3),
+    }
+
+
+def _restored_origin(
+    stage: Stage, out_dir: Path, key: str, identity: str, hit: Restored, extra: dict[str, Any] | None = None
+) -> None:
+    """The origin record of a stage dir restored from the cache (``extra``: where it was built, for a cluster's)."""
+    origin = {"origin": "cache", "key": key, "task": identity, "cache": hit.url, "tier": hit.tier}
+    origin["bytes"] = hit.bytes
+    if hit.deferred:
+        manifest_sha = sha256_file(Path(out_dir) / stage.manifest.filename())
+        origin |= {"deferred": True, "deferred_files": list(hit.deferred), "manifest_sha256": manifest_sha}
+    # the files restored were checked against their sha256 just now
+    origin["stamps"] = output_stamps(stage, out_dir)
+    write_origin(out_dir, stage.name, {**origin, **(extra or {}), **run_stamp()})
+
+
+def _run_on_cluster(
+    cluster: Cluster,
+    remote: Remote,
+    stage: Stage,
+    inputs: StageInputs,
+    params: BaseModel,
+    out_dir: Path,
+    key_config: str,
+    key: str,
+    file_dep: list[Path],
+    upstream: list[tuple[type[Manifest], Path]],
+    tiers: CacheTiers | None,
+    wanted: bool,
+) -> TaskFailed | dict[str, Any]:
+    """Run the stage on a worker of ``cluster`` (`mnnbuild.cluster`), then restore its outputs from the shared tier
+    as a cache hit: the upstream dirs' files never come here, only their keys go there."""
+    try:
+        if tiers is None:
+            shared_tier(None)  # the one line saying the cluster needs a shared cache
+        assert tiers is not None
+        task, shared = remote_task(remote.name, stage, inputs, params, Path(out_dir), remote.root, key_config, key,
+                                   file_dep, upstream, tiers, remote.memory)  # fmt: skip
+        submitted = time.perf_counter()
+        done = cluster.run(task)
+        waited = time.perf_counter() - submitted
+    except MnnbuildError as exc:
+        return task_failed(exc)
+    restoring = time.perf_counter()
+    for tier in tiers.tiers:
+        tier.cache.fs.invalidate_cache()  # a worker wrote there: no listing from before
+    keep = deferred_keep(stage) if stage.defer and not wanted else None
+    hit = tiers.restore(stage.name, key, out_dir, keep=keep, link=stage.links)
+    if hit is None:
+        return TaskFailed(f"{remote.name} ran on {done['worker']} but its outputs could not be restored from the "
+                          f"shared cache {shared.cache.url}")  # fmt: skip
+    # where a cluster run's time went: on the worker (check, restore, run, store), in flight (submit: the wait less
+    # the worker's part), and restoring here (benchmarks/bench_cluster.py)
+    timings = {**done["timings"], "wait": round(waited, 3), "restore_here": round(time.perf_counter() - restoring, 3)}
+    worker = {"worker": done["worker"], "seconds": done["seconds"], "peak_rss": done["peak_rss"], "cluster": timings}
+    _restored_origin(stage, out_dir, key, task_identity(key_config), hit, worker)
+    log.debug("cluster: %s ran on %s (%s)", remote.name, done["worker"], done["timings"])
+    return {
+        "origin": "built",
+        "worker": done["worker"],
+        "bytes": done["stored"],
+        "stored": {shared.name: done["stored"]},
+        "seconds": done["seconds"],
+        "timings": timings,
     }
 
 

@@ -9,7 +9,7 @@ import re
 import sqlite3
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,11 +24,11 @@ from mnnbuild.base.errors import MnnbuildError, SpecError
 from mnnbuild.base.fsutil import KnownHashes
 from mnnbuild.dag.reporter import reporter_for
 from mnnbuild.dag.status import MnnbuildDoit
-from mnnbuild.model.spec import LocalSource, ModelSpec, declared_name, discover_specs
 from mnnbuild.pipeline.cache import local_cache_dir
 from mnnbuild.pipeline.chain import Chain
 from mnnbuild.pipeline.fingerprint import DigestMemo
 from mnnbuild.pipeline.layout import CODE_DIGESTS
+from mnnbuild.pipeline.models import Model
 from mnnbuild.pipeline.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Project:
     """The specs and settings every task is declared from."""
 
     settings: Settings
-    specs: dict[str, ModelSpec]
+    specs: Mapping[str, Model]
     memo: DigestMemo
     chain: Chain
     """The stages tasks are declared for (dodo.py passes `mnnbuild.stages.chain.CHAIN`)."""
@@ -69,16 +69,19 @@ class Project:
 
     @classmethod
     def load(cls, project_root: Path, chain: Chain, argv: Sequence[str] = ()) -> Project:
+        """The project of ``chain``'s models (`Chain.models`) found in the spec dirs of the settings."""
+        if chain.models is None:
+            raise ValueError("the chain declares no models (Chain(stages, models=...)) to declare tasks for")
         requested = requested_tasks(argv)
         try:
             settings = Settings.from_env(project_root)
             bad: dict[Path, SpecError] = {}
-            specs = discover_specs(list(settings.spec_dirs), bad)
+            specs = chain.models.discover(list(settings.spec_dirs), bad)
             for path, exc in bad.items():  # named and left out, unless the command asks for that model
-                if _asks_for(path, requested, doit_runs_tasks(argv)):
+                if _asks_for(path, chain.models.declared_name, requested, doit_runs_tasks(argv)):
                     raise exc
                 log.warning("%s (its model's tasks are left out)", exc)
-            settings.check_artifact_root(s.local_dir() for s in specs.values() if isinstance(s.source, LocalSource))
+            settings.check_artifact_root(s.local_dir() for s in specs.values() if s.source.kind == "local")
         except MnnbuildError as exc:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
             raise InvalidDodoFile(str(exc)) from None
@@ -92,7 +95,7 @@ class Project:
         ``twin:<model>-<arch>``)."""
         return any(task == name or task.startswith(f"{name}:") for name in self.requested)
 
-    def stage_dir(self, stage: str, spec: ModelSpec, arch: str | None = None, part: str | None = None) -> Path:
+    def stage_dir(self, stage: str, spec: Model, arch: str | None = None, part: str | None = None) -> Path:
         """Where ``stage`` writes for ``spec`` (and ``arch``, for the per-target stages; ``part``: a VL model's
         ``visual`` part)."""
         return self.chain.stage_dir(self.settings.artifact_root, stage, spec.name, arch, part)
@@ -157,7 +160,9 @@ def content_checker(hashes: KnownHashes) -> type[MD5Checker]:
     return ContentChecker
 
 
-def _asks_for(spec_path: Path, requested: Sequence[str], runs: bool) -> bool:
+def _asks_for(
+    spec_path: Path, declared_name: Callable[[Path], str | None], requested: Sequence[str], runs: bool
+) -> bool:
     """Whether a command that runs tasks asks for the model of a spec that did not load: a task of it by name (the
     spec's ``name`` if it reads, else its file's stem), a whole stage (every model's), or a bare `doit` when it is
     the default model."""

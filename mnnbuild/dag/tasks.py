@@ -22,24 +22,23 @@ from pydantic import BaseModel
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.fsutil import remove_stage_dir, remove_stage_dirs
-from mnnbuild.dag.actions import run_after_failure, run_stage, run_update, task_identity
+from mnnbuild.dag.actions import Remote, run_after_failure, run_stage, run_update, task_identity
 from mnnbuild.dag.keys import stage_key
 from mnnbuild.dag.project import DEFAULT_MODEL, Project
 from mnnbuild.dag.status import code_record, group
 from mnnbuild.dag.uptodate import files_unchanged, hf_pinned, origin_matches, outputs_intact
-from mnnbuild.model.modeldir import chain_parts
-from mnnbuild.model.spec import HfSource, ModelSpec
 from mnnbuild.pipeline.layout import plugin_context_dir, plugin_dir
-from mnnbuild.pipeline.manifest import qnn_build_id, tool_versions
-from mnnbuild.pipeline.stage import At, FanOut, From, Stage, StageInputs
+from mnnbuild.pipeline.models import Model
+from mnnbuild.pipeline.stage import UPDATE_DOC, At, FanOut, From, Stage, StageInputs
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Run:
     """One task of a stage: one model (and target, part and plugin), from which inputs, with which params."""
 
-    spec: ModelSpec
+    spec: Model
     inputs: StageInputs
     params: BaseModel
     doc: str
@@ -62,12 +61,7 @@ class Run:
         return self.at.binary
 
 
-def model_parts(spec: ModelSpec) -> tuple[str, ...]:
-    """The model files a model is built from, each with its own per-part stages (`chain_parts`)."""
-    return chain_parts(spec.family)
-
-
-def out_dir(project: Project, stage: Stage, at: At, spec: ModelSpec) -> Path:
+def out_dir(project: Project, stage: Stage, at: At, spec: Model) -> Path:
     if at.binary is not None:
         return plugin_dir(project.settings.artifact_root, stage, spec.name, str(at.arch), at.binary)
     return project.stage_dir(stage.name, spec, at.arch, at.part if stage.placement == "part" else None)
@@ -79,50 +73,50 @@ def fan_out(project: Project) -> tuple[Stage, FanOut]:
     return found
 
 
-def plugin_binaries(project: Project, spec: ModelSpec, part: str) -> Mapping[str, list[str]]:
+def plugin_binaries(project: Project, spec: Model, part: str) -> Mapping[str, list[str]]:
     """A model part's plugins (binary -> graph dirs); an `MnnbuildError` while its fan-out stage has not run."""
     stage, out = fan_out(project)
     return out.binaries(project.stage_dir(stage.name, spec, part=part))
 
 
-def _plugins(project: Project, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
+def _plugins(project: Project, spec: Model) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
     """Every (target, plugin) of a model, every part's, with the fan-out stage's records of the files its runs read
     (`FanOut.plugins`), by path (under that stage's dir name) and sha256."""
     stage, out = fan_out(project)
-    for part in model_parts(spec):
+    for part in spec.parts:
         plugins = out.plugins(project.stage_dir(stage.name, spec, part=part))
         # the biggest first: with `doit -n 2` the lm_head (many layers' worth) overlaps the layers instead of trailing
         by_cost = sorted(plugins, key=lambda p: -p.cost)
         for arch in spec.targets:
             for plugin in by_cost:
                 read = tuple((r.under(stage.dir).path, r.sha256) for r in plugin.reads)
-                yield At(arch=arch, part=part, binary=plugin.binary, graphs=plugin.graphs), read
+                yield At(arch=arch, part=part, binary=plugin.binary, graphs=plugin.graphs, cost=plugin.cost), read
 
 
-def placements(project: Project, stage: Stage, spec: ModelSpec) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
+def placements(project: Project, stage: Stage, spec: Model) -> Iterator[tuple[At, tuple[tuple[str, str], ...]]]:
     """Where a stage's runs sit for ``spec`` (with the upstream file records a per-plugin run reads)."""
     if stage.placement == "model":
         yield At(), ()
     elif stage.placement == "part":
-        yield from ((At(part=part), ()) for part in model_parts(spec))
+        yield from ((At(part=part), ()) for part in spec.parts)
     elif stage.placement == "target":
         yield from ((At(arch=arch), ()) for arch in spec.targets)
     else:
         yield from _plugins(project, spec)
 
 
-def edge_dir(project: Project, edge: From, spec: ModelSpec, at: At) -> Path | None:
+def edge_dir(project: Project, edge: From, spec: Model, at: At) -> Path | None:
     """An Inputs field's directory for a run at ``at``: the upstream stage's, placed as that stage is (per model,
     per part: the run's own or the edge's; per target: the run's; per plugin: the target's group dir). None: a
     part the model does not have."""
     up = project.chain[edge.stage]
     if up.placement == "part":
         part = edge.part or at.part or "llm"
-        return project.stage_dir(up.name, spec, part=part) if part in model_parts(spec) else None
+        return project.stage_dir(up.name, spec, part=part) if part in spec.parts else None
     return project.stage_dir(up.name, spec, at.arch if up.per_target else None)
 
 
-def edge_deps(project: Project, edge: From, spec: ModelSpec, at: At) -> list[Path]:
+def edge_deps(project: Project, edge: From, spec: Model, at: At) -> list[Path]:
     """The upstream directories whose manifests stand behind an Inputs field: its directory, or of a per-plugin
     stage one per plugin (of the run's part, or of every part)."""
     found = edge_dir(project, edge, spec, at)
@@ -130,24 +124,24 @@ def edge_deps(project: Project, edge: From, spec: ModelSpec, at: At) -> list[Pat
         return []
     if project.chain[edge.stage].placement != "plugin":
         return [found]
-    parts = (at.part,) if at.part else model_parts(spec)
+    parts = (at.part,) if at.part else spec.parts
     binaries = [b for p in parts for b in plugin_binaries(project, spec, p)]
     return [plugin_context_dir(found, b) for b in binaries]
 
 
 def source_deps(
-    stage: Stage, spec: ModelSpec, params: BaseModel, dest: Path
+    stage: Stage, spec: Model, params: BaseModel, dest: Path
 ) -> tuple[tuple[Path, ...], tuple[Callable[[], bool], ...]]:
     """What a stage reading the model from outside the artifact root depends on there: a local source's files (the
     ones it takes), or an HF source's lock."""
-    if isinstance(spec.source, HfSource):
+    if spec.source.kind == "hf":
         return (), () if stage.pinned is None else (hf_pinned(stage.pinned, spec.lock_path, dest),)
     source_dir = spec.local_dir()
     files: tuple[str, ...] = getattr(params, "files", ())
     return tuple(source_dir / n for n in files if (source_dir / n).is_file()), ()
 
 
-def stage_runs(project: Project, name: str, spec: ModelSpec) -> Iterator[Run]:
+def stage_runs(project: Project, name: str, spec: Model) -> Iterator[Run]:
     """The runs of stage ``name`` for ``spec``: Inputs from where each sits and what it reads, Params from the spec."""
     stage = project.chain[name]
     fields = stage.inputs.model_fields
@@ -171,7 +165,7 @@ def stage_runs(project: Project, name: str, spec: ModelSpec) -> Iterator[Run]:
         yield Run(spec, inputs, params, doc=doc, at=at, file_dep=files, recorded=recorded, checks=checks)
 
 
-def task_name(project: Project, name: str, spec: ModelSpec, at: At) -> str:
+def task_name(project: Project, name: str, spec: Model, at: At) -> str:
     """The doit task of stage ``name`` at ``at``: ``io:<model>``, a VL encoder's ``io:<model>:visual``,
     ``config:<model>-<arch>``, a plugin's ``twin:<model>-<arch>:graphllm0``."""
     stage = project.chain[name]
@@ -201,9 +195,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
             extra += [found / f for f in edge.files]
     upstream = list(dict.fromkeys(upstream))
     file_dep = list(dict.fromkeys([*run.file_dep, *extra, *manifests]))
-    tools = tool_versions(mnn="MNN" in stage.tools, qnn=qnn_build_id() if "QNN" in stage.tools else None)
-    if stage.versions is not None:
-        tools.update(stage.versions())
+    tools = stage.key_tools()
     key = stage_key(
         stage.entry.__module__, stage.manifest, run.inputs, run.params, tools, project.memo, dict(run.recorded)
     )
@@ -230,6 +222,7 @@ def stage_task(project: Project, stage: Stage, run: Run) -> dict[str, Any]:
         "reads": reads,
         "wanted": wanted,
         "hashes": project.hashes,
+        "remote": Remote(name, project.settings.artifact_root, stage.memory(run.at) if stage.memory else 0),
     }
     args = list(call.values())  # run_stage's parameters in order
     if stage.defer and stage.cacheable:  # its dir may be restored without its files, which a later task may need
@@ -281,7 +274,7 @@ def after_failure(project: Project, later: Stage, failed: Stage, run: Run) -> tu
     )
 
 
-def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> Iterator[dict[str, Any]]:
+def stage_tasks(project: Project, name: str, spec: Model | None = None) -> Iterator[dict[str, Any]]:
     """The tasks of stage ``name`` for every model (or one)."""
     stage = project.chain[name]
     yield from group_tasks(project, stage, spec)
@@ -292,7 +285,7 @@ def stage_tasks(project: Project, name: str, spec: ModelSpec | None = None) -> I
         yield from parts_group_tasks(project)
 
 
-def group_tasks(project: Project, stage: Stage, spec: ModelSpec | None) -> Iterator[dict[str, Any]]:
+def group_tasks(project: Project, stage: Stage, spec: Model | None) -> Iterator[dict[str, Any]]:
     """The group tasks of a stage's tasks, before them (doit would make them without an up-to-date check): the
     stage's (``io``) for every model, or the plugins' of one model and target (``context:<model>-<arch>``)."""
     if spec is None:
@@ -323,7 +316,7 @@ def npu_task_creators(
     for spec in project.specs.values():
         creates = [f"{name}:{spec.name}-{arch}" for arch in spec.targets for name in late]
 
-        def creator(spec: ModelSpec = spec) -> Iterator[dict[str, Any]]:
+        def creator(spec: Model = spec) -> Iterator[dict[str, Any]]:
             for name in late:
                 yield from stage_tasks(project, name, spec)
 
@@ -340,18 +333,18 @@ def npu_task_creators(
     return creators
 
 
-def partitions_task(project: Project, spec: ModelSpec) -> str:
+def partitions_task(project: Project, spec: Model) -> str:
     """The task after which a model's plugins are known: its partition, or for a VL model the group of both
     parts' partitions (:func:`parts_group_tasks`)."""
     name = fan_out(project)[0].name
-    return f"{name}:{spec.name}" if model_parts(spec) == ("llm",) else f"{name}:{spec.name}:parts"
+    return f"{name}:{spec.name}" if spec.parts == ("llm",) else f"{name}:{spec.name}:parts"
 
 
 def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
     """``partition:<model>:parts`` per VL model: both parts' partitions (the plugin tasks are created after it)."""
     name = fan_out(project)[0].name
     for spec in project.specs.values():
-        if model_parts(spec) != ("llm",):
+        if spec.parts != ("llm",):
             yield group(
                 {
                     "name": f"{spec.name}:parts",
@@ -359,16 +352,16 @@ def parts_group_tasks(project: Project) -> Iterator[dict[str, Any]]:
                     "actions": None,
                     "task_dep": [
                         f"{name}:{spec.name}",
-                        *(f"{name}:{spec.name}:{p}" for p in model_parts(spec)[1:]),
+                        *(f"{name}:{spec.name}:{p}" for p in spec.parts[1:]),
                     ],
                 }
             )
 
 
-def partitioned(project: Project, spec: ModelSpec) -> bool:
+def partitioned(project: Project, spec: Model) -> bool:
     """Whether the model's partition is on disk (its plugins are known)."""
     try:
-        for part in model_parts(spec):
+        for part in spec.parts:
             plugin_binaries(project, spec, part)
     except MnnbuildError:
         return False
@@ -400,12 +393,12 @@ def late_stage_group(project: Project, name: str) -> dict[str, Any]:
 def update_tasks(project: Project, stage: Stage) -> Iterator[dict[str, Any]]:
     """``update:<model>`` per HF model: re-resolve its revision for the stage that reads the source (fetch)."""
     for spec in project.specs.values():
-        if not isinstance(spec.source, HfSource):
+        if spec.source.kind != "hf":
             continue
         files: tuple[str, ...] = getattr(stage.params_of(spec, At()), "files", ())
         yield {
             "name": spec.name,
-            "doc": f"re-resolve {spec.source.hf}@{spec.source.revision} and pin it in {spec.lock_path.name}",
+            "doc": f"re-resolve {spec.source.where} and pin it in {spec.lock_path.name}",
             "actions": [(run_update, [stage, spec.source, spec.lock_path, files])],
             "uptodate": [False],  # an update is always asked for explicitly
         }
@@ -413,9 +406,9 @@ def update_tasks(project: Project, stage: Stage) -> Iterator[dict[str, Any]]:
 
 def update_creator(project: Project, stage: Stage) -> Callable[[], Iterator[dict[str, Any]]]:
     def task_update() -> Iterator[dict[str, Any]]:
-        """Move a Hugging Face model's lock to what its revision resolves to now (then fetch again)."""
         yield from update_tasks(project, stage)
 
+    task_update.__doc__ = UPDATE_DOC
     return task_update
 
 

@@ -6,6 +6,9 @@ The format layer both the build and the runtime import: what MNN names and expec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 MODEL_CONFIG = "config.json"
@@ -29,6 +32,49 @@ def causal_mask(seq: int) -> np.ndarray:
     above it."""
     mask = np.triu(np.full((seq, seq), np.finfo(np.float32).min, dtype=np.float32), k=1)
     return mask.reshape(1, 1, seq, seq)
+
+
+MIXED_ATTENTION = "mix"
+"""``llm_config.json``'s ``attention_type`` of a model whose layers mix full and sliding-window attention (llmexport
+writes it for Gemma 3, gpt-oss, Qwen3.5): MNN's engine then feeds a two-part mask, full and sliding. Every other
+kind (``"full"``; ``"sliding"``, all layers sliding) gets the one causal mask (``llm.cpp gen_attention_mask``)."""
+
+
+def attention_window(config: Mapping[str, Any]) -> int | None:
+    """The sliding window of a model whose mask MNN's engine builds in two parts (``attention_type`` ``"mix"``),
+    from its (merged) LLM config; None for a model fed one causal mask. A mixed model without a positive
+    ``sliding_window`` is refused (ValueError naming the field): the engine would hide every key of its sliding
+    layers."""
+    if config.get("attention_type", "full") != MIXED_ATTENTION:
+        return None
+    window = config.get("sliding_window")
+    if not isinstance(window, int) or isinstance(window, bool) or window <= 0:
+        raise ValueError(
+            f"field 'sliding_window' must be a positive integer when 'attention_type' is {MIXED_ATTENTION!r} "
+            f"(the engine feeds its sliding layers a mask of that window), got {window!r}"
+        )
+    return window
+
+
+def windowed_mask(mask: np.ndarray, window: int | None) -> np.ndarray:
+    """A ``[1,1,seq,kv]`` float mask as MNN's engine feeds a model of sliding ``window`` (None: unchanged): stacked
+    ``[2,1,1,seq,kv]``, the mask itself for the full-attention layers and, for the sliding ones, the mask with the
+    keys ``window`` or more positions behind each row's query hidden too (the query of row ``i`` is position
+    ``i + kv - seq``). A mask already in two parts is returned as it is."""
+    if window is None or mask.ndim == 5:
+        return mask
+    rows, keys = mask.shape[-2:]
+    query = np.arange(rows)[:, None] + (keys - rows)
+    behind = np.arange(keys)[None, :] <= query - window
+    full = np.asarray(mask, dtype=np.float32).reshape(1, 1, rows, keys)
+    sliding = np.where(behind, np.finfo(np.float32).min, full).astype(np.float32)
+    return np.stack([full, sliding])
+
+
+def engine_mask(seq: int, window: int | None = None) -> np.ndarray:
+    """``attention_mask`` as MNN's engine builds it for a block of ``seq`` rows with nothing cached before it: the
+    :func:`causal_mask`, in two parts for a model with sliding ``window`` (:func:`windowed_mask`)."""
+    return windowed_mask(causal_mask(seq), window)
 
 
 # -- speculative decoding (llmconfig.hpp, speculative_decoding/ of MNN 4d40bdbd) ---------------------------------

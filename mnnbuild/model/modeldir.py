@@ -24,9 +24,10 @@ from mnnbuild.mnn.llm import (
     DEFAULT_WEIGHT,
     LLM_INPUTS,
     MODEL_CONFIG,
+    attention_window,
 )
 from mnnbuild.model.spec import DEFAULT_PROMPT as DEFAULT_PROMPT_TEXT
-from mnnbuild.model.spec import Family
+from mnnbuild.model.spec import ChainPart, Family
 from mnnbuild.pipeline.layout import LLM_GRAPHS, QNN_DIR, VISUAL_GRAPHS
 
 LLM_CONFIG = "llm_config.json"
@@ -120,16 +121,6 @@ FAMILY_FILES: dict[str, tuple[str, str]] = {
 
 VISUAL_PART = ModelPart(family="visual", model_file=VISUAL_FILE, weight_file=VISUAL_WEIGHT_FILE)
 """A VL model's encoder: MNN's engine loads ``visual_model`` (default ``visual.mnn``) with ``<file>.weight``."""
-ChainPart = Literal["llm", "visual"]
-"""Which chain of a model a part stage builds: the model's own graph (``llm``: a text LLM, a VL model's language
-model or an embedding model, as fetch recorded it) or a VL model's encoder (``visual``: :data:`VISUAL_PART`)."""
-VISUAL: ChainPart = "visual"
-
-
-def chain_parts(family: str) -> tuple[ChainPart, ...]:
-    """The chains a model of spec family ``family`` is built in, each with its own io, partition and modellib: the
-    language model (``llm``) and, for a VL model, its encoder (``visual``)."""
-    return ("llm", VISUAL) if family == "vl" else ("llm",)
 
 
 def chain_part(fetched: ModelPart, chain: ChainPart) -> ModelPart:
@@ -207,6 +198,10 @@ def read_llm_config(model_dir: Path) -> dict[str, Any]:
     for field, (kind, check) in LLM_CONFIG_FIELDS.items():
         if field in config and not check(config[field]):
             raise ModelDirError(f"{path}: field {field!r} must be {kind}, got {config[field]!r}")
+    try:
+        attention_window(config)
+    except ValueError as exc:
+        raise ModelDirError(f"{path}: {exc}") from None
     return config
 
 
@@ -223,9 +218,11 @@ LLM_CONFIG_FIELDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
         field: ("a positive integer", _positive_int)
         for field in ("layer_nums", "max_position_embeddings", "image_max_pixels", "image_min_pixels", "mrope_axes")
     },
-    "attn_scale": ("a finite number", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
-                   and math.isfinite(v)),  # fmt: skip
-    "attention_type": ("a string such as \"full\"", lambda v: isinstance(v, str)),
+    "attn_scale": (
+        "a finite number",
+        lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v),
+    ),  # fmt: skip
+    "attention_type": ('a string such as "full"', lambda v: isinstance(v, str)),
     "key_value_shape": ("a list of positive integers", lambda v: isinstance(v, list) and all(map(_positive_int, v))),
 }
 """``llm_config.json`` fields MNN's engine reads (``llmconfig.hpp``) beyond those the chain checks itself: the file

@@ -32,6 +32,7 @@ from pydantic import (
 from mnnbuild.base.errors import SpecError
 from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.model.targets import Soc, known_archs, soc_for_arch
+from mnnbuild.pipeline.models import Models
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -73,6 +74,17 @@ MAX_DRAFT_LENGTH = 64
 """mnnbuild's ceiling on ``draft_predict_length``: the verify graph is one more graph of that many + 1 tokens in
 every plugin; a longer draft is accepted whole too rarely to pay for it."""
 VisualEncoderKind = Literal["qwen2.5-vl", "qwen3-vl"]
+ChainPart = Literal["llm", "visual"]
+"""Which chain of a model a part stage builds: the model's own graph (``llm``: a text LLM, a VL model's language
+model or an embedding model, as fetch recorded it) or a VL model's encoder (``visual``:
+`mnnbuild.model.modeldir.VISUAL_PART`)."""
+VISUAL: ChainPart = "visual"
+
+
+def chain_parts(family: str) -> tuple[ChainPart, ...]:
+    """The chains a model of spec family ``family`` is built in, each with its own io, partition and modellib: the
+    language model (``llm``) and, for a VL model, its encoder (``visual``)."""
+    return ("llm", VISUAL) if family == "vl" else ("llm",)
 
 
 class VisualEncoder(BaseModel):
@@ -162,6 +174,10 @@ class LocalSource(BaseModel):
     def kind(self) -> Literal["local"]:
         return "local"
 
+    @property
+    def where(self) -> str:
+        return self.local
+
 
 class HfSource(BaseModel):
     """A Hugging Face model repo holding an exported MNN LLM."""
@@ -173,6 +189,10 @@ class HfSource(BaseModel):
     @property
     def kind(self) -> Literal["hf"]:
         return "hf"
+
+    @property
+    def where(self) -> str:
+        return f"{self.hf}@{self.revision}"
 
 
 def _aligned_image_size(text: str, info: ValidationInfo) -> str:
@@ -453,6 +473,11 @@ class ModelSpec(BaseModel):
         """Where the resolved Hugging Face revision is pinned, next to the spec."""
         return self.spec_path.with_suffix(".lock.json")
 
+    @property
+    def parts(self) -> tuple[ChainPart, ...]:
+        """The model parts built each in their own chain: the language model and, for a VL model, its encoder."""
+        return chain_parts(self.family)
+
 
 class SpecFieldError(ValueError):
     """A whole-spec check that blames one field (so the message names it, not the whole spec)."""
@@ -526,3 +551,7 @@ def discover_specs(spec_dirs: list[Path], bad: dict[Path, SpecError] | None = No
                 raise SpecError(f"{path}: model name {spec.name!r} is already defined by {specs[spec.name].spec_path}")
             specs[spec.name] = spec
     return specs
+
+
+MODELS = Models(discover=discover_specs, declared_name=declared_name)
+"""How mnnbuild's chain finds its models (`mnnbuild.stages.chain.CHAIN`): the spec files of the spec dirs."""

@@ -1,4 +1,5 @@
-"""A chain: a checked list of stage declarations, by name (mnnbuild's is `mnnbuild.stages.chain.CHAIN`).
+"""A chain: a checked list of stage declarations, by name, and the models it is built for (mnnbuild's is
+`mnnbuild.stages.chain.CHAIN`).
 
 `Chain` checks the list when it is made: every ``From`` names an earlier stage, a per-part field names a per-part
 stage, and no stage reads a stage placed under it (a per-model stage cannot read a per-target one).
@@ -10,16 +11,19 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from mnnbuild.pipeline import layout
-from mnnbuild.pipeline.stage import Stage
+from mnnbuild.pipeline.models import Models
+from mnnbuild.pipeline.stage import UPDATE_DOC, Stage
 
 _DEPTH = {"model": 0, "part": 0, "target": 1, "plugin": 1}
 """Per-model and per-part stages are built before a target is known; a stage reads only stages at or above it."""
 
 
 class Chain:
-    """A checked list of stages, by name."""
+    """A checked list of stages, by name; ``models``: how the DAG finds the models the stages' ``params_of`` read
+    (a chain without them declares no tasks, it only names stage dirs)."""
 
-    def __init__(self, stages: Iterable[Stage]) -> None:
+    def __init__(self, stages: Iterable[Stage], models: Models | None = None) -> None:
+        self.models = models
         self.stages: dict[str, Stage] = {}
         for stage in stages:
             if stage.name in self.stages:
@@ -63,6 +67,33 @@ class Chain:
     ) -> Path:
         """`mnnbuild.pipeline.layout.stage_dir` of the stage named ``name``."""
         return layout.stage_dir(artifact_root, self[name], model, arch, part)
+
+    def table(self) -> str:
+        """The stage table of the README and docs/design.md (``python -m mnnbuild dag --table``): a row per stage's
+        tasks, from its declaration: where its runs sit, the stages it reads, the tools it calls, its `Stage.doc`
+        and the upstream tool it mirrors; its module's docstring says the rest."""
+        task = {
+            "model": "{}:<model>",
+            "part": "{}:<model>",
+            "target": "{}:<model>-<arch>",
+            "plugin": "{}:<model>-<arch>:<plugin>",
+        }
+        runs = {"model": "model", "part": "model part", "target": "target", "plugin": "plugin of a target"}
+        lines = [
+            "| task | one run per | reads | calls | what it does (upstream tool) | code |",
+            "|---|---|---|---|---|---|",
+        ]
+        for stage in self:
+            read = {e.stage for e in stage.edges.values()}
+            reads = ", ".join(f"`{s}`" for s in self.stages if s in read) or "the model's source"
+            calls = ", ".join(sorted(stage.tools)) or "—"
+            doc = f"{stage.doc.rstrip('.')}; upstream: `{stage.mirrors}`." if stage.mirrors else stage.doc
+            code = f"`{stage.entry.__module__.replace('.', '/')}.py`"
+            name = task[stage.placement].format(stage.name)
+            lines.append(f"| `{name}` | {runs[stage.placement]} | {reads} | {calls} | {doc} | {code} |")
+            if stage.update is not None:
+                lines.append(f"| `update:<model>` | Hugging Face model | its lock | — | {UPDATE_DOC} | {code} |")
+        return "\n".join(lines) + "\n"
 
     def mermaid(self) -> str:
         """The chain as a Mermaid flowchart: a node per stage (where its runs sit), an edge per stage it reads

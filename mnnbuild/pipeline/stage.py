@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from mnnbuild.pipeline.manifest import FileRecord, Manifest
+from mnnbuild.pipeline.manifest import FileRecord, Manifest, qnn_build_id, tool_versions
 
 M = TypeVar("M", bound=Manifest)
 Tool = Literal["MNN", "QNN"]
@@ -32,6 +32,9 @@ Placement = Literal["model", "part", "target", "plugin"]
 ``<model>/visual/<dir>``), once per target (``<model>/<arch>/<dir>``) or once per plugin of a target
 (``<model>/<arch>/<dir>/<plugin>``)."""
 Reads = Literal["manifest", "files", "dir"]
+
+UPDATE_DOC = "Move a Hugging Face model's lock to what its revision resolves to now (then fetch again)."
+"""What ``doit list`` and the stage table say of ``update:<model>`` (a stage's `Stage.update`)."""
 
 COORDINATES = ("model", "target", "binary", "graphs")
 """Inputs fields the DAG fills from where a run sits: the spec's name, the target arch, and (per-plugin stages) the
@@ -76,6 +79,9 @@ class At:
     part: str | None = None
     binary: str | None = None
     graphs: tuple[str, ...] = ()
+    cost: int = field(default=0, compare=False)
+    """Of a plugin: the elements of the weights and constants its graphs hold (`Plugin.cost`), what its binary needs
+    memory for (`Stage.memory`); not part of where it sits."""
 
 
 @dataclass(frozen=True)
@@ -219,13 +225,20 @@ class Stage:
     after_failure_of: str | None = None
     """Also runs when that stage fails having left its `leaves_on_failure` file (the page report of a failed
     verify: doit runs no task whose dependency failed, but runs the failed task's teardown)."""
+    memory: Callable[[At], int] | None = None
+    """``(at) -> bytes``: the memory a run holds beyond its process's own (QNN keeps ~16 bytes per weight while it
+    serializes a context); a cluster task asks for a worker that has it. None: the process's own only."""
     default: bool = False
     """A bare ``doit`` runs this stage's tasks of the default model (verify and report: a fresh clone builds, proves
     and reports the shipped tiny model)."""
     group_default_only: bool = False
     """``doit <stage>`` runs the default model's tasks only (``doit verify``: the shipped tiny model's)."""
     doc: str = ""
-    """What ``doit list`` says of the stage's task group."""
+    """What ``doit list`` says of the stage's task group, and the stage table of the README and docs/design.md
+    (`mnnbuild.pipeline.chain.Chain.table`). A per-plugin stage's first clause (to its first comma) names what one
+    plugin's subtasks make."""
+    mirrors: str = ""
+    """The upstream MNN tool whose work the stage does (``compilefornpu``), for the stage table."""
 
     def __post_init__(self) -> None:
         self._types_from_entry()
@@ -306,6 +319,14 @@ class Stage:
         ]
         if left and self.fields_of is None:
             raise TypeError(f"stage {self.name}: Inputs fields {left} are set by no From, coordinate or fields_of")
+
+    def key_tools(self) -> dict[str, str]:
+        """The versions of what it calls that enter its task key: mnnbuild's, MNN's and the QNN build's when it calls
+        them, and its own `versions`."""
+        tools = tool_versions(mnn="MNN" in self.tools, qnn=qnn_build_id() if "QNN" in self.tools else None)
+        if self.versions is not None:
+            tools.update(self.versions())
+        return tools
 
     @property
     def edges(self) -> dict[str, From]:

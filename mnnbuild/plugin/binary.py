@@ -21,6 +21,7 @@ from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import PluginInputs, PluginParams, plugin_part, plugin_sources
 from mnnbuild.pipeline.manifest import Manifest, record_outputs, tool_versions
+from mnnbuild.pipeline.stage import At
 from mnnbuild.plugin.compose import compose_checked
 from mnnbuild.plugin.lowered import MERGE_FIELD, PluginGraphs
 from mnnbuild.qnn import BinaryInfo, QnnLibrary, QnnVersion
@@ -41,6 +42,15 @@ class PluginBinary:
     recorded: dict[str, Any]
     """The fields both manifests have: model, target, inputs (what it was built from, by hash), params, tools,
     outputs, binary (the merge entry's key), soc_type and weights (how it stores each conv weight)."""
+
+
+BYTES_PER_WEIGHT = 16
+"""What QNN holds per weight while it serializes a context (Qwen3-1.7B's unsplit lm_head, 311M weights: 4.8 GiB)."""
+
+
+def composing_memory(at: At) -> int:
+    """The memory composing a plugin's binary holds beyond the process's own (`Stage.memory`)."""
+    return BYTES_PER_WEIGHT * at.cost
 
 
 def build_plugin_binary(

@@ -186,6 +186,8 @@ def stage_costs(labels: Sequence[str], seconds: Sequence[float], peak_mib: Seque
     ax_t.set_xlabel("wall time (s)")
     ax_m.barh(list(y), list(peak_mib), color=PREFILL_COLOR)
     ax_m.set_xlabel("peak RSS (MiB)")
+    ax_t.set_title("wall time per stage", fontsize="medium")
+    ax_m.set_title("peak RSS per stage", fontsize="medium")
     return to_svg(fig, "stage-costs")
 
 
@@ -198,4 +200,5 @@ def file_sizes(paths: Sequence[str], sizes: Sequence[int]) -> str:
     ax.set_yticks(list(y), list(paths), fontsize="small")
     ax.invert_yaxis()
     ax.set_xlabel("MiB")
+    ax.set_title(f"the bundle's {len(paths)} largest files", fontsize="medium")
     return to_svg(fig, "bundle-files")

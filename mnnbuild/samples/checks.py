@@ -12,7 +12,7 @@ from typing import Any
 from mnnbuild.base.errors import ModelDirError
 from mnnbuild.manifests.io import IoInputs, IoParams
 from mnnbuild.mnn import MnnModel, input_dtypes
-from mnnbuild.mnn.llm import MODEL_CONFIG
+from mnnbuild.mnn.llm import MIXED_ATTENTION, MODEL_CONFIG, attention_window
 from mnnbuild.model.modeldir import (
     LLM_CONFIG,
     ModelPart,
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 def check_mask(part: ModelPart, model: MnnModel, model_file: Path, config: dict) -> None:
     """The mask the samples carry is float; the graph must take one (and, where MNN's engine builds the mask
-    ``llm_config.json`` says, so must that file)."""
+    ``llm_config.json`` says, so must that file), in two parts where that file says the engine builds it so."""
     if part.mask_from_llm_config and config["attention_mask"] != "float":
         raise ModelDirError(
             f"{model_file.parent / LLM_CONFIG}: field 'attention_mask' is {config['attention_mask']!r}; "
@@ -36,6 +36,13 @@ def check_mask(part: ModelPart, model: MnnModel, model_file: Path, config: dict)
     if declared != "DT_FLOAT":
         raise ModelDirError(
             f"{model_file}: graph input 'attention_mask' is {declared}; only float attention masks are supported"
+        )
+    dims = model.input_dims.get("attention_mask")
+    if part.mask_from_llm_config and attention_window(config) is not None and dims and dims[0] not in (2, -1):
+        raise ModelDirError(
+            f"{model_file.parent / LLM_CONFIG}: field 'attention_type' is {MIXED_ATTENTION!r}, so MNN's engine feeds "
+            f"a two-part mask [2,1,1,seq,kv] (full and sliding), but graph input 'attention_mask' of {model_file} "
+            f"is {dims}; expected its first dim 2"
         )
 
 

@@ -1,12 +1,13 @@
-"""The inputs of one reference sample: seeded embeddings, the causal mask, positions (M-RoPE with a stand-in image
-for a VL language model) and the logits index, as MNN's engine feeds them."""
+"""The inputs of one reference sample: seeded embeddings, the causal mask (in two parts, full and sliding, for a model
+mixing both attention kinds), positions (M-RoPE with a stand-in image for a VL language model) and the logits index,
+as MNN's engine feeds them."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from mnnbuild.manifests.io import DECODE_SEQ
-from mnnbuild.mnn.llm import DEEPSTACK_INPUT, causal_mask
+from mnnbuild.mnn.llm import DEEPSTACK_INPUT, engine_mask
 
 Feed = dict[str, np.ndarray]
 
@@ -37,20 +38,25 @@ def mrope_positions(seq_len: int, rows: int) -> tuple[np.ndarray, slice]:
 
 
 def make_inputs(
-    seq_len: int, hidden_size: int, seed: int, declared: dict[str, list[int]] | None = None
+    seq_len: int,
+    hidden_size: int,
+    seed: int,
+    declared: dict[str, list[int]] | None = None,
+    window: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The inputs of one sample; the generator is seeded by (seed, seq_len), so each shape is reproducible.
 
     ``declared`` (the model's input dims) sizes what varies by model: M-RoPE's ``position_ids`` rows (``[3, -1]``)
     and Qwen3-VL's ``deepstack_embeds`` (``[3, seq, hidden]``: what MNN's runtime feeds, the stand-in image's
-    rows random, the text's zero)."""
+    rows random, the text's zero). ``window``: the sliding window of a model mixing full and sliding attention
+    (:func:`mnnbuild.mnn.llm.attention_window`), whose mask the engine builds in two parts."""
     declared = declared or {}
     rng = np.random.default_rng([seed, seq_len])
     rows = declared.get("position_ids", [1])[0]
     positions, image = mrope_positions(seq_len, rows if rows > 0 else 1)
     feed = {
         "input_ids": rng.random((seq_len, 1, hidden_size), dtype=np.float32),
-        "attention_mask": causal_mask(seq_len),
+        "attention_mask": engine_mask(seq_len, window),
         "position_ids": positions,
         "logits_index": np.array([-1 if seq_len == DECODE_SEQ else 0], dtype=np.int32),
     }

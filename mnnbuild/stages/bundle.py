@@ -269,5 +269,8 @@ STAGE = Stage(
     defer=("*",),
     links=False,
     ending=Ending(product=True),
-    doc="Device bundle per target (created once the model's partition ran).",
+    doc=(
+        "Device bundle per target: the device directory, `push.sh`/`run.sh` and a manifest (created once the "
+        "model's partition ran)."
+    ),
 )

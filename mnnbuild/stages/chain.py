@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mnnbuild.model.spec import MODELS
 from mnnbuild.pipeline.chain import Chain
 from mnnbuild.pipeline.stage import Stage
 from mnnbuild.stages import bundle, config, context, fetch, io, modellib, partition, report, twin, verify
@@ -26,7 +27,7 @@ STAGES: tuple[Stage, ...] = (
 )
 """Every stage, in chain order."""
 
-CHAIN = Chain(STAGES)
+CHAIN = Chain(STAGES, models=MODELS)
 """mnnbuild's chain."""
 
 

@@ -132,5 +132,5 @@ STAGE = Stage(
     describe=describe,
     placement="target",
     outputs=(CONFIG_FILE,),
-    doc="Write each model's config_qnn.json per target.",
+    doc="`config_qnn.json` per target: the model's `config.json` with the entries upstream's `output_qnn` sets.",
 )

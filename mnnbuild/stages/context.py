@@ -19,7 +19,7 @@ from mnnbuild.manifests.context import ContextInputs, ContextManifest, ContextPa
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.stage import At, Stage
-from mnnbuild.plugin.binary import PluginBinary, build_plugin_binary
+from mnnbuild.plugin.binary import PluginBinary, build_plugin_binary, composing_memory
 
 
 def build_context(inputs: ContextInputs, params: ContextParams, out_dir: Path) -> ContextManifest:
@@ -59,5 +59,9 @@ STAGE = Stage(
     defer=("*",),
     outputs=(f"{QNN_DIR}/graphllm<k>.bin",),
     tools=frozenset({"QNN"}),
-    doc="HTP context binaries, one per plugin (created once the model's partition ran).",
+    memory=composing_memory,
+    doc=(
+        "HTP context binaries, one per plugin, all its graphs sharing weights (created once the model's partition ran)."
+    ),
+    mirrors="qnn-context-binary-generator",
 )

@@ -204,5 +204,5 @@ STAGE = Stage(
     pinned=lock_pinned,
     update=update_lock,
     symlinks=True,
-    doc="Link (local) or download (Hugging Face) each model's files.",
+    doc="Link a local model dir, or download a Hugging Face repo's files (pinned in `models/<name>.lock.json`).",
 )

@@ -3,7 +3,9 @@
 For the decode shape (1 token) and every prefill length (``chunk_sizes``, longest first) it writes
 ``testdir/<seq>/input.mnn`` and ``testdir/<seq>/output.mnn``: seeded random embeddings in
 ``input_ids`` ``[seq,1,hidden]``, a float causal mask ``[1,1,seq,seq]`` (lowest float above the
-diagonal), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
+diagonal; for a model mixing full and sliding-window layers, ``llm_config.json``'s ``attention_type`` ``"mix"``, the
+two-part ``[2,1,1,seq,seq]`` mask MNN's engine builds, the second part also hiding keys ``sliding_window`` or more
+rows back), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
 -1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. A speculative build (the fetch
 manifest's ``speculation``) also gets a sample at the verify length, ``draft_predict_length + 1`` tokens with
 ``logits_index`` 0, as MNN's engine checks a draft; an Eagle target's outputs include ``hidden_states``. Which graph
@@ -31,15 +33,14 @@ from mnnbuild.cpu.segments import iter_segmented
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
 from mnnbuild.mnn import load_model
-from mnnbuild.mnn.llm import MODEL_CONFIG
+from mnnbuild.mnn.llm import MODEL_CONFIG, attention_window
 from mnnbuild.model.modeldir import (
     LLM_CONFIG,
-    VISUAL,
     chain_part,
     check_hidden_size,
     read_llm_config,
 )
-from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize, ModelSpec
+from mnnbuild.model.spec import VISUAL, VISUAL_ENCODERS, ImageSize, ModelSpec
 from mnnbuild.pipeline.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
@@ -99,9 +100,10 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             lengths = fetched.speculation.graph_lengths(lengths)
         shapes = [(seq_len, None) for seq_len in lengths]
         declared, hidden = model.input_dims, config["hidden_size"]
+        window = attention_window(config) if part.mask_from_llm_config else None
 
         def llm_feed(i: int) -> Feed:
-            return make_inputs(shapes[i][0], hidden, params.seed, declared)
+            return make_inputs(shapes[i][0], hidden, params.seed, declared, window)
 
         feed = llm_feed
     rt = params.runtime.create(weight_file)
@@ -203,5 +205,9 @@ STAGE = Stage(
     defer=("*",),
     outputs=(TESTDIR,),
     tools=frozenset({"MNN"}),
-    doc="Generate each model's decode/prefill reference inputs and outputs.",
+    doc=(
+        "Reference samples of the whole graph, decode and each prefill length (and a speculative bundle's "
+        "verify length), by MNN on the CPU."
+    ),
+    mirrors="generateLlmIO",
 )

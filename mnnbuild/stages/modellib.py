@@ -29,9 +29,9 @@ from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibM
 from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
 from mnnbuild.mnn import MnnModel, load_model
 from mnnbuild.mnn.weights import WeightFile
-from mnnbuild.model.modeldir import VISUAL, chain_part
+from mnnbuild.model.modeldir import chain_part
 from mnnbuild.model.npu_weights import NpuWeights
-from mnnbuild.model.spec import ModelSpec
+from mnnbuild.model.spec import VISUAL, ModelSpec
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
@@ -145,5 +145,8 @@ STAGE = Stage(
     placement="part",
     defer=("*",),
     outputs=(f"{QNN_DIR}/<graph>/{GRAPH_JSON}", f"{QNN_DIR}/<graph>/*.raw"),
-    doc="Lower each model's graphs to QNN graph descriptions and static tensors.",
+    doc=(
+        "On demand only: each model's graphs as QNN model-libs (graph descriptions and static tensors), for "
+        "QNN's own tools."
+    ),
 )

@@ -49,8 +49,8 @@ from mnnbuild.manifests.partition import (
     read_merge,
 )
 from mnnbuild.mnn import MnnModel, load_model, save_model
-from mnnbuild.model.modeldir import VISUAL, chain_part
-from mnnbuild.model.spec import ModelSpec
+from mnnbuild.model.modeldir import chain_part
+from mnnbuild.model.spec import VISUAL, ModelSpec
 from mnnbuild.partition.cut import plan_cut
 from mnnbuild.partition.describe import build_report, format_report
 from mnnbuild.partition.graphs import (
@@ -298,5 +298,9 @@ STAGE = Stage(
     tools=frozenset({"MNN"}),
     fan_out=FanOut(binaries=read_merge, plugins=partition_plugins),
     ending=Ending(summary=cpu_summary),
-    doc="Cut each model into CPU ops and QNN Plugin ops (qnn/<model>.mnn, graph dirs, npu_postreat.json).",
+    doc=(
+        "Cut each model into CPU ops and QNN Plugin ops, with why each CPU op stays (`qnn/<model>.mnn`, graph "
+        "dirs, `npu_postreat.json`)."
+    ),
+    mirrors="compilefornpu",
 )

@@ -181,5 +181,8 @@ STAGE = Stage(
     ending=Ending(page=REPORT_PAGE),
     versions=renderer_versions,
     after_failure_of="verify",
-    doc="Page reports: report:<model>-<arch>, one HTML page per verified bundle (created after the model's partition).",
+    doc=(
+        "Page reports, one HTML page per verified bundle: the verdict, the partition, the numbers and the "
+        "cost (created after the model's partition)."
+    ),
 )

@@ -16,7 +16,7 @@ from mnnbuild.manifests.twin import TwinInputs, TwinManifest, TwinParams
 from mnnbuild.model.spec import ModelSpec
 from mnnbuild.pipeline.layout import twin_file
 from mnnbuild.pipeline.stage import At, Stage
-from mnnbuild.plugin.binary import PluginBinary, build_plugin_binary
+from mnnbuild.plugin.binary import PluginBinary, build_plugin_binary, composing_memory
 
 
 def build_twin(inputs: TwinInputs, params: TwinParams, out_dir: Path) -> TwinManifest:
@@ -49,5 +49,9 @@ STAGE = Stage(
     defer=("*",),
     outputs=("graphllm<k>.bin",),
     tools=frozenset({"QNN"}),
-    doc="Unshared twins of the context binaries, one per plugin, which verify runs (created once the partition ran).",
+    memory=composing_memory,
+    doc=(
+        "Unshared twins of the context binaries, one per plugin, for the x86 simulator: verify's, never "
+        "shipped (created once the partition ran)."
+    ),
 )

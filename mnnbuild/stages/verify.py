@@ -131,5 +131,8 @@ STAGE = Stage(
     intact=checks.integrity_passed,
     leaves_on_failure=REPORT_JSON,
     group_default_only=True,
-    doc="Verify the default bundles (what a bare `doit` runs); verify:<model>-<arch> verifies any other bundle",
+    doc=(
+        "Verify the default bundles (what a bare `doit` runs; `verify:<model>-<arch>`: any other): run a "
+        "bundle on MNN's CPU and the HTP simulator and compare."
+    ),
 )

@@ -37,6 +37,7 @@ from mnnbuild_runtime import (
     follow_draft,
     kv_cache_redraft,
     loop_redraft,
+    text_feeds,
 )
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.generate import ForwardFn, GenerationResult, Redraft
@@ -500,8 +501,11 @@ class GenerationRun:
         max_new_tokens: int,
         runtime: CpuRuntime,
         follow_divergence: bool = False,
+        mask_window: int | None = None,
     ) -> None:
+        """``mask_window``: the bundle's (`Bundle.mask_window`): its forwards take the engine's two-part mask."""
         self.model_dir, self.bundle_dir, self.limits, self.runtime = model_dir, bundle_dir, limits, runtime
+        self.mask_window = mask_window
         self.follow = follow_divergence
         self.spec = ReferenceSpec(Path(model_dir), Path(bundle_dir), list(limits), prompt, max_new_tokens, runtime)
         self.check = GenerationCheck(prompt=prompt, max_new_tokens=max_new_tokens, passed=False)
@@ -567,7 +571,9 @@ class GenerationRun:
     ) -> dict[int, dict[str, np.ndarray]]:
         if self.check.problem is not None or self.embed is None:
             return {}
-        return draft_feeds(self.embed, self.check.prompt_ids, tokens, len(tokens), self.limits, pads)
+        feeds = draft_feeds(self.embed, self.check.prompt_ids, tokens, len(tokens), self.limits, pads)
+        # the mask as the engine builds it, as the io samples carry it (so that share() finds them)
+        return {size: text_feeds(feed, {}, self.mask_window) for size, feed in feeds.items()}
 
     def feeds(self) -> dict[int, dict[str, np.ndarray]]:
         """The bundle's inputs for the prompt and the sequence, one per length the steps use and no io sample serves

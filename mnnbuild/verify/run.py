@@ -275,6 +275,7 @@ def _check_part(
             params.max_new_tokens,
             params.runtime,
             params.follow_divergence,
+            opened.mask_window,
         )
         job = gen.start()
     with job if job is not None else contextlib.nullcontext():

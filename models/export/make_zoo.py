@@ -84,7 +84,7 @@ ZOO: tuple[ZooModel, ...] = (
             "attn_logit_softcapping": 50.0,
         },
     ),
-    ZooModel("gemma3_text", {"query_pre_attn_scalar": HEAD_DIM, "sliding_window": 16, "sliding_window_pattern": 2}),
+    ZooModel("gemma3_text", {"query_pre_attn_scalar": HEAD_DIM, "sliding_window": 8, "sliding_window_pattern": 2}),
     ZooModel(
         "lfm2",
         {

@@ -36,6 +36,7 @@ from mnnbuild.mnn.llm import (
     EAGLE,
     EAGLE_FILE_FIELDS,
     SPECULATIVE_TYPE,
+    attention_window,
     verify_length,
 )
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
@@ -265,6 +266,19 @@ def read_config(config_path: Path, *, links: bool = False) -> dict[str, Any]:
     return config
 
 
+def mask_window(config_path: Path, config: dict[str, Any], *, links: bool = False) -> int | None:
+    """The sliding window of the two-part mask MNN's engine feeds the model ``config`` describes (None: one causal
+    mask; :func:`mnnbuild.mnn.llm.attention_window`), from the config merged with the ``llm_config.json`` it names
+    (whose fields win, as the engine merges it in)."""
+    name = config.get("llm_config", "llm_config.json")
+    path = bundle_path(config_path.parent, name, f"{config_path}: field 'llm_config'", links=links)
+    merged = {**config, **(_read_bundle_json(path, links) if path.is_file() else {})}
+    try:
+        return attention_window(merged)
+    except ValueError as exc:
+        raise BundleError(f"{path if path.is_file() else config_path}: {exc}") from None
+
+
 def _pair_to_size(value: Any, where: str, key: str) -> int:
     """``offset``/``size`` attributes are a 64-bit number stored as two int32 (low, high)."""
     if not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int) for v in value):
@@ -492,6 +506,9 @@ class Bundle:
     model: MnnModel
     weight_file: Path | None
     plugins: tuple[PluginSpec, ...]
+    mask_window: int | None = None
+    """The sliding window of the two-part mask MNN's engine feeds the language model (`mask_window`); None: one
+    causal mask, or a VL encoder (whose masks are its own)."""
 
     @classmethod
     def open(cls, model_dir: str | os.PathLike[str], config_name: str = CONFIG_FILE, *, visual: bool = False) -> Bundle:
@@ -541,7 +558,8 @@ class Bundle:
         if chunks is not None and not visual:  # an encoder's graphs are per image size, not per chunk
             check_chunk_limits(config_path, chunks, plugins)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
-        return cls(model_dir, config, model_file, model, weight_file, plugins)
+        window = None if visual else mask_window(config_path, config)
+        return cls(model_dir, config, model_file, model, weight_file, plugins, window)
 
     def check_files(self) -> None:
         """The model file and weight file, checked again (`bundle_path`): called right before MNN opens them by name,

@@ -34,7 +34,7 @@ from mnnbuild.cpu.segments import run_segmented
 from mnnbuild.mnn import embedding_info, load_model, read_embeddings
 from mnnbuild.mnn.llm import DEFAULT_MODEL, DEFAULT_WEIGHT, MODEL_CONFIG, causal_mask
 from mnnbuild.mnn.summary import op_parameter_count
-from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
+from mnnbuild_runtime.bundle import bundle_path, check_engine_files, mask_window, read_config
 from mnnbuild_runtime.chunks import block_sizes, fit_block
 from mnnbuild_runtime.errors import BundleError
 from mnnbuild_runtime.hybrid import HybridModel, text_feeds
@@ -396,16 +396,19 @@ def cpu_forward_fn(model_dir: str | os.PathLike[str], runtime: CpuRuntime | None
     """A forward function running the ORIGINAL model dir's ``llm.mnn`` in MNN on the CPU: the whole graph, in
     segments of bounded weight (:mod:`mnnbuild.cpu.segments`), so a real-size model never sits in memory
     decoded to fp32 all at once; the results are the whole module's, bit for bit. A text prompt's feeds are
-    completed for a VL model's inputs (:func:`~mnnbuild_runtime.hybrid.text_feeds`)."""
+    completed for a VL model's inputs and the mask MNN's engine builds for the model's attention kinds
+    (:func:`~mnnbuild_runtime.hybrid.text_feeds`)."""
     model_dir = Path(model_dir)
     model_file, weight_file = _original_model_file(model_dir)
+    config_path = model_dir / MODEL_CONFIG
+    window = mask_window(config_path, read_config(config_path, links=True) if config_path.is_file() else {}, links=True)
     rt = (runtime or CpuRuntime()).create(weight_file)
     model = load_model(model_file)
     in_names, out_names = model.input_names, model.output_names
     declared = model.input_dims
 
     def forward(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        inputs = text_feeds(inputs, declared)
+        inputs = text_feeds(inputs, declared, window)
         (outs,) = run_segmented(
             model_file, rt, model, [{n: np.ascontiguousarray(inputs[n]) for n in in_names}], out_names
         )

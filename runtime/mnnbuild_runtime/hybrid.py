@@ -27,7 +27,7 @@ import numpy as np
 
 from mnnbuild.cpu import NHWC, BoundaryValue, CpuRuntime, forward_vars, load_module
 from mnnbuild.mnn import MnnModel
-from mnnbuild.mnn.llm import DEEPSTACK_INPUT
+from mnnbuild.mnn.llm import DEEPSTACK_INPUT, windowed_mask
 from mnnbuild.mnn.semantics import CONST_OP_TYPES
 from mnnbuild.qnn import HtpTarget, QnnLibrary
 from mnnbuild_runtime.bundle import Bundle, PluginSpec
@@ -91,15 +91,24 @@ arrays in ``inputs`` attribute order) -> (the outputs in ``outputs`` attribute o
 
 
 MROPE_INPUT = "position_ids"
+MASK_INPUT = "attention_mask"
 
 
-def text_feeds(inputs: Mapping[str, np.ndarray], declared: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
-    """A text prompt's feeds completed for a vision-language model's declared inputs (``MnnModel.input_dims``).
+def text_feeds(
+    inputs: Mapping[str, np.ndarray], declared: Mapping[str, Sequence[int]], window: int | None = None
+) -> dict[str, np.ndarray]:
+    """A text prompt's feeds completed for a vision-language model's declared inputs (``MnnModel.input_dims``) and
+    for the mask MNN's engine builds.
 
     M-RoPE (``position_ids`` declared ``[3, -1]``): a text token has its position in every row, so one given row
     is repeated. Qwen3-VL's ``deepstack_embeds`` (declared ``[3, 1, hidden]``): text tokens add nothing, so a
-    missing input is zeros ``[3, seq, hidden]``, as MNN's engine feeds for text. Other feeds pass unchanged."""
+    missing input is zeros ``[3, seq, hidden]``, as MNN's engine feeds for text. A model mixing full and sliding
+    attention (``window``, `Bundle.mask_window`): a one-part ``attention_mask`` becomes the engine's two-part one
+    (:func:`mnnbuild.mnn.llm.windowed_mask`). Other feeds pass unchanged."""
     feeds = dict(inputs)
+    mask = feeds.get(MASK_INPUT)
+    if window is not None and mask is not None:
+        feeds[MASK_INPUT] = windowed_mask(np.asarray(mask), window)
     rows = list(declared.get(MROPE_INPUT, ()))
     pos = feeds.get(MROPE_INPUT)
     if pos is not None and len(rows) == 2 and rows[0] > 1 and np.ndim(pos) == 2 and np.shape(pos)[0] == 1:
@@ -214,10 +223,13 @@ class HybridExecutor:
         *,
         runtime: CpuRuntime | None = None,
         check_files: Callable[[], None] | None = None,
+        mask_window: int | None = None,
     ) -> None:
         """``check_files``: called right before MNN opens the model or weight file by name (a bundle's
-        `Bundle.check_files`: no file became a link since it was opened)."""
+        `Bundle.check_files`: no file became a link since it was opened). ``mask_window``: `Bundle.mask_window`
+        (:func:`text_feeds`)."""
         self.check_files = check_files
+        self.mask_window = mask_window
         self.model_file = Path(model_file)
         self.model = model
         self.plugins = {p.name: p for p in plugins}
@@ -253,7 +265,7 @@ class HybridExecutor:
                 self._module(step)
 
     def _feed(self, inputs: Mapping[str, np.ndarray]) -> dict[str, BoundaryValue]:
-        inputs = text_feeds(inputs, self.model.input_dims)
+        inputs = text_feeds(inputs, self.model.input_dims, self.mask_window)
         expected = self.model.input_names
         missing = [n for n in expected if n not in inputs]
         unknown = sorted(set(inputs) - set(expected))
@@ -446,6 +458,7 @@ class HybridModel:
             self._run_plugin,
             runtime=self.runtime,
             check_files=self.bundle.check_files,
+            mask_window=self.bundle.mask_window,
         )
         self._closed = False
 

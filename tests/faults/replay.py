@@ -1,17 +1,19 @@
-"""Fault injection: replay the cases of issues 27 and 43 ("Trust", rounds 2 and 3) and print what a user sees.
+"""Fault replay: the cases of issues 27 and 43 ("Trust", rounds 2 and 3), run as a user would, and what they see.
 
 Each case is a small function registered with ``@case``: it sets up a temp project, artifact root or cache, does
 the bad thing a hostile but fair user (or the OOM killer) would, and returns an `Outcome`: whether the guarantee
 held, the exit code, the last lines the user saw, and whether files outside what mnnbuild owns were touched. The
 tests in ``tests/test_faults_fs.py`` (files and processes) and ``tests/test_input_faults.py``, ``test_spec.py``,
 ``test_fetch.py``, ``test_io.py``, ``test_runtime.py``, ``test_mnn_cli.py``, ``test_conform.py`` (inputs, messages,
-conform) assert the same cases; this script shows them side by side. ``conform-renamed-model`` runs conform whole
-and needs ``MNN_SOURCE`` and QNN headers (``FAULTS_QNN_HEADERS``, a dir holding QnnInterface.h, or
-``QNN_SDK_ROOT``); the MNN build is reused from ``MNNBUILD_CONFORM_CACHE``. Without them its row says "not run".
+conform) assert the same cases; this replay shows them side by side, for a person reading what a user sees: it
+asserts nothing itself and no test or CI runs it (the tests are the check; a case that did not hold exits 1).
+``conform-renamed-model`` runs conform whole and needs ``MNN_SOURCE`` and QNN headers (``FAULTS_QNN_HEADERS``, a
+dir holding QnnInterface.h, or ``QNN_SDK_ROOT``); the MNN build is reused from ``MNNBUILD_CONFORM_CACHE``. Without
+them its row says "not run".
 
-    python benchmarks/faults.py                 # every case -> table + benchmarks/results/faults.json
-    python benchmarks/faults.py --only prune    # the cases whose name contains 'prune'
-    python benchmarks/faults.py --list
+    python -m tests.faults.replay                 # every case -> table + tests/faults/replayed.json
+    python -m tests.faults.replay --only prune    # the cases whose name contains 'prune'
+    python -m tests.faults.replay --list
 
 To add cases, write a function ``(work: Path, shared: Shared) -> Outcome`` decorated with
 ``@case("name", "issue 27's item", "the bad thing")``; ``work`` is a fresh temp dir, ``shared`` lazily builds things
@@ -34,13 +36,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import PROJECT_ROOT, print_table, write_results  # noqa: E402
-
-sys.path.insert(0, str(PROJECT_ROOT))
-from tests.conftest import TINY_MODEL_DIR, attach_record, copy_project  # noqa: E402
-from tests.test_cache import summary  # noqa: E402
-from tests.test_faults_fs import (  # noqa: E402
+from tests.conftest import PROJECT_ROOT, TINY_MODEL_DIR, attach_record, copy_project
+from tests.test_cache import summary
+from tests.test_faults_fs import (
     aged,
     composing,
     link_out,
@@ -50,6 +48,12 @@ from tests.test_faults_fs import (  # noqa: E402
     tree_state,
     user_files,
 )
+
+sys.path.insert(0, str(PROJECT_ROOT / "benchmarks"))  # the scripts' table printer and run record
+from _common import checkout_commit, machine, print_table  # noqa: E402
+
+RECORD = Path(__file__).resolve().parent / "replayed.json"
+"""What the last replay saw, case by case (with the commit it ran)."""
 
 
 @dataclass
@@ -697,9 +701,9 @@ def _tokenizer(data: bytes) -> Callable[[Path, Shared], Outcome]:
 
 
 case("tokenizer-empty", "43.3", "an empty tokenizer.mtok; doit io (was SIGSEGV, rc 139, no line)")(_tokenizer(b""))
-case("tokenizer-random-30k", "43.3", "30 kB of random bytes as tokenizer.mtok; doit io")(
-    _tokenizer(os.urandom(30_000))
-)
+case("tokenizer-random-30k", "43.3", "30 kB of random bytes as tokenizer.mtok; doit io")(_tokenizer(os.urandom(30_000)))
+
+
 @case("spec-name-300-chars", "43.4", "a 300-character spec name (in m.toml); doit io")
 def spec_name_300_chars(work: Path, shared: Shared) -> Outcome:
     env = bad_spec(work, "", name="m")
@@ -707,6 +711,8 @@ def spec_name_300_chars(work: Path, shared: Shared) -> Outcome:
     spec.write_text(spec.read_text().replace('name = "m"', f'name = "{"m" * 300}"'))
     proc = doit(work / "artifacts", f"io:{'m' * 300}", **env)
     return refused(proc, "field 'name': String should have at most 100 characters")
+
+
 case("materialize-empty-name", "43.4", "python -m mnnbuild cache materialize ''")(
     lambda work, shared: refused(cli("cache", "materialize", ""), "not a task name")
 )
@@ -855,7 +861,9 @@ def main() -> int:
         left=True,
     )
     held = sum(r["held"] for r in results)
-    path = write_results("faults", {"only": args.only, "cases": results, "held": held, "of": len(results)})
+    path = RECORD
+    record = {"machine": machine(), "commit": checkout_commit(), "only": args.only}
+    path.write_text(json.dumps({**record, "cases": results, "held": held, "of": len(results)}, indent=2) + "\n")
     sys.stdout.write(f"{sum(r['held'] for r in results)} of {len(results)} held; {path}\n")
     return 0 if all(r["held"] for r in results) else 1
 
