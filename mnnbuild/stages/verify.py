@@ -14,9 +14,10 @@ Checks (tolerances in :class:`VerifyParams`):
 - (c) generation: the bundle's greedy pick and logits vs MNN CPU's on the original model at every step of MNN's own
   greedy tokens for the same prompt (models that generate: not an embedding model, whose whole-model check compares
   ``sentence_embeddings`` by cosine and error);
-- speculation, for a bundle whose config asks for it (``speculative_type = "eagle"``): the engine's verifying forward
-  on a real draft tree against the CPU, and the bundle's speculative greedy tokens against the CPU's plain greedy ones
-  (`mnnbuild.verify.speculation`), with the mean accepted tokens per forward and NPU weight bytes per token.
+- speculation, for a bundle whose config asks for it (``speculative_type`` "eagle" or "lookahead"): for Eagle the
+  engine's verifying forward on a real draft tree against the CPU; for both the bundle's speculative greedy tokens
+  (Eagle draft or n-gram drafts) against the CPU's plain greedy ones (`mnnbuild.verify.speculation`), with the mean
+  accepted tokens per forward and NPU weight bytes per token.
 
 The x86 library cannot load weight-shared binaries, so the simulator runs the unshared twins the twin stage
 built from the same graphs and weights (``mnnbuild.verify.checks``); the report says per plugin which binary ran.

@@ -9,12 +9,15 @@ forward on a real draft tree, and speculative generation against plain greedy de
   on the CPU, judged as an io sample is (:func:`mnnbuild.verify.checks.check_whole_model`). Without a KV cache the
   rows see the tree only, not the prompt: the sample exercises the verify-length graphs with the tree's mask and
   positions.
-- (c) speculative generation: the bundle's speculative greedy loop (its Eagle draft on the CPU, its forwards in the
-  simulator, :func:`mnnbuild_runtime.speculative.speculative_generate`) must give the original model's plain
-  greedy tokens on the CPU (:func:`mnnbuild_runtime.generate.cpu_greedy_generate`). Up to the first token where
-  they part both loops ran the same prefixes, so each step's rows are compared too (the model tolerance); where
-  they part, the bundle's token is a flip of the CPU's, allowed only at a near-tie (as the plain generation check
-  judges one) and named as such, and the check ends there. Anything else fails, naming the step.
+  A lookahead bundle has no tree: its verifying forward is a chain padded to the verify length, io's sample of
+  that length.
+- (c) speculative generation: the bundle's speculative greedy loop (its Eagle draft on the CPU, or lookahead's
+  n-gram drafts, :class:`mnnbuild_runtime.lookahead.LookaheadDrafter`, with the settings of the bundle's config;
+  its forwards in the simulator, :func:`mnnbuild_runtime.speculative.speculative_generate`) must give the original
+  model's plain greedy tokens on the CPU (:func:`mnnbuild_runtime.generate.cpu_greedy_generate`). Up to the first
+  token where they part both loops ran the same prefixes, so each step's rows are compared too (the model
+  tolerance); where they part, the bundle's token is a flip of the CPU's, allowed only at a near-tie (as the plain
+  generation check judges one) and named as such, and the check ends there. Anything else fails, naming the step.
 
 The report gives the bundle loop's mean accepted tokens per target forward and the NPU weight bytes per generated
 token (the NPU weight bytes a forward reads, over that mean: a size, not a speed).
@@ -31,8 +34,10 @@ import numpy as np
 from mnnbuild_runtime import Embeddings, ForwardResult, HybridModel, cpu_forward_fn, cpu_greedy_generate, llm_inputs
 from mnnbuild_runtime.bundle import CONFIG_FILE
 from mnnbuild_runtime.generate import ForwardFn, GenerationResult
+from mnnbuild_runtime.lookahead import LookaheadDrafter
 from mnnbuild_runtime.speculative import (
     HIDDEN,
+    Drafter,
     EagleDrafter,
     SpeculationConfig,
     SpeculativeResult,
@@ -43,7 +48,7 @@ from mnnbuild_runtime.speculative import (
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifests.context import ContextManifest
-from mnnbuild.mnn.llm import EAGLE
+from mnnbuild.mnn.llm import DRAFT_LENGTH_FIELD, EAGLE, LOOKAHEAD, LOOKUP_FILE_FIELD
 from mnnbuild.verify.checks import Sample, check_whole_model, generation_step, step_passed
 from mnnbuild.verify.reference import describe_error
 from mnnbuild.verify.verdict import GenerationStep, SpeculationCheck, SpeculationRound, TreeSample
@@ -193,21 +198,33 @@ def check_speculation(
         npu_weight_bytes_per_forward=weight_bytes,
         passed=False,
     )
-    if config.kind != EAGLE:
-        # no draft model to run: the verify-length graphs are proved by (a) and (b) on io's sample of that length
-        check.note = f"{config.kind}: no draft model; its verify-length graphs are checked per graph and on io's sample"
+    if config.kind not in (EAGLE, LOOKAHEAD):
+        # no drafter for it here: its verify-length graphs are proved by (a) and io's sample of that length
+        check.note = (
+            f"{config.kind}: no drafter in the runtime; its verify-length graphs are checked per graph and on io's "
+            "sample"
+        )
         check.passed, check.seconds = True, time.perf_counter() - t0
         return check
     try:
         embed = Embeddings(bundle.model_dir)
-        drafter = EagleDrafter(bundle.model_dir, runtime, config_name=CONFIG_FILE, embed=embed)
-        cpu_forward = cpu_forward or cpu_forward_fn(model_dir, runtime)
         limits = bundle.block_sizes
-        # (b) the engine's verifying forward on a real tree
-        check.tree, feed = tree_feed(cpu_forward, embed, drafter, prompt_ids, limits[-1], max(config.topk, TREE_TOPK))
-        refs = {k: np.asarray(v) for k, v in cpu_forward(feed).items()}
-        run: ForwardResult = model.run(feed)
-        check.tree_check = check_whole_model(Sample(config.verify_length, feed, refs), run, tol)
+        drafter: Drafter
+        if config.kind == EAGLE:
+            drafter = EagleDrafter(bundle.model_dir, runtime, config_name=CONFIG_FILE, embed=embed)
+            cpu_forward = cpu_forward or cpu_forward_fn(model_dir, runtime)
+            # (b) the engine's verifying forward on a real tree
+            topk = max(config.topk, TREE_TOPK)
+            check.tree, feed = tree_feed(cpu_forward, embed, drafter, prompt_ids, limits[-1], topk)
+            refs = {k: np.asarray(v) for k, v in cpu_forward(feed).items()}
+            run: ForwardResult = model.run(feed)
+            check.tree_check = check_whole_model(Sample(config.verify_length, feed, refs), run, tol)
+        else:
+            # n-gram drafts padded to the verify length: its forward is io's sample of that length, checked as any
+            drafter = LookaheadDrafter(bundle.model_dir, config_name=CONFIG_FILE)
+            check.settings = {k: v for k, v in drafter.settings.engine_config().items() if k != DRAFT_LENGTH_FIELD}
+            if drafter.settings.lookup_file is not None:
+                check.settings[LOOKUP_FILE_FIELD] = drafter.settings.lookup_file.name
         # (c) the bundle's speculative loop against the CPU's plain greedy decoding
         served = ReplayForward(model.forward, replay or {})
         spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
@@ -223,7 +240,7 @@ def check_speculation(
         if weight_bytes is not None and spec.mean_accepted:
             check.npu_weight_bytes_per_token = weight_bytes / spec.mean_accepted
         check.steps, check.first_difference, check.difference_note, same = judge(spec, cpu, tol)
-        check.passed = same and check.tree_check.passed
+        check.passed = same and (check.tree_check is None or check.tree_check.passed)
     except Exception as exc:
         log.debug("speculation check failed", exc_info=True)
         check.problem = describe_error(exc)

@@ -221,6 +221,8 @@ class SpeculationCheck(BaseModel):
     depth: int = 3
     verify_length: int = 0
     """Rows of the engine's verifying forward (``draft_length`` + 1)."""
+    settings: dict[str, str | int | bool] = Field(default_factory=dict)
+    """lookahead: its settings as the bundle's config gives them (``draft_match_strictness``, ...)."""
     tree: TreeSample | None = None
     tree_check: ShapeCheck | None = None
     prompt_ids: list[int] = Field(default_factory=list)
@@ -534,9 +536,15 @@ def format_report(r: VerifyReport) -> str:
     return "\n".join(lines) + "\n"
 
 
+def drafter_name(kind: str) -> str:
+    """What drafted for a speculating bundle, in a few words."""
+    return "Eagle draft" if kind == "eagle" else "n-gram drafts" if kind == "lookahead" else f"{kind} drafts"
+
+
 def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
     """verify.txt's section on a speculating bundle."""
     tree = f", eagle_topk {c.topk}, eagle_depth {c.depth}" if c.kind == "eagle" else ""
+    tree += "".join(f", {k} {v}" for k, v in c.settings.items())
     lines = [
         "",
         f"speculative decoding ({c.kind}): draft_predict_length {c.draft_length}{tree}; the engine verifies a draft "
@@ -566,7 +574,7 @@ def speculation_lines(c: SpeculationCheck, tol: Tolerance) -> list[str]:
     if c.cpu_tokens or c.bundle_tokens:
         lines.append(f"  (c) speculative generation, prompt ids {c.prompt_ids}, {len(c.cpu_tokens)} new tokens")
         lines.append(f"    cpu    (original model, plain greedy):      {c.cpu_tokens}")
-        lines.append(f"    hybrid (bundle, Eagle draft, speculative): {c.bundle_tokens}")
+        lines.append(f"    hybrid (bundle, {drafter_name(c.kind)}, speculative): {c.bundle_tokens}")
         if c.first_difference is None:
             lines.append(f"    tokens identical: {_ok(c.passed)}")
         else:

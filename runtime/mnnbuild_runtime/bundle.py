@@ -553,10 +553,10 @@ class Bundle:
         if weight_file is not None:
             _check_weight_extent(ranges, model_dir, weight_file, embeddings=not visual)
         plugins = parse_plugins(model, model_dir, model_file)
+        if not visual:  # first: a speculating config's verify length is in its chunk_limits too (lookahead)
+            check_speculation(config_path, config, plugins)
         if chunks is not None and not visual:  # an encoder's graphs are per image size, not per chunk
             check_chunk_limits(config_path, chunks, plugins)
-        if not visual:
-            check_speculation(config_path, config, plugins)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
         window = None if visual else mask_window(config_path, config)
         return cls(model_dir, config, model_file, model, weight_file, plugins, window)

@@ -55,6 +55,7 @@ from mnnbuild.mnn.llm import (
     EAGLE,
     EAGLE_FILE_FIELDS,
     EAGLE_TREE_DEFAULTS,
+    LOOKAHEAD,
     MODEL_CONFIG,
     SPECULATIVE_TYPE,
 )
@@ -212,9 +213,13 @@ class DraftTree:
 class Drafter(Protocol):
     """Proposes the target's next tokens for the sequence so far (the last token is the one just picked, not yet fed
     to the target); ``hidden``: the target's ``hidden_states`` rows of every position but the last (None when the
-    target gives none)."""
+    target gives none). ``start`` begins a generation (a drafter may keep state across its rounds);
+    ``needs_hidden``: it proposes only once those rows are at hand."""
 
     draft_length: int
+    needs_hidden: bool
+
+    def start(self, prompt_ids: Sequence[int]) -> None: ...
 
     def propose(self, tokens: Sequence[int], hidden: np.ndarray | None) -> list[int]: ...
 
@@ -252,9 +257,14 @@ class EagleDrafter:
         self.forwards = 0
         """Draft forwards run so far."""
 
+    needs_hidden = True
+
     @property
     def draft_length(self) -> int:
         return self.config.draft_length
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        """Nothing to keep between rounds: each draft is recomputed from the sequence."""
 
     def _fc_rows(self, hidden: np.ndarray) -> np.ndarray:
         rows = np.asarray(hidden, dtype=np.float32).reshape(1, -1, hidden.shape[-1])
@@ -371,13 +381,15 @@ class SpeculativeResult:
 
     @property
     def mean_accepted(self) -> float | None:
-        """Tokens per target forward over the drafted rounds (the first round, the prompt's, has no draft: the
-        engine's prefill), as MNN's engine counts its decode; a last round whose draft was cut to the tokens left
-        counts only when no other round drafted (the engine does not cut it: it may give tokens past the limit).
-        None when no round drafted."""
-        drafted = [r for r in self.rounds if r.draft and not r.cut] or [r for r in self.rounds if r.draft]
-        forwards = sum(r.forwards for r in drafted)
-        return sum(r.tokens for r in drafted) / forwards if forwards else None
+        """Tokens per target forward over the decoding rounds (all but the first, the prompt's: the engine's
+        prefill), as MNN's engine counts its decode; a round that found no draft (lookahead without a match) is a
+        one-token forward and counts. A last round whose draft was cut to the tokens left counts only when no
+        other round decoded (the engine does not cut it: it may give tokens past the limit). None when no round
+        decoded."""
+        decoding = self.rounds[1:]
+        counted = [r for r in decoding if not r.cut] or decoding
+        forwards = sum(r.forwards for r in counted)
+        return sum(r.tokens for r in counted) / forwards if forwards else None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -416,13 +428,15 @@ def speculative_generate(
         seen[int(np.shape(feed["input_ids"])[0])] = outputs
         return outputs
 
+    drafter.start(prompt)
     while len(result.tokens) < max_new_tokens:
         seq = result.sequence
         if len(seq) >= largest:
             result.stop_reason = "chunk_full"
             break
         room = min(max_new_tokens - len(result.tokens), largest - len(seq))
-        ready = len(hidden) == len(seq) - 1 and has_hidden
+        # the prompt's round only prefills (the engine's too): a draft follows a picked token
+        ready = bool(result.tokens) and (not drafter.needs_hidden or (len(hidden) == len(seq) - 1 and has_hidden))
         proposed = [int(t) for t in drafter.propose(seq, np.stack(hidden))] if ready else []
         draft = proposed[: max(room - 1, 0)]
         seen.clear()
@@ -462,6 +476,10 @@ class OracleDrafter:
     shift: int = 0
     """Added to each proposed token (mod ``vocab``): 0 proposes the sequence itself."""
     vocab: int = 1
+    needs_hidden = False
+
+    def start(self, prompt_ids: Sequence[int]) -> None:
+        """Nothing to reset: the sequence is known."""
 
     def propose(self, tokens: Sequence[int], hidden: np.ndarray | None) -> list[int]:
         n = len(tokens)
@@ -479,11 +497,16 @@ class EngineRun:
     """The generated tokens (the engine may give a round's accepted tokens past ``max_new_tokens``)."""
     forwards: int | None
     """Target forwards after the prefill (speculation only: the count MNN's Eagle decoding appends after the
-    tokens when it stops, ``speculative_decoding/eagle.cpp``)."""
+    tokens when it stops, ``speculative_decoding/eagle.cpp``; lookahead: ``len(rounds)``)."""
+    rounds: list[int] | None = None
+    """lookahead: the tokens each target forward after the prefill added to the output (its accepted drafts and
+    the token it had picked before), from where the engine stops (:func:`engine_generate`)."""
 
     @property
     def mean_accepted(self) -> float | None:
         """Tokens per target forward after the prefill's token."""
+        if self.rounds:
+            return sum(self.rounds) / len(self.rounds)
         return (len(self.tokens) - 1) / self.forwards if self.forwards else None
 
 
@@ -494,32 +517,57 @@ then part at a near-tie."""
 
 
 def engine_generate(
-    config_path: str | os.PathLike[str], prompt: str, max_new_tokens: int, *, speculative: bool, links: bool = False
+    config_path: str | os.PathLike[str],
+    prompt: str,
+    max_new_tokens: int,
+    *,
+    speculative: bool,
+    links: bool = False,
+    settings: Mapping[str, Any] | None = None,
 ) -> EngineRun:
     """``prompt``'s greedy continuation by PyPI MNN's engine with the model's config and full precision
-    (:data:`ENGINE_FULL_PRECISION`), its speculation on (the config's ``speculative_type``) or off."""
+    (:data:`ENGINE_FULL_PRECISION`), its speculation on (the config's ``speculative_type``, or ``settings``') or
+    off; ``settings``: config entries set on top (e.g. lookahead's, on a model whose config has none).
+
+    lookahead reports no count of its own; its forwards are read from where it stops: it checks the limit only
+    between rounds, so a run capped at ``k`` tokens ends at the first round end at or past ``k``. Runs capped at
+    1, then one past each end found, give every round's tokens up to ``max_new_tokens`` (one engine load, a run
+    per round)."""
     config_path = Path(config_path)
-    config = read_config(config_path, links=links)
+    config = {**read_config(config_path, links=links), **(settings or {})}
     check_engine_files(config_path, config, links=links)  # the engine opens what the config names itself
     kind = config.get("speculative_type", "") if speculative else ""
     if speculative and not kind:
         raise BundleError(f"{config_path}: field 'speculative_type' is not set; the engine cannot speculate")
     import_mnn()
+    ends: list[int] = []
     with native_output(f"MNN's LLM engine ({config_path})"):
         import MNN.llm  # never MNN.tools
 
         engine = MNN.llm.create(str(config_path))
-        engine.set_config({**ENGINE_FULL_PRECISION, "speculative_type": kind, "sampler_type": "greedy",
-                           "max_new_tokens": max_new_tokens, "use_template": False})  # fmt: skip
+        engine.set_config({**ENGINE_FULL_PRECISION, **(settings or {}), "speculative_type": kind, "sampler_type":
+                           "greedy", "max_new_tokens": max_new_tokens, "use_template": False})  # fmt: skip
         engine.load()
         if engine.context.status.name in ("NOT_LOADED", "INTERNAL_ERROR"):
             raise BundleError(f"{config_path}: MNN's LLM engine cannot load this model")
-        engine.response(prompt)
+        if kind == LOOKAHEAD:
+            while not ends or ends[-1] < max_new_tokens:
+                engine.set_config({"max_new_tokens": ends[-1] + 1 if ends else 1})
+                engine.response(prompt)
+                got = len(engine.context.output_tokens)
+                if ends and got <= ends[-1]:  # a stop token ended it inside the round
+                    break
+                ends.append(got)
+        else:
+            engine.response(prompt)
         out, history = list(engine.context.output_tokens), list(engine.context.history_tokens)
         del engine
     return_freed_memory()
-    forwards = None
+    forwards, rounds = None, None
     if kind == EAGLE and len(out) > 1 and out[:-1] == history[len(history) - len(out) + 1 :]:
         forwards = out.pop()  # not a token: Eagle decoding's forward count (history_tokens has none)
+    if kind == LOOKAHEAD:
+        rounds = [b - a for a, b in zip([0, *ends], ends, strict=False)]
+        forwards = len(rounds)
     prompt_ids = history[: len(history) - len(out)]
-    return EngineRun(prompt_ids, out, forwards)
+    return EngineRun(prompt_ids, out, forwards, rounds)
