@@ -138,8 +138,13 @@ def test_two_length_spec_builds_and_verifies(built: Path, name: str) -> None:
     # (a) every graph of every length ran in the simulator against its reference
     assert sorted(g.graph for g in report.graphs) == sorted(lowered)
     assert all(g.passed and g.simulator_seconds for g in report.graphs)
-    # (b) the whole model at every length, through each plugin's shape selection
-    assert [s.seq_len for s in report.whole_model] == [1, *LENGTHS]
+    # (b) the whole model at every length, through each plugin's shape selection; then each length run whole, as the
+    # engine runs a chunk the prompt fills (logits_index -1: the graphs built serve it)
+    assert [(s.seq_len, s.logits_index) for s in report.whole_model] == [
+        (1, None),
+        *((n, None) for n in LENGTHS),
+        *((n, -1) for n in LENGTHS),
+    ]
     assert all(s.passed and s.top1 is not None and s.top1.passed for s in report.whole_model)
     assert report.generation is not None and report.generation.passed
     assert report.generation.hybrid_tokens == report.generation.cpu_tokens

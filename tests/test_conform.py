@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mnnbuild_runtime.speculative import ENGINE_FULL_PRECISION
 
 from mnnbuild.__main__ import main
-from mnnbuild.base.compare import TensorCheck
+from mnnbuild.base.compare import TensorCheck, compare
 from mnnbuild.base.errors import PatchError
 from mnnbuild.conform.boundaries import (
     BoundaryError,
@@ -50,17 +51,23 @@ from mnnbuild.conform.effect import (
 )
 from mnnbuild.conform.patcher import check_patches, load_patches, parse_patch
 from mnnbuild.conform.run import (
+    ENGINE_SETTINGS,
+    REFERENCE_PRECISION,
     ConformError,
+    ConformReport,
     EngineRun,
     PromptCheck,
     compare_runs,
     driver_result,
+    format_report,
     is_speculative,
     prompt_ids,
     run_configs,
+    run_settings,
     split_engine_loop,
     stage_dir,
 )
+from mnnbuild.cpu import llm_engine_greedy
 from mnnbuild.mnn.model import MnnModel, Op, make_blob, make_plugin_op
 from mnnbuild.verify.compare import Tolerance
 from tests.conftest import PROJECT_ROOT
@@ -353,16 +360,61 @@ def test_conform_writes_only_into_a_report_dir_it_made(tmp_path: Path) -> None:
 
 def test_run_configs_set_the_engine_settings_conform_needs() -> None:
     """config_qnn.json carries the model's own settings (a random sampler, 4 threads, any backend): every run is
-    set to the CPU, one thread and greedy decoding, and the originals take the bundle's precision, memory and
-    chunk limits (the unchunked one none)."""
-    model = {"llm_model": "llm.mnn", "backend_type": "opencl", "thread_num": 4, "precision": "high",
-             "memory": "high", "sampler_type": "mixed", "temperature": 0.8}  # fmt: skip
-    bundle = {**model, "llm_model": "qnn/llm.mnn", "precision": "low", "memory": "low", "chunk_limits": [128, 1]}
+    set to the CPU, one thread and greedy decoding; the bundle keeps its precision and memory, the originals take
+    the bundle's chunk limits (the unchunked one none) and run at full precision, whatever the bundle's memory."""
+    model = {"llm_model": "llm.mnn", "backend_type": "opencl", "thread_num": 4, "precision": "low",
+             "memory": "low", "sampler_type": "mixed", "temperature": 0.8}  # fmt: skip
+    bundle = {**model, "llm_model": "qnn/llm.mnn", "chunk_limits": [128, 1]}
     got_bundle, original, unchunked = run_configs(bundle, model)
     engine = {"backend_type": "cpu", "thread_num": 1, "sampler_type": "greedy"}
     assert got_bundle == {**bundle, **engine} and bundle["sampler_type"] == "mixed"  # the input is not changed
-    assert original == {**model, **engine, "precision": "low", "memory": "low", "chunk_limits": [128, 1]}
+    assert got_bundle["memory"] == "low" and got_bundle["precision"] == "low"  # the phone's settings
+    assert original == {**model, **engine, "precision": "high", "memory": "normal", "chunk_limits": [128, 1]}
     assert unchunked == {k: v for k, v in original.items() if k != "chunk_limits"}
+    assert REFERENCE_PRECISION == ENGINE_FULL_PRECISION  # what verify's engine reference runs at
+
+
+def test_the_report_says_each_runs_precision_and_why() -> None:
+    bundle, original, unchunked = run_configs({"memory": "low", "precision": "low", "chunk_limits": [128, 1]}, {})
+    runs = run_settings({"bundle": bundle, "original": original, "unchunked": unchunked})
+    assert (runs["bundle"].memory, runs["bundle"].precision, runs["bundle"].chunk_limits) == ("low", "low", [128, 1])
+    assert (runs["original"].memory, runs["original"].precision) == ("normal", "high")
+    assert runs["unchunked"].chunk_limits is None and runs["unchunked"].memory == "normal"
+    assert "config_qnn.json" in runs["bundle"].why and "int8" in runs["original"].why
+    report = ConformReport(model="m", arch="v79", soc="SM8750", mnn_build="k", mnn_source="s", patches=[], chunk=128,
+                           max_new_tokens=4, tolerance=Tolerance(), binaries=[], runs=runs, prompts=[])  # fmt: skip
+    text = format_report(report)
+    assert "  bundle    precision low, memory low, chunk_limits [128, 1] — the bundle's own config_qnn.json" in text
+    assert "  original  precision high, memory normal, chunk_limits [128, 1] — full precision" in text
+    assert "  unchunked precision high, memory normal, chunk_limits none" in text
+
+
+def test_the_reference_run_gives_the_models_full_precision_logits(tmp_path: Path) -> None:
+    """The original run's config, given to PyPI MNN's engine (the same engine code conform builds): its logits are
+    the model's at full precision, as verify's engine reference computes them, even though the model and the bundle
+    say ``memory: low`` (under which MNN's CPU quantizes activations to int8: the trained tiny model's logits move by
+    up to 3.7% of their max, beyond conform's 2% bound)."""
+    model_dir = PROJECT_ROOT / "models" / "tiny-qwen3-trained"
+    model = json.loads((model_dir / "config.json").read_text())
+    assert model["memory"] == "low"
+    bundle = {**model, "llm_model": "qnn/llm.mnn", "chunk_limits": [128, 1]}
+    _, _, unchunked = run_configs(bundle, model)  # the original's too, with the padded prefill PyPI MNN gets wrong
+    from mnnbuild.conform.workdir import claim_dir
+
+    staged = stage_dir(model_dir, claim_dir(tmp_path / "conform") / "unchunked", {}, unchunked, "config.json")
+    prompt = list(range(3, 19))
+
+    def rows(config: Path, settings: dict[str, object]) -> np.ndarray:
+        found: list[np.ndarray] = []
+        llm_engine_greedy(config, prompt, 4, settings, found)
+        return np.stack(found)
+
+    ref = rows(model_dir / "config.json", {**ENGINE_SETTINGS, **ENGINE_FULL_PRECISION})
+    low = rows(model_dir / "config.json", {**ENGINE_SETTINGS, "memory": "low"})
+    got = rows(staged, {})
+    assert np.array_equal(got, ref)
+    # the error the reference must not carry: 1.1% of the max |logit| here, 2.2-3.7% on conform's longer prompts
+    assert compare("memory low", low, ref, Tolerance()).rel_err > 0.005
 
 
 def test_driver_result_survives_a_foreign_prefix_on_its_line() -> None:

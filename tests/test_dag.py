@@ -26,7 +26,14 @@ def test_io_builds_once_then_nothing(run_doit: RunDoit, tmp_path: Path) -> None:
     assert executed_tasks(first.stdout) == ["fetch:tiny-qwen3", "io:tiny-qwen3"]
     io_dir = tmp_path / "artifacts" / "tiny-qwen3" / "io"
     files = sorted(p.relative_to(io_dir).as_posix() for p in io_dir.rglob("*.mnn"))
-    assert files == ["testdir/1/input.mnn", "testdir/1/output.mnn", "testdir/128/input.mnn", "testdir/128/output.mnn"]
+    assert files == [
+        "testdir/1/input.mnn",
+        "testdir/1/output.mnn",
+        "testdir/128-last/input.mnn",  # the full chunk as the engine feeds it, logits_index -1 (no graph)
+        "testdir/128-last/output.mnn",
+        "testdir/128/input.mnn",
+        "testdir/128/output.mnn",
+    ]
     assert (tmp_path / "artifacts" / ".doit.db").exists(), "doit state lives under the artifact root"
 
     second = run_doit("io:tiny-qwen3")

@@ -51,9 +51,27 @@ def test_writes_decode_and_prefill_samples(tiny_io: tuple[Path, Path, IoManifest
     assert {r.path for r in manifest.inputs} == {"model/llm.mnn", "model/llm.mnn.weight", "model/llm_config.json"}
 
 
+def test_each_prefill_length_also_gets_the_engines_whole_block_feed(tiny_io: tuple[Path, Path, IoManifest]) -> None:
+    """MNN's engine runs a prefill block the prompt fills whole unpadded with ``logits_index`` -1 (only a padded block
+    or a speculative step asks for every row): io samples that feed too, with the prefill sample's other inputs, and
+    gets the last row's logits of the prefill sample (the causal mask keeps the rows apart). No graph is made for it:
+    the partition reads the graph samples only."""
+    _, io_dir, manifest = tiny_io
+    (whole,) = manifest.whole_block_samples
+    assert (whole.seq_len, whole.dir, whole.logits_index) == (16, "testdir/16-last", -1)
+    feed, padded = load_vars(io_dir / whole.dir / "input.mnn"), load_vars(io_dir / "testdir/16/input.mnn")
+    assert feed["logits_index"].tolist() == [-1] and padded["logits_index"].tolist() == [0]
+    for name in ("input_ids", "attention_mask", "position_ids"):
+        np.testing.assert_array_equal(feed[name], padded[name])
+    got, rows = load_vars(io_dir / whole.dir / "output.mnn")["logits"], load_vars(io_dir / "testdir/16/output.mnn")
+    assert got.shape[-2] == 1 and rows["logits"].shape[-2] == 16
+    np.testing.assert_allclose(got.reshape(-1), rows["logits"].reshape(16, -1)[-1], rtol=1e-4, atol=1e-4)
+    assert [s.seq_len for s in manifest.samples] == [1, 16]
+
+
 def test_outputs_equal_a_fresh_mnn_run(tiny_io: tuple[Path, Path, IoManifest]) -> None:
     model_dir, io_dir, manifest = tiny_io
-    for sample in manifest.samples:
+    for sample in [*manifest.samples, *manifest.whole_block_samples]:
         rt = manifest.params.runtime.create(model_dir / "llm.mnn.weight")
         module = load_module(model_dir / "llm.mnn", rt)
         info = module.get_info()
@@ -120,8 +138,10 @@ def test_each_sample_is_written_before_the_next_is_made(tmp_path: Path, monkeypa
     model_dir = fetched(TINY_MODEL_DIR, tmp_path / "model")
     manifest = generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(16, 8)), tmp_path / "io")
     assert [s.seq_len for s in manifest.samples] == [1, 16, 8]
+    assert [s.seq_len for s in manifest.whole_block_samples] == [16, 8]
+    made = [(seq, str(seq)) for seq in (1, 16, 8)] + [(seq, f"{seq}-last") for seq in (16, 8)]
     assert events == [
-        step for seq in (1, 16, 8) for step in (f"make {seq}", f"write {seq}/input.mnn", f"write {seq}/output.mnn")
+        step for seq, d in made for step in (f"make {seq}", f"write {d}/input.mnn", f"write {d}/output.mnn")
     ]
     assert sorted(p.name for p in (tmp_path / "io").iterdir()) == ["io.manifest.json", "testdir"], "no spill dir left"
 

@@ -445,9 +445,7 @@ def test_no_plugin_mixes_rows_the_logits_index_selects_with_rows_it_does_not() -
 
     def after_slice(i: int, seen: dict[int, bool]) -> bool:
         if i not in seen:
-            seen[i] = i == slice_op or any(
-                after_slice(producer[t], seen) for t in model.ops[i].inputs if t in producer
-            )
+            seen[i] = i == slice_op or any(after_slice(producer[t], seen) for t in model.ops[i].inputs if t in producer)
         return seen[i]
 
     seen: dict[int, bool] = {}

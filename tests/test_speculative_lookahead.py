@@ -160,8 +160,10 @@ def test_a_lookahead_bundle_speculates_losslessly_as_the_engine_does(looked: Pat
     report = VerifyReport.model_validate_json((looked / "v79" / "verify" / REPORT_JSON).read_text(encoding="utf-8"))
     assert report.passed
     # the engine's verify forward (draft_predict_length 3 + 1 rows) is io's sample of that length, and every graph
-    # at that length ran in the simulator
-    assert sorted(s.seq_len for s in report.whole_model) == [1, 4, 128] and all(s.passed for s in report.whole_model)
+    # at that length ran in the simulator; 4 is in chunk_limits, so a prompt's last 4 tokens run there whole
+    # (logits_index -1) as a full 128-token chunk does
+    got = sorted((s.seq_len, s.logits_index or 0) for s in report.whole_model)
+    assert got == [(1, 0), (4, -1), (4, 0), (128, -1), (128, 0)] and all(s.passed for s in report.whole_model)
     rows = {g.outputs[0].shape[1] for g in report.graphs}  # a graph's first output: [1, rows, width]
     at_four = [g for g in report.graphs if g.outputs[0].shape[1] == 4]
     assert rows == {1, 4, 128} and len(at_four) == len(report.plugins)

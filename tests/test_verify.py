@@ -117,6 +117,39 @@ def test_compare_judges_cosine_relative_error_and_zero_references() -> None:
     assert compare("s", np.zeros(3), ref, tol).problem == "has shape [3], reference [100]"
 
 
+def test_a_whole_block_no_graph_serves_fails_in_one_line_naming_feed_and_plugin() -> None:
+    """MNN's engine runs a full prefill chunk with ``logits_index`` -1: a plugin holding ops on both sides of the
+    slice (an Eagle3 target's lm_head with its hidden_states Concat, before the partition kept them apart) is then fed
+    1 row and 128 rows together, which none of its graphs takes. The runtime's refusal (as MNN's plugin finds no
+    graph) is verify's failure: one line naming the feed, the plugin and the shapes."""
+    from mnnbuild_runtime import PluginShapeError
+    from mnnbuild_runtime.bundle import PluginSpec
+    from mnnbuild_runtime.plugin import select_shape_index
+
+    from mnnbuild.verify.failures import whole_model_failures
+
+    # graphs at decode (1, 1), the padded chunk (128, 128) and the verify length (4, 4): rows after the slice, then
+    # the tapped hidden states' rows
+    shapes = [(r, 1, 128, t, 1, 384) for r, t in ((1, 1), (128, 128), (4, 4))]
+    graphs = ("graphllm3", "graphllm1_3", "graphllm2_3")
+    spec = PluginSpec(name="graphllm3", op_index=40, path="qnn/graphllm3.bin", file=Path("graphllm3.bin"),
+                      input_tensors=("/Slice_output_0", "/Concat_output_0"), output_tensors=("logits",),
+                      qnn_inputs=("t1", "t2"), qnn_outputs=("t3",), graph_names=graphs,
+                      all_input_shape=tuple(d for s in shapes for d in s), outputs=((), (), ()))  # fmt: skip
+    with pytest.raises(PluginShapeError) as err:
+        select_shape_index(spec, [(1, 1, 128), (128, 1, 384)])
+    sample = checks.Sample(128, {}, {"logits": np.zeros((1, 1, 8), np.float32)}, logits_index=-1)
+    shape = checks.check_whole_model(sample, ForwardResult({}, [], error=err.value), Tolerance())
+    assert not shape.passed and shape.logits_index == -1
+    (line,) = whole_model_failures([shape], Tolerance())
+    assert "\n" not in line.line
+    assert line.line.startswith(
+        "whole model seq 128 (whole block, logits_index -1): plugin 'graphllm3' (qnn/graphllm3.bin): input shapes "
+        "[[1, 1, 128], [128, 1, 384]]"
+    ), line.line
+    assert "match none of its allInputShape" in line.line
+
+
 # ---- the tiny bundle -----------------------------------------------------------------------------------
 
 
@@ -140,10 +173,14 @@ def test_doit_verify_passes_on_the_tiny_bundle(built: tuple[Path, subprocess.Com
         for t in g.outputs:
             assert t.cosine is None or t.cosine >= 0.999, (g.graph, t)
             assert t.rel_err is None or t.rel_err <= 0.02, (g.graph, t)
-    assert [s.seq_len for s in report.whole_model] == [1, 128]
+    # the io samples, then the full 128-token chunk as MNN's engine feeds it (logits_index -1, the last row only):
+    # no graph of its own, every plugin found one for its shapes
+    assert [(s.seq_len, s.logits_index) for s in report.whole_model] == [(1, None), (128, None), (128, -1)]
     for s in report.whole_model:
         assert s.passed and s.top1 is not None and s.top1.passed
         assert {t.name for t in s.outputs} == {"logits", "hidden_states"}
+    (logits,) = [t for t in report.whole_model[-1].outputs if t.name == "logits"]
+    assert logits.shape[:-1] == [1, 1]
     gen = report.generation
     assert gen is not None and gen.passed and gen.first_divergence is None
     assert gen.prompt == "hello" and len(gen.cpu_tokens) == 16 and gen.hybrid_tokens == gen.cpu_tokens

@@ -2,7 +2,8 @@
 
 Three runs per prompt, each by our driver (greedy, real decode path with the KV cache, per-step logits):
 ``bundle`` (the bundle's ``config_qnn.json``: CPU ops in MNN, every Plugin in the HTP simulator),
-``original`` (the original model on MNN's CPU with the bundle's precision, memory and ``chunk_limits``)
+``original`` (the original model on MNN's CPU with the bundle's ``chunk_limits``, at full precision:
+`REFERENCE_PRECISION`, the reference verify compares against; the bundle keeps its own precision and memory)
 and ``unchunked`` (the same without ``chunk_limits``: no padding, the CPU bug's control). Prompts: shorter
 than the chunk (the bundle's ``prompt.txt``, lengthened to 16 tokens), exactly one chunk, and two chunks
 (the second one padded). Every run gets `ENGINE_SETTINGS` (CPU, one thread, greedy), not the model's
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from mnnbuild_runtime.speculative import ENGINE_FULL_PRECISION
 from pydantic import BaseModel
 
 from mnnbuild.base.compare import TensorCheck, Tolerance, compare
@@ -46,8 +48,20 @@ log = logging.getLogger(__name__)
 
 SHARED_WEIGHTS_REFUSAL = "Shared weights buffer isn't supported"
 BUNDLE_CONFIG = "config_qnn.json"
-#: Settings of the bundle's config (the model's own, as on the phone) that the original model runs with too.
-RUNTIME_KEYS = ("precision", "memory", "chunk_limits")
+#: Settings of the bundle's config that the original model runs with too: the same prefill chunks (and padding).
+RUNTIME_KEYS = ("chunk_limits",)
+#: The bundle's own precision settings (its ``config_qnn.json``, the model's as on the phone); the bundle keeps them.
+PRECISION_KEYS = ("precision", "memory")
+#: The reference runs (original, unchunked) are the model at full precision, the reference verify compares against
+#: too (`ENGINE_FULL_PRECISION`): with llmexport's default ``memory: low`` MNN's CPU quantizes activations to int8 on
+#: the fly for quantized weights, an approximation of its own (5.3% of the max |logit| on the tiny Eagle target)
+#: that is not the model's answer and would be charged to the bundle.
+REFERENCE_PRECISION: dict[str, object] = dict(ENGINE_FULL_PRECISION)
+REFERENCE_WHY = (
+    "full precision, the reference verify compares against: memory 'low' would quantize activations to int8 on the "
+    "CPU, an error of MNN's CPU, not of the model"
+)
+BUNDLE_WHY = "the bundle's own config_qnn.json (the model's settings), as the phone runs it"
 #: Set on every run's config, whatever the model's config.json holds: the outer graph on MNN's CPU (which loads the
 #: plugins), one thread (comparable times on a shared machine), greedy decoding (for llm_demo too; the driver
 #: also sets it).
@@ -112,6 +126,16 @@ class SmokeCheck(BaseModel):
     passed: bool
 
 
+class RunSettings(BaseModel):
+    """What one run's engine was set to, and why."""
+
+    precision: str | None
+    memory: str | None
+    """None: the key is not in the config (MNN's default)."""
+    chunk_limits: list[int] | None
+    why: str
+
+
 class ConformReport(BaseModel):
     model: str
     arch: str
@@ -123,6 +147,8 @@ class ConformReport(BaseModel):
     max_new_tokens: int
     tolerance: Tolerance
     binaries: list[BinaryRun]
+    runs: dict[str, RunSettings] = {}
+    """Per run (``bundle``, ``original``, ``unchunked``): the precision and memory its engine ran with, and why."""
     prompts: list[PromptCheck]
     llm_demo: SmokeCheck | None = None
     unchunked_agrees: bool = False
@@ -162,12 +188,32 @@ def stage_dir(src: Path, dest: Path, replace: dict[str, bytes], config: dict[str
 def run_configs(
     bundle: dict[str, object], original: dict[str, object]
 ) -> tuple[dict[str, object], dict[str, object], dict[str, object]]:
-    """The configs of the bundle, original and unchunked runs: each with `ENGINE_SETTINGS`, the originals with the
-    bundle's `RUNTIME_KEYS`, the unchunked one without ``chunk_limits``."""
+    """The configs of the bundle, original and unchunked runs: each with `ENGINE_SETTINGS`; the bundle keeps its own
+    precision and memory, the originals take the bundle's `RUNTIME_KEYS` and run at `REFERENCE_PRECISION`, the
+    unchunked one without ``chunk_limits``."""
     bundle = {**bundle, **ENGINE_SETTINGS}
-    original = {**original, **{k: bundle[k] for k in RUNTIME_KEYS if k in bundle}, **ENGINE_SETTINGS}
+    original = {**original, **{k: bundle[k] for k in RUNTIME_KEYS if k in bundle}, **REFERENCE_PRECISION}
+    original.update(ENGINE_SETTINGS)
     unchunked = {k: v for k, v in original.items() if k != "chunk_limits"}
     return bundle, original, unchunked
+
+
+def run_settings(configs: dict[str, dict[str, object]]) -> dict[str, RunSettings]:
+    """Per run label (``bundle``, ``original``, ``unchunked``), the precision settings its config holds, and why."""
+    out = {}
+    for label, config in configs.items():
+        limits = config.get("chunk_limits")
+        out[label] = RunSettings(
+            precision=_str_or_none(config.get("precision")),
+            memory=_str_or_none(config.get("memory")),
+            chunk_limits=[int(x) for x in limits] if isinstance(limits, list) else None,
+            why=BUNDLE_WHY if label == "bundle" else REFERENCE_WHY,
+        )
+    return out
+
+
+def _str_or_none(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 #: The speculative strategy whose Llm::generate appends its forward count to the tokens.
@@ -399,6 +445,7 @@ def conform_model(
         max_new_tokens=max_new_tokens,
         tolerance=tol,
         binaries=binaries,
+        runs=run_settings({"bundle": bundle_config, "original": original_config, "unchunked": unchunked_config}),
         prompts=[],
     )
     unchunked_same = True
@@ -523,6 +570,13 @@ def format_report(report: ConformReport) -> str:
     ]
     for b in report.binaries:
         out.append(f"  {b.binary}: {b.ran} (sha256 {b.sha256[:12]}…)" + (f" — {b.reason}" if b.reason else ""))
+    if report.runs:
+        out.append("precision of each run (MNN's CPU):")
+        for label, r in report.runs.items():
+            out.append(
+                f"  {label:9s} precision {r.precision or 'default'}, memory {r.memory or 'default'}, chunk_limits "
+                f"{r.chunk_limits or 'none'} — {r.why}"
+            )
     out.append("")
     for p in report.prompts:
         verdict = "ok" if p.passed else "FAILED"

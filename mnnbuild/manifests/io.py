@@ -71,9 +71,11 @@ class IoSample(BaseModel):
     image_size: str | None = None
     """The visual part's image size, ``<width>x<height>``."""
     dir: str
-    """Relative to the output dir: ``testdir/<seq_len>``."""
+    """Relative to the output dir: ``testdir/<seq_len>`` (a whole-block sample's ``testdir/<seq_len>-last``)."""
     inputs: list[TensorInfo]
     outputs: list[TensorInfo]
+    logits_index: int | None = None
+    """A whole-block sample's ``logits_index`` (-1); None for the graph samples (their own is in their inputs)."""
 
 
 class IoManifest(Manifest):
@@ -81,6 +83,14 @@ class IoManifest(Manifest):
     params: IoParams
     samples: list[IoSample]
     """Decode first, then one per prefill length in ``chunk_sizes`` order: the order the partition names graphs in."""
+    whole_block_samples: list[IoSample] = []
+    """Shapes MNN's engine feeds that no graph is compiled for: each prefill block a prompt fills whole (every full
+    chunk, and a last chunk of exactly a ``chunk_limits`` length) runs unpadded with ``logits_index`` -1, the last
+    row's logits only (``Llm::forwardRaw``), so the ops after the ``logits_index`` slice see 1 row while the others
+    see the block. verify runs them through the bundle: each plugin must find a graph for their shapes."""
 
     def sample_dirs(self, out_dir: Path) -> list[Path]:
         return [Path(out_dir) / s.dir for s in self.samples]
+
+    def whole_block_dirs(self, out_dir: Path) -> list[Path]:
+        return [Path(out_dir) / s.dir for s in self.whole_block_samples]

@@ -66,9 +66,10 @@ def origin_file(stage: str) -> str:
 TESTDIR = "testdir"
 
 
-def testdir(io_dir: Path, seq_len: int) -> Path:
-    """The reference inputs/outputs of one sample shape: ``testdir/<seq_len>``."""
-    return Path(io_dir) / TESTDIR / str(seq_len)
+def testdir(io_dir: Path, seq_len: int, last_row: bool = False) -> Path:
+    """The reference inputs/outputs of one sample shape: ``testdir/<seq_len>``; a whole prefill block with the last
+    row's logits only (``logits_index`` -1): ``testdir/<seq_len>-last``."""
+    return Path(io_dir) / TESTDIR / (f"{seq_len}-last" if last_row else str(seq_len))
 
 
 # -- partition -----------------------------------------------------------------------------------------

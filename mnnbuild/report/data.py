@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.partition.records import PartitionReport
 from mnnbuild.pipeline.manifest import FileRecord
-from mnnbuild.verify.verdict import VerifyReport, parting_note
+from mnnbuild.verify.verdict import VerifyReport, parting_note, shape_label
 
 CPU = "CPU"
 
@@ -135,7 +135,7 @@ class ReportData(BaseModel):
             (
                 "(b) whole model vs MNN CPU",
                 all(s.passed for s in v.whole_model) if v.whole_model else None,
-                ", ".join(f"seq {s.seq_len}" for s in v.whole_model) or "not run",
+                ", ".join(f"seq {shape_label(s)}" for s in v.whole_model) or "not run",
             )
         )
         gen = v.generation

@@ -74,7 +74,7 @@ def _figures(data: ReportData) -> dict[str, str | None]:
         if outputs
         else None
     )
-    prefill = [s for s in v.whole_model if s.seq_len > 1 and s.logits_rows is not None]
+    prefill = [s for s in v.whole_model if s.seq_len > 1 and s.logits_rows is not None and s.logits_index is None]
     if prefill:
         longest = max(prefill, key=lambda s: s.seq_len)  # the full chunk, with several prefill lengths
         rows = longest.logits_rows

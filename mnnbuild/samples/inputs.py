@@ -4,6 +4,8 @@ as MNN's engine feeds them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from mnnbuild.manifests.io import DECODE_SEQ
@@ -37,14 +39,31 @@ def mrope_positions(seq_len: int, rows: int) -> tuple[np.ndarray, slice]:
     return pos, slice(start, start + count)
 
 
+LAST_ROW = -1
+"""``logits_index`` asking for the last row's logits only; 0 asks for every row."""
+
+
+def whole_blocks(block_sizes: Sequence[int], inputs: Sequence[str]) -> tuple[int, ...]:
+    """The prefill blocks MNN's engine may run unpadded with ``logits_index`` :data:`LAST_ROW`: ``Llm::forwardRaw``
+    asks for every row only in a speculative decode step or when the block is padded, so every full chunk of a
+    prompt, and a last chunk of exactly one of ``block_sizes`` (the ``chunk_limits`` above decode), takes the last
+    row only. The graphs are compiled for every row at those lengths (the padded case); these shapes must find
+    graphs too. Nothing for a model without a ``logits_index`` input (it always computes every row)."""
+    if "logits_index" not in inputs:
+        return ()
+    return tuple(dict.fromkeys(n for n in block_sizes if n != DECODE_SEQ))
+
+
 def make_inputs(
     seq_len: int,
     hidden_size: int,
     seed: int,
     declared: dict[str, list[int]] | None = None,
     window: int | None = None,
+    logits_index: int | None = None,
 ) -> dict[str, np.ndarray]:
     """The inputs of one sample; the generator is seeded by (seed, seq_len), so each shape is reproducible.
+    ``logits_index``: by default -1 for decode and 0 (every row, as a padded prefill block) for a longer sample.
 
     ``declared`` (the model's input dims) sizes what varies by model: M-RoPE's ``position_ids`` rows (``[3, -1]``)
     and Qwen3-VL's ``deepstack_embeds`` (``[3, seq, hidden]``: what MNN's runtime feeds, the stand-in image's
@@ -58,10 +77,16 @@ def make_inputs(
         "input_ids": rng.random((seq_len, 1, hidden_size), dtype=np.float32),
         "attention_mask": engine_mask(seq_len, window),
         "position_ids": positions,
-        "logits_index": np.array([-1 if seq_len == DECODE_SEQ else 0], dtype=np.int32),
+        "logits_index": np.array([_logits_index(seq_len, logits_index)], dtype=np.int32),
     }
     if DEEPSTACK_INPUT in declared:
         deepstack = np.zeros((declared[DEEPSTACK_INPUT][0], seq_len, hidden_size), dtype=np.float32)
         deepstack[:, image] = rng.standard_normal(deepstack[:, image].shape, dtype=np.float32)
         feed[DEEPSTACK_INPUT] = deepstack
     return feed
+
+
+def _logits_index(seq_len: int, given: int | None) -> int:
+    if given is not None:
+        return given
+    return LAST_ROW if seq_len == DECODE_SEQ else 0

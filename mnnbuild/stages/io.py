@@ -8,7 +8,10 @@ two-part ``[2,1,1,seq,seq]`` mask MNN's engine builds, the second part also hidi
 rows back), ``position_ids`` ``[1,seq]`` and, for a text LLM, ``logits_index`` ``[1]`` (0 for prefill,
 -1 for decode), and the model's outputs for them, computed by PyPI MNN on the CPU. A speculative build (the fetch
 manifest's ``speculation``) also gets a sample at the verify length, ``draft_predict_length + 1`` tokens with
-``logits_index`` 0, as MNN's engine checks a draft; an Eagle target's outputs include ``hidden_states``. Which graph
+``logits_index`` 0, as MNN's engine checks a draft; an Eagle target's outputs include ``hidden_states``. MNN's engine
+also runs a prefill block the prompt fills whole unpadded with ``logits_index`` -1 (the last row only): each such
+block length gets a sample of that feed too, ``testdir/<seq>-last`` (the manifest's ``whole_block_samples``), no graph
+of its own; verify proves the graphs built serve it. Which graph
 and which inputs come from the model part the fetch stage recorded (``mnnbuild.model.modeldir.ModelPart``).
 
 A VL language model (M-RoPE) takes ``position_ids`` ``[3,seq]`` with a stand-in image in the prefill samples,
@@ -52,7 +55,7 @@ from mnnbuild.samples.checks import (
     visual_feed,
     warn_zero_epsilon,
 )
-from mnnbuild.samples.inputs import Feed, make_inputs
+from mnnbuild.samples.inputs import LAST_ROW, Feed, make_inputs, whole_blocks
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
         feed = visual_feed(params, model, model_file, config)
         encoder = VISUAL_ENCODERS[str(params.visual_encoder)]
         shapes = [(ImageSize.parse(t).patch_count(encoder), t) for t in params.image_sizes]
+        last_row = [False] * len(shapes)
     else:
         check_mask(part, model, model_file, config)
         warn_zero_epsilon(model, model_file)
@@ -95,19 +99,26 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                 f"expected inputs among {', '.join(part.inputs)}"
             )
         lengths = (DECODE_SEQ, *params.chunk_sizes)
+        blocks = params.chunk_sizes  # chunk_limits above decode: the prefill blocks the engine plans
         if fetched.speculation is not None:
             check_verify_length(fetched.speculation.verify_length, params, model_dir)
             lengths = fetched.speculation.graph_lengths(lengths)
+            if fetched.speculation.in_chunk_limits:
+                blocks = fetched.speculation.graph_lengths(blocks)
         shapes = [(seq_len, None) for seq_len in lengths]
+        whole = whole_blocks(blocks, names)
+        last_row = [False] * len(shapes) + [True] * len(whole)
+        shapes += [(seq_len, None) for seq_len in whole]
         declared, hidden = model.input_dims, config["hidden_size"]
         window = attention_window(config) if part.mask_from_llm_config else None
 
         def llm_feed(i: int) -> Feed:
-            return make_inputs(shapes[i][0], hidden, params.seed, declared, window)
+            return make_inputs(shapes[i][0], hidden, params.seed, declared, window, LAST_ROW if last_row[i] else None)
 
         feed = llm_feed
     rt = params.runtime.create(weight_file)
     samples: list[IoSample] = []
+    whole_block_samples: list[IoSample] = []
     with staged_dir(out_dir) as tmp:
         spill = tmp / ".spill"
         spill.mkdir()
@@ -117,7 +128,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             """Sample ``i``'s inputs, written to its testdir as they are made."""
             arrays = {n: a for n, a in feed(i).items() if n in names}
             arrays = {n: arrays[n] for n in names}
-            sample_dir = testdir(tmp, shapes[i][0])
+            sample_dir = testdir(tmp, shapes[i][0], last_row[i])
             sample_dir.mkdir(parents=True)
             save_vars(sample_dir / REFERENCE_INPUT, arrays, nhwc=("logits_index",))
             fed[i] = _info(arrays)
@@ -140,14 +151,16 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
                 for n, a in results.items():
                     if a.dtype.kind == "f" and not np.isfinite(a).all():
                         raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at {what}")
-                save_vars(testdir(tmp, seq_len) / REFERENCE_OUTPUT, results)
-                samples.append(
+                sample_dir = testdir(tmp, seq_len, last_row[i])
+                save_vars(sample_dir / REFERENCE_OUTPUT, results)
+                (whole_block_samples if last_row[i] else samples).append(
                     IoSample(
                         seq_len=seq_len,
                         image_size=image_size,
-                        dir=f"{TESTDIR}/{seq_len}",
+                        dir=sample_dir.relative_to(tmp).as_posix(),
                         inputs=fed.pop(i),
                         outputs=_info(results),
+                        logits_index=LAST_ROW if last_row[i] else None,
                     )
                 )
                 log.debug(
@@ -169,6 +182,7 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
             tools=tool_versions(mnn=True),
             outputs=record_outputs(tmp),
             samples=samples,
+            whole_block_samples=whole_block_samples,
         )
         manifest.write(tmp)
     return manifest
@@ -207,7 +221,8 @@ STAGE = Stage(
     tools=frozenset({"MNN"}),
     doc=(
         "Reference samples of the whole graph, decode and each prefill length (and a speculative bundle's "
-        "verify length), by MNN on the CPU."
+        "verify length), by MNN on the CPU; each prefill length also as the engine feeds a chunk the prompt fills "
+        "whole (the last row's logits only)."
     ),
     mirrors="generateLlmIO",
 )

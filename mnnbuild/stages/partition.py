@@ -81,6 +81,11 @@ from mnnbuild.pipeline.stage import At, Ending, FanOut, Stage
 log = logging.getLogger(__name__)
 
 
+def _graph_sample(io: IoManifest, path: str) -> bool:
+    """Whether an io output is not a whole-block sample's (verify's, which the partition does not read)."""
+    return not any(path.startswith(f"{s.dir}/") for s in io.whole_block_samples)
+
+
 def _read_samples(io_dir: Path, io: IoManifest) -> list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]]:
     samples = []
     for sample, sample_dir in zip(io.samples, io.sample_dirs(io_dir), strict=True):
@@ -215,7 +220,7 @@ def partition(
             model=inputs.model,
             inputs=[
                 *(r.under("model") for r in lowered_from),
-                *(r.under("io") for r in io.outputs if r.path.endswith(".mnn")),
+                *(r.under("io") for r in io.outputs if r.path.endswith(".mnn") and _graph_sample(io, r.path)),
             ],
             params=params,
             tools=tool_versions(mnn=True),

@@ -393,11 +393,15 @@ class Sample:
     problem: str | None = None
     image_size: str | None = None
     """A VL encoder's sample: its image size."""
+    logits_index: int | None = None
+    """A whole-block sample's ``logits_index`` (io's ``whole_block_samples``)."""
 
 
-def load_samples(samples: list[tuple[int, Path]], image_sizes: Sequence[str | None] = ()) -> list[Sample]:
-    """The io stage's samples (``input.mnn``/``output.mnn`` per shape; a VL encoder's with their ``image_sizes``);
-    one that cannot be read says why."""
+def load_samples(
+    samples: list[tuple[int, Path]], image_sizes: Sequence[str | None] = (), logits_index: int | None = None
+) -> list[Sample]:
+    """The io stage's samples (``input.mnn``/``output.mnn`` per shape; a VL encoder's with their ``image_sizes``;
+    whole-block samples with their ``logits_index``); one that cannot be read says why."""
     loaded = []
     sizes = list(image_sizes) or [None] * len(samples)
     for (seq, sample_dir), size in zip(samples, sizes, strict=True):
@@ -408,11 +412,12 @@ def load_samples(samples: list[tuple[int, Path]], image_sizes: Sequence[str | No
                     load_vars(sample_dir / REFERENCE_INPUT),
                     load_vars(sample_dir / REFERENCE_OUTPUT),
                     image_size=size,
+                    logits_index=logits_index,
                 )
             )
         except Exception as exc:
             log.debug("io sample %d unreadable", seq, exc_info=True)
-            loaded.append(Sample(seq, problem=describe_error(exc), image_size=size))
+            loaded.append(Sample(seq, problem=describe_error(exc), image_size=size, logits_index=logits_index))
     return loaded
 
 
@@ -421,7 +426,13 @@ def check_whole_model(sample: Sample, run: ForwardResult | None, tol: Tolerance)
     if sample.problem is not None or not sample.refs or run is None or run.error is not None:
         problem = sample.problem or ("no reference outputs" if not sample.refs else None)
         problem = problem or (describe_error(run.error) if run is not None and run.error else "not run")
-        return ShapeCheck(seq_len=sample.seq_len, image_size=sample.image_size, passed=False, problem=problem)
+        return ShapeCheck(
+            seq_len=sample.seq_len,
+            image_size=sample.image_size,
+            logits_index=sample.logits_index,
+            passed=False,
+            problem=problem,
+        )
     checks = []
     for name, ref in sample.refs.items():
         if name not in run.outputs:
@@ -439,6 +450,7 @@ def check_whole_model(sample: Sample, run: ForwardResult | None, tol: Tolerance)
     return ShapeCheck(
         seq_len=sample.seq_len,
         image_size=sample.image_size,
+        logits_index=sample.logits_index,
         outputs=checks,
         top1=top1,
         logits_rows=rows,

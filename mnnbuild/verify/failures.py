@@ -18,6 +18,7 @@ from mnnbuild.verify.verdict import (
     ShapeCheck,
     SpeculationCheck,
     VerifyReport,
+    shape_label,
 )
 
 INTEGRITY, STRUCTURE, GRAPHS, WHOLE_MODEL, GENERATION, SPECULATION = range(6)
@@ -62,7 +63,7 @@ def plugin_failures(plugins: list[PluginCheck]) -> list[Failure]:
 def whole_model_failures(shapes: list[ShapeCheck], tol: Tolerance) -> list[Failure]:
     failures = []
     for s in shapes:
-        where = f"whole model seq {s.seq_len}" if s.image_size is None else f"visual encoder image {s.image_size}"
+        where = f"whole model seq {shape_label(s)}" if s.image_size is None else f"visual encoder image {s.image_size}"
         if s.problem:
             failures.append(Failure(WHOLE_MODEL, float("inf"), f"{where}: {s.problem}"))
         for t in s.outputs:

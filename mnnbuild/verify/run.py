@@ -32,6 +32,7 @@ from mnnbuild.partition.reference import SourceSubgraphRunner
 from mnnbuild.pipeline.layout import PROMPT_FILE, QNN_DIR, bundle_model_dir
 from mnnbuild.pipeline.origin import trusted_hashes
 from mnnbuild.qnn import HtpTarget, QnnLibrary
+from mnnbuild.samples.inputs import LAST_ROW
 from mnnbuild.verify import checks, failures, speculation
 from mnnbuild.verify.reference import ReferenceJob
 from mnnbuild.verify.verdict import GraphCheck, SpeculationCheck, VerifyReport, finish_timings
@@ -143,6 +144,11 @@ def _run_bundle(
     samples = checks.load_samples(
         [(s.seq_len, d) for s, d in zip(io.samples, io.sample_dirs(part.io_dir), strict=True)],
         [s.image_size for s in io.samples],
+    )
+    # the engine's whole prefill blocks (logits_index -1): no graph of their own, each plugin must find one
+    samples += checks.load_samples(
+        [(s.seq_len, d) for s, d in zip(io.whole_block_samples, io.whole_block_dirs(part.io_dir), strict=True)],
+        logits_index=LAST_ROW,
     )
     t0 = _add(timings, "samples", t0)
     if gen is not None and job is not None:

@@ -88,6 +88,9 @@ class ShapeCheck(BaseModel):
     """Tokens; for a VL encoder's sample, its patches."""
     image_size: str | None = None
     """A VL encoder's sample: the image size (``seq_len`` patches)."""
+    logits_index: int | None = None
+    """A whole-block sample's ``logits_index`` (-1: a prefill block the prompt fills whole, the last row's logits
+    only, as MNN's engine feeds it; no graph is compiled for it); None for a graph's own sample."""
     outputs: list[TensorCheck] = Field(default_factory=list)
     top1: Top1Check | None = None
     logits_rows: RowErrors | None = None
@@ -97,6 +100,15 @@ class ShapeCheck(BaseModel):
     qnn_seconds: float | None = None
     passed: bool
     problem: str | None = None
+
+
+def shape_label(s: ShapeCheck) -> str:
+    """``128``, ``128 (whole block, logits_index -1)`` or ``64 (image 224x224)``."""
+    if s.image_size is not None:
+        return f"{s.seq_len} (image {s.image_size})"
+    if s.logits_index is not None:
+        return f"{s.seq_len} (whole block, logits_index {s.logits_index})"
+    return str(s.seq_len)
 
 
 class GenerationStep(BaseModel):
@@ -479,7 +491,7 @@ def format_report(r: VerifyReport) -> str:
         ]
         rows = []
         for s in r.whole_model:
-            prefix = [str(s.seq_len) if s.image_size is None else f"{s.seq_len} (image {s.image_size})"]
+            prefix = [shape_label(s)]
             if s.outputs:
                 rows += _tensor_rows(prefix, s.outputs)
             else:
@@ -489,7 +501,7 @@ def format_report(r: VerifyReport) -> str:
             if s.top1 is not None:
                 t = s.top1
                 lines.append(
-                    f"  seq {s.seq_len}: top-1 agreement {t.agree}/{t.rows} (min reference top-2 margin "
+                    f"  seq {shape_label(s)}: top-1 agreement {t.agree}/{t.rows} (min reference top-2 margin "
                     f"{t.min_ref_margin:.3g}) {_ok(t.passed)}; {_f(s.seconds, '.3f')} s "
                     f"(MNN {_f(s.mnn_seconds, '.3f')} s, simulator {_f(s.qnn_seconds, '.3f')} s)"
                 )
