@@ -232,6 +232,30 @@ def test_hybrid_forward_matches_mnn(synthetic: Synthetic, qnn_lib: QnnLibrary, s
     assert [s["segment"] for s in report["segments"]] == ["cpu0", "cpu1", "cpu2"]
 
 
+def test_a_plugin_fed_what_it_ran_on_in_the_same_call_runs_once(synthetic: Synthetic, qnn_lib: QnnLibrary) -> None:
+    """run_many: an input that feeds a plugin the bytes an earlier input of the call fed it takes that run's outputs
+    (the simulator is deterministic) instead of running it again; any other input runs, and every result is as its
+    own pass would be."""
+    rng = np.random.default_rng(11)
+    x, other = (rng.standard_normal((PREFILL, 8)).astype(np.float32) for _ in range(2))
+    with HybridModel(
+        synthetic.bundle, binary_overrides=synthetic.twins, qnn_lib=qnn_lib, expected_target=TARGET
+    ) as model:
+        first, again, different = model.run_many([{"x": x}, {"x": x.copy()}, {"x": other}], capture=True)
+        report = model.report()
+    for result, feed in ((first, x), (again, x), (different, other)):
+        ref = reference(synthetic.original, feed)
+        for name in ("out", "hid"):
+            assert_close(result.outputs[name], ref[name], name)
+    assert all(np.array_equal(first.outputs[n], again.outputs[n]) for n in ("out", "hid"))
+    assert again.qnn_seconds == 0.0 and first.qnn_seconds > 0 and different.qnn_seconds > 0
+    assert [(s.name, s.graph) for s in again.steps if s.kind == "qnn"] == [
+        (s.name, s.graph) for s in first.steps if s.kind == "qnn"
+    ]
+    assert set(again.plugin_io) == {"qnn0", "qnn1"}
+    assert [p["calls"] for p in report["plugins"]] == [{"graphllm1_0": 2}, {"graphllm1_1": 2}]
+
+
 def test_unshared_shipped_binary_runs_as_shipped(synthetic: Synthetic, bundle_copy: Path, qnn_lib: QnnLibrary) -> None:
     for path, twin in synthetic.twins.items():
         (bundle_copy / path).write_bytes(twin)

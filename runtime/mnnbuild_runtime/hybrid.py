@@ -13,6 +13,7 @@ the partition's CPU reference (``mnnbuild.partition.reference.SourceSubgraphRunn
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -345,11 +346,20 @@ class HybridExecutor:
                 env, result.error = {}, exc
             passes.append((env, result))
         for step in self.steps:
+            # a plugin fed exactly what it ran on for an earlier input of this call gives what it gave then (the
+            # simulator is deterministic): e.g. a whole-chunk sample repeats its padded twin up to the logits slice
+            ran: dict[bytes, tuple[dict[str, BoundaryValue], ForwardResult]] = {}
             for env, result in passes:
                 if result.error is not None:
                     continue
                 try:
+                    key = self._plugin_feed_key(step, env)
+                    if key is not None and key in ran:
+                        self._repeat(step, ran[key], env, result)
+                        continue
                     self._step(step, env, result, capture)
+                    if key is not None:
+                        ran[key] = (env, result)
                 except Exception as exc:  # this input's pass ends; the others do not depend on it
                     result.error = exc
             if on_step is not None:
@@ -358,6 +368,34 @@ class HybridExecutor:
             if result.error is None:
                 result.outputs = {n: env[n].as_array() for n in self.model.output_names}
         return [result for _, result in passes]
+
+    def _plugin_feed_key(self, step: Step, env: dict[str, BoundaryValue]) -> bytes | None:
+        """A digest of a plugin step's input arrays (shapes, types, bytes); None for a CPU segment."""
+        if isinstance(step, Segment):
+            return None
+        digest = hashlib.blake2b(digest_size=20)
+        for name in self.plugins[step.name].input_tensors:
+            arr = env[name].as_array()
+            digest.update(f"{arr.dtype.str}{arr.shape}".encode())
+            digest.update(np.ascontiguousarray(arr).data)
+        return digest.digest()
+
+    def _repeat(
+        self,
+        step: Step,
+        earlier: tuple[dict[str, BoundaryValue], ForwardResult],
+        env: dict[str, BoundaryValue],
+        result: ForwardResult,
+    ) -> None:
+        """A plugin step's outputs taken from the earlier input it ran on with the same feed (no simulator time)."""
+        before_env, before = earlier
+        spec = self.plugins[step.name]
+        for name in spec.output_tensors:
+            env[name] = before_env[name]
+        timing = next(t for t in reversed(before.steps) if t.name == step.name)
+        result.steps.append(StepTiming("qnn", step.name, 0.0, timing.graph, timing.shape_index))
+        if step.name in before.plugin_io:
+            result.plugin_io[step.name] = before.plugin_io[step.name]
 
     def _step(self, step: Step, env: dict[str, BoundaryValue], result: ForwardResult, capture: bool) -> None:
         if isinstance(step, Segment):
