@@ -315,7 +315,7 @@ def shape_projection(nodes: dict[str, Node], bandwidth: float, client: float) ->
     walls = {str(w): round(schedule(nodes, w) + client, 1) for w in WORKERS}
     return {
         "tasks": sum(n.remote for n in nodes.values()),
-        "serial_seconds": round(sum(n.cost for n in nodes.values()), 1),
+        "serial_seconds": round(sum(n.cost for n in nodes.values()) + client, 1),
         "wall_seconds": walls,
         "critical_path_seconds": round(cp, 1),
         "critical_path": [r.split("/", 1)[-1] for r in path],
@@ -333,6 +333,14 @@ def model_shape(model_dir: Path) -> dict[str, Any]:
     layers, hidden = int(config["layer_nums"]), int(config["hidden_size"])
     shape = next((name for name, s in SHAPES.items() if s["hidden"] == hidden and s["layers"] == layers), None)
     return {"layers": layers, "shape": shape}
+
+
+def dir_bytes(summary: dict[str, Any], rel: str) -> int:
+    """An upstream dir's bytes: what its task stored; fetch's (it runs here), what a task reading it alone fetched."""
+    if rel in summary["tasks"]:
+        return int(summary["tasks"][rel].get("stored", 0))
+    alone = [int(t.get("fetched", 0)) for t in summary["tasks"].values() if t.get("inputs") == [rel]]
+    return max(alone, default=0)
 
 
 def project(summary: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +363,8 @@ def project(summary: dict[str, Any]) -> dict[str, Any]:
             "measured_1_worker_s": summary["cluster_wall_seconds"],
         },
     }
-    plugin = [int(t.get("fetched", 0)) for r, t in summary["tasks"].items() if "/context/" in r]
+    plugin = [sum(dir_bytes(summary, i) for i in t.get("inputs", [])) for r, t in summary["tasks"].items()
+              if "/context/" in r]  # fmt: skip
     if plugin:
         # a worker machine fetches a plugin task's inputs (the model, the partition) once, into its own cache
         # tier: 32 machines, 32 times from the shared store
