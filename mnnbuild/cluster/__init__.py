@@ -9,8 +9,8 @@ The cache is the data plane, the scheduler moves keys and small records only:
 - ``worker``: the function a Dask worker runs: it runs the task in a child process it kills when the task is
   cancelled (a Dask worker cannot stop a thread), and which dies with it.
 - ``task``: what the child does: check that this machine computes the client's key (code, schema, MNN, QNN, inputs),
-  restore the inputs from the shared cache into a scratch root, run the stage's entry, store its outputs under that
-  key.
+  restore the inputs from the shared cache into its scratch root (kept for its next task), run the stage's entry,
+  store its outputs under that key.
 
 It knows nothing of doit: `mnnbuild.dag.actions` calls `run_remotely` in place of the stage's entry. A stage is run
 on the cluster when `runs_remotely` says so (cacheable, reads only the artifact root, no guard).

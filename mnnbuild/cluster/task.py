@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from mnnbuild.base.errors import ClusterError, MnnbuildError, error_line
-from mnnbuild.base.fsutil import KnownHashes
+from mnnbuild.base.fsutil import KnownHashes, file_stamp
 from mnnbuild.pipeline.cache import LOCAL, REMOTE, ArtifactCache, CacheTiers, Tier, cache_key
 from mnnbuild.pipeline.fingerprint import DigestMemo, code_fingerprint
 from mnnbuild.pipeline.layout import CODE_DIGESTS
@@ -139,11 +139,14 @@ def _execute(task: RemoteTask, worker: str) -> dict[str, Any]:
     if problem is not None:
         raise ClusterError(f"worker {worker} cannot use the shared cache {task.cache}: {problem}")
     checked = time.perf_counter()
-    scratch = Path(tempfile.mkdtemp(prefix="task-", dir=scratch_base()))
+    scratch = worker_root()
+    out_dir = scratch / task.out
+    _evict([rel for rel in _PLACED if _overlaps(rel, task.out)])  # a stale input where the output goes
+    shutil.rmtree(out_dir, ignore_errors=True)
     try:
         return _run_in(task, stage, key_config, worker_tiers(cache), scratch, worker, (started, checked))
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(out_dir, ignore_errors=True)  # stored, or failed: the inputs stay for the next task
 
 
 def worker_tiers(shared: ArtifactCache) -> CacheTiers:
@@ -152,6 +155,79 @@ def worker_tiers(shared: ArtifactCache) -> CacheTiers:
     own = ArtifactCache.from_env()
     tiers = [Tier(LOCAL, own)] if own is not None and own.url != shared.url else []
     return CacheTiers([*tiers, Tier(REMOTE, shared)])
+
+
+KEEP_INPUTS = 8
+"""Upstream dirs a task process keeps restored between its tasks (besides the current task's)."""
+_PLACED: dict[str, str] = {}
+"""This process's restored upstream dirs: their path under its root -> their cache key, least recently used first."""
+_HASHES = KnownHashes()
+"""The sha256 of those dirs' files by their stamps (`known_restored`): a file changed since is hashed again."""
+
+
+def worker_root() -> Path:
+    """This task process's scratch artifact root: the upstream dirs its tasks restored stay in it, so the next task
+    reading them (every plugin reads the model and the partition) neither restores nor hashes GBs again: removing
+    a scratch's hard links to the cache's blobs would move their ctime, and a blob not vouched for is hashed on its
+    next restore. The roots of task processes gone (killed) are removed."""
+    base = scratch_base()
+    root = base / f"worker-{os.getpid()}"
+    if not root.is_dir():
+        for old in base.glob("worker-*"):
+            pid = old.name.removeprefix("worker-")
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(old, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _overlaps(a: str, b: str) -> bool:
+    return a == b or a.startswith(f"{b}/") or b.startswith(f"{a}/")
+
+
+def _evict(rels: list[str]) -> None:
+    for rel in rels:
+        _PLACED.pop(rel, None)
+        shutil.rmtree(worker_root() / rel, ignore_errors=True)
+
+
+def place_input(tiers: CacheTiers, ref: Ref, scratch: Path) -> int | None:
+    """``ref``'s dir at its path under ``scratch``: kept from an earlier task when it has ``ref``'s key, else restored
+    (its digests taken, `known_restored`); the bytes restored, None when no tier holds it."""
+    dest = scratch / ref.rel
+    if _PLACED.get(ref.rel) == ref.key and dest.is_dir():
+        _PLACED[ref.rel] = _PLACED.pop(ref.rel)  # the most recently used last
+        return 0
+    _evict([rel for rel in _PLACED if _overlaps(rel, ref.rel)])
+    hit = tiers.restore(ref.stage, ref.key, dest)
+    if hit is None:
+        return None
+    known_restored(tiers, hit.tier, ref, scratch, _HASHES)
+    _PLACED[ref.rel] = ref.key
+    return hit.bytes
+
+
+def known_restored(tiers: CacheTiers, tier: str, ref: Ref, scratch: Path, hashes: KnownHashes) -> None:
+    """The sha256 of the files just restored for ``ref``, by their stamps: the restore checked each against its entry
+    (hashed, or a blob the cache vouches for), so the key check need not read a model's GB again. A file whose stamp
+    moves before the check (another link made to its blob) is hashed there."""
+    cache = next(t.cache for t in tiers.tiers if t.name == tier)
+    entry = cache.read_entry(ref.stage, ref.key)
+    if entry is None:
+        return
+    for rec in entry.files:
+        if rec.link is None:
+            hashes.add(file_stamp(scratch / ref.rel / rec.path), rec.sha256)
 
 
 def _run_in(
@@ -166,13 +242,20 @@ def _run_in(
     started, checked = times
     root = Path(task.root)
     cache = tiers.tiers[-1].cache
+    fetched = 0
     for ref in task.refs:
-        if tiers.restore(ref.stage, ref.key, scratch / ref.rel) is None:
+        placed = place_input(tiers, ref, scratch)
+        if placed is None:
             raise ClusterError(
                 f"worker {worker}: the shared cache {task.cache} holds no intact {ref.stage} {ref.key[:12]} "
                 f"({ref.rel}), an input of {task.name}"
             )
-    key = cache_key(stage.name, key_config, [scratch / f for f in task.file_dep], KnownHashes())
+        fetched += placed
+    now = {ref.rel for ref in task.refs}
+    _evict([rel for rel in _PLACED if rel not in now][: max(0, len(_PLACED) - len(now) - KEEP_INPUTS)])
+    fetched_at = time.perf_counter()
+    # a kept file changed since its restore has another stamp: hashed again here, and refused below
+    key = cache_key(stage.name, key_config, [scratch / f for f in task.file_dep], _HASHES)
     if key != task.key:
         raise ClusterError(f"worker {worker} refuses {task.name}: its inputs hash to key {key[:12]}, not the "
                            f"client's {task.key[:12]}")  # fmt: skip
@@ -195,11 +278,13 @@ def _run_in(
     return {
         "worker": worker,
         "stored": stored,
+        "fetched": fetched,
         "seconds": round(ran - restored, 3),
         "peak_rss": peak,
         "timings": {
             "check": round(checked - started, 3),
             "restore": round(restored - checked, 3),
+            "key": round(restored - fetched_at, 3),
             "run": round(ran - restored, 3),
             "store": round(done - ran, 3),
         },

@@ -284,6 +284,7 @@ def _run_on_cluster(
         if tiers is None:
             shared_tier(None)  # the one line saying the cluster needs a shared cache
         assert tiers is not None
+        preparing = time.perf_counter()
         task, shared = remote_task(remote.name, stage, inputs, params, Path(out_dir), remote.root, key_config, key,
                                    file_dep, upstream, tiers, remote.memory)  # fmt: skip
         submitted = time.perf_counter()
@@ -301,8 +302,13 @@ def _run_on_cluster(
                           f"shared cache {shared.cache.url}")  # fmt: skip
     # where a cluster run's time went: on the worker (check, restore, run, store), in flight (submit: the wait less
     # the worker's part), and restoring here (benchmarks/bench_cluster.py)
-    timings = {**done["timings"], "wait": round(waited, 3), "restore_here": round(time.perf_counter() - restoring, 3)}
-    worker = {"worker": done["worker"], "seconds": done["seconds"], "peak_rss": done["peak_rss"], "cluster": timings}
+    timings = {**done["timings"], "wait": round(waited, 3), "restore_here": round(time.perf_counter() - restoring, 3),
+               "publish": round(submitted - preparing, 3)}  # fmt: skip
+    # what moved: the inputs the worker fetched (and which upstream dirs they were), its outputs stored, restored here
+    moved = {"inputs": [r.rel for r in task.refs], "fetched": done.get("fetched", 0), "stored": done["stored"],
+             "restored": hit.bytes}  # fmt: skip
+    worker = {"worker": done["worker"], "seconds": done["seconds"], "peak_rss": done["peak_rss"], "cluster": timings,
+              "moved": moved}  # fmt: skip
     _restored_origin(stage, out_dir, key, task_identity(key_config), hit, worker)
     log.debug("cluster: %s ran on %s (%s)", remote.name, done["worker"], done["timings"])
     return {
