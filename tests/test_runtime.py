@@ -966,9 +966,10 @@ def test_readme_runtime_examples_run_as_written(run_doit: RunDoit, tmp_path: Pat
             [sys.executable, "-I", "-c", block], cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env
         )
         assert proc.returncode == 0, f"{readme.relative_to(PROJECT_ROOT)}'s example failed:\n{proc.stderr[-3000:]}"
-    # issue 43, first hour: the project README's example ran only from the project root and printed nothing
+    # issue 43, first hour: the first example (the README sends a new user to runtime/README.md) ran only from the
+    # project root and printed nothing
     (elsewhere := tmp_path / "elsewhere").mkdir()
-    block = python_blocks(PROJECT_ROOT / "README.md")[0]
+    block = python_blocks(PROJECT_ROOT / "runtime" / "README.md")[0]
     proc = subprocess.run([sys.executable, "-I", "-c", block], cwd=elsewhere, capture_output=True, text=True,
                           timeout=600, env={**env, "MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
