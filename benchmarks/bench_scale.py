@@ -21,6 +21,9 @@ measured again right after.
 
     MODELS_CACHE=... python benchmarks/bench_scale.py --layers 4 [--npu-weights int4] [--jobs] [--end-to-end] [--keep]
 
+``--shape qwen3-4b`` / ``qwen3-8b`` takes those models' real dims instead (``make_models.py --shape``; N of their 36
+layers, exported to ``<shape>-L<n>``); their rows are keyed ``<shape>-<layers>-<npu weights>[-<label>]``.
+
 Besides the stages: the bundle's bytes by part, the twins' bytes, how the contexts store their weights (the NPU
 weight bytes a phone reads per decoded token: every weight once, as stored; a size, not a speed), and verify's
 logits error and greedy agreement against the CPU.
