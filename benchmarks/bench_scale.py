@@ -21,6 +21,9 @@ measured again right after.
 
     MODELS_CACHE=... python benchmarks/bench_scale.py --layers 4 [--npu-weights int4] [--jobs] [--end-to-end] [--keep]
 
+``--shape qwen3-4b`` / ``qwen3-8b`` takes those models' real dims instead (``make_models.py --shape``; N of their 36
+layers, exported to ``<shape>-L<n>``); their rows are keyed ``<shape>-<layers>-<npu weights>[-<label>]``.
+
 Besides the stages: the bundle's bytes by part, the twins' bytes, how the contexts store their weights (the NPU
 weight bytes a phone reads per decoded token: every weight once, as stored; a size, not a speed), and verify's
 logits error and greedy agreement against the CPU.
@@ -49,6 +52,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, checkout_commit, machine, print_table  # noqa: E402
 
+sys.path.insert(0, str(PROJECT_ROOT / "models" / "export"))
+from make_models import DEFAULT_SHAPE, QWEN3_SHAPES  # noqa: E402  (no torch at import)
+
 from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS  # noqa: E402
 from mnnbuild.pipeline.layout import LLM_GRAPHS, VERIFY_REPORT_JSON, origin_file  # noqa: E402
 from mnnbuild.stages.chain import CHAIN, stage_dir  # noqa: E402
@@ -72,19 +78,24 @@ RUSAGE_WRAPPER = (
 )
 
 
-def model_name(layers: int) -> str:
-    """The spec and task name (lower case, as specs require); the export dir is `qwen3-1.7b-L<n>`."""
-    return f"qwen3-1.7b-l{layers}"
+def model_name(layers: int, shape: str = DEFAULT_SHAPE) -> str:
+    """The spec and task name (lower case, as specs require); the export dir is `<shape>-L<n>`."""
+    return f"{shape}-l{layers}"
 
 
 MODELS_CACHE_ENV = "MODELS_CACHE"
 EXPORT_PYTHON_ENV = "EXPORT_PYTHON"
 
 
-def ensure_model(layers: int, cache: Path, export_python: Path | None, eagle: bool = False) -> Path:
+def ensure_model(
+    layers: int, cache: Path, export_python: Path | None, eagle: bool = False, shape: str = DEFAULT_SHAPE
+) -> Path:
     """The exported model dir, built by the export script unless a complete one is there (``eagle``: the target
-    exported with a random Eagle3 draft of Qwen3-1.7B-Eagle3's sizes, ``qwen3-1.7b-eagle-L<n>``)."""
-    dest = cache / (f"qwen3-1.7b-eagle-L{layers}" if eagle else f"qwen3-1.7b-L{layers}")
+    exported with a random Eagle3 draft of Qwen3-1.7B-Eagle3's sizes, ``qwen3-1.7b-eagle-L<n>``; ``shape``: the
+    real dims, one of make_models' ``QWEN3_SHAPES``, ``<shape>-L<n>``)."""
+    if eagle and shape != DEFAULT_SHAPE:
+        raise SystemExit(f"--eagle: only the {DEFAULT_SHAPE} shape has an Eagle3 draft here, not {shape}")
+    dest = cache / (f"qwen3-1.7b-eagle-L{layers}" if eagle else f"{shape}-L{layers}")
     if (dest / READY).is_file() or dest.with_name(f"{dest.name}.{READY}").is_file():  # inside it, or beside it
         return dest
     if export_python is None:
@@ -94,6 +105,7 @@ def ensure_model(layers: int, cache: Path, export_python: Path | None, eagle: bo
         cmd.append("--no-verify")
     else:
         cmd = [str(export_python), str(EXPORT_SCRIPT), "--qwen3-1.7b-layers", str(layers), "--out", str(dest)]
+        cmd += ["--shape", shape] if shape != DEFAULT_SHAPE else []
     sys.stderr.write(f"exporting {dest.name}: {' '.join(cmd)}\n")
     subprocess.run(cmd, check=True)
     (dest / READY).write_text("exported by benchmarks/bench_scale.py\n")
@@ -367,7 +379,7 @@ def accuracy(report: dict[str, Any]) -> dict[str, Any]:
 
 def model_args(parser: argparse.ArgumentParser, layers: int) -> None:
     """The options naming the model, its target and where it is exported and built."""
-    parser.add_argument("--layers", type=int, default=layers, help=f"layers of the 28 (default {layers})")
+    parser.add_argument("--layers", type=int, default=layers, help=f"layers of the model's (default {layers})")
     parser.add_argument("--arch", default="v79")
     cache_args(parser)
     parser.add_argument("--work", type=Path, default=None, help="dir for artifacts and cache (default: a temp dir)")
@@ -422,6 +434,13 @@ def main() -> None:
         help="the model exported with a random Eagle3 draft (Qwen3-1.7B-Eagle3's sizes, at least 7 layers), built "
         "with speculative = 'off' and 'eagle' in one run; results under scale.json's 'speculative' by commit",
     )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(QWEN3_SHAPES),
+        default=DEFAULT_SHAPE,
+        help=f"the model's real dims (default {DEFAULT_SHAPE}); another shape prefixes the result key, e.g. "
+        "'qwen3-8b-4-int4'",
+    )
     parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument(
@@ -435,7 +454,11 @@ def main() -> None:
         model, partition, arch, out, npu_weights = args.floor_worker
         floor_worker(Path(model), Path(partition), arch, Path(out), npu_weights)
         return
+    if not 1 <= args.layers <= QWEN3_SHAPES[args.shape].num_layers:
+        parser.error(f"--layers: expected 1..{QWEN3_SHAPES[args.shape].num_layers} for {args.shape}")
     if args.eagle:
+        if args.shape != DEFAULT_SHAPE:
+            parser.error(f"--eagle: only the {DEFAULT_SHAPE} shape has an Eagle3 draft here")
         if args.layers < 7:
             parser.error("--eagle: an Eagle3 target needs at least 7 layers (three distinct taps), give --layers")
         if args.stages == ",".join(STAGES):
@@ -445,13 +468,14 @@ def main() -> None:
         speculative_main(args, parser)
         return
 
-    name = model_name(args.layers)
+    name = model_name(args.layers, args.shape)
     target = f"{name}-{args.arch}"
     stages = [s for s in args.stages.split(",") if s]
-    model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python)
-    # keyed by the code measured, as --eagle's: layers / <commit> / <layers>-<npu weights>[-<label>]
+    model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python, shape=args.shape)
+    # keyed by the code measured, as --eagle's: layers / <commit> / [<shape>-]<layers>-<npu weights>[-<label>]
     commit = checkout_commit()
     key = f"{args.layers}-{args.npu_weights or DEFAULT_NPU_WEIGHTS}" + (f"-{args.label}" if args.label else "")
+    key = key if args.shape == DEFAULT_SHAPE else f"{args.shape}-{key}"
     work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
     if not args.resume:
@@ -461,6 +485,7 @@ def main() -> None:
     env = doit_env(artifacts, cache, models)
     rows: dict[str, dict[str, Any]] = {}
     result: dict[str, Any] = {"model": name, "target": target, "npu_weights": args.npu_weights, "stages": rows}
+    result.update({"shape": args.shape, "layers": args.layers, "shape_layers": QWEN3_SHAPES[args.shape].num_layers})
     if args.resume:  # carry the earlier stages' records on
         earlier = json.loads((RESULTS / "scale.json").read_text())["layers"].get(commit, {}).get(key)
         if earlier is None:

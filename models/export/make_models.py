@@ -282,25 +282,58 @@ VISION_QKV_GAIN = 8.0
 VISUAL_TOLERANCE = {"qwen2.5-vl": 1.5e-2, "qwen3-vl": 2e-3}
 
 
-def qwen3_1_7b_spec(num_layers: int) -> ModelSpec:
-    """Qwen3-1.7B's real dimensions with ``num_layers`` of its 28 layers (benchmark model, never committed)."""
+@dataclasses.dataclass(frozen=True)
+class Qwen3Shape:
+    """A released Qwen3 model's text dimensions (from its Hugging Face config.json)."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    tie_embeddings: bool
+    vocab_size: int = 151936
+
+
+QWEN3_SHAPES = {
+    "qwen3-1.7b": Qwen3Shape(2048, 28, 16, 8, 128, 6144, tie_embeddings=True),
+    "qwen3-4b": Qwen3Shape(2560, 36, 32, 8, 128, 9728, tie_embeddings=True),
+    "qwen3-8b": Qwen3Shape(4096, 36, 32, 8, 128, 12288, tie_embeddings=False),
+}
+"""The benchmark shapes (issue 44): real dims, random weights, ``num_layers`` of them exported on demand."""
+DEFAULT_SHAPE = "qwen3-1.7b"
+
+
+def qwen3_spec(shape: str, num_layers: int) -> ModelSpec:
+    """``shape``'s real dimensions with ``num_layers`` of its layers (benchmark model, never committed);
+    int4 block 64 asymmetric, as llmexport exports it by default."""
+    dims = QWEN3_SHAPES[shape]
+    if not 1 <= num_layers <= dims.num_layers:
+        raise ValueError(f"{shape}: num_layers {num_layers}, expected 1..{dims.num_layers}")
+    tied = "tied" if dims.tie_embeddings else "untied"
     return ModelSpec(
-        name=f"qwen3-1.7b-L{num_layers}",
+        name=f"{shape}-L{num_layers}",
         dest="",  # given with --out
         arch="qwen3",
-        hidden_size=2048,
+        hidden_size=dims.hidden_size,
         num_layers=num_layers,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        intermediate_size=6144,
-        tie_embeddings=True,
+        num_heads=dims.num_heads,
+        num_kv_heads=dims.num_kv_heads,
+        head_dim=dims.head_dim,
+        intermediate_size=dims.intermediate_size,
+        tie_embeddings=dims.tie_embeddings,
         quant_bit=4,
         quant_block=64,
         symmetric=False,
-        purpose="real-size benchmark model: Qwen3-1.7B dims, tied embeddings, int4 block 64 asymmetric",
-        vocab_size=151936,
+        purpose=f"real-size benchmark model: {shape} dims, {tied} embeddings, int4 block 64 asymmetric",
+        vocab_size=dims.vocab_size,
     )
+
+
+def qwen3_1_7b_spec(num_layers: int) -> ModelSpec:
+    """Qwen3-1.7B's real dimensions with ``num_layers`` of its 28 layers (benchmark model, never committed)."""
+    return qwen3_spec("qwen3-1.7b", num_layers)
 
 
 def build_corpus(seed: int) -> list[str]:
@@ -956,7 +989,13 @@ def main(argv: list[str] | None = None) -> int:
         dest="qwen3_layers",
         type=int,
         metavar="N",
-        help="instead of the test models: a Qwen3-1.7B-shaped model (real dims) with N layers, into --out",
+        help="instead of the test models: a Qwen3-1.7B-shaped (or --shape) model (real dims) with N layers, into --out",
+    )
+    parser.add_argument(
+        "--shape",
+        choices=sorted(QWEN3_SHAPES),
+        default=DEFAULT_SHAPE,
+        help=f"the real dims --qwen3-1.7b-layers exports (default {DEFAULT_SHAPE})",
     )
     parser.add_argument(
         "--out", type=Path, help="output dir for --qwen3-1.7b-layers or one --only model (replaced as a whole)"
@@ -969,8 +1008,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_export_args(parser, argv)
 
     if args.qwen3_layers is not None:
-        if not 1 <= args.qwen3_layers <= 28:
-            parser.error("--qwen3-1.7b-layers: expected 1..28 (Qwen3-1.7B has 28 layers)")
+        most = QWEN3_SHAPES[args.shape].num_layers
+        if not 1 <= args.qwen3_layers <= most:
+            parser.error(f"--qwen3-1.7b-layers: expected 1..{most} ({args.shape} has {most} layers)")
         if args.out is None or args.only:
             parser.error("--qwen3-1.7b-layers needs --out DIR and excludes --only")
     elif args.out is not None and not (args.only and len(args.only) == 1):
@@ -980,7 +1020,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = train_tokenizer(args.seed, args.vocab_size)
     if args.qwen3_layers is not None:
-        spec = qwen3_1_7b_spec(args.qwen3_layers)
+        spec = qwen3_spec(args.shape, args.qwen3_layers)
         spec = dataclasses.replace(spec, symmetric=True) if args.symmetric else spec
         make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify, out=args.out.resolve())
         return 0
