@@ -200,6 +200,16 @@ def test_the_bundle_built_on_the_cluster_is_the_local_build_byte_for_byte(
     assert not (remote_root / "artifacts/tiny-qwen3/v79/context/graphllm0/qnn/graphllm0.bin").exists()
 
 
+def start_io_build(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`doit io:tiny-qwen3` started on the cluster ``env`` names, artifacts under ``tmp_path``, no local cache."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
+    full.update({"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
+    return subprocess.Popen(
+        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "io:tiny-qwen3"],
+        cwd=tmp_path, env={**full, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+
+
 def test_a_task_whose_worker_is_killed_completes_on_the_other(
     tmp_path: Path,
     s3: dict[str, str],  # noqa: F811
@@ -207,13 +217,7 @@ def test_a_task_whose_worker_is_killed_completes_on_the_other(
 ) -> None:
     """SIGKILL to the worker running io: its task process dies with it, the scheduler gives io to the other worker,
     the build ends well, and the cache holds whole entries only."""
-    env = build_env(s3, cluster, "killed")
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
-    full.update({"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
-    build = subprocess.Popen(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "io:tiny-qwen3"],
-        cwd=tmp_path, env={**full, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    build = start_io_build(tmp_path, build_env(s3, cluster, "killed"))
     try:
         victim, processes = wait_processing(cluster, "mnnbuild-io:")
         cluster.kill(victim)
@@ -239,13 +243,7 @@ def test_ctrl_c_cancels_the_task_on_the_cluster(
 ) -> None:
     """SIGINT to doit while io runs on a worker: the run stops in one line, the scheduler forgets the task and the
     worker's task process is killed."""
-    env = build_env(s3, cluster, "interrupted")
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}
-    full.update({"MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts"), "HF_HUB_OFFLINE": "1", "MNNBUILD_CACHE": "off"})
-    build = subprocess.Popen(
-        [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "io:tiny-qwen3"],
-        cwd=tmp_path, env={**full, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    build = start_io_build(tmp_path, build_env(s3, cluster, "interrupted"))
     try:
         worker, _ = wait_processing(cluster, "mnnbuild-io:")
         running = task_processes(cluster, worker)
