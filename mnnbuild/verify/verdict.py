@@ -317,6 +317,7 @@ TIME_PARTS = {
     "loads": ("context loads", "bundle_pass"),
     "simulator": ("graphs in the simulator", "bundle_pass"),
     "cpu_segments": ("CPU segments", "bundle_pass"),
+    "whole_blocks": ("whole-block samples", "bundle_pass"),
     "hashing": ("hashing", None),
     "cpu_reference_start": ("process start", "cpu_reference"),
     "cpu_reference_draft": ("KV-cache draft", "cpu_reference"),
