@@ -31,17 +31,19 @@ def checkout_commit(tree: Path = PROJECT_ROOT) -> str:
 def write_results(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps({"machine": machine(), **data}, indent=2) + "\n")
+    # every result names the code it measured (the checkout's commit, + when it had changes)
+    path.write_text(json.dumps({"machine": machine(), "commit": checkout_commit(), **data}, indent=2) + "\n")
     return path
 
 
 def add_result(name: str, key: str, result: dict[str, Any]) -> Path:
-    """Merge ``result`` into ``results/<name>.json`` under ``key``, keeping the other keys (earlier runs)."""
+    """Merge ``result`` into ``results/<name>.json`` under ``key``, keeping the other keys (earlier runs), with the
+    checkout's commit unless ``result`` names its own."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
     data["machine"] = machine()
-    data[key] = result
+    data[key] = {"commit": checkout_commit(), **result}  # a result's own "commit" (the code it timed) wins
     path.write_text(json.dumps(data, indent=2) + "\n")
     return path
 

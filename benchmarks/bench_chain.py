@@ -16,7 +16,7 @@ another machine is not a check: the chain over its floor was 3.2x on the box tha
 box for the same code (docs/benchmarks.md). Without the reference commit in the clone (a shallow one) the check falls
 back to that stored ratio and says so.
 
-    python benchmarks/bench_chain.py [--rounds 3] [--check] [--margin 0.2] [--set-reference]
+    python benchmarks/bench_chain.py [--rounds 5] [--check] [--margin 0.2] [--set-reference]
 
 ``--slow-chain 0.3`` is the check's own test: each of this checkout's chains sleeps 0.3 x its own time before its
 doit process exits, a chain 30% slower than the reference's whatever the box's load (docs/benchmarks.md has the runs).
@@ -25,6 +25,7 @@ doit process exits, a chain 30% slower than the reference's whatever the box's l
 from __future__ import annotations
 
 import argparse
+import compileall
 import io
 import json
 import os
@@ -121,6 +122,13 @@ def one_round(work: Path, n: int, reference: Path | None, slow: float = 0.0) -> 
     return times
 
 
+def compile_tree(tree: Path) -> None:
+    """Byte-compile ``tree``'s Python code: with ``PYTHONDONTWRITEBYTECODE`` set, a tree without ``__pycache__``
+    compiles every module in every process again (3 s more per chain on this box), which is not the chain's cost."""
+    for part in ("mnnbuild", "runtime"):
+        compileall.compile_dir(tree / part, quiet=1)
+
+
 def read_reference() -> dict[str, Any] | None:
     path = RESULTS / f"{RESULTS_NAME}.json"
     if not path.is_file():
@@ -158,7 +166,7 @@ def reference_tree(commit: str, work: Path) -> Path | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--check", action="store_true", help="exit 1 when the chain regressed against the reference's")
     parser.add_argument(
         "--vs-reference", action="store_true", help="also time the reference commit's chain (what --check does)"
@@ -174,6 +182,8 @@ def main() -> None:
         raise SystemExit("--rounds must be >= 1, --margin in (0, 10) and --slow-chain in [0, 10)")
     if args.slow_chain and (args.set_reference or not args.no_save):
         raise SystemExit("--slow-chain measures a deliberately slowed chain: give --no-save, never --set-reference")
+    if args.set_reference and not re.fullmatch(r"[0-9a-f]{12}", checkout_commit()):
+        raise SystemExit("--set-reference needs a committed checkout (the check runs that commit's tree)")
     reference = read_reference()  # a bad results file is one line before minutes of rounds
     if args.check and reference is None:
         raise SystemExit(f"no reference in {RESULTS / (RESULTS_NAME + '.json')}: run with --set-reference")
@@ -188,6 +198,8 @@ def main() -> None:
                     f"the reference commit {reference['commit']} is not in this clone (shallow?): comparing with its "
                     f"stored ratio {reference['ratio']:.2f}x, measured on another box\n"
                 )
+        for compiled in filter(None, [PROJECT_ROOT, tree]):
+            compile_tree(compiled)
         for n in range(args.rounds):
             rounds.append(one_round(work, n, tree, args.slow_chain))
             sys.stderr.write(
