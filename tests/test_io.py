@@ -133,6 +133,7 @@ def test_each_sample_is_written_before_the_next_is_made(tmp_path: Path, monkeypa
         events.append(f"write {path.parent.name}/{path.name}")
         save(path, *args, **kwargs)
 
+    monkeypatch.setattr(io_stage, "MNN_IN_CHILD", False)  # the steps are watched in this process
     monkeypatch.setattr(io_stage, "make_inputs", making)
     monkeypatch.setattr(io_stage, "save_vars", saving)
     model_dir = fetched(TINY_MODEL_DIR, tmp_path / "model")
@@ -144,6 +145,27 @@ def test_each_sample_is_written_before_the_next_is_made(tmp_path: Path, monkeypa
         step for seq, d in made for step in (f"make {seq}", f"write {d}/input.mnn", f"write {d}/output.mnn")
     ]
     assert sorted(p.name for p in (tmp_path / "io").iterdir()) == ["io.manifest.json", "testdir"], "no spill dir left"
+
+
+@pytest.mark.parametrize("op_type", ["Convolution", "LayerNorm"])
+def test_a_model_that_crashes_mnn_is_one_line_naming_the_file(tmp_path: Path, op_type: str) -> None:
+    """An op without the parameters its type needs makes MNN itself crash (SIGSEGV): io's MNN runs in a child, so the
+    build gets one line naming the model file and the signal, and no half io directory (it used to end the whole
+    doit process with rc -11 and nothing said)."""
+    from mnnbuild.mnn import load_model, save_model
+
+    src = tmp_path / "src"
+    shutil.copytree(TINY_MODEL_DIR, src)
+    model = load_model(src / "llm.mnn")
+    next(op for op in model.ops if op.type == op_type).main = None
+    save_model(model, src / "llm.mnn")
+    model_dir = fetched(src, tmp_path / "model")
+    with pytest.raises(ModelDirError) as exc:
+        generate_io(IoInputs(model="m", model_dir=model_dir), IoParams(chunk_sizes=(4,)), tmp_path / "io")
+    line = str(exc.value)
+    assert "\n" not in line and line.startswith(f"{model_dir / 'llm.mnn'}: MNN crashed (SIGSEGV)"), line
+    assert not (tmp_path / "io").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_prefill_longer_than_the_models_positions_is_refused(tmp_path: Path) -> None:

@@ -23,12 +23,15 @@ model's own. A VL model's encoder (``visual.mnn``, the ``visual`` chain) gets on
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from mnnbuild.base.errors import MNNFormatError, ModelDirError
+from mnnbuild.base.child import Child
+from mnnbuild.base.errors import ChildDiedError, MNNFormatError, ModelDirError
 from mnnbuild.base.fsutil import staged_dir
 from mnnbuild.base.logs import progress
 from mnnbuild.cpu import save_vars, to_numpy
@@ -59,6 +62,9 @@ from mnnbuild.samples.inputs import LAST_ROW, Feed, make_inputs, whole_blocks
 
 log = logging.getLogger(__name__)
 
+MNN_IN_CHILD = True
+"""Run MNN in a spawned child (see :func:`generate_io`); tests that watch io's steps in this process set it off."""
+
 
 def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
     return [TensorInfo(name=n, shape=list(a.shape), dtype=str(a.dtype)) for n, a in arrays.items()]
@@ -67,7 +73,36 @@ def _info(arrays: dict[str, np.ndarray]) -> list[TensorInfo]:
 def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest:
     """Run the whole graph on each sample (a language model: decode and every prefill length; a VL encoder: every
     image size) and save inputs and outputs. Samples are made one at a time and written as soon as MNN computed
-    them (:func:`~mnnbuild.cpu.segments.iter_segmented`): memory follows the largest sample, not their sum."""
+    them (:func:`~mnnbuild.cpu.segments.iter_segmented`): memory follows the largest sample, not their sum.
+
+    MNN runs the user's model in a spawned child: a malformed model (an op without the parameters its type needs)
+    crashes MNN itself (SIGSEGV), which here is one line naming the model file, not the end of doit with none."""
+    with staged_dir(out_dir) as tmp:
+        if not MNN_IN_CHILD:
+            return _generate_io(None, inputs, params, tmp)
+        # spawned: nothing of this process (QNN contexts, threads) is forked into MNN's
+        with Child(multiprocessing.get_context("spawn"), _generate_io, (inputs, params, tmp), "io") as child:
+            try:
+                return child.result()
+            except ChildDiedError:
+                code = child.process.exitcode or 0
+                if code >= 0 or -code in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+                    raise  # ended, killed or stopped from outside (the OOM killer, Ctrl-C): not the model's fault
+                model = _model_file(inputs, params)
+                raise ModelDirError(
+                    f"{model}: MNN crashed ({signal.Signals(-code).name}) running the model on the CPU: the file is "
+                    f"malformed (e.g. an op without the parameters its type needs); `python -m mnnbuild inspect "
+                    f"{model}` lists its ops"
+                ) from None
+
+
+def _model_file(inputs: IoInputs, params: IoParams) -> Path:
+    model_dir = Path(inputs.model_dir)
+    return model_dir / chain_part(inputs.manifest(FetchManifest, model_dir).part, params.part).model_file
+
+
+def _generate_io(_channel: object, inputs: IoInputs, params: IoParams, tmp: Path) -> IoManifest:
+    """:func:`generate_io`'s work in its child, written into the staged directory ``tmp``."""
     model_dir = Path(inputs.model_dir)
     fetched = inputs.manifest(FetchManifest, model_dir)
     part = chain_part(fetched.part, params.part)
@@ -119,72 +154,71 @@ def generate_io(inputs: IoInputs, params: IoParams, out_dir: Path) -> IoManifest
     rt = params.runtime.create(weight_file)
     samples: list[IoSample] = []
     whole_block_samples: list[IoSample] = []
-    with staged_dir(out_dir) as tmp:
-        spill = tmp / ".spill"
-        spill.mkdir()
-        fed: dict[int, list[TensorInfo]] = {}
+    spill = tmp / ".spill"
+    spill.mkdir()
+    fed: dict[int, list[TensorInfo]] = {}
 
-        def sample(i: int) -> Feed:
-            """Sample ``i``'s inputs, written to its testdir as they are made."""
-            arrays = {n: a for n, a in feed(i).items() if n in names}
-            arrays = {n: arrays[n] for n in names}
-            sample_dir = testdir(tmp, shapes[i][0], last_row[i])
-            sample_dir.mkdir(parents=True)
-            save_vars(sample_dir / REFERENCE_INPUT, arrays, nhwc=("logits_index",))
-            fed[i] = _info(arrays)
-            return arrays
+    def sample(i: int) -> Feed:
+        """Sample ``i``'s inputs, written to its testdir as they are made."""
+        arrays = {n: a for n, a in feed(i).items() if n in names}
+        arrays = {n: arrays[n] for n in names}
+        sample_dir = testdir(tmp, shapes[i][0], last_row[i])
+        sample_dir.mkdir(parents=True)
+        save_vars(sample_dir / REFERENCE_INPUT, arrays, nhwc=("logits_index",))
+        fed[i] = _info(arrays)
+        return arrays
 
-        bar = progress(desc=f"io {inputs.model}: {len(shapes)} samples on the CPU", unit="run")
+    bar = progress(desc=f"io {inputs.model}: {len(shapes)} samples on the CPU", unit="run")
 
-        def ran(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
+    def ran(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
 
-        try:
-            for i, outputs in iter_segmented(
-                model_file, rt, model, len(shapes), sample, out_names, label=inputs.model, spill_dir=spill, on_run=ran
-            ):
-                seq_len, image_size = shapes[i]
-                what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
-                results = {n: to_numpy(outputs[n]) for n in out_names}
-                del outputs
-                for n, a in results.items():
-                    if a.dtype.kind == "f" and not np.isfinite(a).all():
-                        raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at {what}")
-                sample_dir = testdir(tmp, seq_len, last_row[i])
-                save_vars(sample_dir / REFERENCE_OUTPUT, results)
-                (whole_block_samples if last_row[i] else samples).append(
-                    IoSample(
-                        seq_len=seq_len,
-                        image_size=image_size,
-                        dir=sample_dir.relative_to(tmp).as_posix(),
-                        inputs=fed.pop(i),
-                        outputs=_info(results),
-                        logits_index=LAST_ROW if last_row[i] else None,
-                    )
+    try:
+        for i, outputs in iter_segmented(
+            model_file, rt, model, len(shapes), sample, out_names, label=inputs.model, spill_dir=spill, on_run=ran
+        ):
+            seq_len, image_size = shapes[i]
+            what = f"seq {seq_len}" if image_size is None else f"image size {image_size}"
+            results = {n: to_numpy(outputs[n]) for n in out_names}
+            del outputs
+            for n, a in results.items():
+                if a.dtype.kind == "f" and not np.isfinite(a).all():
+                    raise ModelDirError(f"{model_file}: output {n!r} has non-finite values at {what}")
+            sample_dir = testdir(tmp, seq_len, last_row[i])
+            save_vars(sample_dir / REFERENCE_OUTPUT, results)
+            (whole_block_samples if last_row[i] else samples).append(
+                IoSample(
+                    seq_len=seq_len,
+                    image_size=image_size,
+                    dir=sample_dir.relative_to(tmp).as_posix(),
+                    inputs=fed.pop(i),
+                    outputs=_info(results),
+                    logits_index=LAST_ROW if last_row[i] else None,
                 )
-                log.debug(
-                    "io %s: %s -> %s", inputs.model, what, ", ".join(f"{n}{list(a.shape)}" for n, a in results.items())
-                )
-        except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
-            named = "cannot run op" in str(exc)  # the op MNN refuses was found: the weight file is not in doubt
-            raise ModelDirError(str(exc) if named else f"{exc}; is {weight_file} this model's weight file?") from None
-        finally:
-            bar.close()
-        spill.rmdir()
-        used = {part.model_file, part.weight_file, LLM_CONFIG}
-        if fetched.speculation is not None and params.part == "llm":
-            used.add(MODEL_CONFIG)  # its speculative_type and draft_predict_length chose the verify sample
-        manifest = IoManifest(
-            model=inputs.model,
-            inputs=[r.under("model") for r in fetched.outputs if r.path in used],
-            params=params,
-            tools=tool_versions(mnn=True),
-            outputs=record_outputs(tmp),
-            samples=samples,
-            whole_block_samples=whole_block_samples,
-        )
-        manifest.write(tmp)
+            )
+            log.debug(
+                "io %s: %s -> %s", inputs.model, what, ", ".join(f"{n}{list(a.shape)}" for n, a in results.items())
+            )
+    except MNNFormatError as exc:  # MNN failed inside forward (it prints why, returns fewer outputs)
+        named = "cannot run op" in str(exc)  # the op MNN refuses was found: the weight file is not in doubt
+        raise ModelDirError(str(exc) if named else f"{exc}; is {weight_file} this model's weight file?") from None
+    finally:
+        bar.close()
+    spill.rmdir()
+    used = {part.model_file, part.weight_file, LLM_CONFIG}
+    if fetched.speculation is not None and params.part == "llm":
+        used.add(MODEL_CONFIG)  # its speculative_type and draft_predict_length chose the verify sample
+    manifest = IoManifest(
+        model=inputs.model,
+        inputs=[r.under("model") for r in fetched.outputs if r.path in used],
+        params=params,
+        tools=tool_versions(mnn=True),
+        outputs=record_outputs(tmp),
+        samples=samples,
+        whole_block_samples=whole_block_samples,
+    )
+    manifest.write(tmp)
     return manifest
 
 
