@@ -23,6 +23,25 @@ FIXTURE_MODELS = PROJECT_ROOT / "tests" / "fixtures" / "models"
 
 RunDoit = Callable[..., subprocess.CompletedProcess[str]]
 
+MODULE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "module_seconds.json").read_text())
+"""Seconds each test module took in a whole run (`python -m tests.module_seconds JUNIT_XML` rewrites it)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest modules first. With ``--dist loadfile`` a module runs whole on one worker, handed out in the
+    order of the collection (``--no-loadscope-reorder``: xdist's own order is by number of tests, which left the
+    few-test modules that build a bundle for the end, one worker busy for minutes while the other had nothing left).
+    Longest first, the short ones fill in at the end and the workers finish together; a module not in the table
+    counts as the median one. Only the order changes: every test runs, in its module's order."""
+    known = sorted(MODULE_SECONDS.values())
+    default = known[len(known) // 2] if known else 0.0
+
+    def weight(item: pytest.Item) -> tuple[float, str]:
+        module = item.nodeid.split("::", 1)[0]
+        return -MODULE_SECONDS.get(Path(module).stem, default), module
+
+    items.sort(key=weight)  # stable: a module's tests keep their order
+
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Byte-compile the project once: with ``PYTHONDONTWRITEBYTECODE`` set (this box sets it) every doit, io and

@@ -21,7 +21,7 @@ from mnnbuild.base.fsutil import KnownHashes, sha256_file
 from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.pipeline.cache import ArtifactCache, CacheEntry, cache_key
 from mnnbuild.verify.verdict import VerifyReport
-from tests.conftest import RunDoit, copy_project, executed_tasks, skipped_tasks
+from tests.conftest import RunDoit, copy_project, doit, executed_tasks, skipped_tasks
 
 # fetch only links files (never cached: links belong to one checkout); every other stage of the default bundle is
 # restorable
@@ -56,16 +56,31 @@ def guard_env(tmp_path: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(guard)}
 
 
-@pytest.fixture
-def warm_cache(tmp_path: Path, run_doit: RunDoit) -> tuple[Path, list[str]]:
-    """A cache filled by a cold build of the default tasks; returns it and the tasks that ran."""
-    cache = tmp_path / "cache"
-    first = run_doit(env={"MNNBUILD_CACHE": str(cache)})
+def fill_cache(root: Path) -> tuple[Path, list[str]]:
+    """A cold build of the default tasks into ``root/artifacts`` filling the cache ``root/cache``; returns the cache
+    and the tasks that ran."""
+    cache = root / "cache"
+    first = doit(root, env={"MNNBUILD_CACHE": str(cache)}, check=True, timeout=600)
     built = summary(first)["built"]
     assert {"io:tiny-qwen3", "partition:tiny-qwen3", "bundle:tiny-qwen3-v79"} <= set(built)
     assert any(t.startswith("context:tiny-qwen3-v79:") for t in built)
     assert "from cache" not in summary(first)
     return cache, built
+
+
+@pytest.fixture
+def warm_cache(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A cache of its own filled by a cold build into ``tmp_path/artifacts``, for a test that corrupts the cache or
+    those artifacts (the blobs are their inodes)."""
+    return fill_cache(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """One cold build filling a cache, for the tests that only restore from it into artifact roots of their own and
+    edit nothing the cache holds (its cold artifacts are ``cache.parent / "artifacts"``): the same build each of them
+    made for itself before, made once."""
+    return fill_cache(tmp_path_factory.mktemp("shared"))
 
 
 def test_the_key_is_every_thing_an_entry_was_made_from(tmp_path: Path) -> None:
@@ -95,8 +110,10 @@ def test_guard_catches_mnn_and_qnn_work(tmp_path: Path, run_doit: RunDoit) -> No
 
 
 @pytest.mark.slow
-def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
-    cache, built = warm_cache
+def test_fresh_clone_restores_everything(
+    tmp_path: Path, run_doit: RunDoit, shared_cache: tuple[Path, list[str]]
+) -> None:
+    cache, built = shared_cache
     clone = copy_project(tmp_path / "clone")
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "clone-artifacts"), **guard_env(tmp_path)}
     proc = run_doit(env=env, project=clone)
@@ -108,7 +125,7 @@ def test_fresh_clone_restores_everything(tmp_path: Path, run_doit: RunDoit, warm
         assert origin["origin"] == "cache"
     # byte-identical to the cold build
     for rel in ("tiny-qwen3/io/io.manifest.json", "tiny-qwen3/v79/bundle/bundle.manifest.json"):
-        assert (tmp_path / "clone-artifacts" / rel).read_bytes() == (tmp_path / "artifacts" / rel).read_bytes()
+        assert (tmp_path / "clone-artifacts" / rel).read_bytes() == (cache.parent / "artifacts" / rel).read_bytes()
     # and then it is simply up to date
     again = run_doit(env=env, project=clone)
     assert "built" not in summary(again) and "from cache" not in summary(again)
@@ -120,14 +137,14 @@ FINALIZED = "context: finalized"
 
 @pytest.mark.slow
 def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
-    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+    tmp_path: Path, run_doit: RunDoit, shared_cache: tuple[Path, list[str]]
 ) -> None:
     """The cache policy: on a warm cache a fresh artifact root gets every task from the cache; the big outputs
     that no task of the run reads (reference io, context binaries, twins, the bundle) come as their manifest and
     origin record only ("without the bytes"), and no graph is composed. ``doit bundle`` then restores the bundle with
     its files, byte for byte the cold build's, as copies (the bundle ships them), its binaries' blobs being the
     context stage's."""
-    cache, built = warm_cache
+    cache, built = shared_cache
     assert (cache / "partition").is_dir() and (cache / "context").is_dir() and (cache / "twin").is_dir()
     artifacts = tmp_path / "warm-artifacts"
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(artifacts), "MNNBUILD_LOG_LEVEL": "DEBUG"}
@@ -154,7 +171,7 @@ def test_warm_cache_restores_without_the_bytes_and_a_named_task_with_them(
     assert json.loads((partition / "partition.origin.json").read_text()).get("deferred") is True
     assert not (partition / "qnn").exists() and not list(partition.glob("*.weight"))
     assert (partition / "npu_postreat.json").is_file(), "what declares the plugin tasks comes with the manifest"
-    cold = tmp_path / "artifacts" / "tiny-qwen3" / "v79" / "bundle"
+    cold = cache.parent / "artifacts" / "tiny-qwen3" / "v79" / "bundle"
     assert (bundle / "bundle.manifest.json").read_bytes() == (cold / "bundle.manifest.json").read_bytes()
     # verify, restored too, has its files; and the run after is up to date
     assert (artifacts / "tiny-qwen3" / "v79" / "verify" / "verify.json").is_file()
@@ -237,12 +254,12 @@ def test_verify_that_runs_again_composes_no_twin(tmp_path: Path, run_doit: RunDo
 
 @pytest.mark.slow
 def test_files_the_cache_off_cannot_give_are_built_in_the_same_run(
-    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+    tmp_path: Path, run_doit: RunDoit, shared_cache: tuple[Path, list[str]]
 ) -> None:
     """A root restored from a warm cache without the bytes, verify cleaned, then verify with the cache off: it must
     run and reads the twins and the bundle, which the cache (off) cannot give, so their stages (and the stages whose
     files those read) build them in that run: one warning, verify passes, and the next run is up to date."""
-    cache, _ = warm_cache
+    cache, _ = shared_cache
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "warm")}
     assert "bundle:tiny-qwen3-v79" in summary(run_doit(env=env))["no bytes"]
     run_doit("clean", "verify:tiny-qwen3-v79", env=env)
@@ -274,12 +291,12 @@ def edit_keeping_size_and_mtime(path: Path, old: bytes, new: bytes) -> None:
 
 @pytest.mark.slow
 def test_a_restored_verify_sees_a_bundle_file_edited_keeping_size_and_mtime(
-    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+    tmp_path: Path, run_doit: RunDoit, shared_cache: tuple[Path, list[str]]
 ) -> None:
     """Verify's result restored from the cache (not run in this root), then a bundle file edited in place with its
     size and mtime kept: verify's up-to-date check sees it by the ctime its record holds, runs, and fails on the
     bundle (the runtime refuses it), pointing at no stale PASSED report. The file put back as it was verifies."""
-    cache, _ = warm_cache
+    cache, _ = shared_cache
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "warm")}
     first = run_doit("bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79", env=env)
     assert {"bundle:tiny-qwen3-v79", "verify:tiny-qwen3-v79"} <= set(summary(first)["from cache"]), first.stdout
@@ -426,9 +443,9 @@ DEFAULT = ("verify:tiny-qwen3-v79", "report:tiny-qwen3-v79")
 
 
 @pytest.mark.slow
-def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]) -> None:
+def test_cache_off_builds(tmp_path: Path, run_doit: RunDoit, shared_cache: tuple[Path, list[str]]) -> None:
     env = {"MNNBUILD_CACHE": "off", "MNNBUILD_ARTIFACTS": str(tmp_path / "other")}
-    assert sorted(summary(run_doit(env=env))["built"]) == sorted(warm_cache[1])
+    assert sorted(summary(run_doit(env=env))["built"]) == sorted(shared_cache[1])
 
 
 @pytest.mark.slow
@@ -1019,12 +1036,12 @@ def test_outputs_made_after_their_task_ran_are_held_to_their_stamps_not_hashed(
 
 @pytest.mark.slow
 def test_status_and_doit_list_agree_with_doit_after_a_warm_build(
-    tmp_path: Path, run_doit: RunDoit, warm_cache: tuple[Path, list[str]]
+    tmp_path: Path, run_doit: RunDoit, shared_cache: tuple[Path, list[str]]
 ) -> None:
     """Issue 43, item 7: after a warm bare `doit` (the bundle restored without its files) `status` said verify would
     run ("model missing") while the next `doit` ran nothing; and the subtasks `doit list --all` shows
     (context:tiny-qwen3-v79:graphllm0) were "Invalid parameter" to `doit` and `cache materialize`."""
-    cache, _ = warm_cache
+    cache, _ = shared_cache
     env = {"MNNBUILD_CACHE": str(cache), "MNNBUILD_ARTIFACTS": str(tmp_path / "warm-artifacts")}
     run_doit(env=env)
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MNNBUILD_")}

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,6 +52,8 @@ def s3() -> Iterator[dict[str, str]]:
     server.start()
     host, port = server._server.server_address[:2]  # the port the OS picked
     env = s3_env(f"http://{host}:{port}")
+    # moto keeps its buckets per process, not per server: a module run before on this worker left its bucket there
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"), timeout=30)
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
