@@ -95,7 +95,7 @@ class Layer:
         return self.weights[1] - self.weights[0]
 
 
-def _op_layer(op: Op) -> int | None:
+def op_layer(op: Op) -> int | None:
     found = {int(m) for m in LAYER_NAME.findall(op.name)}
     if len(found) > 1:
         raise RepeatError(f"op {op.name!r} names layers {sorted(found)}")
@@ -121,7 +121,7 @@ def find_layers(model: MnnModel, where: str) -> tuple[list[Layer], tuple[int, in
         raise RepeatError(f"{where}: {len(attention)} Attention ops; repeating needs 2 or more exported layers")
     last: dict[int, int] = {}
     for i, op in enumerate(model.ops):
-        layer = _op_layer(op)
+        layer = op_layer(op)
         if layer is not None:
             last[layer] = i
     count = len(attention)
@@ -142,7 +142,7 @@ def find_layers(model: MnnModel, where: str) -> tuple[list[Layer], tuple[int, in
             )
         if len(model.ops[end].outputs) != 1:
             raise RepeatError(f"{where}: layer {s}'s last op {model.ops[end].name!r} has not exactly one output")
-        others = [model.ops[i].name for i in range(start, end + 1) if _op_layer(model.ops[i]) not in (None, s)]
+        others = [model.ops[i].name for i in range(start, end + 1) if op_layer(model.ops[i]) not in (None, s)]
         if others:
             raise RepeatError(f"{where}: layer {s}'s ops include ops of other layers: {others[:3]}")
         spans = [r for i in range(start, end + 1) for r in _op_ranges(model.ops[i])]
