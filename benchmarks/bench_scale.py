@@ -22,7 +22,10 @@ measured again right after.
     MODELS_CACHE=... python benchmarks/bench_scale.py --layers 4 [--npu-weights int4] [--jobs] [--end-to-end] [--keep]
 
 ``--shape qwen3-4b`` / ``qwen3-8b`` takes those models' real dims instead (``make_models.py --shape``; N of their 36
-layers, exported to ``<shape>-L<n>``); their rows are keyed ``<shape>-<layers>-<npu weights>[-<label>]``.
+layers, exported to ``<shape>-L<n>``); their rows are keyed ``<shape>-<layers>-<npu weights>[-<label>]``. More layers
+than export whole here (4B: 4, 8B: 2; ``--repeat-from K`` to choose, 0 for a whole export) are made from a K-layer
+export by ``models/export/repeat_layers.py`` (``<shape>-L<n>-from<k>``); such a row's key ends in ``-from<k>`` and its
+``made_by_repetition`` is the model dir's ``repeated_layers.json``.
 
 Besides the stages: the bundle's bytes by part, the twins' bytes, how the contexts store their weights (the NPU
 weight bytes a phone reads per decoded token: every weight once, as stored; a size, not a speed), and verify's
