@@ -67,6 +67,9 @@ REFUSED_FILES = ("visual.mnn", "embedding.mnn", "eagle.mnn", "audio.mnn")
 """Parts whose meaning depends on the layers (an encoder's deepstack taps, an Eagle draft's taps): not repeated."""
 LAYER_COUNT_FIELDS = ("layer_nums", "num_hidden_layers")
 """``llm_config.json`` fields holding the layer count (MNN's engine sizes its per-layer KV state from it)."""
+FLAT_LISTS = frozenset({"tie_embeddings", "key_value_shape", "mrope_section"})
+"""``llm_config.json`` list fields known not to hold one entry per layer; another list as long as the layer count
+may (a per-layer attention type, say) and is refused rather than left stale."""
 ATTENTION = "Attention"
 LAYER_NAME = re.compile(r"(?:^|/)(?:blocks|layers)\.(\d+)/")
 """llmexport's per-layer op and tensor names: ``/blocks.3/...`` and ``/layers.3/...``."""
@@ -302,6 +305,9 @@ def repeat_dir(src: Path, dest: Path, count: int, made: dict[str, Any] | None = 
     old_uuid = model.mnn_uuid or ""
     new.mnn_uuid = str(uuid.uuid5(uuid.NAMESPACE_URL, f"mnnbuild-repeat-layers:{old_uuid}:{count}"))
 
+    per_layer = [k for k, v in llm_cfg.items() if isinstance(v, list) and len(v) == len(layers) and k not in FLAT_LISTS]
+    if per_layer:
+        raise RepeatError(f"{cfg_path}: field {per_layer[0]!r} may hold one entry per layer; not repeated")
     cfg = dict(llm_cfg)
     if tie is not None and tie.weight_offset:
         cfg = tie.moved(cfg, tie.weight_offset + delta)
