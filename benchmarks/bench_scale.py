@@ -22,7 +22,10 @@ measured again right after.
     MODELS_CACHE=... python benchmarks/bench_scale.py --layers 4 [--npu-weights int4] [--jobs] [--end-to-end] [--keep]
 
 ``--shape qwen3-4b`` / ``qwen3-8b`` takes those models' real dims instead (``make_models.py --shape``; N of their 36
-layers, exported to ``<shape>-L<n>``); their rows are keyed ``<shape>-<layers>-<npu weights>[-<label>]``.
+layers, exported to ``<shape>-L<n>``); their rows are keyed ``<shape>-<layers>-<npu weights>[-<label>]``. More layers
+than export whole here (4B: 4, 8B: 2; ``--repeat-from K`` to choose, 0 for a whole export) are made from a K-layer
+export by ``models/export/repeat_layers.py`` (``<shape>-L<n>-from<k>``); such a row's key ends in ``-from<k>`` and its
+``made_by_repetition`` is the model dir's ``repeated_layers.json``.
 
 Besides the stages: the bundle's bytes by part, the twins' bytes, how the contexts store their weights (the NPU
 weight bytes a phone reads per decoded token: every weight once, as stored; a size, not a speed), and verify's
@@ -54,6 +57,7 @@ from _common import PROJECT_ROOT, RESULTS, TreeRssSampler, checkout_commit, mach
 
 sys.path.insert(0, str(PROJECT_ROOT / "models" / "export"))
 from make_models import DEFAULT_SHAPE, QWEN3_SHAPES  # noqa: E402  (no torch at import)
+from repeat_layers import NOTE_FILE as REPEATED_NOTE  # noqa: E402
 
 from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS  # noqa: E402
 from mnnbuild.pipeline.layout import LLM_GRAPHS, VERIFY_REPORT_JSON, origin_file  # noqa: E402
@@ -85,6 +89,29 @@ def model_name(layers: int, shape: str = DEFAULT_SHAPE) -> str:
 
 MODELS_CACHE_ENV = "MODELS_CACHE"
 EXPORT_PYTHON_ENV = "EXPORT_PYTHON"
+
+
+REPEAT_SCRIPT = PROJECT_ROOT / "models" / "export" / "repeat_layers.py"
+WHOLE_EXPORT_LAYERS = {"qwen3-4b": 4, "qwen3-8b": 2}
+"""The most layers of these shapes exported whole on the 24 GB box (llmexport and its check: 9.7 GB at 4B x 4,
+15.6 GB at 8B x 2, docs/benchmarks.md); a deeper model of them is made by repeating that many exported layers unless
+``--repeat-from`` says otherwise."""
+
+
+def repeated_model(
+    layers: int, repeat_from: int, cache: Path, export_python: Path | None, shape: str = DEFAULT_SHAPE
+) -> Path:
+    """The ``layers``-layer model made from the ``repeat_from``-layer export (exported first if missing) by
+    ``models/export/repeat_layers.py`` (this python: it needs only mnnbuild), ``<shape>-L<n>-from<k>``."""
+    dest = cache / f"{shape}-L{layers}-from{repeat_from}"
+    if (dest / READY).is_file():
+        return dest
+    source = ensure_model(repeat_from, cache, export_python, shape=shape)
+    cmd = [sys.executable, str(REPEAT_SCRIPT), str(source), "--layers", str(layers), "--out", str(dest)]
+    sys.stderr.write(f"repeating {source.name} to {layers} layers: {' '.join(cmd)}\n")
+    subprocess.run(cmd, check=True, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT)})
+    (dest / READY).write_text(f"made by benchmarks/bench_scale.py from {source.name}\n")
+    return dest
 
 
 def ensure_model(
@@ -441,6 +468,13 @@ def main() -> None:
         help=f"the model's real dims (default {DEFAULT_SHAPE}); another shape prefixes the result key, e.g. "
         "'qwen3-8b-4-int4'",
     )
+    parser.add_argument(
+        "--repeat-from",
+        type=int,
+        metavar="K",
+        help="make the model by repeating the layers of a K-layer export (models/export/repeat_layers.py); default "
+        f"for more layers than exported whole here: {WHOLE_EXPORT_LAYERS}; 0: export whole",
+    )
     parser.add_argument("--label", default="", help="result key suffix, e.g. 'before'")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument(
@@ -471,11 +505,21 @@ def main() -> None:
     name = model_name(args.layers, args.shape)
     target = f"{name}-{args.arch}"
     stages = [s for s in args.stages.split(",") if s]
-    model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python, shape=args.shape)
+    repeat_from = args.repeat_from
+    if repeat_from is None and args.layers > WHOLE_EXPORT_LAYERS.get(args.shape, args.layers):
+        repeat_from = WHOLE_EXPORT_LAYERS[args.shape]
+    if repeat_from and not 2 <= repeat_from < args.layers:
+        parser.error(f"--repeat-from {repeat_from}: expected 2..{args.layers - 1} exported layers (0: export whole)")
+    cache_dir = require_cache(parser, args)
+    if repeat_from:
+        model_dir = repeated_model(args.layers, repeat_from, cache_dir, args.export_python, shape=args.shape)
+    else:
+        model_dir = ensure_model(args.layers, cache_dir, args.export_python, shape=args.shape)
     # keyed by the code measured, as --eagle's: layers / <commit> / [<shape>-]<layers>-<npu weights>[-<label>]
     commit = checkout_commit()
     key = f"{args.layers}-{args.npu_weights or DEFAULT_NPU_WEIGHTS}" + (f"-{args.label}" if args.label else "")
     key = key if args.shape == DEFAULT_SHAPE else f"{args.shape}-{key}"
+    key += f"-from{repeat_from}" if repeat_from else ""
     work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
     if not args.resume:
@@ -486,6 +530,8 @@ def main() -> None:
     rows: dict[str, dict[str, Any]] = {}
     result: dict[str, Any] = {"model": name, "target": target, "npu_weights": args.npu_weights, "stages": rows}
     result.update({"shape": args.shape, "layers": args.layers, "shape_layers": QWEN3_SHAPES[args.shape].num_layers})
+    if repeat_from:  # how the model was made: its dir's note (repeat_layers.py)
+        result["made_by_repetition"] = json.loads((model_dir / REPEATED_NOTE).read_text())
     if args.resume:  # carry the earlier stages' records on
         earlier = json.loads((RESULTS / "scale.json").read_text())["layers"].get(commit, {}).get(key)
         if earlier is None:

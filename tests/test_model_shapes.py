@@ -49,3 +49,27 @@ def test_shape_flag_reaches_the_spec(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert [(s.name, s.hidden_size, s.tie_embeddings) for s in made] == [("qwen3-8b-L2", 4096, False)]
     with pytest.raises(SystemExit):  # 37 layers: more than Qwen3-8B has
         make_models.main(["--shape", "qwen3-8b", "--qwen3-1.7b-layers", "37", "--out", str(tmp_path / "m")])
+
+
+def test_repeat_from_exports_k_layers_and_repeats_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--qwen3-1.7b-layers 36 --repeat-from 2``: the 2-layer spec is exported, then repeated to 36 layers into
+    ``--out`` with a note of how it was exported (export and repetition replaced by recorders)."""
+    import repeat_layers
+
+    exported, repeated = [], []
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.setenv(var, "1")
+    monkeypatch.setattr(make_models, "train_tokenizer", lambda seed, vocab: None)
+    monkeypatch.setattr(make_models, "make_model", lambda spec, *a, out, **k: exported.append((spec, out)))
+    monkeypatch.setattr(repeat_layers, "repeat_dir", lambda src, dest, n, made: repeated.append((src, dest, n, made)))
+    out = tmp_path / "m"
+    argv = ["--shape", "qwen3-8b", "--qwen3-1.7b-layers", "36", "--repeat-from", "2", "--out", str(out)]
+    assert make_models.main(argv) == 0
+    ((spec, source),) = exported
+    assert (spec.name, spec.num_layers, spec.hidden_size) == ("qwen3-8b-L2", 2, 4096)
+    assert repeated == [(source, out, 36, repeated[0][3])]
+    assert (repeated[0][3]["shape"], repeated[0][3]["exported_layers"]) == ("qwen3-8b", 2)
+    assert not source.parent.exists()  # the K-layer export is scratch
+    for bad in (["--repeat-from", "1"], ["--repeat-from", "37"]):
+        with pytest.raises(SystemExit):
+            make_models.main(["--shape", "qwen3-8b", "--qwen3-1.7b-layers", "36", *bad, "--out", str(out)])

@@ -938,6 +938,32 @@ def make_model(
             shutil.rmtree(work, ignore_errors=True)
 
 
+def make_repeated(
+    spec: ModelSpec, shape: str, layers: int, seed: int, tokenizer: Tokenizer, args: argparse.Namespace, out: Path
+) -> None:
+    """``spec`` (K layers of ``shape``) exported beside ``out``, then ``out`` made from it with ``layers`` layers by
+    `repeat_layers.repeat_dir` (the K-layer export removed after)."""
+    if str(SCRIPT_DIR) not in sys.path:
+        sys.path.insert(0, str(SCRIPT_DIR))
+    import repeat_layers
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    try:
+        make_model(spec, seed, tokenizer, args.keep_tmp, not args.no_verify, out=scratch / spec.name)
+        made = {
+            "tool": "models/export/make_models.py",
+            "shape": shape,
+            "exported_layers": spec.num_layers,
+            "seed": seed,
+            "verified_against_hf": not args.no_verify,
+            "purpose": spec.purpose,
+        }
+        repeat_layers.repeat_dir(scratch / spec.name, out, layers, made=made)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def export_hf_model(
     spec: ModelSpec, seed: int, hf_dir: Path, work: Path, verify: bool, eagle_dir: Path | None = None
 ) -> Path:
@@ -1001,6 +1027,13 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, help="output dir for --qwen3-1.7b-layers or one --only model (replaced as a whole)"
     )
     parser.add_argument(
+        "--repeat-from",
+        type=int,
+        metavar="K",
+        help="with --qwen3-1.7b-layers N: export only K layers (2 or more) and make the N-layer model by repeating "
+        "exported layers 1..K-1 (repeat_layers.py; for shapes whose whole export does not fit the machine)",
+    )
+    parser.add_argument(
         "--symmetric",
         action="store_true",
         help="symmetric int4/int8 codes (llmexport --sym) instead of the model's own setting; needs --out",
@@ -1015,14 +1048,20 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--qwen3-1.7b-layers needs --out DIR and excludes --only")
     elif args.out is not None and not (args.only and len(args.only) == 1):
         parser.error("--out is for --qwen3-1.7b-layers or one --only model")
+    if args.repeat_from is not None and (args.qwen3_layers is None or not 2 <= args.repeat_from <= args.qwen3_layers):
+        parser.error("--repeat-from K needs --qwen3-1.7b-layers N with 2 <= K <= N")
     if args.symmetric and args.out is None:
         parser.error("--symmetric needs --out DIR (the shipped models stay as they are)")
 
     tokenizer = train_tokenizer(args.seed, args.vocab_size)
     if args.qwen3_layers is not None:
-        spec = qwen3_spec(args.shape, args.qwen3_layers)
+        exported = args.repeat_from or args.qwen3_layers
+        spec = qwen3_spec(args.shape, exported)
         spec = dataclasses.replace(spec, symmetric=True) if args.symmetric else spec
-        make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify, out=args.out.resolve())
+        if args.repeat_from is None:
+            make_model(spec, args.seed, tokenizer, args.keep_tmp, not args.no_verify, out=args.out.resolve())
+            return 0
+        make_repeated(spec, args.shape, args.qwen3_layers, args.seed, tokenizer, args, args.out.resolve())
         return 0
     for spec in MODELS:
         if args.only and spec.name not in args.only:
