@@ -167,3 +167,25 @@ def test_refuses_what_it_cannot_repeat(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="repeat_layers: .*fewer than"):
         repeat_layers.main([str(TINY_MODEL_DIR), "--layers", "1", "--out", str(tmp_path / "y")])
     assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
+
+
+def test_out_replaces_only_a_model_directory(repeated: Path, tmp_path: Path) -> None:
+    """--out replaces its directory as a whole: a directory of someone's files is refused in one line before any
+    work and left as it was; an earlier model directory is replaced."""
+    home = tmp_path / "home"
+    (home / "projects").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    (loose / "notes.txt").write_text("mine")
+    for dest, why in ((home, "holds projects/"), (loose, "holds none of"), (home / "notes.txt", "not a directory")):
+        with pytest.raises(SystemExit, match=f"repeat_layers: {dest}: .*{why}") as caught:
+            repeat_layers.main([str(TINY_MODEL_DIR), "--layers", str(LAYERS), "--out", str(dest)])
+        assert "\n" not in str(caught.value)
+    assert sorted(p.name for p in home.iterdir()) == ["notes.txt", "projects"]
+    assert (loose / "notes.txt").read_text() == "mine" and len(list(tmp_path.glob(".*"))) == 0
+    again = tmp_path / "again"
+    assert repeat_layers.main([str(TINY_MODEL_DIR), "--layers", "3", "--out", str(again)]) == 0
+    assert repeat_layers.main([str(TINY_MODEL_DIR), "--layers", str(LAYERS), "--out", str(again)]) == 0
+    assert (again / "llm.mnn.weight").read_bytes() == (repeated / "llm.mnn.weight").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "home", "loose"]

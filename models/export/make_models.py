@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     import transformers
     from tokenizers import Tokenizer
 
+from publish import PublishError, check_replaceable, staged_model_dir  # noqa: E402  (this script's dir)
+
 LOG = logging.getLogger("make_models")
 
 SCRIPT_DIR = Path(__file__).resolve().parent
@@ -897,19 +899,10 @@ def copy_outputs(out_dir: Path, dest: Path, extra: Sequence[str] = ()) -> None:
 
 
 def publish_outputs(out_dir: Path, dest: Path, extra: Sequence[str] = ()) -> None:
-    """Copy the kept files (and the ``extra`` ones) into a fresh temp dir next to ``dest`` and rename it into place
-    (replacing ``dest``)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    """Copy the kept files (and the ``extra`` ones) into a fresh dir beside ``dest`` and rename it into place
+    (replacing ``dest``, if it is a model directory: `publish.staged_model_dir`)."""
+    with staged_model_dir(dest) as staging:
         copy_outputs(out_dir, staging, extra)
-        staging.chmod(0o755)  # mkdtemp makes it private
-        if dest.exists():
-            shutil.rmtree(dest)
-        staging.rename(dest)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
 
 
 def make_model(
@@ -917,6 +910,8 @@ def make_model(
 ) -> None:
     """Build, export and copy one model (to ``out`` as a whole new dir if given, else to its repo dir)."""
     dest = out if out is not None else REPO_ROOT / spec.dest
+    if out is not None:
+        check_replaceable(out)  # before minutes of export, not after
     work = Path(tempfile.mkdtemp(prefix=f"mnnbuild-{spec.name}-"))
     try:
         hf_dir = work / (EMBEDDING_HF_DIR if spec.family == "embedding" else "hf")
@@ -947,6 +942,7 @@ def make_repeated(
         sys.path.insert(0, str(SCRIPT_DIR))
     import repeat_layers
 
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
@@ -1053,6 +1049,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.symmetric and args.out is None:
         parser.error("--symmetric needs --out DIR (the shipped models stay as they are)")
 
+    try:
+        return make_models(args)
+    except PublishError as exc:
+        raise SystemExit(f"make_models: {exc}") from None
+
+
+def make_models(args: argparse.Namespace) -> int:
+    """The models ``args`` asks for, each exported and published."""
     tokenizer = train_tokenizer(args.seed, args.vocab_size)
     if args.qwen3_layers is not None:
         exported = args.repeat_from or args.qwen3_layers

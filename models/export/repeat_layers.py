@@ -28,7 +28,6 @@ import logging
 import re
 import shutil
 import sys
-import tempfile
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +38,8 @@ SCRIPT_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SCRIPT_DIR.parent.parent
 if str(REPO_ROOT) not in sys.path:  # mnnbuild from this checkout when run as a script
     sys.path.insert(0, str(REPO_ROOT))
+
+from publish import PublishError, check_replaceable, staged_model_dir  # noqa: E402  (this script's dir)
 
 from mnnbuild.base.errors import MNNFormatError  # noqa: E402
 from mnnbuild.mnn import (  # noqa: E402
@@ -283,6 +284,7 @@ def repeat_dir(src: Path, dest: Path, count: int, made: dict[str, Any] | None = 
     """Write ``src``'s model with ``count`` layers into ``dest`` (replaced as a whole) and return its note
     (`NOTE_FILE`, with ``made`` added: how ``src`` was exported)."""
     src, dest = Path(src), Path(dest)
+    check_replaceable(dest)  # before the work, not after it
     for name in REFUSED_FILES:
         if (src / name).exists():
             raise RepeatError(f"{src / name}: a model with {name} is not repeated (its taps depend on the layers)")
@@ -333,9 +335,7 @@ def repeat_dir(src: Path, dest: Path, count: int, made: dict[str, Any] | None = 
         **({"exported": made} if made else {}),
     }
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
+    with staged_model_dir(dest) as staging:
         save_model(new, staging / MODEL_FILE)
         write_weights(WeightPlan(weight_path, weight_size, tuple(blocks)), staging / WEIGHT_FILE)
         (staging / LLM_CONFIG).write_text(json.dumps(cfg, indent=4, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -343,13 +343,6 @@ def repeat_dir(src: Path, dest: Path, count: int, made: dict[str, Any] | None = 
             if (src / name).is_file():
                 shutil.copyfile(src / name, staging / name)
         (staging / NOTE_FILE).write_text(json.dumps(note, indent=1) + "\n", encoding="utf-8")
-        staging.chmod(0o755)
-        if dest.exists():
-            shutil.rmtree(dest)
-        staging.rename(dest)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     LOG.info("%s: %d layers from %d exported (+%d weight bytes) -> %s", src, count, len(layers), delta, dest)
     return note
 
@@ -363,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         repeat_dir(args.src, args.out, args.layers)
-    except (RepeatError, MNNFormatError) as exc:
+    except (RepeatError, PublishError, MNNFormatError) as exc:
         raise SystemExit(f"repeat_layers: {exc}") from None
     return 0
 
