@@ -456,6 +456,12 @@ def main() -> None:
         help="with --eagle: build the context stage of both this many times in all (alternating order), medians",
     )
     parser.add_argument(
+        "--context-pairs",
+        action="store_true",
+        help="with --eagle: build every plugin's context again for both builds (cache off), the two adjacent in "
+        "time and in turns, and sum them: the verify-length graph's cost with the load on both alike",
+    )
+    parser.add_argument(
         "--eagle",
         action="store_true",
         help="the model exported with a random Eagle3 draft (Qwen3-1.7B-Eagle3's sizes, at least 7 layers), built "
@@ -480,8 +486,9 @@ def main() -> None:
     parser.add_argument(
         "--resume",
         type=Path,
-        help="a work dir kept by an earlier run of the same --layers/--label: run --stages there and add them to its "
-        "result (e.g. verify after a bundle-only run)",
+        help="a work dir kept by an earlier run of the same --layers/--label (and --eagle) at this commit: run "
+        "--stages there and add them to its result (e.g. verify after a bundle-only run; with --eagle, stages a "
+        "build has on record are not run again, and --stages '' --context-pairs only pairs)",
     )
     args = parser.parse_args()
     if args.floor_worker:
@@ -490,6 +497,8 @@ def main() -> None:
         return
     if not 1 <= args.layers <= QWEN3_SHAPES[args.shape].num_layers:
         parser.error(f"--layers: expected 1..{QWEN3_SHAPES[args.shape].num_layers} for {args.shape}")
+    if args.context_pairs and not args.eagle:
+        parser.error("--context-pairs compares the two builds of --eagle: add --eagle")
     if args.eagle:
         if args.shape != DEFAULT_SHAPE:
             parser.error(f"--eagle: only the {DEFAULT_SHAPE} shape has an Eagle3 draft here")
@@ -497,8 +506,8 @@ def main() -> None:
             parser.error("--eagle: an Eagle3 target needs at least 7 layers (three distinct taps), give --layers")
         if args.stages == ",".join(STAGES):
             args.stages = ",".join(SPEC_STAGES)
-        if args.resume or args.jobs or args.end_to_end or "modellib" in args.stages.split(","):
-            parser.error("--eagle runs fetch..verify for both builds: drop --resume/--jobs/--end-to-end/modellib")
+        if args.jobs or args.end_to_end or "modellib" in args.stages.split(","):
+            parser.error("--eagle runs fetch..verify for both builds: drop --jobs/--end-to-end/modellib")
         speculative_main(args, parser)
         return
 
@@ -785,31 +794,71 @@ def context_rounds(
     }
 
 
+def context_pairs(
+    arch: str, runs: dict[str, dict[str, Any]], names: dict[str, str], work: Path, envs: dict[str, dict[str, str]]
+) -> dict[str, Any]:
+    """Every plugin's context built again for both builds (cache off), one right after the other, the first of the
+    pair taking turns: a load that changes over the minutes falls on both of a pair alike, which whole-stage
+    rounds (`context_rounds`) cannot give on a shared box. The sums are the stage's; the extra over the doit
+    bundle's wall is what the verify-length graph adds to it."""
+    plugins = [d.name for d in plugin_dirs(stage_dir(work / "off" / "artifacts", "context", names["off"], arch))]
+    seconds: dict[str, dict[str, float]] = {}
+    walls: dict[str, dict[str, float]] = {}
+    for n, plugin in enumerate(plugins):
+        seconds[plugin], walls[plugin] = {}, {}
+        for variant in VARIANTS[::-1] if n % 2 else VARIANTS:
+            where = stage_dir(work / variant / "artifacts", "context", names[variant], arch) / plugin
+            shutil.rmtree(where)
+            task = f"context:{names[variant]}-{arch}:{plugin}"
+            rec = run_doit([task], {**envs[variant], "MNNBUILD_CACHE": "off"})
+            seconds[plugin][variant] = origin_seconds(where, "context") or 0.0
+            walls[plugin][variant] = rec["wall_s"]
+        sys.stderr.write(f"{plugin}: {seconds[plugin]} s\n")
+    total = {v: round(sum(s[v] for s in seconds.values()), 2) for v in VARIANTS}
+    wall = {v: round(sum(w[v] for w in walls.values()), 2) for v in VARIANTS}
+    out: dict[str, Any] = {"stage_s": seconds, "wall_s": walls, "total_stage_s": total, "total_wall_s": wall}
+    out["context_stage_extra"] = extra(total["eagle"], total["off"])
+    if "bundle_wall_s" in runs["off"]:
+        # the chain's doit bundle of the plain build, plus what the pairs say the extra graph costs
+        added = total["eagle"] - total["off"]
+        out["bundle_time_extra"] = round(added / runs["off"]["bundle_wall_s"], 4)
+        out["bundle_time_meets_goal"] = out["bundle_time_extra"] <= GOAL_BUNDLE_TIME
+    return out
+
+
 def speculative_main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """The same Eagle-exported model built with ``speculative = "off"`` and ``"eagle"``, stage by stage in turn
     (so the shared box's load falls on both alike), each in its own artifact root and cache."""
-    model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python, eagle=True)
     commit = checkout_commit()
     key = f"{args.layers}-{args.npu_weights or 'default'}" + (f"-{args.label}" if args.label else "")
     base = f"qwen3-1.7b-eagle-l{args.layers}"
     names = {v: f"{base}-{v}" for v in VARIANTS}
-    work = Path(tempfile.mkdtemp(prefix=f"bench-scale-{base}-", dir=args.work))
-    models = work / "models"
-    envs: dict[str, dict[str, str]] = {}
-    for variant, name in names.items():
-        (work / variant / "artifacts").mkdir(parents=True)
-        (work / variant / "cache").mkdir()
-        write_spec(models, name, model_dir, args.arch, args.npu_weights, variant)
-        envs[variant] = doit_env(work / variant / "artifacts", work / variant / "cache", models)
     runs: dict[str, dict[str, Any]] = {
         v: {"model": names[v], "target": f"{names[v]}-{args.arch}", "speculative": v, "stages": {}} for v in VARIANTS
     }
     result: dict[str, Any] = {"layers": args.layers, "npu_weights": args.npu_weights, "runs": runs}
+    if args.resume:  # a kept work dir of the same code: its record goes on, stages it has are not run again
+        work = args.resume
+        earlier = json.loads((RESULTS / "scale.json").read_text()).get("speculative", {}).get(commit, {}).get(key)
+        if earlier is None:
+            parser.error(f"--resume: scale.json has no speculative / {commit} / {key} to add to (the code changed?)")
+        result.update({k: v for k, v in earlier.items() if k not in ("measured", "partial")})
+        runs = result["runs"]
+    else:
+        model_dir = ensure_model(args.layers, require_cache(parser, args), args.export_python, eagle=True)
+        work = Path(tempfile.mkdtemp(prefix=f"bench-scale-{base}-", dir=args.work))
+        for variant, name in names.items():
+            (work / variant / "artifacts").mkdir(parents=True)
+            (work / variant / "cache").mkdir()
+            write_spec(work / "models", name, model_dir, args.arch, args.npu_weights, variant)
+    envs = {v: doit_env(work / v / "artifacts", work / v / "cache", work / "models") for v in VARIANTS}
     stages = [s for s in args.stages.split(",") if s]
     try:
         for stage in stages:
             for variant in VARIANTS:
                 run, name = runs[variant], names[variant]
+                if args.resume and stage in run["stages"]:
+                    continue
                 artifacts, cache = work / variant / "artifacts", work / variant / "cache"
                 rec, where = timed_stage(stage, name, args.arch, envs[variant], artifacts, cache)
                 if stage == "context":
@@ -832,10 +881,13 @@ def speculative_main(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         if args.context_rounds > 1 and "context" in stages:
             result["context_rounds"] = context_rounds(args, runs, names, work, envs)
             save_speculative(commit, key, {**result, "partial": True})
+        if args.context_pairs:
+            result["context_pairs"] = context_pairs(args.arch, runs, names, work, envs)
+            save_speculative(commit, key, {**result, "partial": True})
         if "weights" in runs["eagle"]:
             result["projection"] = projection(runs["eagle"]["weights"]["npu_weight_bytes_per_decoded_token"])
     finally:
-        if not args.keep:
+        if not (args.keep or args.resume):
             shutil.rmtree(work, ignore_errors=True)
         else:
             sys.stderr.write(f"kept {work}\n")
@@ -888,6 +940,12 @@ def print_speculative(runs: dict[str, dict[str, Any]], result: dict[str, Any]) -
         out(f"context stage over {len(r['stage_s']['off'])} rounds (s): off {r['stage_s']['off']}, eagle "
             f"{r['stage_s']['eagle']}; medians: {r['context_stage_extra']:+.1%}; doit bundle with the median context "
             f"wall: {r['bundle_time_extra']:+.1%}\n")  # fmt: skip
+    pairs = result.get("context_pairs")
+    if pairs:
+        total = pairs["total_stage_s"]
+        out(f"context by plugin pairs (s): off {total['off']}, eagle {total['eagle']} "
+            f"({pairs['context_stage_extra']:+.1%}); added to the plain doit bundle: "
+            f"{pairs.get('bundle_time_extra', float('nan')):+.1%}\n")  # fmt: skip
     p = result.get("projection")
     if p:
         out(
