@@ -189,3 +189,20 @@ def test_out_replaces_only_a_model_directory(repeated: Path, tmp_path: Path) -> 
     assert repeat_layers.main([str(TINY_MODEL_DIR), "--layers", str(LAYERS), "--out", str(again)]) == 0
     assert (again / "llm.mnn.weight").read_bytes() == (repeated / "llm.mnn.weight").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "home", "loose"]
+
+
+def test_the_source_is_never_the_out_and_layers_are_bounded(tmp_path: Path) -> None:
+    """``--out SRC`` passed the model-directory check and replaced the exported model with its repeat (the export
+    lost); ``--layers 100000000`` ran for minutes building a graph no file could hold."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight", "tokenizer.mtok"):
+        (src / name).write_bytes((TINY_MODEL_DIR / name).read_bytes())
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    for out in (src, tmp_path / "." / "src"):
+        with pytest.raises(SystemExit, match=f"repeat_layers: --out {out}: is the source model"):
+            repeat_layers.main([str(src), "--layers", "3", "--out", str(out)])
+    with pytest.raises(SystemExit, match="repeat_layers: --layers 100000000: more than 1024"):
+        repeat_layers.main([str(src), "--layers", "100000000", "--out", str(tmp_path / "new")])
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]

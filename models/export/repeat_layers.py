@@ -72,6 +72,9 @@ FLAT_LISTS = frozenset({"tie_embeddings", "key_value_shape", "mrope_section"})
 """``llm_config.json`` list fields known not to hold one entry per layer; another list as long as the layer count
 may (a per-layer attention type, say) and is refused rather than left stale."""
 ATTENTION = "Attention"
+MAX_LAYERS = 1024
+"""The most layers asked for: several times any released decoder's (Qwen3-235B has 94); 10^8 used to run for
+minutes building a graph no file could hold."""
 LAYER_NAME = re.compile(r"(?:^|/)(?:blocks|layers)\.(\d+)/")
 """llmexport's per-layer op and tensor names: ``/blocks.3/...`` and ``/layers.3/...``."""
 
@@ -194,6 +197,8 @@ def layer_sources(exported: int, layers: int) -> list[int]:
         raise RepeatError(f"repeating needs 2 or more exported layers, got {exported}")
     if layers < exported:
         raise RepeatError(f"--layers {layers}: fewer than the {exported} exported layers")
+    if layers > MAX_LAYERS:
+        raise RepeatError(f"--layers {layers}: more than {MAX_LAYERS}; expected a decoder's layer count")
     return list(range(exported)) + [1 + (i - 1) % (exported - 1) for i in range(exported, layers)]
 
 
@@ -284,6 +289,8 @@ def repeat_dir(src: Path, dest: Path, count: int, made: dict[str, Any] | None = 
     """Write ``src``'s model with ``count`` layers into ``dest`` (replaced as a whole) and return its note
     (`NOTE_FILE`, with ``made`` added: how ``src`` was exported)."""
     src, dest = Path(src), Path(dest)
+    if dest.resolve() == src.resolve():  # a model dir, so check_replaceable would let it be replaced
+        raise RepeatError(f"--out {dest}: is the source model; expected another directory (the source is kept)")
     check_replaceable(dest)  # before the work, not after it
     for name in REFUSED_FILES:
         if (src / name).exists():
