@@ -327,7 +327,7 @@ def _stage_record(path: Path) -> bool:
     try:
         if not path.is_file() or path.is_symlink() or path.stat().st_size > 64 << 20:
             return False
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
     return isinstance(data, dict) and field in data
@@ -419,6 +419,15 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def parse_json(text: str | bytes) -> Any:
+    """``json.loads`` for text read from a file: JSON nested deeper than Python's recursion limit (``[[[...`` a few
+    thousand deep) is a ValueError like any other bad JSON, not a RecursionError traceback."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("nested deeper than a JSON reader goes (thousands of levels)") from None
+
+
 def read_json_object(
     path: Path,
     error: type[MnnbuildError],
@@ -432,7 +441,7 @@ def read_json_object(
     read, ``<path>: <invalid>: <why>`` for one that is not JSON (``invalid`` defaults to ``unreadable``), and
     ``<path>: expected a JSON object, got <type>`` for other JSON."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except OSError as exc:
         if missing is not None and isinstance(exc, FileNotFoundError):
             raise error(f"{path}: {missing}") from None

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, computed_field
 
 from mnnbuild.base.errors import BoundaryError, MnnbuildError
-from mnnbuild.base.fsutil import atomic_write_text
+from mnnbuild.base.fsutil import atomic_write_text, parse_json
 from mnnbuild.conform.build import MnnBuild, ensure_tools
 from mnnbuild.conform.workdir import fresh_dir
 from mnnbuild.manifests.partition import PartitionManifest
@@ -367,7 +367,7 @@ def compare_sides(ours: PartitionSide, upstream: PartitionSide, cpu_reasons: dic
 def _cpu_reasons(partition_dir: Path) -> dict[str, str]:
     """Our partition's recorded reason per CPU op (``Type name`` -> reason); empty if the report is unreadable."""
     try:
-        doc = json.loads((partition_dir / PARTITION_REPORT_JSON).read_text(encoding="utf-8"))
+        doc = parse_json((partition_dir / PARTITION_REPORT_JSON).read_text(encoding="utf-8"))
         return {f"{c['type']} {c['name']}": str(c["reason"]) for c in doc.get("cpu_ops", [])}
     except (OSError, ValueError, KeyError, TypeError):
         return {}

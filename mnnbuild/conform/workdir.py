@@ -9,12 +9,12 @@ line naming it rather than write into it.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
 
 from mnnbuild.base.errors import ConformDirError
+from mnnbuild.base.fsutil import parse_json
 
 MARKER = ".mnnbuild-conform"
 REPORT = "conform.json"
@@ -29,7 +29,7 @@ def made_by_conform(path: Path) -> bool:
     if (path / MARKER).is_file():
         return True
     try:
-        report = json.loads((path / REPORT).read_text(encoding="utf-8"))
+        report = parse_json((path / REPORT).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
     return isinstance(report, dict) and "mnn_build" in report

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -21,7 +20,7 @@ from doit.exceptions import InvalidDodoFile
 
 from mnnbuild.base import logs
 from mnnbuild.base.errors import MnnbuildError, SpecError
-from mnnbuild.base.fsutil import KnownHashes
+from mnnbuild.base.fsutil import KnownHashes, parse_json
 from mnnbuild.dag.reporter import reporter_for
 from mnnbuild.dag.status import MnnbuildDoit
 from mnnbuild.pipeline.cache import local_cache_dir
@@ -251,7 +250,7 @@ def _state_problem(path: Path) -> str | None:
             return None  # doit creates its table
         for task, data in conn.execute("SELECT task_id, task_data FROM doit"):
             try:
-                if not isinstance(json.loads(data), dict):
+                if not isinstance(parse_json(data), dict):
                     return f"the state of task {task!r} is not a JSON object"
             except (TypeError, ValueError):
                 return f"the state of task {task!r} is not JSON"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mnnbuild.base.errors import MnnbuildError, UnsafePathError
-from mnnbuild.base.fsutil import confined, file_stamp, sha256_file
+from mnnbuild.base.fsutil import confined, file_stamp, parse_json, sha256_file
 from mnnbuild.pipeline.deferred import deferred_origin
 from mnnbuild.pipeline.layout import origin_file
 from mnnbuild.pipeline.manifest import Manifest
@@ -279,7 +278,7 @@ class origin_matches:  # noqa: N801 - a doit uptodate checker, named like doit.t
 
     def __call__(self) -> bool:
         try:
-            origin = json.loads(self.path.read_text(encoding="utf-8"))
+            origin = parse_json(self.path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             return False
         return isinstance(origin, dict) and origin.get("task") == self.identity

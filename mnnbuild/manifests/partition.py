@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from pathlib import Path
 from typing import Annotated
@@ -10,7 +9,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.base.errors import UpstreamError
-from mnnbuild.base.fsutil import confined
+from mnnbuild.base.fsutil import confined, parse_json
 from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest, PrefillLengths
@@ -126,7 +125,7 @@ def read_merge(partition_dir: Path) -> dict[str, list[str]]:
     """The ``merge`` map of ``npu_postreat.json``: binary path -> graph dirs."""
     path = Path(partition_dir) / POSTREAT_FILE
     try:
-        merge = json.loads(path.read_text(encoding="utf-8"))["merge"]
+        merge = parse_json(path.read_text(encoding="utf-8"))["merge"]
     except (OSError, ValueError, KeyError) as exc:
         raise UpstreamError(f"{path}: cannot read field 'merge': {exc}") from None
     if not isinstance(merge, dict) or not all(isinstance(v, list) for v in merge.values()):

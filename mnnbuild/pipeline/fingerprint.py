@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mnnbuild.base.fsutil import atomic_write_text
+from mnnbuild.base.fsutil import atomic_write_text, parse_json
 
 PACKAGE = "mnnbuild"
 PACKAGES = (PACKAGE, "mnnbuild_runtime")
@@ -212,7 +212,7 @@ class DigestMemo:
         self.dirty = False
         if path is not None:
             try:
-                loaded = json.loads(path.read_text(encoding="utf-8"))
+                loaded = parse_json(path.read_text(encoding="utf-8"))
                 self.entries = loaded if isinstance(loaded, dict) else {}
             except (OSError, ValueError):
                 self.entries = {}

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 import mnnbuild
 from mnnbuild.base.errors import ManifestMissing, MnnbuildError, UpstreamError
-from mnnbuild.base.fsutil import atomic_write_text, hash_stamped, sha256_bytes
+from mnnbuild.base.fsutil import atomic_write_text, hash_stamped, parse_json, sha256_bytes
 from mnnbuild.pipeline.layout import manifest_file
 
 M = TypeVar("M", bound="Manifest")
@@ -127,11 +127,14 @@ class Manifest(BaseModel):
         """Read the manifest a stage left in ``out_dir``; errors name the file and the problem."""
         path = Path(out_dir) / cls.filename()
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ManifestMissing(f"{path}: manifest missing; run the {cls.stage} stage first") from None
-        except json.JSONDecodeError as exc:
+        except ValueError as exc:  # not UTF-8, not JSON
             raise UpstreamError(f"{path}: manifest is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise UpstreamError(f"{path}: expected a JSON object, got {type(data).__name__}; the {cls.stage} stage "
+                                "must be re-run")  # fmt: skip
         if data.get("schema_version") != cls.schema_hash():
             raise UpstreamError(
                 f"{path}: field 'schema_version' is {data.get('schema_version')!r}, expected "

@@ -10,6 +10,7 @@ from typing import Any
 from mnnbuild.base.fsutil import (
     atomic_write_text,
     file_stamp,
+    parse_json,
 )
 from mnnbuild.pipeline.layout import origin_file
 
@@ -17,7 +18,7 @@ from mnnbuild.pipeline.layout import origin_file
 def read_origin(out_dir: Path, stage: str) -> dict[str, Any]:
     """A stage dir's origin record (`write_origin`), or {} when it has none that parses."""
     try:
-        origin = json.loads((Path(out_dir) / origin_file(stage)).read_text(encoding="utf-8"))
+        origin = parse_json((Path(out_dir) / origin_file(stage)).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return {}
     return origin if isinstance(origin, dict) else {}

@@ -6,7 +6,6 @@ Only files a phone receives are read; nothing from the build's intermediate dire
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -16,7 +15,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from mnnbuild.base.errors import MNNFormatError, UnsafePathError
-from mnnbuild.base.fsutil import confined
+from mnnbuild.base.fsutil import confined, parse_json
 from mnnbuild.mnn import (
     DATA_TYPES,
     MnnModel,
@@ -162,10 +161,10 @@ def read_json_object(path: Path, missing: str, *, links: bool = False) -> dict[s
     ``missing`` saying what a missing one means (``<path>: <missing>``)."""
     try:
         with open_bundle_file(path, links) as fh:
-            data = json.loads(fh.read().decode("utf-8"))
+            data = parse_json(fh.read().decode("utf-8"))
     except FileNotFoundError:
         raise BundleError(f"{path}: {missing}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # not UTF-8, not JSON
         raise BundleError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BundleError(f"{path}: expected a JSON object, got {type(data).__name__}")

@@ -19,6 +19,7 @@ from mnnbuild.base.fsutil import (
     copy_hashed,
     file_stamp,
     hash_stamped,
+    parse_json,
     settled,
     sha256_file,
 )
@@ -55,7 +56,7 @@ class VouchedBlobs(CacheFiles):
         if not self.local:
             return None
         try:
-            recorded = json.loads(self._stamp_file(sha).read_text(encoding="utf-8"))
+            recorded = parse_json(self._stamp_file(sha).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError):
             return None
         now = file_stamp(Path(self._blob(sha)))
