@@ -3,7 +3,10 @@ hang or a wrong file blamed, and is now one line naming the file and field, or r
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,102 @@ def test_origin_records_and_stage_markers_nested_too_deep_read_as_none(tmp_path:
     (tmp_path / origin_file("io")).write_text(DEEP)
     assert read_origin(tmp_path, "io") == {}
     assert not made_by_mnnbuild(tmp_path)
+
+
+EAGLE_DIR = TINY_MODEL_DIR.parent / "tiny-qwen3-eagle"
+
+
+def _eagle_copy(tmp_path: Path, **config: object) -> Path:
+    model = _model_copy(tmp_path, EAGLE_DIR)
+    path = model / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+    return model
+
+
+def _resolve(model: Path) -> object:
+    from mnnbuild.manifests.fetch import FetchParams
+    from mnnbuild.model.modeldir import validate_model_dir
+    from mnnbuild.stages.fetch import speculation_of
+
+    part, files = validate_model_dir(model)
+    return speculation_of(model, str(model), part, FetchParams(family="llm", files=tuple(files)))
+
+
+@pytest.mark.parametrize(
+    ("damage", "config", "expected"),
+    [
+        ({"eagle_d2t.mnn": b""}, {}, "eagle_d2t.mnn: 0 bytes is too small for an MNN model"),
+        ({}, {"eagle_d2t": "eagle.mnn"}, "eagle.mnn: expected one int32 tensor of draft -> target id offsets"),
+        ({}, {"eagle_model": "tokenizer.mtok"}, "tokenizer.mtok: not an MNN model"),
+        (
+            {},
+            {"eagle_model": "llm.mnn"},
+            "llm.mnn: config.json field 'eagle_model' names a graph without",
+        ),
+        ({}, {"eagle_depth": 10**12}, "config.json: field 'eagle_depth' must be a positive integer at most 64"),
+        ({}, {"eagle_topk": 65}, "config.json: field 'eagle_topk' must be a positive integer at most 64"),
+    ],
+    ids=["empty-d2t", "graph-as-d2t", "tokenizer-as-draft", "target-as-draft", "depth-10e12", "topk-65"],
+)
+def test_eagle_draft_files_are_read_as_the_engine_reads_them(
+    tmp_path: Path, damage: dict[str, bytes], config: dict[str, object], expected: str
+) -> None:
+    """fetch checked only draft files named ``*.mnn`` and never ``eagle_d2t``: an empty d2t passed and io died of a
+    SIGSEGV blamed on llm.mnn; a tokenizer named as the draft graph was shipped; an Eagle tree of depth 10^12 passed
+    fetch and never ended the runtime's draft loop."""
+    model = _eagle_copy(tmp_path, **config)
+    for name, data in damage.items():
+        (model / name).write_bytes(data)
+    with pytest.raises(ModelDirError) as info:
+        _resolve(model)
+    assert f"{model}/{expected}" in str(info.value), str(info.value)
+
+
+def test_a_d2t_that_maps_past_the_models_vocabulary_is_refused(tmp_path: Path) -> None:
+    """MNN's engine adds ``d2t[d]`` to a draft id and embeds the result unchecked."""
+    from mnnbuild.mnn import load_model, save_model
+
+    model = _eagle_copy(tmp_path)
+    graph = load_model(model / "eagle_d2t.mnn")
+    blob = graph.ops[0].main
+    blob.int32s = [10**6] * len(blob.int32s)
+    save_model(graph, model / "eagle_d2t.mnn")
+    with pytest.raises(ModelDirError, match=r"eagle_d2t.mnn: maps draft ids to target ids 1000000\.\.1001023, but"):
+        _resolve(model)
+
+
+RUNTIME_PROBE = """
+import sys
+from mnnbuild_runtime import BundleError, Tokenizer
+from mnnbuild_runtime.speculative import speculation_config
+try:
+    speculation_config(sys.argv[1])
+    Tokenizer(sys.argv[1])
+except BundleError as exc:
+    print(f"BundleError: {exc}")
+"""
+
+
+@pytest.mark.parametrize(
+    ("damage", "config", "expected"),
+    [
+        ({"eagle_d2t.mnn": b""}, {}, "eagle_d2t.mnn: 0 bytes is too small for an MNN model"),
+        ({"eagle_d2t.mnn": (EAGLE_DIR / "eagle_d2t.mnn").read_bytes()[:200]}, {}, "eagle_d2t.mnn: truncated or not"),
+        ({}, {"eagle_depth": 10**12}, "config.json: field 'eagle_depth' must be a positive int at most 64"),
+        ({}, {"eagle_topk": 10**12}, "config.json: field 'eagle_topk' must be a positive int at most 64"),
+    ],
+    ids=["empty-d2t", "truncated-d2t", "depth-10e12", "topk-10e12"],
+)
+def test_the_runtime_reads_eagle_settings_before_mnn_does(
+    tmp_path: Path, damage: dict[str, bytes], config: dict[str, object], expected: str
+) -> None:
+    """An empty or truncated d2t killed the runtime's process with SIGSEGV in MNN's loader (the Tokenizer loads the
+    model by its config); ``eagle_topk`` 10^12 asked numpy for a 1 TiB mask and ``eagle_depth`` 10^12 never ended."""
+    model = _eagle_copy(tmp_path, **config)
+    for name, data in damage.items():
+        (model / name).write_bytes(data)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNTIME_PROBE, str(model / "config.json")], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, f"died with {proc.returncode}: {proc.stderr[-500:]}"
+    assert f"BundleError: {model}/{expected}" in proc.stdout, proc.stdout + proc.stderr[-500:]

@@ -6,10 +6,14 @@ The format layer both the build and the runtime import: what MNN names and expec
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from mnnbuild.base.errors import MNNFormatError
 
 MODEL_CONFIG = "config.json"
 """The model directory's engine config (``llm_model``, ``llm_weight``, ``tokenizer_file``...)."""
@@ -90,6 +94,16 @@ DEFAULT_DRAFT_LENGTH = 3
 EAGLE_FILE_FIELDS = {"eagle_model": "eagle.mnn", "eagle_fc": "eagle_fc.mnn", "eagle_d2t": "eagle_d2t.mnn"}
 """An Eagle model's draft files: config field -> the engine's default name."""
 EAGLE_TREE_DEFAULTS = {"eagle_depth": 3, "eagle_topk": 1}
+EAGLE_TREE_MAX = 64
+"""The largest ``eagle_depth`` and ``eagle_topk`` taken: each level is one draft forward over ``topk``² candidates,
+and the engine verifies at most ``draft_predict_length`` (<= 64) of the tree's nodes, so a deeper or wider tree only
+costs; ``eagle_depth`` 10^12 never ended the draft loop and ``eagle_topk`` 10^12 asked for a 1 TiB mask."""
+EAGLE_GRAPH_IO = {
+    "eagle_model": (("input_embed", "hidden_states", "attention_mask", "position_ids", "logits_index"),
+                    ("logits", "out_hidden_states")),
+    "eagle_fc": (("fc_hidden",), ("hidden_states",)),
+}  # fmt: skip
+"""The inputs and outputs MNN's engine loads each Eagle draft graph with (``eagle.cpp``, ``Module::load``)."""
 LOOKAHEAD_DEFAULTS: dict[str, object] = {
     "draft_match_strictness": "low",
     "draft_selection_rule": "freqxlen",
@@ -100,6 +114,24 @@ LOOKAHEAD_DEFAULTS: dict[str, object] = {
 LOOKUP_FILE_FIELD = "lookup_file"
 DEFAULT_LOOKUP_FILE = "lookup_file.txt"
 """lookahead's optional prior-text file, read when present."""
+
+
+def read_draft_map(path: Path) -> np.ndarray:
+    """``eagle_d2t``'s draft-id -> target-id offsets (target id = ``d + d2t[d]``), read from the file's flatbuffer,
+    which must hold one int32 tensor: MNN's ``Variable::load`` crashes (SIGSEGV) on an empty or truncated file, and
+    the engine indexes the tensor unchecked."""
+    from mnnbuild.mnn._generated import mnn_fb as fb  # the schema: only here
+    from mnnbuild.mnn.model import load_model
+
+    model = load_model(path)
+    blob = model.ops[0].main if len(model.ops) == 1 and model.ops[0].type == "Const" else None
+    values = getattr(blob, "int32s", None)
+    dims = [int(d) for d in getattr(blob, "dims", None) or []]
+    if blob is None or getattr(blob, "dataType", None) != fb.DataType.DT_INT32 or values is None or not len(values):
+        raise MNNFormatError(f"{path}: expected one int32 tensor of draft -> target id offsets (eagle_d2t)")
+    if math.prod(dims) != len(values):
+        raise MNNFormatError(f"{path}: its tensor has dims {dims} but {len(values)} values")
+    return np.asarray(values, dtype=np.int64).reshape(-1)
 
 
 def eagle_tree_tokens(config: dict) -> int:

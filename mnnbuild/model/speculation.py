@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
@@ -22,13 +23,16 @@ from mnnbuild.mnn.llm import (
     DRAFT_LENGTH_FIELD,
     EAGLE,
     EAGLE_FILE_FIELDS,
+    EAGLE_GRAPH_IO,
     EAGLE_TREE_DEFAULTS,
+    EAGLE_TREE_MAX,
     LOOKAHEAD,
     LOOKUP_FILE_FIELD,
     MODEL_CONFIG,
     SPECULATIVE_TYPE,
     SPECULATIVE_TYPES,
     eagle_tree_tokens,
+    read_draft_map,
 )
 from mnnbuild.model.modeldir import PLAIN_FILE_NAME, read_model_config
 
@@ -70,10 +74,11 @@ class Speculation(BaseModel):
         return self.kind == LOOKAHEAD
 
 
-def _config_int(config: dict[str, Any], field: str, path: Path, default: int) -> int:
+def _config_int(config: dict[str, Any], field: str, path: Path, default: int, most: int | None = None) -> int:
     value = config.get(field, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ModelDirError(f"{path}: field {field!r} must be a positive integer, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (most is not None and value > most):
+        bound = f" at most {most}" if most is not None else ""
+        raise ModelDirError(f"{path}: field {field!r} must be a positive integer{bound}, got {value!r}")
     return value
 
 
@@ -87,16 +92,39 @@ def _file_name(config: dict[str, Any], field: str, default: str, path: Path) -> 
     return name
 
 
-def _check_graph(model_dir: Path, name: str) -> None:
-    """A draft graph must parse, and its weight file (when it has one) cover what it reads."""
-    from mnnbuild.mnn import check_weight_ranges, load_model  # the schema: only here
+def check_draft_file(model_dir: Path, field: str, name: str) -> None:
+    """An Eagle draft file, as MNN's engine will read it (whatever its name ends in): a graph must parse, take the
+    inputs and give the outputs the engine loads it with, and its weight file (when it has one) cover what it reads;
+    ``eagle_d2t`` must hold one int32 tensor mapping every draft id to a target id of the model's embeddings. MNN
+    crashed (SIGSEGV) on an empty or truncated d2t, and io blamed llm.mnn for it."""
+    from mnnbuild.mnn import check_weight_ranges, embedding_info, load_model  # the schema: only here
 
+    path = Path(model_dir) / name
     try:
-        graph = load_model(model_dir / name)
-        if (model_dir / f"{name}.weight").is_file():
-            check_weight_ranges(graph, model_dir / f"{name}.weight")
+        if field not in EAGLE_GRAPH_IO:
+            offsets = read_draft_map(path)
+            targets = offsets + np.arange(len(offsets))
+            rows = embedding_info(model_dir).vocab
+            if targets.min() < 0 or targets.max() >= rows:
+                raise ModelDirError(
+                    f"{path}: maps draft ids to target ids {int(targets.min())}..{int(targets.max())}, but the "
+                    f"model's embeddings have {rows} rows; expected the d2t of this model's Eagle draft"
+                )
+            return
+        graph = load_model(path)
+        inputs, outputs = EAGLE_GRAPH_IO[field]
+        missing = [n for n in inputs if n not in graph.input_names] + [
+            n for n in outputs if n not in graph.tensor_names
+        ]
+        if missing:
+            raise ModelDirError(
+                f"{path}: config.json field {field!r} names a graph without {missing[0]!r}; MNN's engine loads it "
+                f"with inputs {list(inputs)} and outputs {list(outputs)}"
+            )
+        if (Path(model_dir) / f"{name}.weight").is_file():
+            check_weight_ranges(graph, Path(model_dir) / f"{name}.weight")
     except MNNFormatError as exc:
-        raise ModelDirError(str(exc)) from None
+        raise ModelDirError(f"{exc} (config.json field {field!r})") from None
 
 
 def engine_files(model_dir: Path) -> tuple[str, ...]:
@@ -106,9 +134,15 @@ def engine_files(model_dir: Path) -> tuple[str, ...]:
     config = read_model_config(model_dir)
     if config.get(SPECULATIVE_TYPE) != EAGLE:
         return ()
-    names = [config.get(field, default) for field, default in EAGLE_FILE_FIELDS.items()]
-    names = [n for name in names if isinstance(name, str) for n in (name, f"{name}.weight")]
-    return tuple(n for n in names if re.fullmatch(PLAIN_FILE_NAME, n) and (Path(model_dir) / n).is_file())
+    found: list[str] = []
+    for field, default in EAGLE_FILE_FIELDS.items():
+        name = config.get(field, default)
+        if not isinstance(name, str) or not re.fullmatch(PLAIN_FILE_NAME, name):
+            continue
+        if (Path(model_dir) / name).is_file():  # the engine reads it even when the spec turns Eagle off
+            check_draft_file(Path(model_dir), field, name)
+        found += [n for n in (name, f"{name}.weight") if (Path(model_dir) / n).is_file()]
+    return tuple(found)
 
 
 def resolve(
@@ -169,12 +203,10 @@ def resolve(
                 )
             names[field] = name
             files.append(name)
-            if name.endswith(".mnn"):
-                if field != "eagle_d2t":  # d2t is a variable file, not a graph
-                    _check_graph(Path(model_dir), name)
-                if (Path(model_dir) / f"{name}.weight").is_file():
-                    files.append(f"{name}.weight")
-        tree = {k: _config_int(config, k, config_path, v) for k, v in EAGLE_TREE_DEFAULTS.items()}
+            check_draft_file(Path(model_dir), field, name)
+            if (Path(model_dir) / f"{name}.weight").is_file():
+                files.append(f"{name}.weight")
+        tree = {k: _config_int(config, k, config_path, v, EAGLE_TREE_MAX) for k, v in EAGLE_TREE_DEFAULTS.items()}
         depth, topk, most = tree["eagle_depth"], tree["eagle_topk"], eagle_tree_tokens(tree)
         if draft_length > most:
             raise ModelDirError(

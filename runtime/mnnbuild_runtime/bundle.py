@@ -34,8 +34,10 @@ from mnnbuild.mnn.llm import (
     DRAFT_LENGTH_FIELD,
     EAGLE,
     EAGLE_FILE_FIELDS,
+    EAGLE_GRAPH_IO,
     SPECULATIVE_TYPE,
     attention_window,
+    read_draft_map,
     verify_length,
 )
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
@@ -481,18 +483,25 @@ def check_speculation(config_path: Path, config: dict[str, Any], plugins: tuple[
 
 
 def check_draft_files(config_path: Path, config: dict[str, Any], *, links: bool = False) -> None:
-    """An Eagle config makes MNN's engine load the draft's files with the model: each must exist (PyPI MNN 3.6.1
-    dereferences a missing ``eagle_d2t`` file's empty load and crashes with SIGSEGV instead of failing)."""
+    """An Eagle config makes MNN's engine load the draft's files with the model: each must exist, and ``eagle_d2t``
+    hold its one int32 tensor (PyPI MNN 3.6.1 dereferences the empty load of a missing, empty or truncated
+    ``eagle_d2t`` and crashes with SIGSEGV instead of failing)."""
     if config.get(SPECULATIVE_TYPE) != EAGLE:
         return
     for field, default in EAGLE_FILE_FIELDS.items():
         name = config.get(field, default)
-        if not bundle_path(config_path.parent, name, f"{config_path}: field {field!r}", links=links).is_file():
+        path = bundle_path(config_path.parent, name, f"{config_path}: field {field!r}", links=links)
+        if not path.is_file():
             raise BundleError(
                 f"{config_path}: field {SPECULATIVE_TYPE!r} is 'eagle', so MNN's engine loads the draft's "
                 f"{field} {name!r} with the model, but {config_path.parent / name} does not exist; expected the "
                 "Eagle draft's files beside the model"
             )
+        if field not in EAGLE_GRAPH_IO:
+            try:
+                read_draft_map(path)
+            except MNNFormatError as exc:
+                raise BundleError(f"{exc} ({config_path}: field {field!r})") from None
 
 
 @dataclass

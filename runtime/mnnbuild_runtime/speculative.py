@@ -44,7 +44,6 @@ from mnnbuild.cpu import (
     forward_vars,
     import_mnn,
     load_module,
-    load_vars,
     return_freed_memory,
     to_numpy,
     to_var,
@@ -54,10 +53,13 @@ from mnnbuild.mnn.llm import (
     DRAFT_LENGTH_FIELD,
     EAGLE,
     EAGLE_FILE_FIELDS,
+    EAGLE_GRAPH_IO,
     EAGLE_TREE_DEFAULTS,
+    EAGLE_TREE_MAX,
     LOOKAHEAD,
     MODEL_CONFIG,
     SPECULATIVE_TYPE,
+    read_draft_map,
 )
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
 from mnnbuild_runtime.errors import BundleError
@@ -96,10 +98,11 @@ class SpeculationConfig:
         return self.draft_length + 1
 
 
-def _positive(config_path: Path, config: Mapping[str, Any], key: str, default: int) -> int:
+def _positive(config_path: Path, config: Mapping[str, Any], key: str, default: int, most: int | None = None) -> int:
     value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise BundleError(f"{config_path}: field {key!r} must be a positive int, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (most is not None and value > most):
+        bound = f" at most {most}" if most is not None else ""
+        raise BundleError(f"{config_path}: field {key!r} must be a positive int{bound}, got {value!r}")
     return value
 
 
@@ -123,7 +126,7 @@ def speculation_config(config_path: str | os.PathLike[str], *, links: bool = Fal
         if not path.is_file():
             raise BundleError(f"{config_path}: field {key!r} = {name!r} but {path} does not exist")
         files[key] = path
-    tree = {key: _positive(config_path, config, key, default) for key, default in EAGLE_TREE_DEFAULTS.items()}
+    tree = {key: _positive(config_path, config, key, v, EAGLE_TREE_MAX) for key, v in EAGLE_TREE_DEFAULTS.items()}
     return SpeculationConfig(kind, length, topk=tree["eagle_topk"], depth=tree["eagle_depth"], **files)
 
 
@@ -246,14 +249,12 @@ class EagleDrafter:
         self.config = spec
         self.embed = embed or Embeddings(self.model_dir, links=links)
         rt = (runtime or CpuRuntime()).create()
-        self._fc = load_module(spec.eagle_fc, rt, ["fc_hidden"], ["hidden_states"])
-        inputs = ["input_embed", "hidden_states", "attention_mask", "position_ids", "logits_index"]
-        self._layer = load_module(spec.eagle_model, rt, inputs, ["logits", "out_hidden_states"])
-        try:
-            (d2t,) = load_vars(spec.eagle_d2t).values()
-        except (ValueError, MNNFormatError) as exc:
-            raise BundleError(f"{spec.eagle_d2t}: expected one int tensor of draft -> target offsets ({exc})") from None
-        self.d2t = np.asarray(d2t, dtype=np.int64).reshape(-1)
+        self._fc = load_module(spec.eagle_fc, rt, *map(list, EAGLE_GRAPH_IO["eagle_fc"]))
+        self._layer = load_module(spec.eagle_model, rt, *map(list, EAGLE_GRAPH_IO["eagle_model"]))
+        try:  # read from the flatbuffer: MNN's loader crashes on an empty or truncated file
+            self.d2t = read_draft_map(spec.eagle_d2t)
+        except MNNFormatError as exc:
+            raise BundleError(str(exc)) from None
         self.forwards = 0
         """Draft forwards run so far."""
 
