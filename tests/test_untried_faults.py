@@ -4,6 +4,7 @@ hang or a wrong file blamed, and is now one line naming the file and field, or r
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -164,3 +165,34 @@ def test_the_runtime_reads_eagle_settings_before_mnn_does(
     )
     assert proc.returncode == 0, f"died with {proc.returncode}: {proc.stderr[-500:]}"
     assert f"BundleError: {model}/{expected}" in proc.stdout, proc.stdout + proc.stderr[-500:]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"MNNBUILD_SCHEDULER": "junk"}, "MNNBUILD_SCHEDULER='junk': expected a Dask scheduler address"),
+        ({"MNNBUILD_SCHEDULER": "tcp://[::1"}, "MNNBUILD_SCHEDULER='tcp://[::1': expected a Dask scheduler address"),
+        ({"MNNBUILD_SCHEDULER": "tcp://h:99999"}, "MNNBUILD_SCHEDULER='tcp://h:99999': expected a Dask scheduler"),
+        ({"MNNBUILD_SCHEDULER": "zzz://h:1"}, "MNNBUILD_SCHEDULER='zzz://h:1': expected a Dask scheduler address"),
+        *(
+            ({"MNNBUILD_SCHEDULER": "tcp://h:8786", "MNNBUILD_SCHEDULER_TIMEOUT": t}, f"TIMEOUT={t!r}: expected a")
+            for t in ("inf", "nan", "-5", "0", "abc")
+        ),
+    ],
+)
+def test_scheduler_settings_are_checked_before_dask_sees_them(env: dict[str, str], expected: str) -> None:
+    """``junk`` made Dask's Client fail after it started, wait 20 s to close and print a TimeoutError traceback;
+    a timeout of inf or nan was a KeyError out of Dask, -5 "could not convert string to float: '1-5.0'"."""
+    from mnnbuild.base.errors import ClusterError
+    from mnnbuild.cluster.client import Cluster
+
+    with pytest.raises(ClusterError, match=re.escape(expected)):
+        Cluster.from_env(env)
+
+
+@pytest.mark.parametrize("address", ["tcp://127.0.0.1:8786", "127.0.0.1:8786", "tls://h.example:1", "tcp://[::1]:8786"])
+def test_scheduler_addresses_dask_takes_are_taken(address: str) -> None:
+    from mnnbuild.cluster.client import Cluster
+
+    cluster = Cluster.from_env({"MNNBUILD_SCHEDULER": address, "MNNBUILD_SCHEDULER_TIMEOUT": "2.5"})
+    assert cluster is not None and cluster.address == address and cluster.timeout == 2.5

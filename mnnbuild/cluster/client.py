@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import pickle
 import shutil
@@ -30,6 +31,8 @@ SCHEDULER_ENV = "MNNBUILD_SCHEDULER"
 """The Dask scheduler's address (``tcp://host:8786``); unset: every stage runs on this machine."""
 TIMEOUT_ENV = "MNNBUILD_SCHEDULER_TIMEOUT"
 CONNECT_SECONDS = 10.0
+SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+"""The schemes of a Dask scheduler address (``host:port`` alone is tcp)."""
 MEMORY = "MEMORY"
 """The Dask worker resource a task asks for, in GiB (``dask worker --resources MEMORY=16``)."""
 BASE_MEMORY = 1 << 30
@@ -155,6 +158,19 @@ def remote_task(
     return task, shared
 
 
+def check_address(address: str) -> None:
+    """``address`` must read as a scheduler address, ``[scheme://]host:port``: Dask's Client takes ``junk`` apart
+    only after it started, then waits 20 s to close and prints a traceback."""
+    scheme, sep, rest = address.rpartition("://")
+    host, _, port = rest.rpartition(":")
+    bracketed = host.startswith("[") == host.endswith("]")  # an IPv6 host is [::1]
+    if (sep and scheme not in SCHEMES) or not host or not bracketed or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterError(
+            f"{SCHEDULER_ENV}={address!r}: expected a Dask scheduler address, [scheme://]host:port such as "
+            f"tcp://10.0.0.5:8786 (scheme {', '.join(SCHEMES)}; port 1-65535), or unset it to build on this machine"
+        )
+
+
 _CLIENTS: dict[tuple[int, str], Any] = {}
 """One Dask client per process and scheduler (``doit -n`` forks: a client is not shared across a fork)."""
 
@@ -172,11 +188,14 @@ class Cluster:
         address = env.get(SCHEDULER_ENV, "").strip()
         if not address or address.lower() in ("off", "0", "none"):
             return None
+        check_address(address)
         raw = env.get(TIMEOUT_ENV, "").strip()
         try:
             timeout = float(raw) if raw else CONNECT_SECONDS
         except ValueError:
-            raise ClusterError(f"{TIMEOUT_ENV}={raw!r} is not a number of seconds") from None
+            timeout = math.nan
+        if not math.isfinite(timeout) or timeout <= 0:  # Dask takes inf or nan for a unit (KeyError), -5 as '1-5.0'
+            raise ClusterError(f"{TIMEOUT_ENV}={raw!r}: expected a number of seconds above 0") from None
         return cls(address, timeout)
 
     def client(self) -> Any:
