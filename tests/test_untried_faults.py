@@ -196,3 +196,15 @@ def test_scheduler_addresses_dask_takes_are_taken(address: str) -> None:
 
     cluster = Cluster.from_env({"MNNBUILD_SCHEDULER": address, "MNNBUILD_SCHEDULER_TIMEOUT": "2.5"})
     assert cluster is not None and cluster.address == address and cluster.timeout == 2.5
+
+
+def test_a_boolean_in_chunk_limits_is_no_length(tmp_path: Path) -> None:
+    """JSON ``true`` is a Python int: ``chunk_limits [128, true]`` passed as length 1, which MNN's engine reads with
+    ``GetInt`` on a bool."""
+    from mnnbuild_runtime import Bundle, BundleError
+
+    model = tmp_path / "bundle"
+    model.mkdir()
+    (model / "config_qnn.json").write_text(json.dumps({"llm_model": "qnn/llm.mnn", "chunk_limits": [128, True]}))
+    with pytest.raises(BundleError, match=r"field 'chunk_limits' must be a list of positive ints, got \[128, True\]"):
+        Bundle.open(model)

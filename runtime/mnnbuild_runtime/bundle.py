@@ -535,7 +535,9 @@ class Bundle:
         llm_model = config.get("llm_model", DEFAULT_MODEL)
         chunks = config.get("chunk_limits")
         if chunks is not None and (
-            not isinstance(chunks, list) or not chunks or not all(isinstance(c, int) and c > 0 for c in chunks)
+            not isinstance(chunks, list)
+            or not chunks
+            or not all(isinstance(c, int) and not isinstance(c, bool) and c > 0 for c in chunks)
         ):
             raise BundleError(f"{config_path}: field 'chunk_limits' must be a list of positive ints, got {chunks!r}")
         model_file = bundle_path(model_dir, llm_model, f"{config_path}: field 'llm_model'")
