@@ -208,3 +208,19 @@ def test_a_boolean_in_chunk_limits_is_no_length(tmp_path: Path) -> None:
     (model / "config_qnn.json").write_text(json.dumps({"llm_model": "qnn/llm.mnn", "chunk_limits": [128, True]}))
     with pytest.raises(BundleError, match=r"field 'chunk_limits' must be a list of positive ints, got \[128, True\]"):
         Bundle.open(model)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--jobs", "0"), ("--jobs", "-3"), ("--max-new-tokens", "-1"),
+                                             ("--max-new-tokens", "many")])  # fmt: skip
+def test_conform_counts_are_checked_before_the_mnn_build(tmp_path: Path, flag: str, value: str) -> None:
+    """A count the MNN build or the engine cannot use was only found after the ~15-minute build: now argparse's
+    one usage line, before anything runs."""
+    run = subprocess.run(
+        [sys.executable, "-m", "mnnbuild", "conform", "tiny-qwen3-v79", flag, value, "--out", str(tmp_path / "c")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2
+    assert re.search(f"argument {flag}: expected a whole number >= 1, got '?{re.escape(value)}'?$", run.stderr.strip())
+    assert "Traceback" not in run.stderr and not (tmp_path / "c").exists()

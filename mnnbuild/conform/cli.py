@@ -202,6 +202,17 @@ def run_conform(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _count(text: str) -> int:
+    """A whole number of at least 1 (argparse reports anything else as one usage line, before the build starts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "conform",
@@ -212,8 +223,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--qnn-headers", help="QNN API headers dir holding QnnInterface.h (default: $QNN_SDK_ROOT/include/QNN)"
     )
-    p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs of the MNN build (default 2)")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="greedy tokens per prompt (default 16)")
+    p.add_argument("--jobs", type=_count, default=2, help="parallel compile jobs of the MNN build (default 2)")
+    p.add_argument("--max-new-tokens", type=_count, default=16, help="greedy tokens per prompt (default 16)")
     p.add_argument(
         "--skip-patch",
         action="append",
