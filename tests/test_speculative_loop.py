@@ -28,7 +28,7 @@ from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.verify.failures import speculation_failures
-from mnnbuild.verify.speculation import ReplayForward, judge
+from mnnbuild.verify.speculation import ReplayForward, judge, left_the_pass, parted_before
 from mnnbuild.verify.verdict import SpeculationCheck
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT
 
@@ -191,6 +191,30 @@ def test_the_loop_reads_the_generation_passs_rows_only_where_they_are_its_own(tr
     left = speculative_generate(ReplayForward(forward, pass_over(other)), embed, drafter, ids, 12, 128)
     finite = [bool(np.isfinite(row).all()) for row in left.result.rows]
     assert finite[:6] == [True] * 6 and not all(finite[6:]) and left.result.tokens[:6] == plain.tokens[:6]
+    # where the pass is the CPU's and the loop parted from it before leaving it (token 5), the check ends there:
+    # the loop is cut at the row it left the pass (6), not run again in the simulator
+    assert left_the_pass(left) == 6 and left_the_pass(replayed) is None
+    cpu = GenerationResult(ids, other, "max_new_tokens", 128, rows=plain.rows, top2_margins=plain.top2_margins)
+    cut = parted_before(left, 6, cpu)
+    assert cut is not None and cut.result.tokens == plain.tokens[:6] and len(cut.result.rows) == 6
+    assert sum(r.tokens for r in cut.rounds) == 6 and cut.rounds[:-1] == left.rounds[: len(cut.rounds) - 1]
+    assert judge(cut, cpu, Tolerance())[1] == 5
+    # a loop that leaves the pass without parting from the CPU's tokens first must run it all: no cut
+    assert parted_before(left, 6, plain) is None
+
+
+def test_a_cut_loop_keeps_its_first_tokens_and_marks_the_round_it_cut() -> None:
+    """`SpeculativeResult.cut`: the rounds that gave the first ``count`` tokens, the last cut where they end (and
+    marked, so `mean_accepted` counts whole rounds only)."""
+    rows = [np.full(4, i, np.float32) for i in range(9)]
+    result = GenerationResult([1, 2], list(range(10, 19)), "max_new_tokens", 128, [0.1] * 9, [1.0] * 9, rows)
+    rounds = [Round([], 0, 1, 1), Round([5, 6, 7], 3, 4, 1), Round([8, 9, 9], 1, 2, 1), Round([1, 1, 1], 1, 2, 1)]
+    spec = SpeculativeResult(result, rounds, 3)
+    cut = spec.cut(6)
+    assert cut.result.tokens == list(range(10, 16)) and cut.result.stop_reason == "cut" and len(cut.result.rows) == 6
+    assert cut.rounds[:2] == rounds[:2] and cut.rounds[2] == Round([8, 9, 9], 1, 1, 1, cut=True)
+    assert cut.mean_accepted == 4.0 and spec.mean_accepted == 8 / 3
+    assert spec.cut(9).rounds == rounds and spec.cut(1).rounds == rounds[:1]
 
 
 def test_mnn_engines_plain_greedy_run_is_the_recompute_loop_and_a_plain_model_cannot_speculate(trained: tuple) -> None:

@@ -248,6 +248,7 @@ def _check_speculation(
         speculation.npu_weight_bytes(contexts),
         replay=gen.bundle_runs,
         plain=gen.plain_greedy(),
+        follow=params.follow_divergence,
     )
 
 

@@ -131,6 +131,21 @@ class ReplayForward:
         return outputs
 
 
+def left_the_pass(spec: SpeculativeResult) -> int | None:
+    """The first new token whose row is not finite: where the loop left the replayed pass's sequence
+    (`ReplayForward` gives NaN rows past it); None when every row was served or run."""
+    return next((i for i, row in enumerate(spec.result.rows) if not np.isfinite(row).all()), None)
+
+
+def parted_before(spec: SpeculativeResult, left: int, cpu: GenerationResult) -> SpeculativeResult | None:
+    """``spec`` cut at ``left`` when, before it, the bundle's token parts from the CPU's: the check ends at that
+    token (`judge`), so the rounds after it, which would each run in the simulator, decide nothing. None when it
+    does not part before ``left`` (the loop must then run all of it)."""
+    cut = spec.cut(left)
+    parted = any(got != want for got, want in zip(cut.result.tokens, cpu.tokens, strict=False))
+    return cut if parted else None
+
+
 def judge(
     spec: SpeculativeResult, cpu: GenerationResult, tol: Tolerance
 ) -> tuple[list[GenerationStep], int | None, str | None, bool]:
@@ -173,12 +188,15 @@ def check_speculation(
     cpu_forward: ForwardFn | None = None,
     replay: Mapping[int, tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]]] | None = None,
     plain: GenerationResult | None = None,
+    follow: bool = False,
 ) -> SpeculationCheck | None:
     """(b) on the tree-shaped sample and (c) speculative generation for a bundle whose config asks for speculation
     (None for one that does not); a problem is recorded, never raised. ``model_dir``: the original (fetched) model;
     ``weight_bytes``: the NPU weight bytes a forward reads (:func:`npu_weight_bytes`); ``replay``: the generation
     check's bundle pass by length, whose rows serve the loop where they can (:class:`ReplayForward`); ``plain``: the
-    original model's plain greedy tokens and rows for the prompt when already at hand (else computed here)."""
+    original model's plain greedy tokens and rows for the prompt when already at hand (else computed here);
+    ``follow``: after the bundle's first token that parts from them, run its own loop on to ``max_new_tokens``
+    (``VerifyParams.follow_divergence``), else the loop stops where it left the replayed pass (`parted_before`)."""
     bundle = model.bundle
     config_path = bundle.model_dir / CONFIG_FILE
     t0 = time.perf_counter()
@@ -228,9 +246,18 @@ def check_speculation(
         # (c) the bundle's speculative loop against the CPU's plain greedy decoding
         served = ReplayForward(model.forward, replay or {})
         spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
-        if not all(np.isfinite(row).all() for row in spec.result.rows):  # left the pass's sequence: run it all
-            served = ReplayForward(model.forward, {})
-            spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
+        left = left_the_pass(spec)
+        if left is not None:
+            parted = None if follow or plain is None else parted_before(spec, left, plain)
+            if parted is None:  # run it all in the simulator: every forward, past the bundle's own pick too
+                served = ReplayForward(model.forward, {})
+                spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
+            else:
+                spec = parted
+                check.note = (
+                    f"the loop stops at new token {left}: it parted from the CPU's tokens before, and past the "
+                    "bundle's own pick each forward would run in the simulator alone (follow_divergence)"
+                )
         check.replayed_forwards, check.simulator_forwards = served.served, served.ran
         model.unload()  # the CPU reference's decoded weights take the memory now
         cpu = plain or cpu_greedy_generate(model_dir, prompt_ids, max_new_tokens, chunk=limits, runtime=runtime)

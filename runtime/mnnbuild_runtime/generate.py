@@ -121,7 +121,7 @@ class GenerationResult:
     prompt: list[int]
     tokens: list[int]
     """The generated tokens only."""
-    stop_reason: str  # "max_new_tokens", "chunk_full", "stop_token" or (follow_draft) "draft_rejected"
+    stop_reason: str  # "max_new_tokens", "chunk_full", "stop_token", (follow_draft) "draft_rejected" or "cut"
     chunk: int
     step_seconds: list[float] = field(default_factory=list)
     top2_margins: list[float] = field(default_factory=list)

@@ -392,6 +392,23 @@ class SpeculativeResult:
         forwards = sum(r.forwards for r in counted)
         return sum(r.tokens for r in counted) / forwards if forwards else None
 
+    def cut(self, count: int) -> SpeculativeResult:
+        """The loop's first ``count`` tokens and the rounds that gave them (the last one cut where they end, and
+        marked so: `mean_accepted` leaves it out as it does a draft cut to the tokens left)."""
+        r = self.result
+        result = GenerationResult(r.prompt, r.tokens[:count], "cut", r.chunk, r.step_seconds[:count],
+                                  r.top2_margins[:count], r.rows[:count])  # fmt: skip
+        rounds: list[Round] = []
+        given = 0
+        for one in self.rounds:
+            if given >= count:
+                break
+            take = min(one.tokens, count - given)
+            rounds.append(one if take == one.tokens else Round(one.draft, min(one.accepted, take), take, one.forwards,
+                                                               cut=True))  # fmt: skip
+            given += take
+        return SpeculativeResult(result, rounds, self.draft_length)
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "tokens": self.result.tokens,
