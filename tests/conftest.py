@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -25,6 +26,16 @@ RunDoit = Callable[..., subprocess.CompletedProcess[str]]
 
 MODULE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "module_seconds.json").read_text())
 """Seconds each test module took in a whole run (`python -m tests.module_seconds JUNIT_XML` rewrites it)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C delivered as a user's terminal delivers it. A shell that starts the run in the background (``cmd &``,
+    ``nohup``) leaves SIGINT ignored, and an ignored signal stays ignored across exec: Python then installs no
+    KeyboardInterrupt handler in this process, the xdist workers or any doit the tests start, and the tests of
+    Ctrl-C fail for the launcher's reason. A handled signal is reset to the default on exec, so this reaches them
+    all."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
