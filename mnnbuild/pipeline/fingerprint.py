@@ -40,6 +40,7 @@ def _ours(name: str) -> bool:
     return any(name == p or name.startswith(p + ".") for p in PACKAGES)
 
 
+@functools.cache  # a doit start looks up the same names for every stage's closure
 def _module_file(name: str) -> Path | None:
     """The source file of an mnnbuild module, found on disk: ``importlib.util.find_spec`` would import the
     parent of a name such as ``mnnbuild.report.render.render_html`` (a function, not a module), and with it
