@@ -485,6 +485,22 @@ def test_chunk_limits_must_be_compiled_lengths(bundle_copy: Path, limits: list[i
         ),
         ("tie_embeddings", {"weight_offset": "1"}, "field 'tie_embeddings.weight_offset' must be an integer"),
         ("tie_embeddings", "yes", "field 'tie_embeddings' must be a list of 5 integers or an object, got 'yes'"),
+        (
+            "tie_embeddings",
+            [190794, 256330, 16384, 4, 0],
+            "field 'tie_embeddings': alpha_size 16384 fits neither 4096 (a scale) nor 8192 bytes (a scale and a bias) "
+            "for 1024 rows of 1 block(s) of quant_block 0",
+        ),
+        (
+            "tie_embeddings",
+            [190794, 256330, 16000, 4, 64],
+            "field 'tie_embeddings': alpha_size 16000 fits neither 8192 (a scale) nor 16384 bytes",
+        ),
+        (
+            "tie_embeddings",
+            {"weight_offset": 190794, "alpha_offset": 256330, "alpha_size": 16384, "quant_block": 64},
+            "field 'tie_embeddings.quant_bit' is missing; expected 2, 3, 4, 8 or 16",
+        ),
     ],
 )
 def test_llm_config_numbers_are_checked_not_converted(tmp_path: Path, field: str, value: object, expected: str) -> None:

@@ -701,6 +701,9 @@ def tie_embeddings(config: dict[str, Any], where: str | os.PathLike[str]) -> Tie
         fp16 = len(tie) > 5 and tie[5]
     elif isinstance(tie, dict):
         numbers = [_integer(tie.get(k, 0), f"{where}: field '{TIE_EMBEDDINGS}.{k}'") for k in _TIE_KEYS]
+        # MNN's engine reads a missing key as 0, which no tied model can mean for the bits
+        if "quant_bit" not in tie:
+            raise MNNFormatError(f"{where}: field '{TIE_EMBEDDINGS}.quant_bit' is missing; expected 2, 3, 4, 8 or 16")
         fp16 = tie.get("alpha_dtype", "fp32") == "fp16"
     else:
         raise MNNFormatError(f"{what} must be a list of 5 integers or an object, got {tie!r}")
@@ -712,6 +715,20 @@ def tie_embeddings(config: dict[str, Any], where: str | os.PathLike[str]) -> Tie
     if w_off and a_off <= w_off:
         raise MNNFormatError(f"{what}: alpha_offset {a_off} must follow weight_offset {w_off} (the codes end there)")
     return TieEmbeddings(w_off, a_off, a_size, bits, block, bool(fp16))
+
+
+def _check_scale_bytes(tie: TieEmbeddings, hidden: int, vocab: int, what: str) -> None:
+    """MNN's engine reads one scale per block of a row (quant_block 0: the whole row), or a scale and a bias:
+    alpha_size must be one of the two, else the rows decode with another row's scales (its check is an assert,
+    gone in a release build)."""
+    per_row = hidden // tie.block if tie.block else 1
+    one = per_row * vocab * (2 if tie.alpha_fp16 else 4)
+    if tie.alpha_size not in (one, 2 * one):
+        raise MNNFormatError(
+            f"{what}: alpha_size {tie.alpha_size} fits neither {one} (a scale) nor {2 * one} bytes (a scale and a "
+            f"bias) for {vocab} rows of {per_row} block(s) of quant_block {tie.block}; expected the sizes the "
+            "export wrote"
+        )
 
 
 def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
@@ -748,6 +765,8 @@ def embedding_info(model_dir: str | os.PathLike[str]) -> EmbeddingInfo:
             vocab = (a_off - w_off) // (2 * hidden) if a_off > w_off else 0
             return EmbeddingInfo(path, hidden, vocab, "fp16", w_off, a_off, a_size, 16, 0, a_fp16)
         vocab = (a_off - w_off) * 8 // bits // hidden
+        if w_off:
+            _check_scale_bytes(tie, hidden, vocab, f"{cfg_path}: field {TIE_EMBEDDINGS!r}")
         return EmbeddingInfo(path, hidden, vocab, "quant", w_off, a_off, a_size, bits, block, a_fp16)
     path = _model_file(model_dir, cfg, "embedding_file", DEFAULT_EMBEDDINGS)
     try:
