@@ -28,6 +28,7 @@ import argparse
 import compileall
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -140,6 +141,8 @@ def read_reference() -> dict[str, Any] | None:
     if reference is not None and not (
         isinstance(reference, dict)
         and isinstance(reference.get("ratio"), (int, float))
+        and not isinstance(reference["ratio"], bool)
+        and math.isfinite(reference["ratio"])  # JSON's Infinity would pass any chain as within the margin
         and reference["ratio"] > 0
         and isinstance(reference.get("commit"), str)
         and re.fullmatch(r"[0-9a-f]{7,40}", reference["commit"])

@@ -224,3 +224,22 @@ def test_conform_counts_are_checked_before_the_mnn_build(tmp_path: Path, flag: s
     assert run.returncode == 2
     assert re.search(f"argument {flag}: expected a whole number >= 1, got '?{re.escape(value)}'?$", run.stderr.strip())
     assert "Traceback" not in run.stderr and not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("ratio", ["Infinity", "NaN", "true", "-1", "0"])
+def test_the_chain_gates_stored_reference_must_be_a_finite_ratio(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ratio: str
+) -> None:
+    """chain.json's stored reference ratio is the gate's yardstick when no reference tree is given: JSON's Infinity
+    passed as a positive number and let any chain through, `true` passed as 1."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_chain.py"
+    spec = importlib.util.spec_from_file_location("bench_chain_under_test", path)
+    assert spec is not None and spec.loader is not None
+    bench_chain = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_chain)
+    (tmp_path / "chain.json").write_text(f'{{"reference": {{"ratio": {ratio}, "commit": "9f73eb1"}}}}')
+    monkeypatch.setattr(bench_chain, "RESULTS", tmp_path)
+    with pytest.raises(SystemExit, match="field 'reference' must hold a positive number 'ratio'"):
+        bench_chain.read_reference()
