@@ -9,6 +9,7 @@ import inspect
 import os
 import subprocess
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Annotated
@@ -43,10 +44,12 @@ STAGE_TABLE_END = "<!-- end of the stage table -->\n"
 def test_every_declaration_matches_its_entry_and_its_inputs() -> None:
     """Each stage's entry is ``(inputs: <Inputs>, params: <Params>, out_dir: Path) -> <Manifest>`` as declared, its
     Params function returns the declared Params, and every Inputs field is an upstream directory (a ``From``), a
-    coordinate the DAG fills, or set by the stage's ``fields_of``."""
+    coordinate the DAG fills, or set by the stage's ``fields_of``. Only those annotations are resolved: a further
+    keyword parameter may name a type imported for type checkers only (the partition's ``support``)."""
     for stage in STAGES:
-        hints = typing.get_type_hints(stage.entry)
         names = list(inspect.signature(stage.entry).parameters)[:3]
+        read = {n: a for n, a in stage.entry.__annotations__.items() if n in (*names, "return")}
+        hints = typing.get_type_hints(types.SimpleNamespace(__annotations__=read), stage.entry.__globals__)
         assert [hints[n] for n in names] == [stage.inputs, stage.params, Path], stage.name
         assert hints["return"] is stage.manifest and stage.manifest.stage == stage.name
         assert typing.get_type_hints(stage.params_of)["return"] is stage.params, stage.name

@@ -9,8 +9,12 @@ the error is held to the absolute floor alone; a relative error is meaningless t
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class Tolerance(BaseModel):
@@ -82,6 +86,8 @@ NON_FINITE_REFERENCE = "the reference (MNN CPU) itself has"
 
 def compare(name: str, got: np.ndarray, ref: np.ndarray, tol: Tolerance, qnn_name: str | None = None) -> TensorCheck:
     """Compare ``got`` with ``ref`` (same element count; reshaped to ``ref``'s shape) in float64."""
+    import numpy as np
+
     ref = np.asarray(ref)
     got = np.asarray(got)
     shape = [int(d) for d in ref.shape]

@@ -7,8 +7,6 @@ import os
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
-from tqdm import tqdm
-
 from mnnbuild.base.errors import SettingsError
 from mnnbuild.base.native import CurrentStderr
 
@@ -46,6 +44,8 @@ def configure_logging(level: str | None = None, default: str = "INFO") -> None:
 def progress(items: Iterable[T] | None = None, *, desc: str, total: int | None = None, unit: str = "it") -> Any:
     """A tqdm bar over ``items`` (or one to ``update`` by hand) for work that runs long at real size: on a terminal
     only, and not when mnnbuild logs below INFO (``-q``); it disappears when done (the task's line stays)."""
+    from tqdm import tqdm  # here, not at the top: a doit start that runs nothing long never loads it
+
     quiet = not logging.getLogger("mnnbuild").isEnabledFor(logging.INFO)
     return tqdm(
         items, desc=desc, total=total, unit=unit, leave=False, disable=True if quiet else None, file=CurrentStderr()

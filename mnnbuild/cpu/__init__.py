@@ -8,14 +8,16 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.base.fsutil import check_free_space, remove_stale_temps, temp_path
 from mnnbuild.base.native import native_output
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 class CpuRuntime(BaseModel):
@@ -83,6 +85,8 @@ def llm_engine_greedy(
     """``n`` greedy tokens of the model ``config`` describes from PyPI MNN's LLM engine (``MNN.llm``, the engine
     ``llm_demo`` runs: one prefill of the prompt, then one decode step per token against its KV cache), with
     ``settings`` over the config's. ``rows``: each token's logits row (float32) is appended to it."""
+    import numpy as np
+
     import_mnn()
     with native_output(f"MNN's LLM engine ({config})"):
         import MNN.llm  # never MNN.tools
@@ -120,13 +124,18 @@ def load_module(model: Path, rt: Any, inputs: Sequence[str] = (), outputs: Seque
         ) from None
 
 
-_DTYPES = {
-    np.dtype(np.float32): "float",
-    np.dtype(np.int32): "int",
-    np.dtype(np.int64): "int64",
-    np.dtype(np.uint8): "uint8",
-    np.dtype(np.int8): "int8",
-}
+@functools.cache
+def _dtypes() -> dict[np.dtype, str]:
+    """MNN's name of each dtype a Var holds (made on first use: numpy is imported where arrays are made)."""
+    import numpy as np
+
+    return {
+        np.dtype(np.float32): "float",
+        np.dtype(np.int32): "int",
+        np.dtype(np.int64): "int64",
+        np.dtype(np.uint8): "uint8",
+        np.dtype(np.int8): "int8",
+    }
 
 
 def forward_vars(module: Any, variables: Sequence[Any]) -> list[Any]:
@@ -138,10 +147,12 @@ def forward_vars(module: Any, variables: Sequence[Any]) -> list[Any]:
 
 def to_var(array: np.ndarray, name: str | None = None, nhwc: bool = False) -> Any:
     """A constant MNN Var holding ``array`` (float32 or int32), optionally named."""
+    import numpy as np
+
     F = import_mnn().expr
     shape = list(np.shape(array))  # before ascontiguousarray, which makes a 0-d array (a scalar) 1-d
     array = np.ascontiguousarray(array)
-    dtype = getattr(F, _DTYPES[array.dtype])
+    dtype = getattr(F, _dtypes()[array.dtype])
     var = F.const(array, shape, F.NHWC if nhwc else F.NCHW, dtype)
     if name is not None:
         var.name = name
@@ -158,6 +169,8 @@ def to_numpy(var: Any) -> np.ndarray:
 
     ``read()`` alone returns NC4HW4 data still packed in blocks of four channels.
     """
+    import numpy as np
+
     if var_format(var) == NC4HW4:
         F = import_mnn().expr
         var = F.convert(var, F.NCHW)
@@ -233,6 +246,8 @@ class BoundaryValue:
 
     def as_array(self) -> np.ndarray:
         """The dense logical-NCHW array a plugin reads (the kernel's ``Tensor::CAFFE`` copy)."""
+        import numpy as np
+
         if self._array is None:
             var = self._var
             if var_format(var) != NCHW:

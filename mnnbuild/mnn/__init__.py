@@ -34,57 +34,63 @@ are attributes of ``schema`` (the generated module). Every read error is ``MNNFo
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from mnnbuild.base.errors import MNNFormatError
-from mnnbuild.mnn._generated import mnn_fb as schema
-from mnnbuild.mnn.model import (
-    DATA_FORMATS,
-    DATA_TYPES,
-    OP_TYPE_NAMES,
-    OP_TYPES,
-    PARAM_TYPES,
-    MnnModel,
-    Op,
-    attribute_value,
-    blob_format,
-    enum_name,
-    get_field,
-    load_model,
-    make_attribute,
-    make_blob,
-    make_plugin_op,
-    parse_model,
-    plugin_attributes,
-    save_model,
-    serialize_model,
-)
-from mnnbuild.mnn.strip import KeptBlock, WeightPlan, plan_weights, relocate_model, write_weights
-from mnnbuild.mnn.summary import input_dtypes, summarize
-from mnnbuild.mnn.weights import (
-    ConvCodes,
-    ConvWeights,
-    EmbeddingInfo,
-    QuantInfo,
-    QuantizedLinear,
-    TieEmbeddings,
-    WeightFile,
-    WeightRange,
-    check_conv_scales,
-    check_weight_ranges,
-    conv_codes,
-    conv_ops,
-    conv_stored_bytes,
-    decode_conv,
-    embedding_info,
-    external_ranges,
-    external_tables,
-    iter_conv_weights,
-    quantize_blocks,
-    quantize_linear,
-    read_embeddings,
-    tie_embeddings,
-    unpack_codes,
-    weight_path_for,
-)
+
+if TYPE_CHECKING:
+    from mnnbuild.mnn._generated import mnn_fb as schema
+    from mnnbuild.mnn.model import (
+        DATA_FORMATS,
+        DATA_TYPES,
+        OP_TYPE_NAMES,
+        OP_TYPES,
+        PARAM_TYPES,
+        MnnModel,
+        Op,
+        attribute_value,
+        blob_format,
+        enum_name,
+        get_field,
+        load_model,
+        make_attribute,
+        make_blob,
+        make_plugin_op,
+        parse_model,
+        plugin_attributes,
+        save_model,
+        serialize_model,
+    )
+    from mnnbuild.mnn.strip import KeptBlock, WeightPlan, plan_weights, relocate_model, write_weights
+    from mnnbuild.mnn.summary import input_dtypes, summarize
+    from mnnbuild.mnn.weights import (
+        ConvCodes,
+        ConvWeights,
+        EmbeddingInfo,
+        QuantInfo,
+        QuantizedLinear,
+        TieEmbeddings,
+        WeightFile,
+        WeightRange,
+        check_conv_scales,
+        check_weight_ranges,
+        conv_codes,
+        conv_ops,
+        conv_stored_bytes,
+        decode_conv,
+        embedding_info,
+        external_ranges,
+        external_tables,
+        iter_conv_weights,
+        quantize_blocks,
+        quantize_linear,
+        read_embeddings,
+        tie_embeddings,
+        unpack_codes,
+        weight_path_for,
+    )
+
 
 __all__ = [
     "DATA_FORMATS",
@@ -140,3 +146,21 @@ __all__ = [
     "weight_path_for",
     "write_weights",
 ]
+
+_SOURCES = ("model", "strip", "summary", "weights")
+"""The modules the API's names come from (``schema`` aside): imported when a name of theirs is first used, so that
+importing a module of this package for its conventions (`mnnbuild.mnn.llm`: file names, inputs) loads neither
+flatbuffers nor numpy (a doit start only declares tasks)."""
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the API, imported on first use and then kept as this module's attribute."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name == "schema":
+        value: Any = importlib.import_module(f"{__name__}._generated.mnn_fb")
+    else:
+        found = (importlib.import_module(f"{__name__}.{source}") for source in _SOURCES)
+        value = next(getattr(module, name) for module in found if hasattr(module, name))
+    globals()[name] = value
+    return value

@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from mnnbuild.base.errors import MNNFormatError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MODEL_CONFIG = "config.json"
 """The model directory's engine config (``llm_model``, ``llm_weight``, ``tokenizer_file``...)."""
@@ -34,6 +35,8 @@ DEEPSTACK_INPUT = "deepstack_embeds"
 def causal_mask(seq: int) -> np.ndarray:
     """``attention_mask`` for ``seq`` rows: ``[1,1,seq,seq]`` float, 0 on and below the diagonal, the lowest float
     above it."""
+    import numpy as np
+
     mask = np.triu(np.full((seq, seq), np.finfo(np.float32).min, dtype=np.float32), k=1)
     return mask.reshape(1, 1, seq, seq)
 
@@ -65,6 +68,8 @@ def windowed_mask(mask: np.ndarray, window: int | None) -> np.ndarray:
     ``[2,1,1,seq,kv]``, the mask itself for the full-attention layers and, for the sliding ones, the mask with the
     keys ``window`` or more positions behind each row's query hidden too (the query of row ``i`` is position
     ``i + kv - seq``). A mask already in two parts is returned as it is."""
+    import numpy as np
+
     if window is None or mask.ndim == 5:
         return mask
     rows, keys = mask.shape[-2:]
@@ -120,6 +125,8 @@ def read_draft_map(path: Path) -> np.ndarray:
     """``eagle_d2t``'s draft-id -> target-id offsets (target id = ``d + d2t[d]``), read from the file's flatbuffer,
     which must hold one int32 tensor: MNN's ``Variable::load`` crashes (SIGSEGV) on an empty or truncated file, and
     the engine indexes the tensor unchecked."""
+    import numpy as np
+
     from mnnbuild.mnn._generated import mnn_fb as fb  # the schema: only here
     from mnnbuild.mnn.model import load_model
 

@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
@@ -97,6 +96,8 @@ def check_draft_file(model_dir: Path, field: str, name: str) -> None:
     inputs and give the outputs the engine loads it with, and its weight file (when it has one) cover what it reads;
     ``eagle_d2t`` must hold one int32 tensor mapping every draft id to a target id of the model's embeddings. MNN
     crashed (SIGSEGV) on an empty or truncated d2t, and io blamed llm.mnn for it."""
+    import numpy as np
+
     from mnnbuild.mnn import check_weight_ranges, embedding_info, load_model  # the schema: only here
 
     path = Path(model_dir) / name

@@ -9,11 +9,12 @@ random (seeded): the io stage's reference samples and ``models/export/check_mode
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from mnnbuild.model.spec import VISUAL_ENCODERS, ImageSize
+
+if TYPE_CHECKING:
+    import numpy as np
 
 WINDOW = 4
 """Qwen2.5-VL's window side in merged tokens (112 px at patch 14, merge 2)."""
@@ -21,12 +22,16 @@ WINDOW = 4
 
 def merge_order(grid_h: int, grid_w: int, merge: int) -> np.ndarray:
     """Row-major patch (i, j) -> its row in the encoder input, where each merge x merge block is contiguous."""
+    import numpy as np
+
     i, j = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
     return ((i // merge) * (merge * grid_w) + (j // merge) * merge * merge + (i % merge) * merge + (j % merge)).ravel()
 
 
 def patch_positions(grid_h: int, grid_w: int, merge: int) -> np.ndarray:
     """``position_ids`` [2, seq]: each patch's (row, column), in merge-block order."""
+    import numpy as np
+
     positions = np.zeros((2, grid_h * grid_w), np.int32)
     order = merge_order(grid_h, grid_w, merge)
     i, j = np.meshgrid(np.arange(grid_h), np.arange(grid_w), indexing="ij")
@@ -37,6 +42,8 @@ def patch_positions(grid_h: int, grid_w: int, merge: int) -> np.ndarray:
 
 def windows(grid_h: int, grid_w: int, merge: int, window: int) -> tuple[np.ndarray, list[int]]:
     """Qwen2.5-VL window attention: merged tokens regrouped window by window, and each window's token count."""
+    import numpy as np
+
     rows, cols = grid_h // merge, grid_w // merge
     index: list[int] = []
     counts: list[int] = []
@@ -52,6 +59,8 @@ def windows(grid_h: int, grid_w: int, merge: int, window: int) -> tuple[np.ndarr
 
 def bilinear_corners(grid_h: int, grid_w: int, merge: int, side: int) -> tuple[np.ndarray, np.ndarray]:
     """Qwen3-VL: the 4 learned position embeddings (of a side x side table) around each patch, and their weights."""
+    import numpy as np
+
     ys = np.linspace(0, side - 1, grid_h, dtype=np.float32)
     xs = np.linspace(0, side - 1, grid_w, dtype=np.float32)
     y0, x0 = ys.astype(np.int32), xs.astype(np.int32)
@@ -69,6 +78,8 @@ def bilinear_corners(grid_h: int, grid_w: int, merge: int, side: int) -> tuple[n
 
 def position_table_side(llm_config: Mapping[str, Any]) -> int:
     """Qwen3-VL's learned position table side (``num_grid_per_side``, else the root of ``num_position_embeddings``)."""
+    import numpy as np
+
     side = int(llm_config.get("num_grid_per_side", 0) or 0)
     return side or int(round(np.sqrt(llm_config["num_position_embeddings"])))
 
@@ -76,6 +87,8 @@ def position_table_side(llm_config: Mapping[str, Any]) -> int:
 def visual_inputs(kind: str, size: ImageSize, llm_config: Mapping[str, Any], seed: int) -> dict[str, np.ndarray]:
     """Encoder inputs for one image size, shaped by ``VisualEncoder.input_shapes``, in ``visual.mnn``'s order; the
     pixels are seeded by (seed, patch count), so each size is reproducible."""
+    import numpy as np
+
     encoder = VISUAL_ENCODERS[kind]
     shapes = encoder.input_shapes(size)
     grid_h, grid_w = size.grid(encoder)

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from mnnbuild.base.errors import ForeignModelError, UpstreamError
 from mnnbuild.base.fsutil import confined
 from mnnbuild.cpu import load_vars
-from mnnbuild.mnn import MnnModel
 
 # the naming rules live in the artifact layout; re-exported for the partition's modules
 from mnnbuild.pipeline.layout import FOLDED_VALUES as FOLDED_VALUES
@@ -27,6 +25,11 @@ from mnnbuild.pipeline.layout import REFERENCE_INPUT as REFERENCE_INPUT
 from mnnbuild.pipeline.layout import REFERENCE_OUTPUT as REFERENCE_OUTPUT
 from mnnbuild.pipeline.layout import binary_path as binary_path
 from mnnbuild.pipeline.layout import graph_name as graph_name
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mnnbuild.mnn import MnnModel
 
 INLINE_VALUES_MAX = 256
 """Folded values up to this many elements are written into graph.json too (all are in folded.mnn)."""
@@ -165,6 +168,8 @@ class SubgraphRecord(BaseModel):
 def _load_tensors(path: Path, specs: Sequence[TensorSpec]) -> list[np.ndarray]:
     """The arrays of ``specs`` from an MNN variable file the partition wrote, with their exact shapes (an older
     file stores a scalar as shape [1]); a missing or misshaped one is an ``UpstreamError`` naming the file."""
+    import numpy as np
+
     arrays = load_vars(path) if path.is_file() else None
     if arrays is None:
         raise UpstreamError(f"{path}: missing; run the partition stage")

@@ -41,6 +41,17 @@ COORDINATES = ("model", "target", "binary", "graphs")
 plugin's binary and graph dirs."""
 
 
+def _entry_hints(entry: Callable[..., Any]) -> dict[str, Any]:
+    """The resolved annotations of an entry's ``(inputs, params, out_dir)`` and return, the ones a declaration reads.
+
+    Only those: a further keyword parameter may name a type imported for type checkers only (the partition's
+    ``support``, the QNN lowering's op check, whose module loads numpy and flatbuffers when the stage runs, not at
+    every doit start)."""
+    read = {*list(inspect.signature(entry).parameters)[:3], "return"}
+    own = {name: hint for name, hint in getattr(entry, "__annotations__", {}).items() if name in read}
+    return typing.get_type_hints(types.SimpleNamespace(__annotations__=own), globalns=getattr(entry, "__globals__", {}))
+
+
 @dataclass(frozen=True)
 class From:
     """An Inputs field's annotation: the field holds the directory of the upstream stage that writes ``upstream``
@@ -259,7 +270,7 @@ class Stage:
         """What a declaration leaves out, from its entry's annotations ``(inputs, params, out_dir) -> manifest``."""
         where = f"stage {self.name or '?'}: entry {self.entry.__qualname__}"
         try:
-            hints = typing.get_type_hints(self.entry)
+            hints = _entry_hints(self.entry)
         except NameError as exc:
             raise TypeError(f"{where}: its annotations do not resolve ({exc})") from None
         names = list(inspect.signature(self.entry).parameters)[:2]
@@ -281,7 +292,7 @@ class Stage:
         ``params_of`` returns the declared Params (when annotated)."""
         where = f"stage {self.name}: entry {self.entry.__qualname__}"
         try:
-            hints = typing.get_type_hints(self.entry)
+            hints = _entry_hints(self.entry)
         except NameError as exc:
             raise TypeError(f"{where}: its annotations do not resolve ({exc})") from None
         parameters = list(inspect.signature(self.entry).parameters.values())

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mnnbuild.base.fsutil import confined, staged_dir
 from mnnbuild.manifests.fetch import FetchManifest
@@ -22,9 +22,9 @@ from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.manifests.plugin import PluginInputs, PluginParams, plugin_part, plugin_sources
 from mnnbuild.pipeline.manifest import Manifest, record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At
-from mnnbuild.plugin.compose import compose_checked
-from mnnbuild.plugin.lowered import MERGE_FIELD, PluginGraphs
-from mnnbuild.qnn import BinaryInfo, QnnLibrary, QnnVersion
+
+if TYPE_CHECKING:
+    from mnnbuild.qnn import BinaryInfo, QnnVersion
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,10 @@ def build_plugin_binary(
     """Compose ``inputs.graphs`` into ``out_dir / file`` for ``params.soc`` (``weight_sharing``: with shared weights)
     and check it through its binary info; ``out_dir`` gets it and ``manifest`` of it, atomically. A lowering or QNN
     error names ``what``."""
+    from mnnbuild.plugin.compose import compose_checked
+    from mnnbuild.plugin.lowered import MERGE_FIELD, PluginGraphs
+    from mnnbuild.qnn import QnnLibrary
+
     fetch = inputs.manifest(FetchManifest, inputs.model_dir)
     partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
     lib = QnnLibrary()

@@ -5,13 +5,15 @@ as MNN's engine feeds them."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import numpy as np
+from typing import TYPE_CHECKING, TypeAlias
 
 from mnnbuild.manifests.io import DECODE_SEQ
 from mnnbuild.mnn.llm import DEEPSTACK_INPUT, engine_mask
 
-Feed = dict[str, np.ndarray]
+if TYPE_CHECKING:
+    import numpy as np
+
+Feed: TypeAlias = "dict[str, np.ndarray]"  # a string: numpy is imported where arrays are made
 
 IMAGE_GRID = (2, 3)
 """The merged-token grid (rows, columns) of the stand-in image in a VL prefill sample."""
@@ -24,6 +26,8 @@ def mrope_positions(seq_len: int, rows: int) -> tuple[np.ndarray, slice]:
     in every row; when the sample has room, tokens ``1 ..`` are an image of :data:`IMAGE_GRID` merged tokens,
     which all share the time position and take their grid row and column in the other rows, and the text after it
     goes on from the largest position used (the scheme Qwen2-VL's rope index follows)."""
+    import numpy as np
+
     grid_h, grid_w = IMAGE_GRID
     start, count = 1, grid_h * grid_w
     if rows == 1 or seq_len <= start + count:
@@ -69,6 +73,8 @@ def make_inputs(
     and Qwen3-VL's ``deepstack_embeds`` (``[3, seq, hidden]``: what MNN's runtime feeds, the stand-in image's
     rows random, the text's zero). ``window``: the sliding window of a model mixing full and sliding attention
     (:func:`mnnbuild.mnn.llm.attention_window`), whose mask the engine builds in two parts."""
+    import numpy as np
+
     declared = declared or {}
     rng = np.random.default_rng([seed, seq_len])
     rows = declared.get("position_ids", [1])[0]

@@ -27,18 +27,15 @@ import multiprocessing
 import signal
 from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from mnnbuild.base.child import Child
 from mnnbuild.base.errors import ChildDiedError, MNNFormatError, ModelDirError
 from mnnbuild.base.fsutil import staged_dir
 from mnnbuild.base.logs import progress
 from mnnbuild.cpu import save_vars, to_numpy
-from mnnbuild.cpu.segments import iter_segmented
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import DECODE_SEQ, IoInputs, IoManifest, IoParams, IoSample, TensorInfo
-from mnnbuild.mnn import load_model
 from mnnbuild.mnn.llm import MODEL_CONFIG, attention_window
 from mnnbuild.model.modeldir import (
     LLM_CONFIG,
@@ -50,15 +47,10 @@ from mnnbuild.model.spec import VISUAL, VISUAL_ENCODERS, ImageSize, ModelSpec
 from mnnbuild.pipeline.layout import REFERENCE_INPUT, REFERENCE_OUTPUT, TESTDIR, testdir
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
-from mnnbuild.samples.checks import (
-    check_mask,
-    check_model_bounds,
-    check_prompt_fits,
-    check_verify_length,
-    visual_feed,
-    warn_zero_epsilon,
-)
 from mnnbuild.samples.inputs import LAST_ROW, Feed, make_inputs, whole_blocks
+
+if TYPE_CHECKING:
+    import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +95,19 @@ def _model_file(inputs: IoInputs, params: IoParams) -> Path:
 
 def _generate_io(_channel: object, inputs: IoInputs, params: IoParams, tmp: Path) -> IoManifest:
     """:func:`generate_io`'s work in its child, written into the staged directory ``tmp``."""
+    import numpy as np
+
+    from mnnbuild.cpu.segments import iter_segmented
+    from mnnbuild.mnn import load_model
+    from mnnbuild.samples.checks import (
+        check_mask,
+        check_model_bounds,
+        check_prompt_fits,
+        check_verify_length,
+        visual_feed,
+        warn_zero_epsilon,
+    )
+
     model_dir = Path(inputs.model_dir)
     fetched = inputs.manifest(FetchManifest, model_dir)
     part = chain_part(fetched.part, params.part)

@@ -18,24 +18,26 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from mnnbuild.base.fsutil import staged_dir
 from mnnbuild.base.logs import progress
-from mnnbuild.lowering.graph import GRAPH_JSON, write_graph_dir
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.modellib import LoweredRecord, ModellibInputs, ModellibManifest, ModellibParams
 from mnnbuild.manifests.partition import PartitionManifest, PluginRecord
-from mnnbuild.mnn import MnnModel, load_model
-from mnnbuild.mnn.weights import WeightFile
 from mnnbuild.model.modeldir import chain_part
 from mnnbuild.model.npu_weights import NpuWeights
 from mnnbuild.model.spec import VISUAL, ModelSpec
+from mnnbuild.pipeline.layout import GRAPH_FILE as GRAPH_JSON
 from mnnbuild.pipeline.layout import QNN_DIR
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
-from mnnbuild.plugin.lowered import lower_plugin, source_model
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mnnbuild.mnn import MnnModel
+    from mnnbuild.mnn.weights import WeightFile
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,9 @@ def _lower_plugin(
 ) -> tuple[list[LoweredRecord], int]:
     """Lower one plugin's graphs (decode, then each prefill length) into ``dest_root``; returns their records and
     the bytes of weights the later graphs link from the first instead of writing again."""
+    from mnnbuild.lowering.graph import write_graph_dir
+    from mnnbuild.plugin.lowered import lower_plugin
+
     records: list[LoweredRecord] = []
     first: tuple[Path, dict[str, np.ndarray]] | None = None
     saved = 0
@@ -82,6 +87,10 @@ def _lower_plugin(
 
 def build_modellib(inputs: ModellibInputs, params: ModellibParams, out_dir: Path) -> ModellibManifest:
     """Lower each graph of the partition; errors name the graph and the MNN op."""
+    from mnnbuild.mnn import load_model
+    from mnnbuild.mnn.weights import WeightFile
+    from mnnbuild.plugin.lowered import source_model
+
     partition = inputs.manifest(PartitionManifest, inputs.partition_dir)
     # the language model's (or only) graph as fetch recorded it, or a VL model's encoder
     part = chain_part(inputs.manifest(FetchManifest, Path(inputs.model_dir)).part, partition.params.part)

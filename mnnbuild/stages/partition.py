@@ -30,14 +30,11 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from mnnbuild.base.errors import MNNFormatError, StageError, UpstreamError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.cpu import load_vars
-from mnnbuild.lowering.support import SupportCheck, unsupported_reason
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest
 from mnnbuild.manifests.partition import (
@@ -48,20 +45,8 @@ from mnnbuild.manifests.partition import (
     partition_plugins,
     read_merge,
 )
-from mnnbuild.mnn import MnnModel, load_model, save_model
 from mnnbuild.model.modeldir import chain_part
 from mnnbuild.model.spec import VISUAL, ModelSpec
-from mnnbuild.partition.cut import plan_cut
-from mnnbuild.partition.describe import build_report, format_report
-from mnnbuild.partition.graphs import (
-    Split,
-    plugin_attributes,
-    run_samples,
-    split_convolutions,
-)
-from mnnbuild.partition.records import PartitionReport
-from mnnbuild.partition.rewrite import rewrite_model
-from mnnbuild.partition.strip import strip_weights
 from mnnbuild.pipeline.layout import (
     LOWERING_SOURCE,
     PARTITION_REPORT_JSON,
@@ -77,6 +62,12 @@ from mnnbuild.pipeline.layout import (
 )
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Ending, FanOut, Stage
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from mnnbuild.lowering.support import SupportCheck
+    from mnnbuild.mnn import MnnModel
 
 log = logging.getLogger(__name__)
 
@@ -143,11 +134,22 @@ def partition(
     params: PartitionParams,
     out_dir: Path,
     *,
-    support: SupportCheck = unsupported_reason,
+    support: SupportCheck | None = None,
 ) -> PartitionManifest:
     """Cut the model, run every subgraph on both samples, write the Plugin model and graph dirs.
 
-    ``support`` is the QNN lowering's op check (replaceable in tests)."""
+    ``support`` is the QNN lowering's op check (replaceable in tests; None: `unsupported_reason`)."""
+    from mnnbuild.lowering.support import unsupported_reason
+    from mnnbuild.mnn import load_model, save_model
+    from mnnbuild.partition.cut import plan_cut
+    from mnnbuild.partition.describe import build_report, format_report
+    from mnnbuild.partition.graphs import Split, plugin_attributes, run_samples, split_convolutions
+    from mnnbuild.partition.rewrite import rewrite_model
+    from mnnbuild.partition.strip import strip_weights
+
+    if support is None:
+        support = unsupported_reason
+
     model_dir, io_dir = Path(inputs.model_dir), Path(inputs.io_dir)
     fetched = inputs.manifest(FetchManifest, model_dir)
     io = inputs.manifest(IoManifest, io_dir)
@@ -275,6 +277,8 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 def cpu_summary(out_dir: Path) -> str | None:
     """The run's ending on a partition it touched: its plugins and the CPU's share of the weights."""
+    from mnnbuild.partition.records import PartitionReport
+
     try:
         report = PartitionReport.model_validate_json((out_dir / PARTITION_REPORT_JSON).read_text(encoding="utf-8"))
     except (OSError, ValueError):

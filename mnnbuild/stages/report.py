@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
@@ -27,16 +28,15 @@ from mnnbuild.manifests.twin import TwinManifest
 from mnnbuild.manifests.verify import VerifyManifest
 from mnnbuild.model.npu_weights import WeightNote
 from mnnbuild.model.spec import ModelSpec
-from mnnbuild.partition.records import PartitionReport, SubgraphRecord
 from mnnbuild.pipeline.layout import PARTITION_REPORT_JSON as PARTITION_JSON
 from mnnbuild.pipeline.layout import QNN_DIR, REPORT_PAGE, plugin_context_dir
 from mnnbuild.pipeline.layout import VERIFY_REPORT_JSON as VERIFY_JSON
 from mnnbuild.pipeline.manifest import FileRecord, Manifest, record_outputs, tool_versions
 from mnnbuild.pipeline.origin import read_origin
 from mnnbuild.pipeline.stage import At, Ending, Stage
-from mnnbuild.report import OpCell, ReportData, StageCost, renderer_fingerprint
-from mnnbuild.report.data import op_strip
-from mnnbuild.verify.verdict import VerifyReport
+
+if TYPE_CHECKING:
+    from mnnbuild.report import ReportData, StageCost
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,8 @@ def _read_json_model(path: Path, model: type[BaseModel], what: str) -> BaseModel
 
 
 def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run: object) -> StageCost:
+    from mnnbuild.report import StageCost
+
     origin = read_origin(stage_dir, stage)
     outputs: list[FileRecord] = []
     try:
@@ -77,6 +79,11 @@ def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run
 def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> ReportData:
     """Everything the page shows, read from the stage dirs; bad or missing records name their file. Paths on the
     page are relative to ``page_dir`` (where it goes): right in any artifact root it is restored into."""
+    from mnnbuild.partition.records import PartitionReport, SubgraphRecord
+    from mnnbuild.report import OpCell, ReportData
+    from mnnbuild.report.data import op_strip
+    from mnnbuild.verify.verdict import VerifyReport
+
     verify_dir = Path(inputs.verify_dir)
     verify_report = _read_json_model(verify_dir / VERIFY_JSON, VerifyReport, VERIFY_JSON)
     assert isinstance(verify_report, VerifyReport)
@@ -168,6 +175,8 @@ def describe(spec: ModelSpec, at: At) -> str:
 
 def renderer_versions() -> dict[str, str]:
     """The template and the libraries that draw the page are not Python modules of ours: keyed explicitly."""
+    from mnnbuild.report import renderer_fingerprint
+
     return {"report_renderer": renderer_fingerprint()}
 
 
