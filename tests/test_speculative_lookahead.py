@@ -79,12 +79,12 @@ def test_the_drafter_follows_the_engines_rules() -> None:
 
 def test_lookahead_settings_come_from_the_config(tmp_path: Path) -> None:
     config = {"llm_model": "llm.mnn", "speculative_type": "lookahead", "ngram_match_maxlen": 3,
-              "draft_selection_rule": "fcfs", "ngram_update": True, "draft_match_strictness": "odd"}  # fmt: skip
+              "draft_selection_rule": "fcfs", "ngram_update": True, "draft_match_strictness": "medium"}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "lookup_file.txt").write_text("prior text")
     got = LookaheadSettings.of(tmp_path / "config.json")
     assert (got.max_key, got.rule, got.update, got.draft_length) == (3, "fcfs", True, 3)
-    assert got.strictness == "low"  # the engine warns on an unknown one and runs its default
+    assert got.strictness == "medium"  # an unknown one is refused (test_untried_faults.py)
     assert got.lookup_file == tmp_path / "lookup_file.txt"
     (tmp_path / "config.json").write_text(json.dumps({**config, "ngram_match_maxlen": 9}))
     with pytest.raises(BundleError) as exc:

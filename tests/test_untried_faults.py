@@ -4,6 +4,7 @@ hang or a wrong file blamed, and is now one line naming the file and field, or r
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -243,3 +244,135 @@ def test_the_chain_gates_stored_reference_must_be_a_finite_ratio(
     monkeypatch.setattr(bench_chain, "RESULTS", tmp_path)
     with pytest.raises(SystemExit, match="field 'reference' must hold a positive number 'ratio'"):
         bench_chain.read_reference()
+
+
+# ---- lookahead's settings and lookup file ------------------------------------------------------------
+
+TRAINED_DIR = TINY_MODEL_DIR.parent / "tiny-qwen3-trained"
+STRICTNESS = "must be one of 'low', 'medium', 'high' (MNN's engine runs its default 'low' for anything else)"
+RULE = "must be one of 'freqxlen', 'fcfs' (MNN's engine runs its default 'freqxlen' for anything else)"
+KEY = "must be a positive int and at most 8 (the engine's longest key)"
+LOOKAHEAD_FAULTS = [
+    ("draft_match_strictness", "odd", STRICTNESS),
+    ("draft_match_strictness", "HIGH", STRICTNESS),
+    ("draft_match_strictness", None, STRICTNESS),
+    ("draft_selection_rule", "FCFS", RULE),
+    ("draft_selection_rule", 1, RULE),
+    ("ngram_match_maxlen", True, KEY),
+    ("ngram_match_maxlen", 0, KEY),
+    ("ngram_match_maxlen", 10**12, KEY),
+    ("ngram_match_maxlen", "4", KEY),
+    ("ngram_update", 1, "must be true or false"),
+    ("ngram_update", None, "must be true or false"),
+]
+DRAFT_LENGTH_FAULTS = [("draft_predict_length", v, "must be a positive integer at most 64") for v in (10**12, 65)]
+"""Read from the config alone, as every reader of it does (an ``llm_config.json`` one is under Not checked)."""
+
+
+def _lookahead_model(tmp_path: Path, config_name: str, llm: dict[str, object], **config: object) -> Path:
+    """The trained tiny model set to lookahead, ``config`` in ``config_name`` and ``llm`` in ``llm_config.json``."""
+    model = _model_copy(tmp_path, TRAINED_DIR)
+    settings = {**json.loads((model / "config.json").read_text()), "speculative_type": "lookahead", **config}
+    (model / config_name).write_text(json.dumps(settings))
+    llm_path = model / "llm_config.json"
+    llm_path.write_text(json.dumps({**json.loads(llm_path.read_text()), **llm}))
+    return model
+
+
+def _lookahead_problem(model: Path, side: str, links: bool = False) -> str:
+    """The one line fetch (``build``: the model dir's config.json) or the runtime (its config_qnn.json) says."""
+    from mnnbuild_runtime import BundleError
+    from mnnbuild_runtime.lookahead import LookaheadSettings
+
+    error = ModelDirError if side == "build" else BundleError
+    with pytest.raises(error) as info:
+        if side == "build":
+            _resolve(model)
+        else:
+            LookaheadSettings.of(model / "config_qnn.json", links=links)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("side", ["build", "runtime"])
+@pytest.mark.parametrize(
+    ("field", "value", "rule", "in_llm_config"),
+    [(*fault, False) for fault in LOOKAHEAD_FAULTS + DRAFT_LENGTH_FAULTS] + [(*f, True) for f in LOOKAHEAD_FAULTS],
+    ids=[f"config.json:{f}={v!r}" for f, v, _ in LOOKAHEAD_FAULTS + DRAFT_LENGTH_FAULTS]
+    + [f"llm_config.json:{f}={v!r}" for f, v, _ in LOOKAHEAD_FAULTS],
+)
+def test_lookahead_settings_the_engine_cannot_run_are_one_line(
+    tmp_path: Path, side: str, field: str, value: object, rule: str, in_llm_config: bool
+) -> None:
+    """fetch took every lookahead setting as it came and the config stage shipped it (`ngram_match_maxlen` 10^12
+    overruns the engine's 8-key array, a misspelt rule ran the default while the bundle said otherwise, a
+    `draft_predict_length` of 10^12 never ended the runtime's draft loop); the runtime ran an unknown strictness or
+    rule as the default and never looked at `llm_config.json`, whose fields win in the engine."""
+    config_name = "config.json" if side == "build" else "config_qnn.json"
+    overrides = {field: value}
+    model = _lookahead_model(tmp_path, config_name, overrides if in_llm_config else {},
+                             **({} if in_llm_config else overrides))  # fmt: skip
+    where = model / ("llm_config.json" if in_llm_config else config_name)
+    assert _lookahead_problem(model, side) == f"{where}: field {field!r} {rule}, got {value!r}"
+
+
+def test_the_bundle_says_the_lookahead_settings_the_engine_runs(tmp_path: Path) -> None:
+    """MNN's engine merges `llm_config.json` into the config, so its `ngram_match_maxlen` wins: config_qnn.json
+    said config.json's (the engine's default 4) while the engine ran 2."""
+    from mnnbuild.model.speculation import model_lookahead_settings
+    from mnnbuild.stages.config import speculative_entries
+
+    model = _lookahead_model(tmp_path, "config.json", {"ngram_match_maxlen": 2}, draft_selection_rule="fcfs")
+    speculation = _resolve(model)
+    entries = speculative_entries(speculation, json.loads((model / "config.json").read_text()),  # type: ignore[arg-type]
+                                  model_lookahead_settings(model)[0])  # fmt: skip
+    assert (entries["ngram_match_maxlen"], entries["draft_selection_rule"]) == (2, "fcfs")
+
+
+LOOKUP_FAULTS = {
+    "directory": "the lookup file is not a regular file (a directory, FIFO or device); expected a text file of prior "
+    "text, or none",
+    "fifo": "the lookup file is not a regular file (a directory, FIFO or device); expected a text file of prior text, "
+    "or none",
+    "dev-zero": "the lookup file is not a regular file (a directory, FIFO or device); expected a text file of prior "
+    "text, or none",
+    "over-1-MiB": "the lookup file holds 1048577 bytes, more than the 1048576 taken (MNN's engine reads it whole and "
+    "counts its n-grams at every generation); expected prior text of at most 1 MiB",
+    "not-utf8": "the lookup file is not UTF-8 text (byte 2: b'\\xff'); expected prior text for the tokenizer",
+}
+
+
+@pytest.mark.parametrize("side", ["build", "runtime"])
+@pytest.mark.parametrize("kind", list(LOOKUP_FAULTS))
+def test_lookup_files_the_engine_cannot_read_are_one_line_without_waiting(tmp_path: Path, side: str, kind: str) -> None:
+    """The lookup file MNN's engine reads whole at every generation when it is there: a FIFO made its ifstream wait
+    for ever and `/dev/zero` never ends; fetch skipped such a file silently and the runtime did too, shipped a
+    3 GiB one (the runtime read it whole: killed after 30 s) and ended in a UnicodeDecodeError traceback on bytes
+    that are no UTF-8. (A link to one is refused in a bundle already; a fetched model dir's files are links.)"""
+    import signal
+
+    model = _lookahead_model(tmp_path, "config.json" if side == "build" else "config_qnn.json", {})
+    lookup = model / "lookup_file.txt"
+    if kind == "directory":
+        lookup.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(lookup)
+    elif kind == "dev-zero":
+        lookup.symlink_to("/dev/zero")
+    elif kind == "over-1-MiB":
+        with lookup.open("wb") as fh:
+            fh.truncate((1 << 20) + 1)
+    else:
+        lookup.write_bytes(b"ab\xff\xfe")
+
+    def hung(*_: object) -> None:
+        raise TimeoutError(f"reading the {kind} lookup file did not return")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        got = _lookahead_problem(model, side, links=kind == "dev-zero")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    field = "config.json" if side == "build" else "config_qnn.json"
+    assert got == f"{lookup}: {LOOKUP_FAULTS[kind]} ({field} field 'lookup_file')"

@@ -6,8 +6,11 @@ The format layer both the build and the runtime import: what MNN names and expec
 
 from __future__ import annotations
 
+import errno
 import math
-from collections.abc import Mapping
+import os
+import stat
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +112,9 @@ EAGLE_GRAPH_IO = {
     "eagle_fc": (("fc_hidden",), ("hidden_states",)),
 }  # fmt: skip
 """The inputs and outputs MNN's engine loads each Eagle draft graph with (``eagle.cpp``, ``Module::load``)."""
+MAX_DRAFT_LENGTH = 64
+"""The longest ``draft_predict_length`` taken (spec and config alike): each speculative bundle compiles one more graph
+per plugin at that length + 1, and 10^12 never ended the runtime's draft loop."""
 LOOKAHEAD_DEFAULTS: dict[str, object] = {
     "draft_match_strictness": "low",
     "draft_selection_rule": "freqxlen",
@@ -116,9 +122,107 @@ LOOKAHEAD_DEFAULTS: dict[str, object] = {
     "ngram_update": False,
 }
 """lookahead's settings and their engine defaults (``llmconfig.hpp``), written out so the bundle says what it runs."""
+LOOKAHEAD_CHOICES: dict[str, tuple[str, ...]] = {
+    "draft_match_strictness": ("low", "medium", "high"),
+    "draft_selection_rule": ("freqxlen", "fcfs"),
+}
+"""The names ``lookahead.cpp`` knows; any other value (another case, a number, null) it warns about and replaces
+with its default, so a bundle would say one setting and run another."""
+NGRAM_KEY_MAX = 8
+"""The longest n-gram key the engine holds (``MNN_NGRAM_KEY_MAX``): a longer ``ngram_match_maxlen`` overruns its
+key array (it only warns), and 0 or less never drafts."""
 LOOKUP_FILE_FIELD = "lookup_file"
 DEFAULT_LOOKUP_FILE = "lookup_file.txt"
 """lookahead's optional prior-text file, read when present."""
+LOOKUP_FILE_MAX_BYTES = 1 << 20
+"""The largest lookup file taken (1 MiB). MNN's engine reads it whole, tokenizes it and counts its n-grams again at
+every generation; prior text is a few KB, and 1 MiB of text (515k tokens of the tiny Qwen3 tokenizer) already took
+the runtime's drafter 5 s per generation to count (4 MiB: 20 s)."""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is a Python int
+
+
+def draft_length(config: Mapping[str, Any], where: object) -> int:
+    """``draft_predict_length`` of a config that speculates (``where``: the file it is read from): 1 ...
+    :data:`MAX_DRAFT_LENGTH`, the engine's 3 when unset. ValueError naming ``where`` and the field otherwise (the
+    engine reads a string or null as 0 and a float with ``GetInt64``)."""
+    value = config.get(DRAFT_LENGTH_FIELD, DEFAULT_DRAFT_LENGTH)
+    if not _is_int(value) or not 1 <= value <= MAX_DRAFT_LENGTH:
+        raise ValueError(
+            f"{where}: field {DRAFT_LENGTH_FIELD!r} must be a positive integer at most {MAX_DRAFT_LENGTH}, "
+            f"got {value!r}"
+        )
+    return int(value)
+
+
+def lookahead_settings(sources: Sequence[tuple[object, Mapping[str, Any]]]) -> dict[str, Any]:
+    """lookahead's settings as MNN's engine runs them: ``sources`` are the config and then the ``llm_config.json``
+    it names (each ``(file, fields)``), whose fields win, as the engine merges it in. Every one is checked (the
+    names of :data:`LOOKAHEAD_CHOICES`, ``ngram_match_maxlen`` 1 ... :data:`NGRAM_KEY_MAX`, ``ngram_update`` a JSON
+    boolean, ``lookup_file`` a string) and unset ones are the engine's defaults; a bad one is a ValueError naming the
+    file it came from and the field. ``lookup_file`` is returned as the name given: where it may point is the
+    caller's rule (a model dir's file name, or a bundle path)."""
+    got: dict[str, Any] = {**LOOKAHEAD_DEFAULTS, LOOKUP_FILE_FIELD: DEFAULT_LOOKUP_FILE}
+    for where, fields in sources:
+        for field, choices in LOOKAHEAD_CHOICES.items():
+            if field in fields and fields[field] not in choices:
+                raise ValueError(
+                    f"{where}: field {field!r} must be one of {', '.join(repr(c) for c in choices)} (MNN's engine "
+                    f"runs its default {LOOKAHEAD_DEFAULTS[field]!r} for anything else), got {fields[field]!r}"
+                )
+        value = fields.get("ngram_match_maxlen", 1)
+        if not _is_int(value) or not 1 <= value <= NGRAM_KEY_MAX:
+            raise ValueError(
+                f"{where}: field 'ngram_match_maxlen' must be a positive int and at most {NGRAM_KEY_MAX} (the "
+                f"engine's longest key), got {value!r}"
+            )
+        if not isinstance(fields.get("ngram_update", False), bool):
+            raise ValueError(f"{where}: field 'ngram_update' must be true or false, got {fields['ngram_update']!r}")
+        if not isinstance(fields.get(LOOKUP_FILE_FIELD, ""), str):
+            raise ValueError(
+                f"{where}: field {LOOKUP_FILE_FIELD!r} must be a file name, got {fields[LOOKUP_FILE_FIELD]!r}"
+            )
+        got.update({k: fields[k] for k in got if k in fields})
+    return got
+
+
+def read_lookup_file(path: Path, *, follow: bool = True) -> str | None:
+    """The text of lookahead's lookup file at ``path`` (None: there is none, which the engine allows), read without
+    waiting on it: a regular file of at most :data:`LOOKUP_FILE_MAX_BYTES` of UTF-8 text (``follow=False``: not
+    through a link). A directory, FIFO or device is refused unread (the engine's ``ifstream`` waits on a FIFO for
+    ever and reads ``/dev/zero`` until memory runs out), and so are larger files and other bytes: MNNFormatError
+    naming the file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | (0 if follow else getattr(os, "O_NOFOLLOW", 0))
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        why = "a symlink; a bundle's files are copies" if exc.errno == errno.ELOOP else exc.strerror
+        raise MNNFormatError(f"{path}: cannot open the lookup file: {why}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise MNNFormatError(
+            f"{path}: the lookup file is not a regular file (a directory, FIFO or device); expected a text file of "
+            "prior text, or none"
+        )
+    with os.fdopen(fd, "rb") as fh:
+        data = fh.read(LOOKUP_FILE_MAX_BYTES + 1)
+    if len(data) > LOOKUP_FILE_MAX_BYTES:
+        raise MNNFormatError(
+            f"{path}: the lookup file holds {info.st_size} bytes, more than the {LOOKUP_FILE_MAX_BYTES} taken (MNN's "
+            "engine reads it whole and counts its n-grams at every generation); expected prior text of at most 1 MiB"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MNNFormatError(
+            f"{path}: the lookup file is not UTF-8 text (byte {exc.start}: {data[exc.start : exc.start + 1]!r}); "
+            "expected prior text for the tokenizer"
+        ) from None
 
 
 def read_draft_map(path: Path) -> np.ndarray:
@@ -147,12 +251,3 @@ def eagle_tree_tokens(config: dict) -> int:
     depth = config.get("eagle_depth", EAGLE_TREE_DEFAULTS["eagle_depth"])
     topk = config.get("eagle_topk", EAGLE_TREE_DEFAULTS["eagle_topk"])
     return topk + topk * topk * (depth - 1)
-
-
-def verify_length(config: dict) -> int | None:
-    """The tokens one verify forward of ``config``'s speculation holds (None: no speculation): the sampled token
-    plus ``draft_predict_length`` drafts. Eagle runs it through ``Llm::forwardRaw`` unpadded (``treeDecoding``);
-    lookahead through ``Llm::forwardVec``, padded to the drafts' full length (``ngram_cache_search``)."""
-    if not config.get(SPECULATIVE_TYPE):
-        return None
-    return int(config.get(DRAFT_LENGTH_FIELD, DEFAULT_DRAFT_LENGTH)) + 1

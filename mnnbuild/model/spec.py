@@ -30,6 +30,7 @@ from pydantic import (
 )
 
 from mnnbuild.base.errors import SpecError
+from mnnbuild.mnn.llm import MAX_DRAFT_LENGTH
 from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.model.targets import Soc, known_archs, soc_for_arch
 from mnnbuild.pipeline.models import Models
@@ -70,7 +71,6 @@ feeds the phone)."""
 
 Family = Literal["llm", "vl", "embedding"]
 Speculative = Literal["eagle", "lookahead", "off"]
-MAX_DRAFT_LENGTH = 64
 """mnnbuild's ceiling on ``draft_predict_length``: the verify graph is one more graph of that many + 1 tokens in
 every plugin; a longer draft is accepted whole too rarely to pay for it."""
 VisualEncoderKind = Literal["qwen2.5-vl", "qwen3-vl"]

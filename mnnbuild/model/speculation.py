@@ -17,7 +17,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
 from mnnbuild.mnn.llm import (
-    DEFAULT_DRAFT_LENGTH,
     DEFAULT_LOOKUP_FILE,
     DRAFT_LENGTH_FIELD,
     EAGLE,
@@ -31,9 +30,12 @@ from mnnbuild.mnn.llm import (
     SPECULATIVE_TYPE,
     SPECULATIVE_TYPES,
     eagle_tree_tokens,
+    lookahead_settings,
     read_draft_map,
+    read_lookup_file,
 )
-from mnnbuild.model.modeldir import PLAIN_FILE_NAME, read_model_config
+from mnnbuild.mnn.llm import draft_length as config_draft_length
+from mnnbuild.model.modeldir import LLM_CONFIG, PLAIN_FILE_NAME, read_llm_config, read_model_config
 
 SpeculativeKind = Literal["eagle", "lookahead"]
 SpeculativeAsk = Literal["eagle", "lookahead", "off"]
@@ -128,6 +130,33 @@ def check_draft_file(model_dir: Path, field: str, name: str) -> None:
         raise ModelDirError(f"{exc} (config.json field {field!r})") from None
 
 
+def model_lookahead_settings(model_dir: Path) -> tuple[dict[str, Any], Path]:
+    """lookahead's settings of a model dir as MNN's engine runs them (``config.json`` merged with ``llm_config.json``,
+    :func:`~mnnbuild.mnn.llm.lookahead_settings`) and the file that names ``lookup_file`` (``config.json`` when
+    neither does); a bad value is one line naming the file and field."""
+    config_path, llm_path = Path(model_dir) / MODEL_CONFIG, Path(model_dir) / LLM_CONFIG
+    sources = [(config_path, read_model_config(model_dir)), (llm_path, read_llm_config(model_dir))]
+    try:
+        got = lookahead_settings(sources)
+    except ValueError as exc:
+        raise ModelDirError(str(exc)) from None
+    return got, next((p for p, fields in reversed(sources) if LOOKUP_FILE_FIELD in fields), config_path)
+
+
+def check_lookahead(model_dir: Path) -> str | None:
+    """Check lookahead's settings and its lookup file (:func:`model_lookahead_settings`), which must name a file of
+    the model dir that, when there, is a regular file of UTF-8 text of at most 1 MiB
+    (:func:`~mnnbuild.mnn.llm.read_lookup_file`: MNN's engine waits on a FIFO for ever and reads the file whole).
+    Returns the file's name when it is there (it ships with the bundle), else None."""
+    got, where = model_lookahead_settings(model_dir)
+    lookup = _file_name(got, LOOKUP_FILE_FIELD, DEFAULT_LOOKUP_FILE, where)
+    try:
+        text = read_lookup_file(Path(model_dir) / lookup)
+    except MNNFormatError as exc:
+        raise ModelDirError(f"{exc} ({where.name} field {LOOKUP_FILE_FIELD!r})") from None
+    return None if text is None else lookup
+
+
 def engine_files(model_dir: Path) -> tuple[str, ...]:
     """The draft files MNN's engine loads with the model as its ``config.json`` stands (an Eagle model's, those
     present): fetch links them whatever the spec asks, since io's tokenizer loads the model by that config, and
@@ -181,7 +210,10 @@ def resolve(
             "speculative = 'off'"
         )
     if draft_length is None:
-        draft_length = _config_int(config, DRAFT_LENGTH_FIELD, config_path, DEFAULT_DRAFT_LENGTH)
+        try:
+            draft_length = config_draft_length(config, config_path)
+        except ValueError as exc:
+            raise ModelDirError(str(exc)) from None
         length_field = f"{config_path.name} field {DRAFT_LENGTH_FIELD!r}"
     else:
         length_field = f"spec field {DRAFT_LENGTH_FIELD!r}"
@@ -216,8 +248,8 @@ def resolve(
                 f"{most + 1}, not {draft_length + 1}; expected {DRAFT_LENGTH_FIELD} <= {most}"
             )
     else:
-        lookup = _file_name(config, LOOKUP_FILE_FIELD, DEFAULT_LOOKUP_FILE, config_path)
-        if (Path(model_dir) / lookup).is_file():  # read when present (lookahead.cpp): it ships with the bundle
+        lookup = check_lookahead(Path(model_dir))
+        if lookup is not None:  # read when present (lookahead.cpp): it ships with the bundle
             files.append(lookup)
             names[LOOKUP_FILE_FIELD] = lookup
     return Speculation(kind=kind, draft_predict_length=draft_length, files=tuple(files), names=names)

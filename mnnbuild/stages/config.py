@@ -24,13 +24,14 @@ from mnnbuild.mnn.llm import (
     DRAFT_LENGTH_FIELD,
     EAGLE,
     EAGLE_TREE_DEFAULTS,
+    LOOKAHEAD,
     LOOKAHEAD_DEFAULTS,
     MODEL_CONFIG,
     SPECULATIVE_TYPE,
 )
-from mnnbuild.model.modeldir import VISUAL_PART, ModelPart, read_model_config, tokenizer_file
+from mnnbuild.model.modeldir import LLM_CONFIG, VISUAL_PART, ModelPart, read_model_config, tokenizer_file
 from mnnbuild.model.spec import ModelSpec
-from mnnbuild.model.speculation import Speculation
+from mnnbuild.model.speculation import Speculation, model_lookahead_settings
 from mnnbuild.pipeline.layout import CONFIG_FILE
 from mnnbuild.pipeline.manifest import record_outputs, tool_versions
 from mnnbuild.pipeline.stage import At, Stage
@@ -38,11 +39,14 @@ from mnnbuild.pipeline.stage import At, Stage
 log = logging.getLogger(__name__)
 
 
-def speculative_entries(speculation: Speculation | None, model_config: dict[str, Any]) -> dict[str, Any]:
+def speculative_entries(
+    speculation: Speculation | None, model_config: dict[str, Any], lookahead: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The engine's speculative fields for ``speculation``, written out (the model's own values kept where it has
     them, the engine's defaults otherwise) so that what the engine runs and what the graphs were compiled for
     agree: ``speculative_type``, ``draft_predict_length``, Eagle's ``hidden_states`` and draft file names, or
-    lookahead's settings."""
+    lookahead's settings (``lookahead``: as :func:`~mnnbuild.model.speculation.model_lookahead_settings` read them,
+    ``llm_config.json``'s winning, so the bundle says what the engine runs)."""
     if speculation is None:
         return {}
     entries: dict[str, Any] = {
@@ -54,7 +58,8 @@ def speculative_entries(speculation: Speculation | None, model_config: dict[str,
         entries["hidden_states"] = True
         entries.update({k: model_config.get(k, v) for k, v in EAGLE_TREE_DEFAULTS.items()})
     else:
-        entries.update({k: model_config.get(k, v) for k, v in LOOKAHEAD_DEFAULTS.items()})
+        got = lookahead if lookahead is not None else {**LOOKAHEAD_DEFAULTS, **model_config}
+        entries.update({k: got[k] for k in LOOKAHEAD_DEFAULTS})
     return entries
 
 
@@ -71,6 +76,7 @@ def qnn_config(
     params: ConfigParams,
     tokenizer: str,
     speculation: Speculation | None = None,
+    lookahead: dict[str, Any] | None = None,
 ) -> ConfigQnn:
     """``config.json``'s entries with upstream's set (and the shipped tokenizer named when it is not already); the
     speculative fields as the bundle was built for them (none: a ``speculative_type`` the spec turned off is
@@ -80,7 +86,7 @@ def qnn_config(
     entries.update(llm_model=part.result_model, llm_weight=part.weight_file, chunk_limits=limits)
     if speculation is None:
         entries.pop(SPECULATIVE_TYPE, None)
-    entries.update(speculative_entries(speculation, model_config))
+    entries.update(speculative_entries(speculation, model_config, lookahead))
     if params.visual_model is not None:
         entries["visual_model"] = params.visual_model
     if entries.get("tokenizer_file", DEFAULT_TOKENIZER) != tokenizer:
@@ -94,14 +100,18 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
 
     fetched = inputs.manifest(FetchManifest, inputs.model_dir)
     tokenizer = tokenizer_file(inputs.model_dir)
-    config = qnn_config(read_model_config(inputs.model_dir), fetched.part, params, tokenizer, fetched.speculation)
+    speculation = fetched.speculation
+    looks = speculation is not None and speculation.kind == LOOKAHEAD
+    lookahead = model_lookahead_settings(inputs.model_dir)[0] if looks else None
+    config = qnn_config(read_model_config(inputs.model_dir), fetched.part, params, tokenizer, speculation, lookahead)
     check_config_files(Path(inputs.model_dir) / MODEL_CONFIG, config.model_dump(), links=True)  # fetched: links
+    read = (LLM_CONFIG,) if looks else ()  # its lookahead settings win over config.json's in the engine
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / CONFIG_FILE, config.to_json())
         manifest = ConfigManifest(
             model=inputs.model,
             target=inputs.target,
-            inputs=[r.under("model") for r in fetched.outputs if r.path in (MODEL_CONFIG, tokenizer)],
+            inputs=[r.under("model") for r in fetched.outputs if r.path in (MODEL_CONFIG, tokenizer, *read)],
             params=params,
             tools=tool_versions(),
             outputs=record_outputs(tmp),

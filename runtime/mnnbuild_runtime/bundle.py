@@ -37,8 +37,8 @@ from mnnbuild.mnn.llm import (
     EAGLE_GRAPH_IO,
     SPECULATIVE_TYPE,
     attention_window,
+    draft_length,
     read_draft_map,
-    verify_length,
 )
 from mnnbuild_runtime.chunks import Block, block_sizes, prefill_blocks
 from mnnbuild_runtime.errors import BundleError
@@ -466,10 +466,10 @@ def check_speculation(config_path: Path, config: dict[str, Any], plugins: tuple[
     kind = config.get(SPECULATIVE_TYPE)
     if not kind:
         return
-    length = config.get(DRAFT_LENGTH_FIELD)
-    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
-        raise BundleError(f"{config_path}: field {DRAFT_LENGTH_FIELD!r} must be a positive integer, got {length!r}")
-    verify = verify_length(config)
+    try:
+        verify = draft_length(config, config_path) + 1
+    except ValueError as exc:
+        raise BundleError(str(exc)) from None
     for spec in plugins:
         lengths = compiled_lengths(spec)
         if lengths is not None and verify not in lengths:

@@ -33,27 +33,27 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import numpy as np
 
+from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.mnn.llm import (
     DEFAULT_DRAFT_LENGTH,
-    DEFAULT_LOOKUP_FILE,
     DRAFT_LENGTH_FIELD,
     LOOKAHEAD,
-    LOOKAHEAD_DEFAULTS,
     LOOKUP_FILE_FIELD,
     MODEL_CONFIG,
     SPECULATIVE_TYPE,
+    draft_length,
+    lookahead_settings,
+    read_lookup_file,
 )
-from mnnbuild_runtime.bundle import bundle_path, read_config
+from mnnbuild_runtime.bundle import bundle_path, read_config, read_json_object
 from mnnbuild_runtime.errors import BundleError
 
 log = logging.getLogger(__name__)
 
-MAX_KEY = 8
-"""The longest n-gram key the engine holds (``MNN_NGRAM_KEY_MAX``): a longer ``ngram_match_maxlen`` overruns it."""
 SHARE_MEDIUM = (60, 50, 50, 40, 40, 40, 40, 40)
 SHARE_HIGH = (90, 80, 70, 60, 50, 50, 50, 50)
 """Per key length (1..8): the percent of its key's counts the first draft token must hold (``ngram.hpp``)."""
@@ -135,37 +135,46 @@ class LookaheadSettings:
 
     @classmethod
     def of(cls, config_path: str | os.PathLike[str], *, links: bool = False) -> LookaheadSettings:
-        """The settings of a config whose ``speculative_type`` is "lookahead"; a value the engine would read wrongly
-        is one line naming the field. An unknown strictness or rule is the engine's default (it warns, then runs)."""
+        """The settings of a config whose ``speculative_type`` is "lookahead", merged with the ``llm_config.json`` it
+        names as MNN's engine merges it (:func:`~mnnbuild.mnn.llm.lookahead_settings`, the one reader of them); a
+        value the engine would read wrongly, or ignore for its default, is one line naming the file and field. The
+        lookup file, when there is one, must be a file of the model dir and readable as the engine takes it
+        (:func:`~mnnbuild.mnn.llm.read_lookup_file`)."""
         config_path = Path(config_path)
         config = read_config(config_path, links=links)
         if config.get(SPECULATIVE_TYPE) != LOOKAHEAD:
             raise BundleError(f"{config_path}: field {SPECULATIVE_TYPE!r} is not {LOOKAHEAD!r}; no lookahead to run")
-
-        def positive(key: str, default: int, most: int | None = None) -> int:
-            value = config.get(key, default)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (most and value > most):
-                bound = f" and at most {most} (the engine's longest key)" if most else ""
-                raise BundleError(f"{config_path}: field {key!r} must be a positive int{bound}, got {value!r}")
-            return value
-
-        strictness = config.get("draft_match_strictness", LOOKAHEAD_DEFAULTS["draft_match_strictness"])
-        rule = config.get("draft_selection_rule", LOOKAHEAD_DEFAULTS["draft_selection_rule"])
-        update = config.get("ngram_update", LOOKAHEAD_DEFAULTS["ngram_update"])
-        if not isinstance(update, bool):
-            raise BundleError(f"{config_path}: field 'ngram_update' must be true or false, got {update!r}")
-        name = config.get(LOOKUP_FILE_FIELD, DEFAULT_LOOKUP_FILE)
-        if not isinstance(name, str):
-            raise BundleError(f"{config_path}: field {LOOKUP_FILE_FIELD!r} must be a file name, got {name!r}")
-        lookup = bundle_path(config_path.parent, name, f"{config_path}: field {LOOKUP_FILE_FIELD!r}", links=links)
+        sources: list[tuple[object, dict[str, Any]]] = [(config_path, config)]
+        name = config.get("llm_config", "llm_config.json")
+        llm_config = bundle_path(config_path.parent, name, f"{config_path}: field 'llm_config'", links=links)
+        if llm_config.is_file():
+            sources.append((llm_config, read_json_object(llm_config, "file missing", links=links)))
+        try:
+            length = draft_length(config, config_path)
+            got = lookahead_settings(sources)
+        except ValueError as exc:
+            raise BundleError(str(exc)) from None
+        where = next((str(w) for w, f in reversed(sources) if LOOKUP_FILE_FIELD in f), str(config_path))
+        lookup = bundle_path(config_path.parent, got[LOOKUP_FILE_FIELD], f"{where}: field {LOOKUP_FILE_FIELD!r}",
+                             links=links)  # fmt: skip
+        present = read_lookup(lookup, links, f"{Path(where).name} field {LOOKUP_FILE_FIELD!r}") is not None
         return cls(
-            draft_length=positive(DRAFT_LENGTH_FIELD, DEFAULT_DRAFT_LENGTH),
-            strictness=strictness if strictness in ("low", "medium", "high") else "low",
-            rule=rule if rule in ("freqxlen", "fcfs") else "freqxlen",
-            max_key=positive("ngram_match_maxlen", cast(int, LOOKAHEAD_DEFAULTS["ngram_match_maxlen"]), MAX_KEY),
-            update=update,
-            lookup_file=lookup if lookup.is_file() else None,
+            draft_length=length,
+            strictness=got["draft_match_strictness"],
+            rule=got["draft_selection_rule"],
+            max_key=got["ngram_match_maxlen"],
+            update=got["ngram_update"],
+            lookup_file=lookup if present else None,
         )
+
+
+def read_lookup(path: Path, links: bool = False, field: str = LOOKUP_FILE_FIELD) -> str | None:
+    """The lookup file's text (None: none), read as MNN's engine takes it (``links``: see
+    :func:`~mnnbuild_runtime.bundle.bundle_path`); a file it cannot use is one BundleError naming it and ``field``."""
+    try:
+        return read_lookup_file(path, follow=links)
+    except MNNFormatError as exc:
+        raise BundleError(f"{exc} ({field})") from None
 
 
 class NgramCache:
@@ -241,7 +250,7 @@ class LookaheadDrafter:
             tokenizer = Tokenizer(config_path, links=links)
             decode = decode or (lambda t: tokenizer.decode([t]))
             encode = encode or tokenizer.encode
-        self._decode, self._encode = decode, encode
+        self._decode, self._encode, self._links = decode, encode, links
         self._prior: list[int] | None = None
         self.cache = NgramCache(self.settings.rule, self.settings.max_key)
         self._last: list[int] | None = None
@@ -255,7 +264,8 @@ class LookaheadDrafter:
     def _prior_ids(self) -> list[int]:
         if self._prior is None:
             path = self.settings.lookup_file
-            self._prior = self._encode(path.read_text(encoding="utf-8")) if path is not None else []
+            text = read_lookup(path, self._links) if path is not None else None  # checked again as it is read
+            self._prior = self._encode(text) if text is not None else []
         return self._prior
 
     def start(self, prompt_ids: Sequence[int]) -> None:

@@ -49,8 +49,6 @@ from mnnbuild.cpu import (
     to_var,
 )
 from mnnbuild.mnn.llm import (
-    DEFAULT_DRAFT_LENGTH,
-    DRAFT_LENGTH_FIELD,
     EAGLE,
     EAGLE_FILE_FIELDS,
     EAGLE_GRAPH_IO,
@@ -59,6 +57,7 @@ from mnnbuild.mnn.llm import (
     LOOKAHEAD,
     MODEL_CONFIG,
     SPECULATIVE_TYPE,
+    draft_length,
     read_draft_map,
 )
 from mnnbuild_runtime.bundle import bundle_path, check_engine_files, read_config
@@ -116,7 +115,10 @@ def speculation_config(config_path: str | os.PathLike[str], *, links: bool = Fal
         return None
     if not isinstance(kind, str):
         raise BundleError(f"{config_path}: field {SPECULATIVE_TYPE!r} must be a string, got {kind!r}")
-    length = _positive(config_path, config, DRAFT_LENGTH_FIELD, DEFAULT_DRAFT_LENGTH)
+    try:
+        length = draft_length(config, config_path)
+    except ValueError as exc:
+        raise BundleError(str(exc)) from None
     if kind != EAGLE:
         return SpeculationConfig(kind, length)
     files = {}
