@@ -818,10 +818,13 @@ def context_pairs(
     wall = {v: round(sum(w[v] for w in walls.values()), 2) for v in VARIANTS}
     out: dict[str, Any] = {"stage_s": seconds, "wall_s": walls, "total_stage_s": total, "total_wall_s": wall}
     out["context_stage_extra"] = extra(total["eagle"], total["off"])
-    if "bundle_wall_s" in runs["off"]:
-        # the chain's doit bundle of the plain build, plus what the pairs say the extra graph costs
+    if "bundle_wall_s" in runs["off"] and "context" in runs["off"]["stages"]:
+        # the plain doit bundle with its context stage as the pairs measured it: the chain's own context wall
+        # was taken at another load, and dividing the pairs' seconds by it would shrink the share by that load
+        others = runs["off"]["bundle_wall_s"] - runs["off"]["stages"]["context"]["wall_s"]
         added = total["eagle"] - total["off"]
-        out["bundle_time_extra"] = round(added / runs["off"]["bundle_wall_s"], 4)
+        out["plain_bundle_s"] = round(others + total["off"], 2)
+        out["bundle_time_extra"] = round(added / out["plain_bundle_s"], 4)
         out["bundle_time_meets_goal"] = out["bundle_time_extra"] <= GOAL_BUNDLE_TIME
     return out
 
@@ -921,7 +924,11 @@ def print_speculative(runs: dict[str, dict[str, Any]], result: dict[str, Any]) -
         if run.get("speculation"):
             out(f"{v}: speculation check: {run['speculation']}\n")
     c = result.get("comparison", {})
-    if "bundle_time_extra" in c:
+    if "bundle_time_extra" in c and result.get("context_pairs"):
+        # one pass of each build, minutes apart: the load's difference, not the graph's (the pairs decide)
+        out(f"verify-length graph, one chain run each: doit bundle {c['bundle_time_extra']:+.1%}, context stage "
+            f"{c['context_stage_extra']:+.1%} (the plugin pairs below decide the goal)")  # fmt: skip
+    elif "bundle_time_extra" in c:
         out(
             f"verify-length graph: doit bundle {c['bundle_time_extra']:+.1%} (goal <= {GOAL_BUNDLE_TIME:.0%}: "
             f"{'met' if c['bundle_time_meets_goal'] else 'NOT met'}), context stage {c['context_stage_extra']:+.1%}"
@@ -945,7 +952,8 @@ def print_speculative(runs: dict[str, dict[str, Any]], result: dict[str, Any]) -
         total = pairs["total_stage_s"]
         out(f"context by plugin pairs (s): off {total['off']}, eagle {total['eagle']} "
             f"({pairs['context_stage_extra']:+.1%}); added to the plain doit bundle: "
-            f"{pairs.get('bundle_time_extra', float('nan')):+.1%}\n")  # fmt: skip
+            f"{pairs.get('bundle_time_extra', float('nan')):+.1%} of {pairs.get('plain_bundle_s')} s (goal <= "
+            f"{GOAL_BUNDLE_TIME:.0%}: {'met' if pairs.get('bundle_time_meets_goal') else 'NOT met'})\n")  # fmt: skip
     p = result.get("projection")
     if p:
         out(
