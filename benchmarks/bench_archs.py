@@ -82,6 +82,8 @@ def run_verify(name: str, specs: Path, artifacts: Path) -> dict[str, Any]:
         result["reason"] = lines[failed + 1] if failed + 1 < len(lines) else ""
     elif proc.returncode != 0:
         result["reason"] = (out.strip().splitlines() or ["?"])[-1]
+    if "reason" in result:  # the table goes into docs/: this machine's artifact dir stays out of it
+        result["reason"] = result["reason"].replace(str(artifacts), "<artifacts>")
     return result
 
 
@@ -207,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         matrix[t]["partition"] = partition_facts(artifacts, names[(t, "float16")])
     print_table(HEADERS, [r for r in table_rows(matrix) if len(r) == len(HEADERS)], left=True)
     tracebacks = sorted(f"{t} {w}" for t, e in matrix.items() for w, r in e.get("runs", {}).items() if r["traceback"])
-    path = write_results("archs", {"arch": ARCH, "zoo": str(zoo), "matrix": matrix, "tracebacks": tracebacks})
+    path = write_results("archs", {"arch": ARCH, "zoo": zoo.name, "matrix": matrix, "tracebacks": tracebacks})
     sys.stdout.write(f"wrote {path}; tracebacks: {tracebacks or 'none'}\n")
     if not args.no_doc and not args.only:
         update_doc(markdown(matrix))
