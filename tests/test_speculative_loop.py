@@ -28,7 +28,7 @@ from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.verify.failures import speculation_failures
-from mnnbuild.verify.speculation import ReplayForward, judge, left_the_pass, parted_before
+from mnnbuild.verify.speculation import ReplayForward, cut_where_parted, judge, left_the_pass, parted_before
 from mnnbuild.verify.verdict import SpeculationCheck
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT
 
@@ -201,6 +201,20 @@ def test_the_loop_reads_the_generation_passs_rows_only_where_they_are_its_own(tr
     assert judge(cut, cpu, Tolerance())[1] == 5
     # a loop that leaves the pass without parting from the CPU's tokens first must run it all: no cut
     assert parted_before(left, 6, plain) is None
+    # the pass need not be the CPU's own loop (at 28 layers MNN's engine parted from the recompute loop, so verify
+    # had no plain greedy run and reran 16 tokens in the simulator, hours): the CPU's loop is computed then, once
+    computed: list[GenerationResult] = []
+
+    def cpu_plain() -> GenerationResult:
+        computed.append(cpu)
+        return cpu
+
+    got, run, at = cut_where_parted(left, None, cpu_plain)
+    assert got is not None and got.result.tokens == cut.result.tokens and run is cpu and at == 6 and computed == [cpu]
+    assert cut_where_parted(left, cpu, cpu_plain)[1:] == (cpu, 6) and len(computed) == 1  # given: not computed
+    assert cut_where_parted(left, None, cpu_plain, follow=True) == (None, None, 6) and len(computed) == 1
+    assert cut_where_parted(replayed, None, cpu_plain) == (None, None, None) and len(computed) == 1  # never left
+    assert cut_where_parted(left, None, lambda: plain)[0] is None  # left without parting: runs on in the simulator
 
 
 def test_a_cut_loop_keeps_its_first_tokens_and_marks_the_round_it_cut() -> None:

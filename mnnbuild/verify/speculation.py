@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -146,6 +146,24 @@ def parted_before(spec: SpeculativeResult, left: int, cpu: GenerationResult) -> 
     return cut if parted else None
 
 
+def cut_where_parted(
+    spec: SpeculativeResult,
+    plain: GenerationResult | None,
+    cpu_plain: Callable[[], GenerationResult],
+    follow: bool = False,
+) -> tuple[SpeculativeResult | None, GenerationResult | None, int | None]:
+    """Where the loop served from the pass left it (:func:`left_the_pass`): the loop cut there when the bundle parted
+    from the CPU's plain greedy tokens before (:func:`parted_before`), else None (it must run on in the simulator,
+    as it must with ``follow``). ``plain`` is that CPU loop when the pass's sequence was its tokens; when it was not
+    (MNN's engine parted from the recompute loop) ``cpu_plain`` computes it, minutes of CPU against a simulator
+    forward per token left. Returns the cut loop, the CPU loop if there is one now, and where the loop left."""
+    left = left_the_pass(spec)
+    if left is None or follow:
+        return None, plain, left
+    cpu = plain if plain is not None else cpu_plain()
+    return parted_before(spec, left, cpu), cpu, left
+
+
 def judge(
     spec: SpeculativeResult, cpu: GenerationResult, tol: Tolerance
 ) -> tuple[list[GenerationStep], int | None, str | None, bool]:
@@ -246,21 +264,24 @@ def check_speculation(
         # (c) the bundle's speculative loop against the CPU's plain greedy decoding
         served = ReplayForward(model.forward, replay or {})
         spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
-        left = left_the_pass(spec)
-        if left is not None:
-            parted = None if follow or plain is None else parted_before(spec, left, plain)
-            if parted is None:  # run it all in the simulator: every forward, past the bundle's own pick too
-                served = ReplayForward(model.forward, {})
-                spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
-            else:
-                spec = parted
-                check.note = (
-                    f"the loop stops at new token {left}: it parted from the CPU's tokens before, and past the "
-                    "bundle's own pick each forward would run in the simulator alone (follow_divergence)"
-                )
+
+        def cpu_plain() -> GenerationResult:
+            model.unload()  # the CPU reference's decoded weights take the memory now
+            return cpu_greedy_generate(model_dir, prompt_ids, max_new_tokens, chunk=limits, runtime=runtime)
+
+        cut, cpu, left = cut_where_parted(spec, plain, cpu_plain, follow)
+        if cut is not None:
+            spec = cut
+            check.note = (
+                f"the loop stops at new token {left}: it parted from the CPU's tokens before, and past the "
+                "bundle's own pick each forward would run in the simulator alone (follow_divergence)"
+            )
+        elif left is not None:  # run it all in the simulator: every forward, past the bundle's own pick too
+            served = ReplayForward(model.forward, {})
+            spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
         check.replayed_forwards, check.simulator_forwards = served.served, served.ran
-        model.unload()  # the CPU reference's decoded weights take the memory now
-        cpu = plain or cpu_greedy_generate(model_dir, prompt_ids, max_new_tokens, chunk=limits, runtime=runtime)
+        model.unload()  # the CPU reference's decoded weights take the memory now (unloading twice costs nothing)
+        cpu = cpu or cpu_plain()
         check.cpu_tokens, check.bundle_tokens = list(cpu.tokens), list(spec.result.tokens)
         check.rounds = [SpeculationRound(**vars(r)) for r in spec.rounds]
         check.forwards, check.mean_accepted = spec.forwards, spec.mean_accepted
