@@ -28,7 +28,14 @@ from mnnbuild_runtime.tokenizer import Tokenizer
 
 from mnnbuild.base.compare import Tolerance
 from mnnbuild.verify.failures import speculation_failures
-from mnnbuild.verify.speculation import ReplayForward, cut_where_parted, judge, left_the_pass, parted_before
+from mnnbuild.verify.speculation import (
+    ReplayForward,
+    cpu_sequence_pass,
+    cut_where_parted,
+    judge,
+    left_the_pass,
+    parted_before,
+)
 from mnnbuild.verify.verdict import SpeculationCheck
 from tests.conftest import FIXTURE_MODELS, PROJECT_ROOT
 
@@ -215,6 +222,21 @@ def test_the_loop_reads_the_generation_passs_rows_only_where_they_are_its_own(tr
     assert cut_where_parted(left, None, cpu_plain, follow=True) == (None, None, 6) and len(computed) == 1
     assert cut_where_parted(replayed, None, cpu_plain) == (None, None, None) and len(computed) == 1  # never left
     assert cut_where_parted(left, None, lambda: plain)[0] is None  # left without parting: runs on in the simulator
+    # ... which, when the pass was another sequence's (the engine's), is one forward over the CPU's sequence: the
+    # loop, following the CPU's tokens, reads only that pass's rows (not a forward per token)
+    calls: list[int] = []
+
+    def counted(feed: dict) -> dict:
+        calls.append(1)
+        return forward(feed)
+
+    own_pass = cpu_sequence_pass(counted, embed, ids, plain, 128)
+    assert len(calls) == len(own_pass) == 1
+    served = ReplayForward(counted, {**pass_over(other), **own_pass})
+    again = speculative_generate(served, embed, drafter, ids, 12, 128)
+    assert left_the_pass(again) is None and served.ran == 0 and len(calls) == 1
+    assert again.result.tokens == own.result.tokens and again.rounds == own.rounds
+    assert all(np.array_equal(a, b) for a, b in zip(again.result.rows, own.result.rows, strict=True))
 
 
 def test_a_cut_loop_keeps_its_first_tokens_and_marks_the_round_it_cut() -> None:

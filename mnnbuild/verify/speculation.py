@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 from mnnbuild_runtime import Embeddings, ForwardResult, HybridModel, cpu_forward_fn, cpu_greedy_generate, llm_inputs
 from mnnbuild_runtime.bundle import CONFIG_FILE
-from mnnbuild_runtime.generate import ForwardFn, GenerationResult
+from mnnbuild_runtime.generate import ForwardFn, GenerationResult, draft_feeds
 from mnnbuild_runtime.lookahead import LookaheadDrafter
 from mnnbuild_runtime.speculative import (
     HIDDEN,
@@ -164,6 +164,19 @@ def cut_where_parted(
     return parted_before(spec, left, cpu), cpu, left
 
 
+def cpu_sequence_pass(
+    forward: ForwardFn,
+    embed: Embeddings,
+    prompt_ids: list[int],
+    cpu: GenerationResult,
+    limits: int | list[int],
+) -> dict[int, tuple[dict[str, np.ndarray], Mapping[str, np.ndarray]]]:
+    """``forward`` run once per length over the CPU's plain greedy sequence (the forwards its loop makes, by
+    length), as :class:`ReplayForward` takes a pass: a loop that follows those tokens reads only their rows."""
+    feeds = draft_feeds(embed, prompt_ids, cpu.tokens, len(cpu.tokens), limits)
+    return {size: (feed, forward(feed)) for size, feed in feeds.items()}
+
+
 def judge(
     spec: SpeculativeResult, cpu: GenerationResult, tol: Tolerance
 ) -> tuple[list[GenerationStep], int | None, str | None, bool]:
@@ -270,6 +283,15 @@ def check_speculation(
             return cpu_greedy_generate(model_dir, prompt_ids, max_new_tokens, chunk=limits, runtime=runtime)
 
         cut, cpu, left = cut_where_parted(spec, plain, cpu_plain, follow)
+        if cut is None and left is not None and not follow and plain is None and cpu is not None:
+            # the pass ran MNN's engine's sequence and the loop left it following the CPU's tokens: one forward
+            # per length over the CPU's sequence serves the loop (a row depends only on the tokens up to it), where
+            # running the loop again would take a simulator forward per token
+            own = cpu_sequence_pass(model.forward, embed, prompt_ids, cpu, limits)
+            served = ReplayForward(model.forward, {**(replay or {}), **own})
+            spec = speculative_generate(served, embed, drafter, prompt_ids, max_new_tokens, limits)
+            served.ran += len(own)
+            cut, cpu, left = cut_where_parted(spec, cpu, cpu_plain, follow)
         if cut is not None:
             spec = cut
             check.note = (
