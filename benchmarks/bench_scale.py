@@ -140,7 +140,13 @@ def ensure_model(
 
 
 def write_spec(
-    models_dir: Path, name: str, model_dir: Path, arch: str, npu_weights: str | None = None, speculative: str = ""
+    models_dir: Path,
+    name: str,
+    model_dir: Path,
+    arch: str,
+    npu_weights: str | None = None,
+    speculative: str = "",
+    decode_graph: bool = True,
 ) -> None:
     models_dir.mkdir(parents=True, exist_ok=True)
     text = f'name = "{name}"\nsource = {{ local = "{model_dir}" }}\nchunk_size = 128\ntargets = ["{arch}"]\n'
@@ -148,6 +154,8 @@ def write_spec(
         text += f'npu_weights = "{npu_weights}"\n'
     if speculative:
         text += f'speculative = "{speculative}"\n'
+    if not decode_graph:
+        text += "decode_graph = false\n"
     (models_dir / f"{name}.toml").write_text(text)
 
 
@@ -468,6 +476,12 @@ def main() -> None:
         "with speculative = 'off' and 'eagle' in one run; results under scale.json's 'speculative' by commit",
     )
     parser.add_argument(
+        "--no-decode-graph",
+        action="store_true",
+        help="with --eagle: build the eagle variant with decode_graph = false (no 1-row graph in the layer plugins; "
+        "the result key ends in -no-decode-graph)",
+    )
+    parser.add_argument(
         "--shape",
         choices=sorted(QWEN3_SHAPES),
         default=DEFAULT_SHAPE,
@@ -497,6 +511,8 @@ def main() -> None:
         return
     if not 1 <= args.layers <= QWEN3_SHAPES[args.shape].num_layers:
         parser.error(f"--layers: expected 1..{QWEN3_SHAPES[args.shape].num_layers} for {args.shape}")
+    if args.no_decode_graph and not args.eagle:
+        parser.error("--no-decode-graph is a choice for the eagle build: add --eagle")
     if args.context_pairs and not args.eagle:
         parser.error("--context-pairs compares the two builds of --eagle: add --eagle")
     if args.eagle:
@@ -834,12 +850,14 @@ def speculative_main(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     (so the shared box's load falls on both alike), each in its own artifact root and cache."""
     commit = checkout_commit()
     key = f"{args.layers}-{args.npu_weights or 'default'}" + (f"-{args.label}" if args.label else "")
+    key += "-no-decode-graph" if args.no_decode_graph else ""
     base = f"qwen3-1.7b-eagle-l{args.layers}"
     names = {v: f"{base}-{v}" for v in VARIANTS}
     runs: dict[str, dict[str, Any]] = {
         v: {"model": names[v], "target": f"{names[v]}-{args.arch}", "speculative": v, "stages": {}} for v in VARIANTS
     }
     result: dict[str, Any] = {"layers": args.layers, "npu_weights": args.npu_weights, "runs": runs}
+    result["eagle_decode_graph"] = not args.no_decode_graph
     if args.resume:  # a kept work dir of the same code: its record goes on, stages it has are not run again
         work = args.resume
         earlier = json.loads((RESULTS / "scale.json").read_text()).get("speculative", {}).get(commit, {}).get(key)
@@ -853,7 +871,8 @@ def speculative_main(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         for variant, name in names.items():
             (work / variant / "artifacts").mkdir(parents=True)
             (work / variant / "cache").mkdir()
-            write_spec(work / "models", name, model_dir, args.arch, args.npu_weights, variant)
+            bare = args.no_decode_graph and variant == "eagle"
+            write_spec(work / "models", name, model_dir, args.arch, args.npu_weights, variant, decode_graph=not bare)
     envs = {v: doit_env(work / v / "artifacts", work / v / "cache", work / "models") for v in VARIANTS}
     stages = [s for s in args.stages.split(",") if s]
     try:

@@ -111,6 +111,12 @@ def test_spec_overrides_soc(tmp_path: Path) -> None:
             "is set, but speculative = 'off'",
         ),
         ('targets = ["v79"]\nfamily = "embedding"\nspeculative = "lookahead"', "speculative", "generates no tokens"),
+        (
+            'targets = ["v79"]\nspeculative = "off"\ndecode_graph = false',
+            "decode_graph",
+            "is false, but speculative = 'off': a one-token forward then has no graph",
+        ),
+        ('targets = ["v79"]\ndecode_graph = "no"', "decode_graph", "valid boolean"),
     ],
 )
 def test_bad_spec_names_file_and_field(tmp_path: Path, body: str, field: str, expected: str) -> None:

@@ -24,7 +24,7 @@ from mnnbuild.stages.config import chunk_limits
 from mnnbuild.stages.fetch import FetchInputs, FetchManifest, FetchParams, fetch
 from tests.conftest import FIXTURE_MODELS, TINY_MODEL_DIR, doit
 
-PLAIN, LOOK, EAGLE = "tiny-plain", "tiny-look", "tiny-eagle"
+PLAIN, LOOK, EAGLE, EAGLE_ND = "tiny-plain", "tiny-look", "tiny-eagle", "tiny-eagle-nd"
 EAGLE_MODEL_DIR = FIXTURE_MODELS / "qwen3-eagle-random"
 DRAFT_FILES = ("eagle.mnn", "eagle.mnn.weight", "eagle_fc.mnn", "eagle_fc.mnn.weight", "eagle_d2t.mnn")
 
@@ -64,6 +64,13 @@ def test_the_verify_length_is_one_more_graph_unless_it_is_a_prefill_length() -> 
     assert look.graph_lengths((1, 128, 2)) == (1, 128, 2, 4)  # appended: graphllm2_<k> stays the 2-token graph
     assert chunk_limits((128, 2), look) == [128, 4, 2, 1] and chunk_limits((128, 4), look) == [128, 4, 1]
     assert chunk_limits((128, 2), eagle) == [128, 2, 1] and chunk_limits((128, 2), None) == [128, 2, 1]
+    # without the decode graph: no 1-row graph, and the engine pads a one-token forward to the verify length
+    bare = Speculation(kind="eagle", draft_predict_length=3, decode_graph=False)
+    assert bare.graph_lengths((1, 128), decode=1) == (128, 4) and bare.graph_lengths((1, 128)) == (1, 128, 4)
+    assert chunk_limits((128,), bare) == [128, 4] and chunk_limits((128, 4), bare) == [128, 4]
+    # the default is left out of a manifest, so a bundle built before the field keeps its keys
+    assert "decode_graph" not in eagle.model_dump() and bare.model_dump()["decode_graph"] is False
+    assert "decode_graph" not in FetchParams().model_dump() and not FetchParams(decode_graph=False).decode_graph
 
 
 @pytest.mark.parametrize(
@@ -87,8 +94,27 @@ def test_the_verify_length_is_one_more_graph_unless_it_is_a_prefill_length() -> 
             "speculation: set spec field speculative = 'off'",
         ),
         ({"draft_predict_length": "3"}, {"speculative": "lookahead"}, "field 'draft_predict_length' must be a pos"),
+        (
+            {},
+            {"decode_graph": False},
+            "(source of m): spec field 'decode_graph' is false, but the bundle does not speculate (config.json sets "
+            "no 'speculative_type' and the spec's 'speculative' is unset), so a one-token forward would have no graph",
+        ),
+        (
+            {},
+            {"speculative": "lookahead", "decode_graph": False},
+            "spec field 'decode_graph' is false, but spec field 'speculative' is 'lookahead': lookahead runs the "
+            "target at one token when no n-gram matches",
+        ),
     ],
-    ids=["eagle-asked-of-a-plain-model", "eagle-config-of-a-plain-model", "unsupported-kind", "bad-draft-length"],
+    ids=[
+        "eagle-asked-of-a-plain-model",
+        "eagle-config-of-a-plain-model",
+        "unsupported-kind",
+        "bad-draft-length",
+        "no-decode-graph-without-speculation",
+        "no-decode-graph-with-lookahead",
+    ],
 )
 def test_a_model_that_cannot_speculate_is_one_line_at_fetch(
     tmp_path: Path, config: dict[str, object], asked: dict[str, object], expected: str
@@ -111,11 +137,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (PLAIN, TINY_MODEL_DIR, ""),
         (LOOK, TINY_MODEL_DIR, 'speculative = "lookahead"\n'),
         (EAGLE, EAGLE_MODEL_DIR, ""),  # its config.json asks for Eagle
+        (EAGLE_ND, EAGLE_MODEL_DIR, "decode_graph = false\n"),
     ):
         (specs / f"{name}.toml").write_text(
             f'name = "{name}"\nsource = {{ local = "{src}" }}\nchunk_size = 128\ntargets = ["v79"]\n{extra}'
         )
-    tasks = [*(f"bundle:{name}-v79" for name in (PLAIN, LOOK)), f"verify:{EAGLE}-v79"]
+    tasks = [*(f"bundle:{name}-v79" for name in (PLAIN, LOOK)), f"verify:{EAGLE}-v79", f"verify:{EAGLE_ND}-v79"]
     doit(root, *tasks, env={"MNNBUILD_MODELS_PATH": str(specs)}, check=True)
     return root / "artifacts"
 
@@ -280,3 +307,27 @@ def test_verify_runs_every_verify_length_graph_and_the_whole_model_at_it(built: 
         "logits": ([1, 4, 1024], True),
         "hidden_states": ([1, 4, 384], True),
     }
+
+
+@pytest.mark.slow
+def test_an_eagle_bundle_without_the_decode_graph_keeps_one_row_only_where_the_engine_runs_it(built: Path) -> None:
+    """``decode_graph = false``: the layer plugins hold the prefill and verify-length graphs only; the plugins after
+    the ``logits_index`` slice keep a 1-row graph (an unpadded prefill block's last row), taken from the whole-block
+    samples; the engine pads a one-token forward to the verify length (``chunk_limits`` without 1); verify passes,
+    those whole-block forwards and the speculative loop included."""
+    opened = Bundle.open(bundle_dir(built, EAGLE_ND, EAGLE_MODEL_DIR.name))
+    assert opened.config["chunk_limits"] == [128, 4]
+    lengths = [compiled_lengths(p) for p in opened.plugins]
+    with_one = [i for i, n in enumerate(lengths) if n is not None and 1 in n]
+    assert all(n == {4, 128} for i, n in enumerate(lengths) if i not in with_one)
+    assert with_one and with_one == list(range(len(lengths) - len(with_one), len(lengths)))  # the last plugins
+    assert all(lengths[i] == {1, 4, 128} for i in with_one)
+    bare, full = read_merge(built / EAGLE_ND / "partition"), read_merge(built / EAGLE / "partition")
+    assert bare.keys() == full.keys()
+    graphs = sum(len(g) for g in bare.values())
+    assert graphs == sum(len(g) for g in full.values()) - (len(bare) - len(with_one))
+    report = json.loads((built / EAGLE_ND / "v79" / "verify" / "verify.json").read_text())
+    assert report["passed"] and report["speculation"]["passed"]
+    ran = {(w["seq_len"], w.get("logits_index") or 0): w["passed"] for w in report["whole_model"]}
+    assert ran == {(128, 0): True, (4, 0): True, (128, -1): True, (4, -1): True}
+    assert len(report["graphs"]) >= graphs and all(g["passed"] for g in report["graphs"])

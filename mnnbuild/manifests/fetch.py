@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.model.modeldir import ALL_FILES, ModelPart, PartFamily
@@ -46,6 +46,8 @@ class FetchParams(BaseModel):
     """The spec's ``speculative`` (None: the model's own ``speculative_type``)."""
     draft_predict_length: int | None = None
     """The spec's override of the model's ``draft_predict_length``."""
+    decode_graph: bool = Field(default=True, exclude_if=lambda keep: keep)
+    """The spec's ``decode_graph`` (left out of the manifest when true, so bundles built before it keep their keys)."""
 
 
 class SourceRecord(BaseModel):

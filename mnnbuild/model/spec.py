@@ -299,6 +299,13 @@ class ModelSpec(BaseModel):
         default=None,
         description="Draft tokens per verify forward (default: the model's config.json, else MNN's 3).",
     )
+    decode_graph: bool = Field(
+        default=True,
+        description="Build each plugin's one-token decode graph. An Eagle bundle can do without it (false): MNN's "
+        "Eagle loop never runs the target at one token (prefill blocks, then verify forwards), and the engine pads "
+        "any one-token forward to the smallest chunk_limits length, here the verify length; one graph fewer per "
+        "layer plugin to prepare.",
+    )
     verify: VerifySpec = Field(default_factory=VerifySpec, description="What `doit verify` checks of each bundle.")
     spec_path: Path = Field(exclude=True, description="The TOML file this spec was read from.")
 
@@ -411,6 +418,17 @@ class ModelSpec(BaseModel):
                 "draft_predict_length",
                 f"{self.draft_predict_length} + 1 = {verify} tokens per verify forward is longer than the longest "
                 f"prefill length {longest}; expected draft_predict_length <= {longest - 1}",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _decode_graph_needs_a_verify_length(self) -> ModelSpec:
+        if not self.decode_graph and (self.speculative == "off" or self.family == "embedding"):
+            why = "speculative = 'off'" if self.speculative == "off" else "an embedding model generates nothing"
+            raise SpecFieldError(
+                "decode_graph",
+                f"is false, but {why}: a one-token forward then has no graph to run on (it pads only to a "
+                "speculative bundle's verify length); expected decode_graph = true",
             )
         return self
 

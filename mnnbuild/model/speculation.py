@@ -56,23 +56,30 @@ class Speculation(BaseModel):
     """Model-dir files the speculation reads besides the target (Eagle's draft models; lookahead's lookup file)."""
     names: dict[str, str] = Field(default_factory=dict)
     """The config fields naming them (``eagle_model`` -> ``eagle.mnn``), written to ``config_qnn.json``."""
+    decode_graph: bool = Field(default=True, exclude_if=lambda keep: keep)
+    """False: no one-token graph; the engine pads a one-token forward to the verify length (``chunk_limits``)."""
 
     @property
     def verify_length(self) -> int:
         """Tokens of one verify forward: the sampled token and the drafts."""
         return self.draft_predict_length + 1
 
-    def graph_lengths(self, lengths: tuple[int, ...]) -> tuple[int, ...]:
+    def graph_lengths(self, lengths: tuple[int, ...], decode: int | None = None) -> tuple[int, ...]:
         """``lengths`` (decode and the prefill lengths, in graph order) with the verify length appended unless it is
-        one of them already: each is one graph per plugin, and the prefill graphs keep their names."""
+        one of them already: each is one graph per plugin, and the prefill graphs keep their names. ``decode`` (the
+        decode length) is dropped when the bundle is built without its graph."""
+        if decode is not None and not self.decode_graph:
+            lengths = tuple(n for n in lengths if n != decode)
         return lengths if self.verify_length in lengths else (*lengths, self.verify_length)
 
     @property
     def in_chunk_limits(self) -> bool:
         """lookahead verifies through ``Llm::forwardVec``, which pads a forward up to the smallest ``chunk_limits``
         entry holding it: the verify length must be one, or it would run the longest prefill graph. Eagle calls
-        ``Llm::forwardRaw`` unpadded (``treeDecoding``), so its prefill blocks stay as without speculation."""
-        return self.kind == LOOKAHEAD
+        ``Llm::forwardRaw`` unpadded (``treeDecoding``), so its prefill blocks stay as without speculation, unless
+        the bundle has no decode graph: a one-token forward (``Llm::forwardVec`` pads it too) then runs at the
+        verify length."""
+        return self.kind == LOOKAHEAD or not self.decode_graph
 
 
 def _config_int(config: dict[str, Any], field: str, path: Path, default: int, most: int | None = None) -> int:
@@ -182,14 +189,21 @@ def resolve(
     model_file: str,
     asked: SpeculativeAsk | None,
     draft_length: int | None,
+    decode_graph: bool = True,
 ) -> Speculation | None:
     """The speculation a bundle of ``model_dir`` is built for: the spec's ``speculative`` (None: the model's own
-    ``speculative_type``) and ``draft_predict_length`` (None: the model's, else the engine's 3); ``model`` is the
-    parsed target graph. A model that cannot is one line naming the field that asked."""
+    ``speculative_type``), ``draft_predict_length`` (None: the model's, else the engine's 3) and ``decode_graph``;
+    ``model`` is the parsed target graph. A model that cannot is one line naming the field that asked."""
     config_path = Path(model_dir) / MODEL_CONFIG
     config = read_model_config(model_dir)
     own = config.get(SPECULATIVE_TYPE) or None
     if asked == "off" or (asked is None and own is None):
+        if not decode_graph:
+            raise ModelDirError(
+                f"{label}: spec field 'decode_graph' is false, but the bundle does not speculate ({config_path.name} "
+                f"sets no {SPECULATIVE_TYPE!r} and the spec's 'speculative' is {asked or 'unset'}), so a one-token "
+                "forward would have no graph; expected decode_graph = true, or speculative = 'eagle' or 'lookahead'"
+            )
         return None
     if asked is None:
         if own not in SPECULATIVE_TYPES:
@@ -202,6 +216,13 @@ def resolve(
     else:
         why = f"spec field 'speculative' is {asked!r}"
     kind: SpeculativeKind = EAGLE if (asked or own) == EAGLE else LOOKAHEAD
+    if not decode_graph and kind != EAGLE:
+        raise ModelDirError(
+            f"{label}: spec field 'decode_graph' is false, but {why}: lookahead runs the target at one token when "
+            "no n-gram matches, which would then be a padded forward (MNN's CPU attention gets those wrong without "
+            "its patch 0004, docs/conformance.md); expected decode_graph = true, or speculative = 'eagle', whose "
+            "loop never runs the target at one token"
+        )
     dims = model.input_dims.get("logits_index")
     if not dims:
         raise ModelDirError(
@@ -252,4 +273,6 @@ def resolve(
         if lookup is not None:  # read when present (lookahead.cpp): it ships with the bundle
             files.append(lookup)
             names[LOOKUP_FILE_FIELD] = lookup
-    return Speculation(kind=kind, draft_predict_length=draft_length, files=tuple(files), names=names)
+    return Speculation(
+        kind=kind, draft_predict_length=draft_length, files=tuple(files), names=names, decode_graph=decode_graph
+    )

@@ -53,12 +53,14 @@ def build_report(
     model_name: str,
     cut: Cut,
     seq_lens: Sequence[int],
+    graphs: dict[int, list[int]],
     boundary: dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]],
     result_ops: int,
     max_abs_diff: Sequence[float],
     prefix: str = LLM_GRAPHS,
 ) -> PartitionReport:
-    """``boundary`` maps plugin number -> (inputs per shape, outputs per shape); ``prefix`` names the graphs."""
+    """``graphs`` maps plugin number -> the samples it has a graph for, ``boundary`` -> (inputs per graph, outputs
+    per graph); ``prefix`` names the graphs."""
     ops = cut.model.ops
     plugins = []
     for m in cut.plugins:
@@ -68,7 +70,7 @@ def build_report(
             PluginReport(
                 plugin=m.graph,
                 name=binary_path(m.graph, prefix),
-                graphs=[graph_name(s, m.graph, prefix) for s in range(len(seq_lens))],
+                graphs=[graph_name(s, m.graph, prefix) for s in graphs[m.graph]],
                 op_count=len(m.ops),
                 op_types=dict(Counter(ops[i].type for i in m.ops).most_common()),
                 first_op=ops[m.ops[0]].name,

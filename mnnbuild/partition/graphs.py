@@ -218,9 +218,12 @@ def run_samples(
     io_dir: Path,
     qnn: Path,
     split: Split | None,
-) -> tuple[list[list[ModuleIO]], list[float]]:
+    distinct: bool = False,
+) -> tuple[list[list[ModuleIO]], list[float], dict[int, list[int]]]:
     """Per sample shape: fold the per-shape constants, run every module in order (checking the chain against
-    the sample's output) and write each NPU graph's dir; returns each shape's module IO and chain error."""
+    the sample's output) and write each NPU graph's dir; returns each shape's module IO and chain error, and per
+    plugin the samples it has a graph for: every one, or (``distinct``) the first of each shape its inputs take
+    (a plugin picks its graph by input shape, so a second graph of one shape would never run)."""
     model = cut.model
     frontier_names = [model.tensor_names[t] for t in cut.frontier]
     split_path = qnn.parent / split.path if split else model_path
@@ -236,36 +239,46 @@ def run_samples(
     folded_per_shape = [{model.tensor_index(n): v for n, v in values.items()} for values in all_values]
     shapes = [(feeds, folded) for (_, feeds, _), folded in zip(samples, folded_per_shape, strict=True)]
     ran = run_modules(cut, source_of, rt, shapes, model_name)
+    graphs: dict[int, list[int]] = {m.graph: [] for m in cut.modules if m.graph is not None}
+    seen: dict[int, set[tuple[tuple[int, ...], ...]]] = {g: set() for g in graphs}
     for s, ((seq, _, expected), folded, (ios, env)) in enumerate(zip(samples, folded_per_shape, ran, strict=True)):
         diffs.append(chain_error(env, cut, expected, testdir(io_dir, seq)))
         per_shape.append(ios)
         for m, mio in zip(cut.modules, ios, strict=True):
-            if m.graph is not None:
-                graph_dir = qnn / graph_name(s, m.graph, part.graph_prefix)
-                write_graph_dir(graph_dir, cut, m, s, mio, folded, part, split.model_of(m) if split else None)
+            if m.graph is None:
+                continue
+            shape = tuple(tuple(mio.specs[t].shape) for t in m.inputs)
+            if distinct and shape in seen[m.graph]:
+                continue
+            seen[m.graph].add(shape)
+            graphs[m.graph].append(s)
+            graph_dir = qnn / graph_name(s, m.graph, part.graph_prefix)
+            write_graph_dir(graph_dir, cut, m, s, mio, folded, part, split.model_of(m) if split else None)
         log.debug(
             "partition %s: seq %d, chained subgraphs match the sample (max abs diff %.3g)",
             model_name,
             seq,
             diffs[-1],
         )
-    return per_shape, diffs
+    return per_shape, diffs, graphs
 
 
 def plugin_attributes(
-    cut: Cut, per_shape: list[list[ModuleIO]], prefix: str
+    cut: Cut, per_shape: list[list[ModuleIO]], prefix: str, graphs: dict[int, list[int]]
 ) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]]]:
-    """Per plugin number: its Plugin attributes fused over the shapes, and its boundary specs per shape."""
+    """Per plugin number: its Plugin attributes fused over the samples it has a graph for (``graphs``, from
+    :func:`run_samples`), and its boundary specs per graph."""
     plugin_attrs: dict[int, dict[str, Any]] = {}
     boundary: dict[int, tuple[list[list[TensorSpec]], list[list[TensorSpec]]]] = {}
     for pos, m in enumerate(cut.modules):
         if m.graph is None:
             continue
-        ins = [[shape[pos].specs[t] for t in m.inputs] for shape in per_shape]
-        outs = [[shape[pos].specs[t] for t in m.outputs] for shape in per_shape]
-        attrs = shape_attributes(m, 0, ins[0], outs[0], prefix)
-        for s in range(1, len(per_shape)):
-            attrs = fuse_attributes(attrs, shape_attributes(m, s, ins[s], outs[s], prefix))
+        kept = graphs[m.graph]
+        ins = [[per_shape[s][pos].specs[t] for t in m.inputs] for s in kept]
+        outs = [[per_shape[s][pos].specs[t] for t in m.outputs] for s in kept]
+        attrs = shape_attributes(m, kept[0], 0, ins[0], outs[0], prefix)
+        for i in range(1, len(kept)):
+            attrs = fuse_attributes(attrs, shape_attributes(m, kept[i], i, ins[i], outs[i], prefix))
         plugin_attrs[m.graph] = attrs
         boundary[m.graph] = (ins, outs)
     return plugin_attrs, boundary

@@ -46,11 +46,14 @@ _DTYPE_NAMES = {"float32": "DT_FLOAT", "int32": "DT_INT32", "int64": "DT_INT64",
 def shape_attributes(
     m: Module,
     shape_index: int,
+    graph_index: int,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
     prefix: str = LLM_GRAPHS,
 ) -> dict[str, Any]:
-    """The attributes of plugin ``m`` for one sample shape, before fusing (``prefix``: the graph names')."""
+    """The attributes of plugin ``m`` for sample shape ``shape_index`` (which names its graph), its
+    ``graph_index``-th graph (which numbers its output blobs, as the engine reads them), before fusing (``prefix``:
+    the graph names')."""
     assert m.graph is not None
     attrs: dict[str, Any] = {
         "path": binary_path(m.graph, prefix),
@@ -63,7 +66,7 @@ def shape_attributes(
         if spec.dtype not in _DTYPE_NAMES:
             raise ValueError(f"output {spec.name!r} has type {spec.dtype}, which a plugin output cannot carry")
         fmt = spec.format if spec.format in BLOB_FORMATS else NCHW
-        attrs[f"o_{shape_index}_{j}"] = make_blob(spec.shape, _DTYPE_NAMES[spec.dtype], fmt)
+        attrs[f"o_{graph_index}_{j}"] = make_blob(spec.shape, _DTYPE_NAMES[spec.dtype], fmt)
     return attrs
 
 

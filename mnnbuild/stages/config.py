@@ -64,10 +64,11 @@ def speculative_entries(
 
 
 def chunk_limits(prefill: tuple[int, ...], speculation: Speculation | None) -> list[int]:
-    """Every prefill length, (lookahead) its verify length, then 1: the lengths the engine plans a forward at."""
+    """Every prefill length, (lookahead, or no decode graph) its verify length, then 1 unless the bundle has no
+    decode graph: the lengths the engine plans a forward at."""
     if speculation is not None and speculation.in_chunk_limits:
         prefill = tuple(sorted(speculation.graph_lengths(prefill), reverse=True))
-    return [*prefill, 1]
+    return [*prefill] if speculation is not None and not speculation.decode_graph else [*prefill, 1]
 
 
 def qnn_config(
@@ -133,7 +134,8 @@ def config_params(spec: ModelSpec, at: At) -> ConfigParams:
 
 
 def describe(spec: ModelSpec, at: At) -> str:
-    return f"config_qnn.json for {spec.name} on {at.arch} (chunk limits {[*spec.prefill_lengths, 1]})"
+    limits = [*spec.prefill_lengths, 1] if spec.decode_graph else f"{list(spec.prefill_lengths)} + the verify length"
+    return f"config_qnn.json for {spec.name} on {at.arch} (chunk limits {limits})"
 
 
 STAGE = Stage(

@@ -153,7 +153,9 @@ def speculation_of(model_dir: Path, where: str, part: ModelPart, params: FetchPa
     from mnnbuild.mnn import load_model  # the schema: validate_model_dir parsed it already, so it reads cleanly
 
     model = load_model(Path(model_dir) / part.model_file)
-    return resolve(model_dir, where, model, part.model_file, params.speculative, params.draft_predict_length)
+    return resolve(
+        model_dir, where, model, part.model_file, params.speculative, params.draft_predict_length, params.decode_graph
+    )
 
 
 def update_lock(source: HfSource, lock_path: Path, files: tuple[str, ...] = ALL_FILES) -> HfLock:
@@ -169,7 +171,11 @@ def update_lock(source: HfSource, lock_path: Path, files: tuple[str, ...] = ALL_
 def fetch_params(spec: ModelSpec, at: At | None = None) -> FetchParams:
     """The spec's family and the files its chain takes from the model dir (the only ones an HF fetch downloads;
     a VL model's encoder files too, checked against the spec's ``visual_encoder``)."""
-    asked = {"speculative": spec.speculative, "draft_predict_length": spec.draft_predict_length}
+    asked = {
+        "speculative": spec.speculative,
+        "draft_predict_length": spec.draft_predict_length,
+        "decode_graph": spec.decode_graph,
+    }
     if spec.family == "vl":
         files = (*family_files("llm"), *VISUAL_FILES)
         return FetchParams(family="llm", files=files, visual_encoder=spec.visual_encoder, **asked)

@@ -142,7 +142,7 @@ def _generate_io(_channel: object, inputs: IoInputs, params: IoParams, tmp: Path
         blocks = params.chunk_sizes  # chunk_limits above decode: the prefill blocks the engine plans
         if fetched.speculation is not None:
             check_verify_length(fetched.speculation.verify_length, params, model_dir)
-            lengths = fetched.speculation.graph_lengths(lengths)
+            lengths = fetched.speculation.graph_lengths(lengths, decode=DECODE_SEQ)
             if fetched.speculation.in_chunk_limits:
                 blocks = fetched.speculation.graph_lengths(blocks)
         shapes = [(seq_len, None) for seq_len in lengths]

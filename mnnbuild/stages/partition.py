@@ -72,14 +72,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _graph_sample(io: IoManifest, path: str) -> bool:
-    """Whether an io output is not a whole-block sample's (verify's, which the partition does not read)."""
-    return not any(path.startswith(f"{s.dir}/") for s in io.whole_block_samples)
+def _without_decode_graph(fetched: FetchManifest) -> bool:
+    """A speculative bundle built without the decode graph: its whole-block samples are graph samples too (an
+    unpadded block's last-row forward runs the ops after the ``logits_index`` slice at one row, a shape no other
+    sample gives them then), and each plugin gets one graph per distinct input shape."""
+    return fetched.speculation is not None and not fetched.speculation.decode_graph
 
 
-def _read_samples(io_dir: Path, io: IoManifest) -> list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]]:
+def _graph_sample(io: IoManifest, path: str, whole_blocks: bool) -> bool:
+    """Whether the partition reads an io output: every graph sample's, and the whole-block samples' (otherwise
+    verify's alone) when ``whole_blocks``."""
+    return whole_blocks or not any(path.startswith(f"{s.dir}/") for s in io.whole_block_samples)
+
+
+def _read_samples(
+    io_dir: Path, io: IoManifest, whole_blocks: bool
+) -> list[tuple[int, dict[str, np.ndarray], dict[str, np.ndarray]]]:
     samples = []
-    for sample, sample_dir in zip(io.samples, io.sample_dirs(io_dir), strict=True):
+    listed = [*io.samples, *(io.whole_block_samples if whole_blocks else ())]
+    dirs = [*io.sample_dirs(io_dir), *(io.whole_block_dirs(io_dir) if whole_blocks else ())]
+    for sample, sample_dir in zip(listed, dirs, strict=True):
         values = []
         for file in (REFERENCE_INPUT, REFERENCE_OUTPUT):
             path = sample_dir / file
@@ -164,7 +176,8 @@ def partition(
     part = chain_part(fetched.part, params.part)
     model_path, weight_path = model_dir / part.model_file, model_dir / part.weight_file
     model = load_model(model_path)
-    samples = _read_samples(io_dir, io)
+    whole_blocks = _without_decode_graph(fetched)
+    samples = _read_samples(io_dir, io, whole_blocks)
     _check_names(model, model_path, io_dir, samples, params.skips)
     tensors = len(model.tensor_names)
     try:
@@ -193,14 +206,16 @@ def partition(
         if first_split >= 0:
             split = Split(f"{SPLIT_DIR}/{part.model_file}", first_split, tensors)
             save_model(model, tmp / split.path)  # MNN runs it below, its unsplit ops' weights from weight_path
-        per_shape, diffs = run_samples(inputs.model, cut, model_path, part, rt, samples, io_dir, qnn, split)
-        plugin_attrs, boundary = plugin_attributes(cut, per_shape, part.graph_prefix)
+        per_shape, diffs, graphs = run_samples(
+            inputs.model, cut, model_path, part, rt, samples, io_dir, qnn, split, distinct=whole_blocks
+        )
+        plugin_attrs, boundary = plugin_attributes(cut, per_shape, part.graph_prefix, graphs)
         result, shipped = strip_weights(rewrite_model(cut, plugin_attrs, part.graph_prefix), model_dir, part, tmp)
         save_model(result, tmp / part.result_model)
 
         merge = {
             binary_path(m.graph, part.graph_prefix): [
-                f"{QNN_DIR}/{graph_name(s, m.graph, part.graph_prefix)}" for s in range(len(samples))
+                f"{QNN_DIR}/{graph_name(s, m.graph, part.graph_prefix)}" for s in graphs[m.graph]
             ]
             for m in cut.plugins
             if m.graph is not None
@@ -209,7 +224,7 @@ def partition(
         atomic_write_text(tmp / POSTREAT_FILE, json.dumps(postreat, indent=4) + "\n")
 
         seq_lens = [s[0] for s in samples]
-        report = build_report(inputs.model, cut, seq_lens, boundary, len(result.ops), diffs, part.graph_prefix)
+        report = build_report(inputs.model, cut, seq_lens, graphs, boundary, len(result.ops), diffs, part.graph_prefix)
         atomic_write_text(tmp / PARTITION_REPORT_JSON, report.model_dump_json(indent=2) + "\n")
         atomic_write_text(tmp / PARTITION_REPORT_TEXT, format_report(report, part.result_model, shipped))
 
@@ -222,7 +237,11 @@ def partition(
             model=inputs.model,
             inputs=[
                 *(r.under("model") for r in lowered_from),
-                *(r.under("io") for r in io.outputs if r.path.endswith(".mnn") and _graph_sample(io, r.path)),
+                *(
+                    r.under("io")
+                    for r in io.outputs
+                    if r.path.endswith(".mnn") and _graph_sample(io, r.path, whole_blocks)
+                ),
             ],
             params=params,
             tools=tool_versions(mnn=True),
@@ -272,7 +291,8 @@ def describe(spec: ModelSpec, at: At) -> str:
         sizes = "/".join(spec.image_sizes)
         return f"cut the {spec.name} visual encoder into CPU ops and QNN plugins (graphs for {sizes})"
     lengths = "/".join(str(n) for n in spec.prefill_lengths)
-    return f"cut {spec.name} into CPU ops and QNN plugins (decode and prefill-{lengths} graphs)"
+    decode = "decode and " if spec.decode_graph else ""
+    return f"cut {spec.name} into CPU ops and QNN plugins ({decode}prefill-{lengths} graphs)"
 
 
 def cpu_summary(out_dir: Path) -> str | None:

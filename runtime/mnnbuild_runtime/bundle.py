@@ -427,13 +427,15 @@ def parse_plugins(
 
 def compiled_lengths(spec: PluginSpec) -> set[int] | None:
     """The token counts a plugin's graphs were compiled for, read from ``allInputShape``: the dims that are 1 in
-    the smallest shape and vary between shapes are its sequence dims, and each shape's value there is its length.
-    None when that cannot be told (no such dim, or a shape whose sequence dims disagree): the plugin takes every
-    length alike (an lm_head after the ``logits_index`` slice) or is laid out otherwise."""
+    the smallest shape and vary between shapes are its sequence dims (a bundle built without the decode graph has no
+    1: then every dim that varies), and each shape's value there is its length. None when that cannot be told (no
+    such dim, or a shape whose sequence dims disagree): the plugin takes every length alike (an lm_head after the
+    ``logits_index`` slice) or is laid out otherwise."""
     per_shape = len(spec.all_input_shape) // spec.num_shapes
     blocks = [spec.all_input_shape[s * per_shape : (s + 1) * per_shape] for s in range(spec.num_shapes)]
     base = [min(b[i] for b in blocks) for i in range(per_shape)]
-    seq_dims = [i for i in range(per_shape) if base[i] == 1 and any(b[i] != 1 for b in blocks)]
+    varying = [i for i in range(per_shape) if any(b[i] != base[i] for b in blocks)]
+    seq_dims = [i for i in varying if base[i] == 1] or varying
     if not seq_dims:
         return None
     lengths = set()
