@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from mnnbuild_runtime.errors import BundleError
 
+from mnnbuild.base.errors import ModelDirError
 from mnnbuild.manifests.fetch import FetchParams
 from mnnbuild.model.modeldir import VISUAL_FILES, VISUAL_PART, PartFamily, family_files
 from mnnbuild.model.spec import LocalSource
@@ -60,7 +61,9 @@ def test_config_is_the_model_config_with_upstream_entries(
     assert manifest.config.model_dump() == config and manifest.config.chunk_limits == [64, 16, 1]
     # the model's own runtime settings are shipped, not ours
     assert config["sampler_type"] == json.loads((src / "config.json").read_text())["sampler_type"]
-    assert sorted(r.path for r in manifest.inputs) == ["model/config.json", "model/tokenizer.mtok"]
+    # llm_config.json too: it ships with the bundle and is checked against the config (below)
+    read = ["model/config.json", "model/llm_config.json", "model/tokenizer.mtok"]
+    assert sorted(r.path for r in manifest.inputs) == read
 
 
 def test_config_names_the_shipped_tokenizer_when_config_json_does_not(tmp_path: Path) -> None:
@@ -114,3 +117,34 @@ def test_config_json_naming_a_path_outside_is_refused(tmp_path: Path, field: str
     with pytest.raises(BundleError, match=rf"model/config\.json: {expected}"):
         build_config(src, tmp_path, 32)
     assert not (tmp_path / "config").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("chunk_limits", [64, 1], "field 'chunk_limits' is [64, 1]; MNN's engine merges this file over "
+         "config_qnn.json, so it would override [32, 1] there; expected it only in the config"),
+        ("speculative_type", "lookahead", "field 'speculative_type' is 'lookahead'; MNN's engine merges this file "
+         "over config_qnn.json, so it would override its leaving it out"),
+        ("draft_predict_length", 7, "field 'draft_predict_length' is 7;"),
+        ("precision", "high", "field 'precision' is 'high'; MNN's engine merges this file over config_qnn.json, so "
+         "it would override 'low' there"),
+    ],
+)  # fmt: skip
+def test_llm_config_json_overriding_the_config_is_refused(
+    tmp_path: Path, field: str, value: object, expected: str
+) -> None:
+    """MNN's engine merges llm_config.json over the config (its fields win): one that would run the phone on other
+    settings than config_qnn.json says, or speculate where the bundle has no verify-length graph, fails the config
+    stage in one line naming the file and field; the same value as the config's is left alone."""
+    src = tmp_path / "src"
+    shutil.copytree(TINY_MODEL_DIR, src)
+    llm = json.loads((src / "llm_config.json").read_text())
+    assert json.loads((src / "config.json").read_text())["precision"] == "low"
+    (src / "llm_config.json").write_text(json.dumps({**llm, "precision": "low"}))  # the config's own value
+    build_config(src, tmp_path / "same", 32)
+    (src / "llm_config.json").write_text(json.dumps({**llm, field: value}))
+    with pytest.raises(ModelDirError) as info:
+        build_config(src, tmp_path / "over", 32)
+    assert f"model/llm_config.json: {expected}" in str(info.value) and "\n" not in str(info.value)
+    assert not (tmp_path / "over" / "config").exists()

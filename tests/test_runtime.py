@@ -990,3 +990,13 @@ def test_readme_runtime_examples_run_as_written(run_doit: RunDoit, tmp_path: Pat
                           timeout=600, env={**env, "MNNBUILD_ARTIFACTS": str(tmp_path / "artifacts")})  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.fullmatch(r"logits \[1, 128, 1024\]; the token after 1 2 3: \d+\n", proc.stdout), proc.stdout
+
+
+def test_a_bundle_whose_llm_config_overrides_its_config_is_refused(bundle_copy: Path) -> None:
+    """The engine merges llm_config.json over config_qnn.json: a bundle edited so that it would run other
+    chunk_limits than its config says (the graphs verify checked) is refused on open, in one line."""
+    Bundle.open(bundle_copy)
+    (bundle_copy / "llm_config.json").write_text(json.dumps({"hidden_size": 8, "chunk_limits": [2, 1]}))
+    with pytest.raises(BundleError) as info:
+        Bundle.open(bundle_copy)
+    assert str(info.value).startswith(f"{bundle_copy / 'llm_config.json'}: field 'chunk_limits' is [2, 1]")

@@ -131,6 +131,21 @@ with its default, so a bundle would say one setting and run another."""
 NGRAM_KEY_MAX = 8
 """The longest n-gram key the engine holds (``MNN_NGRAM_KEY_MAX``): a longer ``ngram_match_maxlen`` overruns its
 key array (it only warns), and 0 or less never drafts."""
+ENGINE_RUN_FIELDS = frozenset(
+    {
+        "chunk_limits",
+        "chunk",
+        SPECULATIVE_TYPE,
+        DRAFT_LENGTH_FIELD,
+        "hidden_states",
+        "mtp_model",
+        *EAGLE_FILE_FIELDS,
+        *EAGLE_TREE_DEFAULTS,
+    }  # fmt: skip
+)
+"""Config fields that decide which forwards MNN's engine runs (and so which graphs a bundle needs) even when the
+bundle's config leaves them out: ``llm_config.json`` must not set them, since the engine merges it over the config."""
+
 LOOKUP_FILE_FIELD = "lookup_file"
 DEFAULT_LOOKUP_FILE = "lookup_file.txt"
 """lookahead's optional prior-text file, read when present."""

@@ -16,6 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from mnnbuild.base.errors import ModelDirError
 from mnnbuild.base.fsutil import atomic_write_text, staged_dir
 from mnnbuild.manifests.config import ConfigInputs, ConfigManifest, ConfigParams, ConfigQnn
 from mnnbuild.manifests.fetch import FetchManifest
@@ -97,7 +98,9 @@ def qnn_config(
 
 def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> ConfigManifest:
     """Write ``config_qnn.json`` from the fetched model's ``config.json`` (see the module docstring)."""
-    from mnnbuild_runtime.bundle import check_config_files  # what MNN's engine may read: one rule, the runtime's
+    # what MNN's engine may read, and what llm_config.json may not override: one rule each, the runtime's
+    from mnnbuild_runtime.bundle import check_config_files, check_llm_config
+    from mnnbuild_runtime.errors import BundleError
 
     fetched = inputs.manifest(FetchManifest, inputs.model_dir)
     tokenizer = tokenizer_file(inputs.model_dir)
@@ -106,7 +109,11 @@ def write_config(inputs: ConfigInputs, params: ConfigParams, out_dir: Path) -> C
     lookahead = model_lookahead_settings(inputs.model_dir)[0] if looks else None
     config = qnn_config(read_model_config(inputs.model_dir), fetched.part, params, tokenizer, speculation, lookahead)
     check_config_files(Path(inputs.model_dir) / MODEL_CONFIG, config.model_dump(), links=True)  # fetched: links
-    read = (LLM_CONFIG,) if looks else ()  # its lookahead settings win over config.json's in the engine
+    try:  # the model's llm_config.json ships with the bundle (the partition rewrites only its tie_embeddings)
+        check_llm_config(Path(inputs.model_dir) / CONFIG_FILE, config.model_dump(), links=True)
+    except BundleError as exc:
+        raise ModelDirError(str(exc)) from None
+    read = (LLM_CONFIG,)  # checked above; its lookahead settings win over config.json's in the engine
     with staged_dir(out_dir) as tmp:
         atomic_write_text(tmp / CONFIG_FILE, config.to_json())
         manifest = ConfigManifest(

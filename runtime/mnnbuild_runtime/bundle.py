@@ -35,6 +35,7 @@ from mnnbuild.mnn.llm import (
     EAGLE,
     EAGLE_FILE_FIELDS,
     EAGLE_GRAPH_IO,
+    ENGINE_RUN_FIELDS,
     SPECULATIVE_TYPE,
     attention_window,
     draft_length,
@@ -278,6 +279,26 @@ def mask_window(config_path: Path, config: dict[str, Any], *, links: bool = Fals
         return attention_window(merged)
     except ValueError as exc:
         raise BundleError(f"{path if path.is_file() else config_path}: {exc}") from None
+
+
+def check_llm_config(config_path: Path, config: dict[str, Any], *, links: bool = False) -> None:
+    """MNN's engine merges the ``llm_config.json`` a config names over the config itself (``LlmConfig``: its fields
+    win), so a field set there would run the phone on other settings than the config says, and verify checks:
+    refused, one line, unless it equals the config's. A field that decides which forwards run (``chunk_limits``,
+    the speculative fields: :data:`ENGINE_RUN_FIELDS`) is refused there even when the config leaves it out."""
+    name = config.get("llm_config", "llm_config.json")
+    path = bundle_path(config_path.parent, name, f"{config_path}: field 'llm_config'", links=links)
+    if not path.is_file():
+        return
+    for key, value in _read_bundle_json(path, links).items():
+        if key in config and config[key] == value:
+            continue
+        if key in config or key in ENGINE_RUN_FIELDS:
+            ours = f"{config[key]!r} there" if key in config else "its leaving it out"
+            raise BundleError(
+                f"{path}: field {key!r} is {value!r}; MNN's engine merges this file over {config_path.name}, so it "
+                f"would override {ours}; expected it only in the config"
+            )
 
 
 def _pair_to_size(value: Any, where: str, key: str) -> int:
@@ -570,6 +591,7 @@ class Bundle:
         if chunks is not None and not visual:  # an encoder's graphs are per image size, not per chunk
             check_chunk_limits(config_path, chunks, plugins)
         log.info("opened bundle %s: %d ops, %d plugins", model_dir, len(model.ops), len(plugins))
+        check_llm_config(config_path, config)
         window = None if visual else mask_window(config_path, config)
         return cls(model_dir, config, model_file, model, weight_file, plugins, window)
 
