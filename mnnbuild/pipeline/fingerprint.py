@@ -16,7 +16,7 @@ import hashlib
 import importlib.util
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +76,10 @@ def _imports(path: Path, module: str) -> frozenset[str]:
     tree = _parse(path)
     is_pkg = path.name == "__init__.py"
     package = module if is_pkg else module.rpartition(".")[0]
-    edges = _edge_only_names(tree)
+    # a From(...) edge needs the name From in the source: most modules have none, and their walk is the cost
+    edges = _edge_only_names(tree) if _FROM.search(text) else set()
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _statements(tree.body):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -94,6 +95,22 @@ def _imports(path: Path, module: str) -> frozenset[str]:
             # `from pkg import mod` may name a submodule
             found.update(f"{base}.{a.name}" for a in names)
     return frozenset(n for n in found if _ours(n))
+
+
+_FROM = re.compile(r"\bFrom\b")
+
+
+def _statements(stmts: list[ast.stmt]) -> Iterator[ast.stmt]:
+    """Every statement in ``stmts`` and, recursively, in their blocks (function and class bodies, branches,
+    handlers, match cases): where imports can be. Expressions hold no statements, so they are not walked."""
+    for stmt in stmts:
+        yield stmt
+        for block in ("body", "orelse", "finalbody"):
+            inner = getattr(stmt, block, None)
+            if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                yield from _statements(inner)
+        for holder in (*getattr(stmt, "handlers", ()), *getattr(stmt, "cases", ())):
+            yield from _statements(holder.body)
 
 
 def _edge_only_names(tree: ast.Module) -> set[str]:
