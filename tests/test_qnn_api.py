@@ -379,3 +379,12 @@ def test_quantized_conv_weights_in_the_cast_form(lib: QnnLibrary, kind: str) -> 
     saved = sizes["float32"] - sizes[kind]
     expected = weight_bytes * (0.5 if kind == "axis8" else 0.75)  # 1 byte or half a byte per weight
     assert 0.8 * expected <= saved <= 1.2 * expected, (sizes, expected)
+
+
+def test_every_name_of_the_api_resolves() -> None:
+    """`mnnbuild.qnn` imports its modules on first use: each name it lists comes from one of them."""
+    import mnnbuild.qnn as qnn
+
+    assert all(getattr(qnn, name) is not None for name in qnn.__all__)
+    with pytest.raises(AttributeError):
+        qnn.NoSuchName  # noqa: B018
