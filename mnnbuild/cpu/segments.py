@@ -86,11 +86,16 @@ def run_segmented(
     output_names: Sequence[str],
     budget: int = SEGMENT_BYTES,
     label: str = "",
+    segments: Sequence[Segment] | None = None,
 ) -> list[dict[str, Any]]:
     """The named outputs of the graph for each sample (graph input name -> array), as MNN Vars, computed
-    segment by segment; with one segment this is one module over the whole graph."""
+    segment by segment; with one segment this is one module over the whole graph. ``segments``: the
+    `plan_segments` of these inputs, outputs and budget, made once by a caller that runs the graph again and
+    again (a generation loop's forwards), instead of planned again for every call."""
     results = dict(
-        iter_segmented(model_path, rt, model, len(samples), samples.__getitem__, output_names, budget, label)
+        iter_segmented(
+            model_path, rt, model, len(samples), samples.__getitem__, output_names, budget, label, segments=segments
+        )
     )
     return [results[i] for i in range(len(samples))]
 
@@ -106,20 +111,23 @@ def iter_segmented(
     label: str = "",
     spill_dir: Path | None = None,
     on_run: Callable[[int, int], None] | None = None,
+    segments: Sequence[Segment] | None = None,
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """:func:`run_segmented` for ``count`` samples made one at a time by ``sample(i)``, each sample's outputs
     yielded (``(i, outputs)``) as soon as its last segment ran, so a caller that writes and drops them holds one
     sample's arrays at a time: with one segment, ``sample(i + 1)`` is made only after sample ``i`` was yielded.
     With several, what crosses a cut is kept for every sample until the next segment reads it: in ``spill_dir``
     (memory-mapped ``.npy`` files, removed as they are used) when given, else in memory. ``on_run(done, total)``:
-    told after each run of a segment on a sample (a caller's progress display)."""
+    told after each run of a segment on a sample (a caller's progress display). ``segments``: as for
+    :func:`run_segmented`."""
     if count == 0:
         return
     first = sample(0)
     input_names = list(first)
     input_idx = [model.tensor_index(n) for n in input_names]
     out_idx = [model.tensor_index(n) for n in output_names]
-    segments = plan_segments(model, input_idx, out_idx, budget)
+    if segments is None:
+        segments = plan_segments(model, input_idx, out_idx, budget)
     names = model.tensor_names
     envs: list[dict[int, BoundaryValue]] = [{} for _ in range(count)]
     made: list[dict[str, Any]] = [{} for _ in range(count)]

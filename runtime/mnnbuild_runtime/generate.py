@@ -30,7 +30,7 @@ import numpy as np
 
 from mnnbuild.base.errors import MNNFormatError
 from mnnbuild.cpu import CpuRuntime, llm_engine_greedy, to_numpy
-from mnnbuild.cpu.segments import run_segmented
+from mnnbuild.cpu.segments import Segment, plan_segments, run_segmented
 from mnnbuild.mnn import embedding_info, load_model, read_embeddings
 from mnnbuild.mnn.llm import DEFAULT_MODEL, DEFAULT_WEIGHT, MODEL_CONFIG, causal_mask
 from mnnbuild.mnn.summary import op_parameter_count
@@ -406,12 +406,17 @@ def cpu_forward_fn(model_dir: str | os.PathLike[str], runtime: CpuRuntime | None
     model = load_model(model_file)
     in_names, out_names = model.input_names, model.output_names
     declared = model.input_dims
+    plan: list[Segment] | None = None  # every forward feeds the same inputs for the same outputs: planned once
 
     def forward(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        nonlocal plan
         inputs = text_feeds(inputs, declared, window)
-        (outs,) = run_segmented(
-            model_file, rt, model, [{n: np.ascontiguousarray(inputs[n]) for n in in_names}], out_names
-        )
+        if plan is None:
+            plan = plan_segments(
+                model, [model.tensor_index(n) for n in in_names], [model.tensor_index(n) for n in out_names]
+            )
+        feed = {n: np.ascontiguousarray(inputs[n]) for n in in_names}
+        (outs,) = run_segmented(model_file, rt, model, [feed], out_names, segments=plan)
         return {n: to_numpy(v) for n, v in outs.items()}
 
     return forward
