@@ -30,18 +30,30 @@ class CpuRuntime(BaseModel):
     num_thread: int = 4
     """MNN's CPU kernels split work by output, so the thread count changes speed, not values (Qwen3-1.7B dims:
     logits bit-equal with 1, 2 and 4 threads); fixed rather than the machine's core count so cache keys are
-    the same on every machine."""
+    the same on every machine. MNN runs with at most as many threads as this process has CPUs (`threads`)."""
 
-    def create(self, weight_file: Path | None = None) -> Any:
-        """An MNN RuntimeManager with these settings (and the external weight file, if any)."""
+    def threads(self) -> int:
+        """The threads MNN runs with: ``num_thread``, but no more than the CPUs this process may use. MNN's threads
+        wait for each other at every op, spinning: one more than there are cores waits on a thread that is not
+        running (the tiny Eagle pair's CPU loops beside one busy process on 2 cores: 430 s with 4 threads, 45 s
+        with 2; docs/benchmarks.md). Values do not depend on it (see ``num_thread``)."""
+        return max(1, min(self.num_thread, usable_cpus()))
+
+    def create(self, weight_file: Path | None = None, threads: int | None = None) -> Any:
+        """An MNN RuntimeManager with these settings (and the external weight file, if any), on ``threads``
+        threads (default: `threads()`)."""
         nn = import_mnn().nn
+        config = {"backend": self.backend, "precision": self.precision, "numThread": threads or self.threads()}
         with native_output("MNN (runtime manager)"):  # MNN prints the CPU's features here
-            rt = nn.create_runtime_manager(
-                ({"backend": self.backend, "precision": self.precision, "numThread": self.num_thread},)
-            )
+            rt = nn.create_runtime_manager((config,))
         if weight_file is not None:
             rt.set_external(str(weight_file))
         return rt
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the OS has one), at least 1."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def import_mnn() -> Any:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from mnnbuild_runtime.generate import ForwardFn
 
 from mnnbuild.base.child import Channel, Child
 from mnnbuild.base.errors import MnnbuildError, SpecError, error_line
-from mnnbuild.cpu import CpuRuntime
+from mnnbuild.cpu import CpuRuntime, usable_cpus
 from mnnbuild.pipeline.layout import CONFIG_FILE
 
 log = logging.getLogger(__name__)
@@ -229,8 +228,7 @@ def beside_runtime(runtime: CpuRuntime) -> CpuRuntime:
     """``runtime`` with a thread fewer than this process may use, at most its own count and at least one: the
     simulator runs on one core (its pass keeps it), and MNN's threads split work by output, so the values are the
     same with any count (`CpuRuntime.num_thread`)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return runtime.model_copy(update={"num_thread": max(1, min(runtime.num_thread, cpus - 1))})
+    return runtime.model_copy(update={"num_thread": max(1, min(runtime.num_thread, usable_cpus() - 1))})
 
 
 def _reference_child(channel: Channel, spec: ReferenceSpec, spawned: float) -> Reference:

@@ -450,7 +450,7 @@ def kv_cache_draft(
     decoded = 4 * sum(op_parameter_count(op) for op in load_model(model_file).ops)
     settings = {
         "backend_type": rt.backend.lower(),
-        "thread_num": rt.num_thread,
+        "thread_num": rt.threads(),
         "precision": rt.precision,
         # "normal" decodes every quantized weight to fp32 (GBs for Qwen3-1.7B). A big model's draft keeps them as
         # stored: in a fraction of the memory and time (docs/benchmarks.md). Its arithmetic differs, so close calls
