@@ -228,6 +228,8 @@ class DigestMemo:
         self.entries: dict[str, Any] = {}
         self.used: set[str] = set()
         self.dirty = False
+        self.closures: dict[str, dict[str, str]] = {}
+        """`module_digests` by module, made once with this memo (a doit run's): its stages share their closures."""
         if path is not None:
             try:
                 loaded = parse_json(path.read_text(encoding="utf-8"))
@@ -265,11 +267,14 @@ class DigestMemo:
 
 
 def module_digests(module: str, memo: DigestMemo | None = None) -> dict[str, str]:
-    """The code digest of ``module`` and of each of its imports of ours, by module name (sorted)."""
-    return {
-        name: memo.digest(path) if memo is not None else _source_digest(path)
-        for name, path in module_closure(module, memo)
-    }
+    """The code digest of ``module`` and of each of its imports of ours, by module name (sorted). With a ``memo``,
+    once per module for that memo, as ``module_closure`` is once per process: a run's code does not change under
+    it, and each task's key and code record would otherwise look up the same files again."""
+    if memo is None:
+        return {name: _source_digest(path) for name, path in module_closure(module)}
+    if module not in memo.closures:
+        memo.closures[module] = {name: memo.digest(path) for name, path in module_closure(module, memo)}
+    return dict(memo.closures[module])
 
 
 def code_fingerprint(module: str, memo: DigestMemo | None = None) -> str:
