@@ -90,8 +90,11 @@ def skipped_tasks(output: str) -> list[str]:
 
 
 def copy_project(dest: Path) -> Path:
-    """A copy of the project's sources, as a fresh clone elsewhere would have them (no artifacts)."""
-    ignore = shutil.ignore_patterns(".git", ".venv", "venv", "artifacts", "__pycache__", "*.egg-info", ".*cache")
+    """A copy of the project's sources, as a fresh clone elsewhere would have them (no artifacts). Their bytecode
+    comes along (`pytest_sessionstart` compiled it; the copies keep the sources' mtimes, which it records): with
+    ``PYTHONDONTWRITEBYTECODE`` every doit in the copy would compile mnnbuild again, and a source a test edits is
+    compiled anew as usual (its mtime is no longer the one recorded)."""
+    ignore = shutil.ignore_patterns(".git", ".venv", "venv", "artifacts", "*.egg-info", ".*cache")
     shutil.copytree(PROJECT_ROOT, dest, ignore=ignore, symlinks=True)
     return dest
 
