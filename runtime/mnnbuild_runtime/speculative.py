@@ -47,6 +47,7 @@ from mnnbuild.cpu import (
     return_freed_memory,
     to_numpy,
     to_var,
+    usable_cpus,
 )
 from mnnbuild.mnn.llm import (
     EAGLE,
@@ -536,6 +537,14 @@ activations on the fly, and a forward of several rows (speculation's) and one of
 then part at a near-tie."""
 
 
+def engine_threads(config: Mapping[str, Any]) -> dict[str, int]:
+    """``thread_num`` at the CPUs this process may use when the config's (MNN's default: 4) is more, else nothing:
+    MNN's threads spin waiting for each other, so one past the cores only waits (`mnnbuild.cpu.CpuRuntime.threads`);
+    the values are the same with any count."""
+    asked, cpus = config.get("thread_num", 4), usable_cpus()
+    return {"thread_num": cpus} if isinstance(asked, int) and not isinstance(asked, bool) and asked > cpus else {}
+
+
 def engine_generate(
     config_path: str | os.PathLike[str],
     prompt: str,
@@ -566,7 +575,8 @@ def engine_generate(
 
         engine = MNN.llm.create(str(config_path))
         engine.set_config({**ENGINE_FULL_PRECISION, **(settings or {}), "speculative_type": kind, "sampler_type":
-                           "greedy", "max_new_tokens": max_new_tokens, "use_template": False})  # fmt: skip
+                           "greedy", "max_new_tokens": max_new_tokens, "use_template": False,
+                           **engine_threads(config)})  # fmt: skip
         engine.load()
         if engine.context.status.name in ("NOT_LOADED", "INTERNAL_ERROR"):
             raise BundleError(f"{config_path}: MNN's LLM engine cannot load this model")
