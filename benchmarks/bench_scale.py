@@ -545,6 +545,8 @@ def main() -> None:
     key = f"{args.layers}-{args.npu_weights or DEFAULT_NPU_WEIGHTS}" + (f"-{args.label}" if args.label else "")
     key = key if args.shape == DEFAULT_SHAPE else f"{args.shape}-{key}"
     key += f"-from{repeat_from}" if repeat_from else ""
+    if args.work is not None and not args.resume:
+        args.work.mkdir(parents=True, exist_ok=True)  # a --work dir that does not exist yet is made, not a traceback
     work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"
     if not args.resume:
