@@ -44,7 +44,7 @@ def _ours(name: str) -> bool:
 def _module_file(name: str) -> Path | None:
     """The source file of an mnnbuild module, found on disk: ``importlib.util.find_spec`` would import the
     parent of a name such as ``mnnbuild.report.render.render_html`` (a function, not a module), and with it
-    matplotlib, at every doit start."""
+    Jinja2, at every doit start."""
     parts = name.split(".")
     if parts[0] not in PACKAGES:
         return None

@@ -1,5 +1,6 @@
 """The page report of a verified bundle: its data (:mod:`data`), figures (:mod:`figures`) and HTML
-(:mod:`render`, imported only where a page is drawn: it loads Jinja2 and matplotlib).
+(:mod:`render`, imported only where a page is drawn: it loads Jinja2; the figures are SVG written by
+:mod:`svg`).
 
 Knows nothing about stages or doit: the report stage gathers the data from the stage dirs and writes the page.
 """

@@ -145,7 +145,7 @@ def _plugin_weights(context_dir: Path, plugins: list[str]) -> dict[str, list[Wei
 def report(inputs: ReportInputs, params: ReportParams, out_dir: Path) -> ReportManifest:
     """Write ``index.html`` (and the manifest) for the bundle verify last checked, passed or failed."""
     out_dir = Path(out_dir)
-    from mnnbuild.report.render import render_html  # Jinja2 and matplotlib: loaded only to draw a page
+    from mnnbuild.report.render import render_html  # Jinja2: loaded only to draw a page
 
     data = gather(inputs, params, out_dir)
     page = render_html(data)
