@@ -141,7 +141,9 @@ def graph_errors(
         positive = [v for v in _finite(values) if v > 0]
         marks = [*positive, limit] if limit > 0 else positive
         # a decade below the smallest value: the zeros at the left edge stand apart from every measured value
-        xs = log10_scale(min(marks, default=1e-8) / 10, max(marks, default=1e-8), max_ticks=int(width // 45))
+        xs = log10_scale(
+            min(marks, default=1e-8) / 10, max(marks, default=1e-8), max_ticks=int(width // 36)
+        )  # a label is 4-5 characters
         ax = Axes(c, left + k * (width + gap), top, width, height, xs, rows(n))
         ax.categories(labels if k == 0 else None, SMALL, grid=True)
         with ax.data():

@@ -106,14 +106,15 @@ def decade_label(exponent: int) -> str:
 
 
 def log10_scale(lo: float, hi: float, *, max_ticks: int = 8) -> Scale:
-    """A log10 scale from the decade at or below ``lo`` to the one at or above ``hi`` (both > 0). Both ends are
-    ticked, so the ticks span the data; between them every decade, or every few (at most ``max_ticks`` in all)."""
+    """A log10 scale from the decade at or below ``lo`` to one at or above ``hi`` (both > 0), ticked at every decade
+    or every few (at most ``max_ticks``, evenly): both ends are ticks, so the ticks span the data."""
     lo, hi = min(max(lo, 1e-300), 1e300), min(max(hi, 1e-300), 1e300)  # 10.0**d stays a float
     lo_dec = math.floor(math.log10(lo) + _EPS)
     hi_dec = max(math.ceil(math.log10(hi) - _EPS), lo_dec + 1)
     step = max(1, math.ceil((hi_dec - lo_dec) / max(max_ticks - 1, 1)))
-    # evenly from the low end; an inner tick closer than half a step to the high end would crowd its label
-    decades = [*(d for d in range(lo_dec, hi_dec, step) if hi_dec - d > step / 2 or d == lo_dec), hi_dec]
+    # evenly from the low end, the high end moved up onto the grid (at most step - 1 decades of room)
+    hi_dec = lo_dec + math.ceil((hi_dec - lo_dec) / step) * step
+    decades = range(lo_dec, hi_dec + 1, step)
     return Scale(
         10.0**lo_dec,
         10.0**hi_dec,
