@@ -442,6 +442,20 @@ def test_eagle_patch_samples_the_valid_row_and_cuts_the_padding_from_the_draft(t
     assert "mEaglePastLen   = mContext->all_seq_len - seqLen;" in after
 
 
+def test_lookahead_patch_samples_the_valid_row(tmp_path: Path) -> None:
+    """0006: LookaheadGeneration sampled every row of a padded prefill, as EagleGeneration did before 0005 (its
+    first token came from the wrong row); patched, it samples the row the engine marks valid."""
+    (look,) = [p for p in PATCHES if p.name == "0006-lookahead-padded-prefill.patch"]
+    (fp,) = look.files
+    assert fp.path == "transformers/llm/engine/src/speculative_decoding/lookahead.cpp"
+    src = fake_source(tmp_path / "src")
+    before = (src / fp.path).read_text()
+    after = check_patches(src, PATCHES)[fp.path]
+    assert "current_token = mLlm->sample(param.outputs[0]);" in before
+    assert "current_token = mLlm->sample(param.outputs[0]);" not in after
+    assert "current_token = mLlm->sample(param.outputs[0], param.validLogitStart, param.validLogitSize);" in after
+
+
 def test_eagle_engine_loop_gives_its_forward_count_apart_from_its_tokens(tmp_path: Path) -> None:
     """EagleGeneration appends its target forwards to Llm::generate's tokens; a plain run's list is all tokens."""
     assert split_engine_loop([7, 8, 9, 2], speculative=True) == ([7, 8, 9], 2)
