@@ -546,6 +546,8 @@ def main() -> None:
     key = key if args.shape == DEFAULT_SHAPE else f"{args.shape}-{key}"
     key += f"-from{repeat_from}" if repeat_from else ""
     if args.work is not None and not args.resume:
+        if args.work.exists() and not args.work.is_dir():
+            raise SystemExit(f"--work {args.work}: not a directory; expected a directory for the run's work dir")
         args.work.mkdir(parents=True, exist_ok=True)  # a --work dir that does not exist yet is made, not a traceback
     work = args.resume or Path(tempfile.mkdtemp(prefix=f"bench-scale-{name}-", dir=args.work))
     artifacts, cache, models = work / "artifacts", work / "cache", work / "models"

@@ -426,15 +426,19 @@ def test_driver_result_survives_a_foreign_prefix_on_its_line() -> None:
     assert driver_result('{"stepped": [1, \n') is None
 
 
+def patched_file(tmp_path: Path, patch: str, engine_file: str) -> tuple[str, str]:
+    """The one file ``patch`` touches (``transformers/llm/engine/src/<engine_file>``), before and after every patch."""
+    (found,) = [p for p in PATCHES if p.name == patch]
+    (fp,) = found.files
+    assert fp.path == f"transformers/llm/engine/src/{engine_file}"
+    src = fake_source(tmp_path / "src")
+    return (src / fp.path).read_text(), check_patches(src, PATCHES)[fp.path]
+
+
 def test_eagle_patch_samples_the_valid_row_and_cuts_the_padding_from_the_draft(tmp_path: Path) -> None:
     """0005: EagleGeneration sampled every row of a padded prefill (the first token from padding) and drafted on the
     padding's hidden states; patched, it samples the row the engine marks valid, as ArGeneration does."""
-    (eagle,) = [p for p in PATCHES if p.name == "0005-eagle-padded-prefill.patch"]
-    (fp,) = eagle.files
-    assert fp.path == "transformers/llm/engine/src/speculative_decoding/eagle.cpp"
-    src = fake_source(tmp_path / "src")
-    before = (src / fp.path).read_text()
-    after = check_patches(src, PATCHES)[fp.path]
+    before, after = patched_file(tmp_path, "0005-eagle-padded-prefill.patch", "speculative_decoding/eagle.cpp")
     assert "mLlm->sample(param.outputs[0]);" in before and "mLlm->sample(param.outputs[0]);" not in after
     assert "mLlm->sample(param.outputs[0], param.validLogitStart, param.validLogitSize);" in after
     assert "hiddenStates = _Split(hiddenStates, {realLen, hiddenLen - realLen}, 1)[0];" in after
@@ -445,12 +449,7 @@ def test_eagle_patch_samples_the_valid_row_and_cuts_the_padding_from_the_draft(t
 def test_lookahead_patch_samples_the_valid_row(tmp_path: Path) -> None:
     """0006: LookaheadGeneration sampled every row of a padded prefill, as EagleGeneration did before 0005 (its
     first token came from the wrong row); patched, it samples the row the engine marks valid."""
-    (look,) = [p for p in PATCHES if p.name == "0006-lookahead-padded-prefill.patch"]
-    (fp,) = look.files
-    assert fp.path == "transformers/llm/engine/src/speculative_decoding/lookahead.cpp"
-    src = fake_source(tmp_path / "src")
-    before = (src / fp.path).read_text()
-    after = check_patches(src, PATCHES)[fp.path]
+    before, after = patched_file(tmp_path, "0006-lookahead-padded-prefill.patch", "speculative_decoding/lookahead.cpp")
     assert "current_token = mLlm->sample(param.outputs[0]);" in before
     assert "current_token = mLlm->sample(param.outputs[0]);" not in after
     assert "current_token = mLlm->sample(param.outputs[0], param.validLogitStart, param.validLogitSize);" in after
