@@ -239,6 +239,15 @@ def timed_stage(
     return rec, where
 
 
+def stale_stages(stages: list[str], name: str, arch: str, env: dict[str, str]) -> list[str]:
+    """Of ``stages`` (run earlier), the tasks this checkout's doit would run again (``doit list --status``)."""
+    cmd = [sys.executable, "-m", "doit", "-f", str(PROJECT_ROOT / "dodo.py"), "list", "--status", "--all"]
+    listing = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    status = {parts[1]: parts[0] for parts in (line.split() for line in listing.splitlines()) if len(parts) > 1}
+    tasks = [f"{s}:{name}-{arch}" if CHAIN[s].per_target else f"{s}:{name}" for s in stages]
+    return [t for t in tasks if status.get(t) != "U"]
+
+
 def floor_worker(model_dir: Path, partition_dir: Path, arch: str, out_json: Path, npu_weights: str) -> None:
     """Per plugin: seconds to compose, finalize and serialize a weight-shared context of its linear ops alone
     (lowered in memory first, not timed: Qualcomm's part only), their weights stored as ``npu_weights`` says."""
@@ -504,6 +513,13 @@ def main() -> None:
         "--stages there and add them to its result (e.g. verify after a bundle-only run; with --eagle, stages a "
         "build has on record are not run again, and --stages '' --context-pairs only pairs)",
     )
+    parser.add_argument(
+        "--resume-commit",
+        default=None,
+        help="with --resume (not --eagle): continue the record of the run at this commit (its scale.json key) "
+        "instead of this checkout's; allowed only when this checkout's doit finds that run's stages up to date, "
+        "and the stages run now are recorded with the commit that ran them",
+    )
     args = parser.parse_args()
     if args.floor_worker:
         model, partition, arch, out, npu_weights = args.floor_worker
@@ -561,15 +577,25 @@ def main() -> None:
     result.update({"shape": args.shape, "layers": args.layers, "shape_layers": QWEN3_SHAPES[args.shape].num_layers})
     if repeat_from:  # how the model was made: its dir's note (repeat_layers.py)
         result["made_by_repetition"] = json.loads((model_dir / REPEATED_NOTE).read_text())
+    ran_by = commit  # the code that runs this invocation's stages
+    if args.resume_commit and not args.resume:
+        parser.error("--resume-commit continues a kept run: add --resume DIR")
     if args.resume:  # carry the earlier stages' records on
+        commit = args.resume_commit or commit
         earlier = json.loads((RESULTS / "scale.json").read_text())["layers"].get(commit, {}).get(key)
         if earlier is None:
             parser.error(f"--resume: scale.json has no layers / {commit} / {key} to add to (the code changed since?)")
         rows.update(earlier.get("stages", {}))
         result.update({k: v for k, v in earlier.items() if k not in ("stages", "measured", "partial")})
+        if commit != ran_by:  # another commit's artifacts count only if this code would not rebuild them
+            stale = stale_stages(list(rows), name, args.arch, env)
+            if stale:
+                parser.error(f"--resume-commit {commit}: this checkout ({ran_by}) would rebuild {', '.join(stale)}")
     try:
         for stage in stages:
             rec, where = timed_stage(stage, name, args.arch, env, artifacts, cache)
+            if ran_by != commit:
+                rec["code"] = ran_by
             if stage == "verify":
                 report = json.loads((where / VERIFY_REPORT_JSON).read_text())
                 rec["checks_s"] = report.get("timings", {})
