@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -28,6 +29,9 @@ MODULE_SECONDS: dict[str, float] = json.loads((Path(__file__).parent / "module_s
 """Seconds each test module took in a whole run (`python -m tests.module_seconds JUNIT_XML` rewrites it)."""
 
 
+USER_CACHE = pytest.StashKey[Path]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Ctrl-C delivered as a user's terminal delivers it. A shell that starts the run in the background (``cmd &``,
     ``nohup``) leaves SIGINT ignored, and an ignored signal stays ignored across exec: Python then installs no
@@ -36,6 +40,16 @@ def pytest_configure(config: pytest.Config) -> None:
     all."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not hasattr(config, "workerinput"):
+        # one user cache dir for the whole run (the xdist workers and every process they start inherit it): the
+        # builds share mnnbuild's code-digest memo there, and no test reads or fills the user's own ~/.cache
+        config.stash[USER_CACHE] = Path(tempfile.mkdtemp(prefix="mnnbuild-tests-cache-"))
+        os.environ["XDG_CACHE_HOME"] = str(config.stash[USER_CACHE])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if USER_CACHE in config.stash:
+        shutil.rmtree(config.stash[USER_CACHE], ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -282,6 +282,20 @@ def test_a_build_never_writes_into_a_directory_that_is_not_a_cache(tmp_path: Pat
     assert sorted(p.name for p in home.iterdir()) == ["todo.txt"]
 
 
+@pytest.mark.slow
+def test_with_the_cache_off_the_code_memo_is_kept_in_the_user_cache_dir(tmp_path: Path) -> None:
+    """The memo of our sources' digests is keyed by content, so every artifact root can share it: with the cache off
+    it goes to the user cache dir, not into the artifact root (where each fresh root parsed every source again)."""
+    from mnnbuild.pipeline.layout import CODE_DIGESTS
+
+    art, xdg = tmp_path / "art", tmp_path / "xdg"
+    env = {"MNNBUILD_ARTIFACTS": str(art), "MNNBUILD_CACHE": "off", "XDG_CACHE_HOME": str(xdg)}
+    assert doit_in(PROJECT_ROOT, tmp_path, "list", env=env).returncode == 0
+    memo = xdg / "mnnbuild" / CODE_DIGESTS
+    assert json.loads(memo.read_text()), "the memo holds the digests of this doit's stage code"
+    assert not (art.exists() and list(art.rglob(CODE_DIGESTS)))
+
+
 # -- 8. cache messages say what is true -------------------------------------------------------------------------
 
 

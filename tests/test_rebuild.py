@@ -7,6 +7,7 @@ checks that nothing is left to do, so it only sees its own edit.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,23 @@ def test_memo_serves_a_fresh_clone_without_parsing(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(fingerprint, "_source_digest", no_parse)
     assert DigestMemo(tmp_path / "memo.json").digest(clone) == first
+
+
+def test_a_memo_import_that_is_not_a_module_name_is_parsed_again(tmp_path: Path) -> None:
+    # the memo is read from the user cache dir: an entry naming a path (which would make the closure read a file
+    # outside our packages) is not believed; the source is parsed again instead
+    from mnnbuild.pipeline.fingerprint import _content_sha
+
+    memo_file = tmp_path / "memo.json"
+    memo = DigestMemo(memo_file)
+    (name, path), *_ = module_closure("mnnbuild.base.sizes", memo)
+    honest = memo.imports(path, name)
+    memo.save()
+    entries = json.loads(memo_file.read_text())
+    key = f"imports {name} {_content_sha(path)}"
+    for bad in (["mnnbuild./etc/passwd"], ["mnnbuild..x"], [3], "mnnbuild"):
+        memo_file.write_text(json.dumps({**entries, key: bad}))
+        assert DigestMemo(memo_file).imports(path, name) == honest, bad
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from doit.exceptions import InvalidDodoFile
 from mnnbuild.base import logs
 from mnnbuild.base.errors import MnnbuildError, SpecError
 from mnnbuild.base.fsutil import KnownHashes, parse_json
+from mnnbuild.base.userdirs import user_cache_dir
 from mnnbuild.dag.reporter import reporter_for
 from mnnbuild.dag.status import MnnbuildDoit
 from mnnbuild.pipeline.cache import local_cache_dir
@@ -84,8 +85,9 @@ class Project:
         except MnnbuildError as exc:
             # doit prints InvalidDodoFile as one clean line instead of a traceback
             raise InvalidDodoFile(str(exc)) from None
-        # beside a local cache, the memo serves every artifact root and clone that shares the cache
-        memo_dir = local_cache_dir(os.environ) or settings.artifact_root
+        # keyed by content, the memo serves every artifact root and clone: beside a local cache, or (cache off or
+        # remote) in the user cache dir, so a fresh artifact root does not parse all our sources again
+        memo_dir = local_cache_dir(os.environ) or user_cache_dir(os.environ)
         memo = DigestMemo(memo_dir / CODE_DIGESTS)
         return cls(settings=settings, specs=specs, memo=memo, chain=chain, requested=requested)
 

@@ -26,6 +26,7 @@ PACKAGE = "mnnbuild"
 PACKAGES = (PACKAGE, "mnnbuild_runtime")
 """Our code: a stage's fingerprint covers what it imports of both (verify runs bundles with the runtime)."""
 # a cheap first look: only files with an import of ours or a relative import are parsed
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z")
 _MAYBE_OURS = re.compile(r"^\s*(from|import)\s+(mnnbuild(_runtime)?\b|\.)", re.MULTILINE)
 
 
@@ -251,7 +252,10 @@ class DigestMemo:
     def imports(self, path: Path, module: str) -> frozenset[str]:
         """`_imports`, remembered: a no-op build parses no source at all."""
         names = self._remembered(f"imports {module} {_content_sha(path)}", lambda: sorted(_imports(path, module)))
-        return frozenset(str(n) for n in names) if isinstance(names, list) else _imports(path, module)
+        if isinstance(names, list) and all(isinstance(n, str) and _MODULE_NAME.match(n) for n in names):
+            return frozenset(names)
+        # a memo that is not ours (edited, damaged) names no file: only a dotted name can, and only under our packages
+        return _imports(path, module)
 
     def save(self) -> None:
         if self.path is None or not self.dirty:
