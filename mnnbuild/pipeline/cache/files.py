@@ -125,7 +125,12 @@ class CacheFiles:
         return f"{self.root}/blobs/{sha[:2]}/{sha}"
 
     def _entry(self, stage: str, key: str) -> str:
-        return f"{self.root}/{stage}/{key}.json"
+        """Where entry ``key`` of ``stage`` is: ``<root>/<stage>/<key>.json``, refused (`CacheError`) unless that is an
+        entry name (`ENTRY_NAME`): a key read from a record (an origin record's) never names a file elsewhere."""
+        rel = f"{stage}/{key}.json"
+        if not ENTRY_NAME.match(rel) or "\0" in rel:
+            raise CacheError(f"stage {stage!r} key {key!r} is no cache entry name; expected <stage>/<key>.json")
+        return f"{self.root}/{rel}"
 
     def _put_atomic(self, local: Path | None, data: bytes | None, dest: str) -> None:
         if self.atomic_put:
