@@ -4,11 +4,11 @@ the artifact root, the cache or the bundle; malformed records are one line, not 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
+from mnnbuild.base.errors import Unavailable
 from mnnbuild.pipeline.cache import ArtifactCache, CacheTiers, Tier
 from mnnbuild.pipeline.origin import write_origin
 
@@ -35,7 +35,7 @@ def test_an_origin_records_cache_key_cannot_delete_a_file_outside_the_cache(tmp_
     out_dir = tmp_path / "art" / "m" / "model"
     out_dir.mkdir(parents=True)
     write_origin(out_dir, "fetch", {"origin": "cache", "deferred": True, "key": "../../victim/notes"})
-    with pytest.raises(Exception):  # noqa: B017,PT011 - what matters: the file is left, and nothing is written
+    with pytest.raises(Unavailable):
         materialize(CHAIN["fetch"], out_dir, CacheTiers([Tier("local", cache)]))
     assert victim.read_text() == '{"mine": true}\n', "a file outside the cache was deleted"
 
@@ -53,3 +53,27 @@ def test_a_cache_key_that_is_no_entry_name_is_refused_by_the_cache(tmp_path: Pat
     assert cache.restore("io", key, tmp_path / "out") is None
     assert victim.read_text() == "not an entry"
     assert not (tmp_path / "abs.json").exists() and not Path("/abs.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"merge": {"/etc/hostname": ["qnn/graphllm0"]}}', "field 'merge': path '/etc/hostname' must be relative"),
+        ('{"merge": {"qnn/../../x.bin": ["qnn/graphllm0"]}}', "field 'merge': path 'qnn/../../x.bin' must be relative"),
+        ('{"merge": {"qnn/graphllm0.bin": [0]}}', "field 'merge' must map a binary path to a list of graph dirs"),
+        ("[]", "expected a JSON object with field 'merge', got list"),
+        ("{}", "field 'merge' missing"),
+    ],
+    ids=["absolute", "dotdot", "int-graph", "list", "missing"],
+)
+def test_merge_binaries_are_paths_inside_the_partition(tmp_path: Path, text: str, expected: str) -> None:
+    """A merge key is a binary's path in the model dir (``qnn/graphllm0.bin``): the bundle copied
+    ``<context plugin dir> / key`` (``/etc/hostname`` itself) into the bundle, conform hashed ``<bundle> / key``.
+    A JSON list stopped every reader with a TypeError traceback."""
+    from mnnbuild.base.errors import MnnbuildError
+    from mnnbuild.manifests.partition import read_merge
+
+    (tmp_path / "npu_postreat.json").write_text(text)
+    with pytest.raises(MnnbuildError) as caught:
+        read_merge(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path / 'npu_postreat.json'}: {expected}"), caught.value

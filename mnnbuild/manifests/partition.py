@@ -122,12 +122,22 @@ def partition_plugins(partition_dir: Path) -> list[Plugin]:
 
 
 def read_merge(partition_dir: Path) -> dict[str, list[str]]:
-    """The ``merge`` map of ``npu_postreat.json``: binary path -> graph dirs."""
+    """The ``merge`` map of ``npu_postreat.json``: binary path -> graph dirs. Each binary path is a file name inside
+    the partition dir's layout (`confined`): it names the plugin's dirs and the bundle's copy of its binary."""
     path = Path(partition_dir) / POSTREAT_FILE
     try:
-        merge = parse_json(path.read_text(encoding="utf-8"))["merge"]
-    except (OSError, ValueError, KeyError) as exc:
+        data = parse_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
         raise UpstreamError(f"{path}: cannot read field 'merge': {exc}") from None
-    if not isinstance(merge, dict) or not all(isinstance(v, list) for v in merge.values()):
+    if not isinstance(data, dict):
+        raise UpstreamError(f"{path}: expected a JSON object with field 'merge', got {type(data).__name__}")
+    if "merge" not in data:
+        raise UpstreamError(f"{path}: field 'merge' missing; expected a map of binary paths to graph dirs")
+    merge = data["merge"]
+    if not isinstance(merge, dict) or not all(
+        isinstance(v, list) and all(isinstance(g, str) for g in v) for v in merge.values()
+    ):
         raise UpstreamError(f"{path}: field 'merge' must map a binary path to a list of graph dirs")
+    for binary in merge:
+        confined(partition_dir, binary, f"{path}: field 'merge'")
     return merge
