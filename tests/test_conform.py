@@ -727,7 +727,9 @@ def _finished_bundle(artifacts: Path, model_name: str) -> Path:
     bundle_dir = stage_dir(artifacts, "bundle", "ho-x", "v79")
     bundle_dir.mkdir(parents=True, exist_ok=True)
     params = BundleParams(soc=soc_by_name("SM8750"))
-    BundleManifest(model="ho-x", target="v79", params=params, model_name=model_name, qnn_build="b").write(bundle_dir)
+    # unvalidated: a manifest edited to name another dir is what some cases read
+    fields = {"model": "ho-x", "target": "v79", "params": params, "model_name": model_name, "qnn_build": "b"}
+    BundleManifest.model_construct(schema_version=BundleManifest.schema_hash(), **fields).write(bundle_dir)
     if model_name == SOURCE_FOLDER:
         (bundle_model_dir(bundle_dir, model_name)).mkdir(parents=True, exist_ok=True)
         (bundle_model_dir(bundle_dir, model_name) / "config_qnn.json").write_text("{}")
@@ -755,7 +757,7 @@ def test_the_bundle_is_found_under_its_source_folders_name(renamed: dict[str, Pa
     )
     assert paths.conform_dir == artifacts / "ho-x" / "v79" / "conform"
     _finished_bundle(artifacts, "../../../elsewhere")
-    with pytest.raises(ConformError, match=r"field 'model_name' is '../../../elsewhere', not a plain directory name"):
+    with pytest.raises(ConformError, match=r"field 'model_name': expected a plain directory name .*'\.\./\.\./\."):
         locate(artifacts, "ho-x", "v79")
 
 

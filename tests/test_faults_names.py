@@ -4,6 +4,7 @@ the artifact root, the cache or the bundle; malformed records are one line, not 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,30 @@ def test_merge_binaries_are_paths_inside_the_partition(tmp_path: Path, text: str
     with pytest.raises(MnnbuildError) as caught:
         read_merge(tmp_path)
     assert str(caught.value).startswith(f"{tmp_path / 'npu_postreat.json'}: {expected}"), caught.value
+
+
+def _bundle_manifest_naming(bundle_dir: Path, model_name: str) -> Path:
+    """A bundle manifest as the bundle stage writes it, but for ``model_name`` (written as a file would be edited)."""
+    from mnnbuild.manifests.bundle import BundleManifest, BundleParams
+    from mnnbuild.model.targets import soc_by_name
+
+    bundle_dir.mkdir(parents=True, exist_ok=True)
+    params = BundleParams(soc=soc_by_name("SM8750"))
+    path = BundleManifest(model="m", target="v79", params=params, model_name="plain", qnn_build="b").write(bundle_dir)
+    path.write_text(path.read_text().replace('"model_name": "plain"', f'"model_name": {json.dumps(model_name)}'))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../../../elsewhere", "/tmp", "a/b", ""])
+def test_a_bundle_manifests_model_name_is_a_plain_directory_name(tmp_path: Path, name: str) -> None:
+    """verify opened ``<bundle>/model/<model_name>`` as the bundle, so ``../../../elsewhere`` loaded and ran a model
+    outside it (only conform checked the name)."""
+    from mnnbuild.base.errors import UpstreamError
+    from mnnbuild.manifests.bundle import BundleManifest
+
+    path = _bundle_manifest_naming(tmp_path / "bundle", name)
+    with pytest.raises(UpstreamError) as caught:
+        BundleManifest.read(tmp_path / "bundle")
+    message = str(caught.value)
+    assert message.startswith(f"{path}: invalid bundle manifest: field 'model_name': "), message
+    assert "\n" not in message

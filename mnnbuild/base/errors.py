@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 
 class MnnbuildError(Exception):
@@ -153,3 +155,15 @@ def error_line(exc: BaseException) -> str:
     """The one line a failure is reported with: the error's type and its message (`MnnbuildError` messages name the
     file and field)."""
     return f"{type(exc).__name__}: {exc}"
+
+
+def field_problem(err: Mapping[str, Any]) -> str:
+    """One pydantic validation error (an item of ``ValidationError.errors()``) as one line: ``field '<loc>': <what
+    was expected> (got <value>)``."""
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    shown = repr(err.get("input"))
+    if len(shown) > 60:  # a list of a thousand lengths stays one readable line
+        shown = shown[:57] + "..."
+    got = f" (got {shown})" if err["type"] not in ("missing",) and "input" in err and err["loc"] else ""
+    return f"field {loc!r}: {msg}{got}"

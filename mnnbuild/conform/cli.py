@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from mnnbuild.conform.run import (
 from mnnbuild.conform.workdir import claim_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.partition import read_merge
-from mnnbuild.model.spec import DEVICE_NAME_PATTERN, discover_specs
+from mnnbuild.model.spec import discover_specs
 from mnnbuild.model.targets import known_archs
 from mnnbuild.pipeline.cache import CacheTiers
 from mnnbuild.pipeline.deferred import deferred_origin, materialize
@@ -95,11 +94,6 @@ def locate(artifact_root: Path, model: str, arch: str) -> ConformPaths:
         manifest = BundleManifest.read(bundle_dir)
     except MnnbuildError as exc:
         raise ConformError(f"{exc}; run `{task}` again") from None
-    if not re.fullmatch(DEVICE_NAME_PATTERN, manifest.model_name):
-        raise ConformError(
-            f"{bundle_dir / BundleManifest.filename()}: field 'model_name' is {manifest.model_name!r}, not a plain "
-            f"directory name; run `{task}` again"
-        )
     fetch_deferred(artifact_root, model, arch)
     model_dir = bundle_model_dir(bundle_dir, manifest.model_name)
     if not (model_dir / BUNDLE_CONFIG).is_file():

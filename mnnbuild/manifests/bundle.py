@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from mnnbuild.manifests.config import ConfigManifest
 from mnnbuild.manifests.context import ContextManifest
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.partition import PartitionManifest
 from mnnbuild.model.modeldir import DEFAULT_PROMPT
+from mnnbuild.model.spec import DEVICE_NAME_PATTERN
 from mnnbuild.model.targets import Soc
 from mnnbuild.pipeline.manifest import Manifest
 from mnnbuild.pipeline.stage import From, StageInputs
@@ -47,5 +49,16 @@ class BundleManifest(Manifest):
     stage = "bundle"
     params: BundleParams
     model_name: str
+    """The bundle's model dir, ``model/<model_name>/``: a plain directory name (verify and conform open it)."""
     qnn_build: str
     """QNN build the context binaries were made with; the device's QNN runtime must not be older."""
+
+    @field_validator("model_name")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        if not re.fullmatch(DEVICE_NAME_PATTERN, name):
+            raise ValueError(
+                "expected a plain directory name (letters, digits, '.', '_' and '-', starting with a letter or digit): "
+                "the bundle's model dir is model/<model_name>"
+            )
+        return name

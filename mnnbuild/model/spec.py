@@ -29,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from mnnbuild.base.errors import SpecError
+from mnnbuild.base.errors import SpecError, field_problem
 from mnnbuild.mnn.llm import MAX_DRAFT_LENGTH
 from mnnbuild.model.npu_weights import DEFAULT_NPU_WEIGHTS, NpuWeights
 from mnnbuild.model.targets import Soc, known_archs, soc_for_arch
@@ -509,12 +509,7 @@ def _describe(err: dict[str, Any]) -> str:
     if "\0" in msg:  # a SpecFieldError: the field it names and its problem, without the spec dump
         field, _, problem = msg.partition("\0")
         return f"field {field!r}: {problem}"
-    loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-    shown = repr(err.get("input"))
-    if len(shown) > 60:  # a list of a thousand lengths stays one readable line
-        shown = shown[:57] + "..."
-    got = f" (got {shown})" if err["type"] not in ("missing",) and "input" in err and err["loc"] else ""
-    return f"field {loc!r}: {msg}{got}"
+    return field_problem(err)
 
 
 def load_spec(path: Path) -> ModelSpec:
