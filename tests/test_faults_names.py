@@ -105,3 +105,40 @@ def test_a_bundle_manifests_model_name_is_a_plain_directory_name(tmp_path: Path,
     message = str(caught.value)
     assert message.startswith(f"{path}: invalid bundle manifest: field 'model_name': "), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({"tmp_path": "/tmp/elsewhere"}, "field 'tmp_path' is not supported"),
+        ({"llm_model": "../../../elsewhere/llm.mnn"}, "field 'llm_model': path '../../../elsewhere/llm.mnn' must be"),
+    ],
+    ids=["tmp_path", "llm_model"],
+)
+def test_conform_hands_mnns_engine_no_bundle_config_naming_files_outside(
+    tmp_path: Path, config: dict[str, object], expected: str
+) -> None:
+    """conform gave MNN's engine the bundle's config_qnn.json as it read it (a copy, beside links to the bundle's
+    files): ``tmp_path`` made the engine write its memory-mapped files there, a file field read one outside the
+    bundle. verify's runtime refuses both (`check_config_files`); conform now opens the bundle as the runtime does,
+    before anything is written or run."""
+    from mnnbuild.base.errors import ConformError
+    from mnnbuild.conform.run import conform_model
+    from mnnbuild.model.targets import soc_by_name
+
+    bundle = tmp_path / "bundle" / "model" / "m"
+    bundle.mkdir(parents=True)
+    (bundle / "config_qnn.json").write_text(json.dumps({"chunk_limits": [128], **config}))
+    (bundle / "prompt.txt").write_text("hi")
+    original = tmp_path / "original"
+    original.mkdir()
+    (original / "config.json").write_text("{}")
+    out_dir = tmp_path / "conform"
+    with pytest.raises(ConformError) as caught:
+        conform_model(
+            model="m", arch="v79", soc=soc_by_name("SM8750"), bundle_model_dir=bundle, original_dir=original,
+            context_dir=tmp_path, twin_dir=tmp_path, partition_dir=tmp_path, out_dir=out_dir,
+            build=None, driver=tmp_path / "driver",  # type: ignore[arg-type] - refused before any build is used
+        )  # fmt: skip
+    assert expected in str(caught.value) and str(bundle) in str(caught.value), caught.value
+    assert not out_dir.exists(), "refused before the report dir is claimed"

@@ -399,12 +399,19 @@ def conform_model(
     max_new_tokens: int = 16,
     tol: Tolerance | None = None,
 ) -> ConformReport:
-    """Run the three prompts through MNN's engine for bundle, original and unchunked original."""
-    from mnnbuild_runtime import Tokenizer
+    """Run the three prompts through MNN's engine for bundle, original and unchunked original. The bundle is opened
+    as the runtime opens it first (`Bundle.open`, `check_engine_files`): its config is handed to MNN's engine, which
+    opens (and, ``tmp_path``, writes) what it names, so nothing it names may lead outside the bundle."""
+    from mnnbuild_runtime import Bundle, Tokenizer
+    from mnnbuild_runtime.bundle import check_engine_files
 
     started = time.perf_counter()
     tol = tol or Tolerance()
-    bundle_config = read_json_object(bundle_model_dir / BUNDLE_CONFIG, ConformError)
+    try:
+        bundle_config = Bundle.open(bundle_model_dir, BUNDLE_CONFIG).config
+        check_engine_files(bundle_model_dir / BUNDLE_CONFIG, bundle_config)
+    except MnnbuildError as exc:
+        raise ConformError(f"bundle {bundle_model_dir}: {exc}") from None
     limits = bundle_config.get("chunk_limits")
     if not isinstance(limits, list) or not limits or not all(isinstance(x, int) for x in limits):
         raise ConformError(f"{bundle_model_dir / BUNDLE_CONFIG}: field 'chunk_limits' must be a list of ints")
@@ -415,7 +422,10 @@ def conform_model(
 
     orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, MODEL_CONFIG)
     unch_cfg = stage_dir(original_dir, out_dir / "unchunked", {}, unchunked_config, MODEL_CONFIG)
-    prompt_text = (bundle_model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
+    try:
+        prompt_text = (bundle_model_dir / PROMPT_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConformError(f"{bundle_model_dir / PROMPT_FILE}: cannot read the bundle's prompt: {exc}") from None
     tokenizer = Tokenizer(orig_cfg, links=True)  # staged: links to the model's files
     prompts = prompt_ids(tokenizer.encode(prompt_text), tokenizer.encode(FILLER), chunk)
 
