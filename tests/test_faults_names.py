@@ -142,3 +142,25 @@ def test_conform_hands_mnns_engine_no_bundle_config_naming_files_outside(
         )  # fmt: skip
     assert expected in str(caught.value) and str(bundle) in str(caught.value), caught.value
     assert not out_dir.exists(), "refused before the report dir is claimed"
+
+
+@pytest.mark.parametrize("field", ["model_file", "weight_file"])
+@pytest.mark.parametrize("name", ["../../../../elsewhere.mnn", "/tmp/llm.mnn", "qnn/llm.mnn"])
+def test_a_fetch_manifests_part_names_files_of_the_model_dir(tmp_path: Path, field: str, name: str) -> None:
+    """The fetch manifest's ``part`` says which files of the model dir the chain converts: io and partition read
+    ``<model dir>/<model_file>`` and the partition saved ``<its dir>/qnn/<model_file>`` and ``split/<model_file>``,
+    so ``../../../../elsewhere.mnn`` read and wrote outside the artifact root. fetch only ever writes a plain name
+    (config.json's ``llm_model``, checked when fetched); one read back is checked too."""
+    from mnnbuild.base.errors import UpstreamError
+    from mnnbuild.manifests.fetch import FetchManifest, FetchParams, SourceRecord
+
+    source = SourceRecord(kind="local", location=str(tmp_path))
+    path = FetchManifest(model="m", params=FetchParams(), source=source).write(tmp_path)
+    data = json.loads(path.read_text())
+    data["part"][field] = name
+    path.write_text(json.dumps(data))
+    with pytest.raises(UpstreamError) as caught:
+        FetchManifest.read(tmp_path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: invalid fetch manifest: field 'part.{field}': "), message
+    assert "\n" not in message

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 from mnnbuild.base.errors import MNNFormatError, ModelDirError
 from mnnbuild.base.fsutil import read_json_object
@@ -70,6 +70,15 @@ class ModelPart(BaseModel):
     family: PartFamily = "llm"
     model_file: str = DEFAULT_MODEL
     weight_file: str = DEFAULT_WEIGHT
+
+    @field_validator("model_file", "weight_file")
+    @classmethod
+    def _plain_name(cls, name: str) -> str:
+        # a file of the model dir (config.json's llm_model, llm_weight): the chain joins it to the model dir and to
+        # its own dirs (qnn/<model_file>), so one read back from a manifest may not lead elsewhere
+        if not re.fullmatch(PLAIN_FILE_NAME, name):
+            raise ValueError("expected a file name of the model dir (letters, digits, '.', '_', '-')")
+        return name
 
     @property
     def inputs(self) -> tuple[str, ...]:
