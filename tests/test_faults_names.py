@@ -164,3 +164,21 @@ def test_a_fetch_manifests_part_names_files_of_the_model_dir(tmp_path: Path, fie
     message = str(caught.value)
     assert message.startswith(f"{path}: invalid fetch manifest: field 'part.{field}': "), message
     assert "\n" not in message
+
+
+@pytest.mark.parametrize("field", ["reference_input", "reference_output", "folded_values"])
+def test_a_graph_records_reference_files_are_files_of_its_graph_dir(tmp_path: Path, field: str) -> None:
+    """A partition graph dir's graph.json names its reference and folded-value files; the lowering and verify read
+    ``<graph dir>/<name>`` as MNN variables, so ``../../../elsewhere.mnn`` was read from outside the partition."""
+    from mnnbuild.base.errors import UnsafePathError
+    from mnnbuild.partition.records import SubgraphRecord
+
+    empty: dict[str, list[object]] = {k: [] for k in ("ops", "inputs", "outputs", "internal", "folded", "constants")}
+    record = SubgraphRecord(
+        graph="graphllm0", plugin=0, shape_index=0, binary="qnn/graphllm0.bin", source_model="llm.mnn",
+        **empty, **{field: "../../../elsewhere.mnn"},  # type: ignore[arg-type]
+    )  # fmt: skip
+    graph_dir = tmp_path / "partition" / "qnn" / "graphllm0"
+    graph_dir.mkdir(parents=True)
+    with pytest.raises(UnsafePathError, match=f"graph.json: field '{field}': path '../../../elsewhere.mnn'"):
+        record.load_reference(graph_dir) if field != "folded_values" else record.load_folded(graph_dir)

@@ -111,18 +111,20 @@ class SubgraphRecord(BaseModel):
     reference_output: str = REFERENCE_OUTPUT
     folded_values: str | None = None
 
+    def _file(self, graph_dir: Path, field: str) -> Path:
+        """The file of ``graph_dir`` that ``field`` names (`confined` to it)."""
+        return confined(Path(graph_dir), getattr(self, field), f"{Path(graph_dir) / GRAPH_FILE}: field {field!r}")
+
     def load_reference(self, graph_dir: Path) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The reference inputs and outputs, in boundary order and with their exact shapes."""
-        return (
-            _load_tensors(Path(graph_dir) / self.reference_input, self.inputs),
-            _load_tensors(Path(graph_dir) / self.reference_output, self.outputs),
-        )
+        inputs, outputs = self._file(graph_dir, "reference_input"), self._file(graph_dir, "reference_output")
+        return _load_tensors(inputs, self.inputs), _load_tensors(outputs, self.outputs)
 
     def load_folded(self, graph_dir: Path) -> dict[int, np.ndarray]:
         """Folded values by source tensor index, with their exact shapes."""
         if not self.folded_values:
             return {}
-        arrays = _load_tensors(Path(graph_dir) / self.folded_values, self.folded)
+        arrays = _load_tensors(self._file(graph_dir, "folded_values"), self.folded)
         return {f.index: a for f, a in zip(self.folded, arrays, strict=True)}
 
     def check_model(self, model: MnnModel, graph_dir: Path) -> None:
