@@ -182,3 +182,49 @@ def test_a_graph_records_reference_files_are_files_of_its_graph_dir(tmp_path: Pa
     graph_dir.mkdir(parents=True)
     with pytest.raises(UnsafePathError, match=f"graph.json: field '{field}': path '../../../elsewhere.mnn'"):
         record.load_reference(graph_dir) if field != "folded_values" else record.load_folded(graph_dir)
+
+
+@pytest.mark.parametrize(
+    ("graphs", "expected"),
+    [
+        (["../../../elsewhere"], "field 'graphs': path '../../../elsewhere' must be relative"),
+        ([], "field 'graphs' lists no graph"),
+    ],
+    ids=["outside", "empty"],
+)
+def test_the_page_report_reads_a_plugins_graph_inside_the_partition(
+    tmp_path: Path, graphs: list[str], expected: str
+) -> None:
+    """The page report read ``<partition>/qnn/<first graph of partition.json>/graph.json``: a graph name with ``..``
+    was read from outside, and a plugin listing none stopped the report with an IndexError traceback."""
+    from mnnbuild.base.errors import MnnbuildError
+    from mnnbuild.stages import report
+
+    with pytest.raises(MnnbuildError, match=expected):
+        report.plugin_graph_dir(tmp_path, "plugin0", graphs)
+
+
+def test_a_manifest_or_graph_record_with_a_wrong_field_is_one_line(tmp_path: Path) -> None:
+    """An invalid manifest or graph.json raised pydantic's dump: a line per field, a line per URL, in the task's
+    failure line. Now one line naming each field."""
+    from mnnbuild.base.errors import UpstreamError
+    from mnnbuild.manifests.bundle import BundleManifest
+    from mnnbuild.partition.records import GRAPH_FILE, SubgraphRecord
+
+    path = _bundle_manifest_naming(tmp_path / "bundle", "plain")
+    data = json.loads(path.read_text())
+    data["qnn_build"], data["outputs"] = 5, [{"path": 1}]
+    path.write_text(json.dumps(data))
+    with pytest.raises(UpstreamError) as caught:
+        BundleManifest.read(tmp_path / "bundle")
+    assert str(caught.value) == (
+        f"{path}: invalid bundle manifest: field 'outputs.0.path': Input should be a valid string (got 1); "
+        "field 'outputs.0.size': Field required; field 'outputs.0.sha256': Field required; "
+        "field 'qnn_build': Input should be a valid string (got 5)"
+    )
+    (tmp_path / "graph").mkdir()
+    (tmp_path / "graph" / GRAPH_FILE).write_text('{"graph": 0}')
+    with pytest.raises(UpstreamError) as caught:
+        SubgraphRecord.read(tmp_path / "graph")
+    assert str(caught.value).startswith(f"{tmp_path / 'graph' / GRAPH_FILE}: invalid graph description: field 'graph'")
+    assert "\n" not in str(caught.value)

@@ -167,3 +167,11 @@ def field_problem(err: Mapping[str, Any]) -> str:
         shown = shown[:57] + "..."
     got = f" (got {shown})" if err["type"] not in ("missing",) and "input" in err and err["loc"] else ""
     return f"field {loc!r}: {msg}{got}"
+
+
+def field_problems(exc: Any) -> str:
+    """A pydantic ``ValidationError`` (or any other error) as one line: each field's problem (`field_problem`)."""
+    errors = getattr(exc, "errors", None)
+    if not callable(errors):
+        return " ".join(str(exc).split()) or type(exc).__name__
+    return "; ".join(field_problem(e) for e in errors(include_url=False))

@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from mnnbuild.base.errors import LoweringError, MnnbuildError, QnnError
+from mnnbuild.base.errors import LoweringError, MnnbuildError, QnnError, field_problems
 from mnnbuild.base.fsutil import confined, sha256_bytes
 from mnnbuild.base.logs import progress
 from mnnbuild.model.npu_weights import WeightNote
@@ -302,7 +302,7 @@ def read_graph_description(directory: Path) -> GraphDescription:
     try:
         return GraphDescription.model_validate_json(path.read_text())
     except (OSError, ValueError) as exc:
-        raise LoweringError(f"{path}: cannot read the graph description: {exc}") from exc
+        raise LoweringError(f"{path}: cannot read the graph description: {field_problems(exc)}") from None
 
 
 def read_static(directory: Path, t: QnnTensorDesc, chunk: int = 16 << 20) -> np.ndarray:

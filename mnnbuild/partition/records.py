@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
-from mnnbuild.base.errors import ForeignModelError, UpstreamError
+from mnnbuild.base.errors import ForeignModelError, UpstreamError, field_problems
 from mnnbuild.base.fsutil import confined
 from mnnbuild.cpu import load_vars
 
@@ -164,7 +164,7 @@ class SubgraphRecord(BaseModel):
         except FileNotFoundError:
             raise UpstreamError(f"{path}: graph description missing; run the partition stage") from None
         except ValueError as exc:
-            raise UpstreamError(f"{path}: invalid graph description: {exc}") from None
+            raise UpstreamError(f"{path}: invalid graph description: {field_problems(exc)}") from None
 
 
 def _load_tensors(path: Path, specs: Sequence[TensorSpec]) -> list[np.ndarray]:

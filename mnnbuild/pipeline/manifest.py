@@ -18,7 +18,7 @@ from typing import Any, ClassVar, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 import mnnbuild
-from mnnbuild.base.errors import ManifestMissing, MnnbuildError, UpstreamError, field_problem
+from mnnbuild.base.errors import ManifestMissing, MnnbuildError, UpstreamError, field_problems
 from mnnbuild.base.fsutil import atomic_write_text, hash_stamped, parse_json, sha256_bytes
 from mnnbuild.pipeline.layout import manifest_file
 
@@ -143,8 +143,7 @@ class Manifest(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            problems = "; ".join(field_problem(e) for e in exc.errors(include_url=False))
-            raise UpstreamError(f"{path}: invalid {cls.stage} manifest: {problems}") from None
+            raise UpstreamError(f"{path}: invalid {cls.stage} manifest: {field_problems(exc)}") from None
 
     def output(self, rel_path: str) -> FileRecord:
         """The output record for a path relative to the output dir."""

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ValidationError
 
-from mnnbuild.base.errors import MnnbuildError, StageError, UpstreamError
-from mnnbuild.base.fsutil import atomic_write_text, staged_dir
+from mnnbuild.base.errors import MnnbuildError, StageError, UpstreamError, field_problems
+from mnnbuild.base.fsutil import atomic_write_text, confined, staged_dir
 from mnnbuild.manifests.bundle import BundleManifest
 from mnnbuild.manifests.config import ConfigManifest
 from mnnbuild.manifests.context import ContextManifest
@@ -47,8 +47,7 @@ def _read_json_model(path: Path, model: type[BaseModel], what: str) -> BaseModel
     except FileNotFoundError:
         raise StageError(f"{path}: {what} missing; run the {what.split('.')[0]} stage first") from None
     except (OSError, ValueError, ValidationError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise StageError(f"{path}: not a valid {what}: {first}") from None
+        raise StageError(f"{path}: not a valid {what}: {field_problems(exc)}") from None
 
 
 def _cost(stage: str, label: str, stage_dir: Path, manifest: type[Manifest], run: object) -> StageCost:
@@ -92,7 +91,7 @@ def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> Report
     assert isinstance(partition_report, PartitionReport)
     plugin_cells = []
     for plugin in partition_report.plugins:
-        record = SubgraphRecord.read(partition_dir / QNN_DIR / plugin.graphs[0])
+        record = SubgraphRecord.read(plugin_graph_dir(partition_dir, plugin.name, plugin.graphs))
         plugin_cells += [OpCell(index=op.index, name=op.name, type=op.type, where=plugin.name) for op in record.ops]
     bundle = BundleManifest.read(Path(inputs.bundle_dir))
     prefix = f"model/{bundle.model_name}/"
@@ -129,6 +128,14 @@ def gather(inputs: ReportInputs, params: ReportParams, page_dir: Path) -> Report
         plugin_weights=_plugin_weights(Path(inputs.context_dir), [p.name for p in partition_report.plugins]),
         costs=[_cost(stage, label, d, m, run) for stage, label, d, m in stages],
     )
+
+
+def plugin_graph_dir(partition_dir: Path, plugin: str, graphs: list[str]) -> Path:
+    """The dir of a plugin's first graph, as partition.json names it (``graphllm0``, in the partition's ``qnn/``)."""
+    where = f"{partition_dir / PARTITION_JSON}: plugin {plugin!r} field 'graphs'"
+    if not graphs:
+        raise StageError(f"{where} lists no graph; run the partition stage again")
+    return confined(partition_dir / QNN_DIR, graphs[0], where)
 
 
 def _plugin_weights(context_dir: Path, plugins: list[str]) -> dict[str, list[WeightNote]]:
