@@ -228,3 +228,30 @@ def test_a_manifest_or_graph_record_with_a_wrong_field_is_one_line(tmp_path: Pat
         SubgraphRecord.read(tmp_path / "graph")
     assert str(caught.value).startswith(f"{tmp_path / 'graph' / GRAPH_FILE}: invalid graph description: field 'graph'")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("binary", ["qnn/...bin", "qnn/..bin"])
+def test_a_plugin_binary_names_a_plugin_dir_of_its_own(tmp_path: Path, binary: str) -> None:
+    """A plugin's context and twin dirs are ``<arch>/context/<binary's stem>``: ``qnn/...bin`` is a file name inside
+    the partition, but its stem is ``..``, so the context task's dir was the target dir itself (replaced when
+    built; the report, verify and conform read its manifests there), and ``qnn/..bin`` (stem ``.``) the group dir."""
+    from mnnbuild.base.errors import StageError, UpstreamError
+    from mnnbuild.manifests.partition import read_merge
+    from mnnbuild.stages import report
+
+    (tmp_path / "npu_postreat.json").write_text(json.dumps({"merge": {binary: ["qnn/graphllm0"]}}))
+    with pytest.raises(UpstreamError) as caught:
+        read_merge(tmp_path)
+    expected = f"{tmp_path / 'npu_postreat.json'}: field 'merge': binary {binary!r} names no plugin dir"
+    assert str(caught.value).startswith(expected), caught.value
+    plugin = {"plugin": 0, "name": binary, "graphs": ["graphllm0"], "op_count": 1, "op_types": {}, "first_op": "a",
+              "last_op": "a", "inputs": [], "outputs": [], "weight_bytes": 0, "parameters": 0}  # fmt: skip
+    partition = {"model": "m", "sample_shapes": [1], "source_ops": 1, "needed_ops": 1, "folded_ops": 0,
+                 "plugins": [plugin], "cpu_ops": [], "npu_op_count": 1, "npu_weight_bytes": 0,
+                 "total_weight_bytes": 0, "result_ops": 1, "max_abs_diff": [0.0]}  # fmt: skip
+    (tmp_path / "partition.json").write_text(json.dumps(partition))
+    from mnnbuild.partition.records import PartitionReport
+
+    with pytest.raises(StageError) as read:
+        report._read_json_model(tmp_path / "partition.json", PartitionReport, "partition.json")
+    assert "field 'plugins.0.name': binary" in str(read.value) and "\n" not in str(read.value), read.value

@@ -14,7 +14,7 @@ from mnnbuild.cpu import CpuRuntime
 from mnnbuild.manifests.fetch import FetchManifest
 from mnnbuild.manifests.io import IoManifest, PrefillLengths
 from mnnbuild.model.modeldir import ChainPart
-from mnnbuild.pipeline.layout import LOWERING_SOURCE, POSTREAT_FILE
+from mnnbuild.pipeline.layout import LOWERING_SOURCE, POSTREAT_FILE, plugin_name
 from mnnbuild.pipeline.manifest import FileRecord, Manifest
 from mnnbuild.pipeline.stage import From, Plugin, StageInputs
 
@@ -140,4 +140,8 @@ def read_merge(partition_dir: Path) -> dict[str, list[str]]:
         raise UpstreamError(f"{path}: field 'merge' must map a binary path to a list of graph dirs")
     for binary in merge:
         confined(partition_dir, binary, f"{path}: field 'merge'")
+        try:
+            plugin_name(binary)  # its context and twin dirs: <group>/<stem>
+        except ValueError as exc:
+            raise UpstreamError(f"{path}: field 'merge': {exc}") from None
     return merge

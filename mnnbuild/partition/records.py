@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from mnnbuild.base.errors import ForeignModelError, UpstreamError, field_problems
 from mnnbuild.base.fsutil import confined
@@ -25,6 +25,7 @@ from mnnbuild.pipeline.layout import REFERENCE_INPUT as REFERENCE_INPUT
 from mnnbuild.pipeline.layout import REFERENCE_OUTPUT as REFERENCE_OUTPUT
 from mnnbuild.pipeline.layout import binary_path as binary_path
 from mnnbuild.pipeline.layout import graph_name as graph_name
+from mnnbuild.pipeline.layout import plugin_name
 
 if TYPE_CHECKING:
     import numpy as np
@@ -199,11 +200,17 @@ class BoundaryShapes(BaseModel):
     """The layout MNN keeps the tensor in (an output's ``o_*`` format)."""
 
 
+def _plugin_binary(binary: str) -> str:
+    plugin_name(binary)
+    return binary
+
+
 class PluginReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     plugin: int
-    name: str
+    name: Annotated[str, AfterValidator(_plugin_binary)]
+    """The binary's path (``qnn/graphllm0.bin``): the page report reads its context and twin dirs by its stem."""
     graphs: list[str]
     op_count: int
     op_types: dict[str, int]

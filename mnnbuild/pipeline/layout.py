@@ -38,10 +38,19 @@ def stage_dir(artifact_root: Path, stage: Placed, model: str, arch: str | None =
     return Path(artifact_root) / model / arch / stage.dir
 
 
+def plugin_name(binary: str) -> str:
+    """The name of a plugin's dirs (and tasks): its binary's stem, ``qnn/graphllm0.bin`` -> ``graphllm0``. A
+    ValueError unless that is a plain directory name (``qnn/...bin``'s stem is ``..``, ``qnn/..bin``'s ``.``)."""
+    stem = Path(binary).stem
+    if stem in ("", ".", ".."):
+        raise ValueError(f"binary {binary!r} names no plugin dir: its stem {stem!r} is not a plain directory name")
+    return stem
+
+
 def plugin_context_dir(group_dir: Path, binary: str) -> Path:
     """One plugin's dir under a per-plugin stage's group dir (``<arch>/context``, ``<arch>/twin``):
     ``qnn/graphllm0.bin`` -> ``<group>/graphllm0``."""
-    return Path(group_dir) / Path(binary).stem
+    return Path(group_dir) / plugin_name(binary)
 
 
 def plugin_dir(artifact_root: Path, stage: Placed, model: str, arch: str, binary: str) -> Path:

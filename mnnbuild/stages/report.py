@@ -143,7 +143,7 @@ def _plugin_weights(context_dir: Path, plugins: list[str]) -> dict[str, list[Wei
     found: dict[str, list[WeightNote]] = {}
     for plugin in plugins:
         try:
-            found[plugin] = ContextManifest.read(context_dir / Path(plugin).stem).weights
+            found[plugin] = ContextManifest.read(plugin_context_dir(context_dir, plugin)).weights
         except MnnbuildError:
             continue
     return found
