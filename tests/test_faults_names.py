@@ -255,3 +255,67 @@ def test_a_plugin_binary_names_a_plugin_dir_of_its_own(tmp_path: Path, binary: s
     with pytest.raises(StageError) as read:
         report._read_json_model(tmp_path / "partition.json", PartitionReport, "partition.json")
     assert "field 'plugins.0.name': binary" in str(read.value) and "\n" not in str(read.value), read.value
+
+
+def test_conform_names_a_shipped_binary_the_bundle_lacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """conform hashes each binary ``npu_postreat.json`` names in the bundle (``<bundle>/qnn/graphllm0.bin``): a
+    bundle without it stopped conform with a FileNotFoundError traceback, after it had claimed its report dir."""
+    import mnnbuild_runtime
+    import mnnbuild_runtime.bundle
+
+    from mnnbuild.base.errors import ConformError
+    from mnnbuild.conform.run import conform_model
+    from mnnbuild.model.targets import soc_by_name
+    from tests.conftest import TINY_MODEL_DIR
+
+    bundle = tmp_path / "bundle" / "model" / "m"
+    bundle.mkdir(parents=True)
+    (bundle / "prompt.txt").write_text("hi")
+    opened = type("Opened", (), {"config": {"chunk_limits": [128, 1]}})()
+    monkeypatch.setattr(mnnbuild_runtime.Bundle, "open", classmethod(lambda cls, *a, **k: opened))
+    monkeypatch.setattr(mnnbuild_runtime.bundle, "check_engine_files", lambda *a, **k: None)
+    partition = tmp_path / "partition"
+    partition.mkdir()
+    (partition / "npu_postreat.json").write_text('{"merge": {"qnn/graphllm0.bin": ["qnn/graphllm0"]}}')
+    out_dir = tmp_path / "conform"
+    with pytest.raises(ConformError) as caught:
+        conform_model(
+            model="m", arch="v79", soc=soc_by_name("SM8750"), bundle_model_dir=bundle, original_dir=TINY_MODEL_DIR,
+            context_dir=tmp_path, twin_dir=tmp_path, partition_dir=partition, out_dir=out_dir,
+            build=None, driver=tmp_path / "driver",  # type: ignore[arg-type] - refused before any build is used
+        )  # fmt: skip
+    message = str(caught.value)
+    assert message.startswith(f"bundle {bundle}: cannot read its plugin binary 'qnn/graphllm0.bin' (No such file"), (
+        message
+    )
+    assert message.endswith("run `doit bundle:m-v79`") and "\n" not in message
+    assert not out_dir.exists(), "refused before the report dir is claimed"
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        ('{"stepped": ["a"], "generated": [1], "text": "x", "load_s": 0, "prefill_s": 0, "decode_s": 0, '
+         '"generate_s": 0}', "invalid result line: field 'stepped.0': Input should be a valid integer"),
+        ('{"stepped": [1], "generated": [1]}', "invalid result line: field 'text': Field required"),
+        ('{"stepped": [1, 2], "generated": [1], "text": "x", "load_s": 0, "prefill_s": 0, "decode_s": 0, '
+         '"generate_s": 0}', "2 stepped tokens and 8 logits in x.f32; expected 1 and a row each"),
+    ],
+    ids=["string-token", "missing-field", "more-tokens"],
+)  # fmt: skip
+def test_a_malformed_driver_result_is_a_failed_run_of_one_line(tmp_path: Path, result: str, expected: str) -> None:
+    """conform read the driver's result fields as they came (``doc["stepped"]``): a missing one was a KeyError
+    traceback, a token that is no number went into the report, and more tokens than logits rows a reshape error."""
+    import types
+
+    from mnnbuild.conform.run import run_driver
+
+    driver = tmp_path / "driver"
+    logits = tmp_path / "x.f32"
+    driver.write_text(f"#!/bin/sh\nhead -c 32 /dev/zero > {logits}\necho '{result}'\n")
+    driver.chmod(0o755)
+    (tmp_path / "config.json").write_text("{}")
+    build = types.SimpleNamespace(lib_dirs=lambda: [])
+    run, rows, output = run_driver(driver, build, tmp_path / "config.json", [1, 2], 1, 4, logits)  # type: ignore[arg-type]
+    assert run is None and rows is None
+    assert output.splitlines()[-1].startswith(f"{driver}: {expected}"), output

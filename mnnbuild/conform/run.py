@@ -24,15 +24,15 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 from mnnbuild_runtime.speculative import ENGINE_FULL_PRECISION
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from mnnbuild.base.compare import TensorCheck, Tolerance, compare
-from mnnbuild.base.errors import ConformError, MnnbuildError
-from mnnbuild.base.fsutil import atomic_write_text, read_json_object, sha256_bytes, sha256_file
+from mnnbuild.base.errors import ConformError, MnnbuildError, field_problems
+from mnnbuild.base.fsutil import atomic_write_text, confined, read_json_object, sha256_bytes, sha256_file
 from mnnbuild.conform.boundaries import BoundaryReport, format_boundaries
 from mnnbuild.conform.build import MnnBuild
 from mnnbuild.conform.effect import PatchEffect, RunTokens, format_effect, length_effect, padding, summarize
@@ -244,6 +244,21 @@ DRIVER_JSON = '{"stepped"'
 """How the driver's result line starts (its first key)."""
 
 
+class DriverResult(BaseModel):
+    """The driver's result line (conform_driver.cpp): the stepped tokens, one per new token asked for, the engine
+    loop's, the text and the timings."""
+
+    model_config = ConfigDict(strict=True)
+
+    stepped: list[Annotated[int, Field(ge=0)]]
+    generated: list[int]
+    text: str
+    load_s: float
+    prefill_s: float
+    decode_s: float
+    generate_s: float
+
+
 def driver_result(stdout: str) -> dict[str, Any] | None:
     """The driver's JSON result from its stdout, or None. The QNN backend may print to stdout without a newline
     just before it ("unable to load libcdsprpc.so" on x86), so the JSON starts where its first key does."""
@@ -271,22 +286,28 @@ def run_driver(
     doc = driver_result(out)
     if proc.returncode != 0 or doc is None:  # its exit code last: a crash says nothing else
         return None, None, f"{combined}\n(exit code {proc.returncode})"
-    rows = np.fromfile(logits_path, dtype=np.float32)
-    n = len(doc["stepped"])
     try:
-        loop, forwards = split_engine_loop(doc["generated"], is_speculative(config))
+        result = DriverResult.model_validate(doc)
+    except ValidationError as exc:
+        return None, None, f"{combined}\n{driver}: invalid result line: {field_problems(exc)}"
+    n = len(result.stepped)
+    try:
+        rows = np.fromfile(logits_path, dtype=np.float32)
+    except OSError as exc:
+        return None, None, f"{combined}\n{logits_path}: cannot read the driver's logits: {exc.strerror}"
+    if n != max_new or not rows.size or rows.size % n:
+        why = f"{n} stepped tokens and {rows.size} logits in {logits_path.name}; expected {max_new} and a row each"
+        return None, None, f"{combined}\n{driver}: {why}"
+    try:
+        loop, forwards = split_engine_loop(result.generated, is_speculative(config))
     except ConformError as exc:
         return None, None, f"{combined}\n{exc}"
     run = EngineRun(
-        tokens=doc["stepped"],
+        tokens=result.stepped,
         engine_loop_tokens=loop,
         engine_forwards=forwards,
         engine_accepted_per_forward=(len(loop) - 1) / forwards if forwards else None,
-        text=doc["text"],
-        load_s=doc["load_s"],
-        prefill_s=doc["prefill_s"],
-        decode_s=doc["decode_s"],
-        generate_s=doc["generate_s"],
+        **result.model_dump(include={"text", "load_s", "prefill_s", "decode_s", "generate_s"}),
     )
     return run, rows.reshape(n, -1), combined
 
@@ -383,6 +404,18 @@ def _twins(context_dir: Path, twin_dir: Path, merge: dict[str, list[str]], targe
         raise ConformError(str(exc)) from None
 
 
+def _shipped_sha256(bundle_model_dir: Path, binary: str, model: str, arch: str) -> str:
+    """The sha256 of a binary the bundle ships (``npu_postreat.json``'s merge names it); a missing one is one line."""
+    try:
+        return sha256_file(confined(bundle_model_dir, binary, f"bundle {bundle_model_dir}: plugin binary"))
+    except (OSError, MnnbuildError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConformError(
+            f"bundle {bundle_model_dir}: cannot read its plugin binary {binary!r} ({why}); run `doit "
+            f"bundle:{model}-{arch}`"
+        ) from None
+
+
 def conform_model(
     *,
     model: str,
@@ -418,6 +451,9 @@ def conform_model(
     chunk = max(limits)
     original_json = read_json_object(original_dir / MODEL_CONFIG, ConformError)
     bundle_config, original_config, unchunked_config = run_configs(bundle_config, original_json)
+    merge = read_merge(partition_dir)
+    binaries = [BinaryRun(binary=b, ran="shipped", sha256=_shipped_sha256(bundle_model_dir, b, model, arch))
+                for b in merge]  # fmt: skip
     claim_dir(out_dir)
 
     orig_cfg = stage_dir(original_dir, out_dir / "original", {}, original_config, MODEL_CONFIG)
@@ -430,8 +466,6 @@ def conform_model(
     prompts = prompt_ids(tokenizer.encode(prompt_text), tokenizer.encode(FILLER), chunk)
 
     # the shipped binaries first; twins only if the x86 library refuses them
-    merge = read_merge(partition_dir)
-    binaries = [BinaryRun(binary=b, ran="shipped", sha256=sha256_file(bundle_model_dir / b)) for b in merge]
     bundle_cfg = stage_dir(bundle_model_dir, out_dir / "bundle", {}, bundle_config, BUNDLE_CONFIG)
     probe, _, output = run_driver(driver, build, bundle_cfg, prompts[0][1], 1, chunk, out_dir / "probe.f32")
     if probe is None:
