@@ -319,3 +319,44 @@ def test_a_malformed_driver_result_is_a_failed_run_of_one_line(tmp_path: Path, r
     run, rows, output = run_driver(driver, build, tmp_path / "config.json", [1, 2], 1, 4, logits)  # type: ignore[arg-type]
     assert run is None and rows is None
     assert output.splitlines()[-1].startswith(f"{driver}: {expected}"), output
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (b"\xff\xfe{", "invalid lock file: 'utf-8' codec can't decode byte 0xff"),
+        (b"{", "invalid lock file: field '(top level)': Invalid JSON: EOF while parsing an object"),
+        (b'{"repo": "a/b", "revision": "main", "commit": 5}', "invalid lock file: field 'commit': Input should be a"),
+        (b'{"repo": "a/b", "revision": "main", "commit": "../../../../victim"}', "field 'commit': String should"),
+    ],
+    ids=["not-utf8", "not-json", "int-commit", "dotdot-commit"],
+)
+def test_an_hf_lock_file_is_read_as_one_line_naming_the_field(tmp_path: Path, content: bytes, expected: str) -> None:
+    """``models/<name>.lock.json`` pins the commit fetch downloads: a file that is not UTF-8 stopped fetch with a
+    UnicodeDecodeError traceback, a wrong field was pydantic's first message without its field, and any string
+    was taken as the commit (huggingface-hub looks a name that is no commit hash up in ``<its cache>/refs/<name>``:
+    ``../../../../victim`` read a file outside its cache)."""
+    from mnnbuild.base.errors import ModelDirError
+    from mnnbuild.model.spec import HfSource
+    from mnnbuild.stages.fetch import read_lock
+
+    lock = tmp_path / "m.lock.json"
+    lock.write_bytes(content)
+    with pytest.raises(ModelDirError) as caught:
+        read_lock(lock, HfSource(hf="a/b"))
+    message = str(caught.value)
+    assert message.startswith(f"{lock}: ") and expected in message and "\n" not in message, message
+    assert message.endswith("; delete it to re-resolve")
+
+
+@pytest.mark.parametrize("revision", ["../../../../victim", "/etc", "a//b", ""])
+def test_an_hf_sources_revision_is_a_ref_name(tmp_path: Path, revision: str) -> None:
+    """A spec's ``revision`` went to huggingface-hub as is, which keeps a branch's commit in ``<its cache>/refs/
+    <revision>``: ``../../../../victim`` named a file outside its cache, read there offline."""
+    from mnnbuild.base.errors import SpecError
+    from mnnbuild.model.spec import load_spec
+
+    spec = tmp_path / "m.toml"
+    spec.write_text(f'name = "m"\nsource = {{ hf = "a/b", revision = {json.dumps(revision)} }}\ntargets = ["v79"]\n')
+    with pytest.raises(SpecError, match=r"field 'source.*revision': expected a branch, tag or commit name"):
+        load_spec(spec)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,7 +21,8 @@ class HfLock(BaseModel):
     model_config = ConfigDict(extra="forbid")
     repo: str
     revision: str
-    commit: str
+    commit: Annotated[str, Field(pattern=r"^[0-9a-f]{40}$")]
+    """What fetch downloads (huggingface-hub's revision): a commit's full hash, which it finds in its cache as is."""
 
 
 class FetchInputs(StageInputs):

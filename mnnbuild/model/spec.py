@@ -179,12 +179,21 @@ class LocalSource(BaseModel):
         return self.local
 
 
+def hf_revision(revision: str) -> str:
+    """A branch, tag or commit as git names them: huggingface-hub keeps a branch's commit in ``<its cache>/refs/
+    <revision>`` (read offline), so a revision with ``..`` named a file outside its cache."""
+    parts = revision.split("/")
+    if not revision or revision.startswith("/") or "\\" in revision or any(p in ("", ".", "..") for p in parts):
+        raise ValueError("expected a branch, tag or commit name (no '..', no leading or doubled '/')")
+    return revision
+
+
 class HfSource(BaseModel):
     """A Hugging Face model repo holding an exported MNN LLM."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
     hf: Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]
-    revision: str = "main"
+    revision: Annotated[str, AfterValidator(hf_revision)] = "main"
 
     @property
     def kind(self) -> Literal["hf"]:

@@ -11,9 +11,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from mnnbuild.base.errors import ModelDirError
+from mnnbuild.base.errors import ModelDirError, field_problems
 from mnnbuild.base.fsutil import atomic_write_text, relative_symlink, staged_dir
 from mnnbuild.manifests.fetch import FetchInputs, FetchManifest, FetchParams, HfLock, SourceRecord, lock_pinned
 from mnnbuild.model.modeldir import ALL_FILES, VISUAL_FILES, ModelPart, family_files, validate_model_dir
@@ -31,8 +29,8 @@ def read_lock(path: Path, source: HfSource) -> HfLock | None:
         return None
     try:
         lock = HfLock.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValidationError as exc:
-        raise ModelDirError(f"{path}: invalid lock file ({exc.errors()[0]['msg']}); delete it to re-resolve") from None
+    except (OSError, ValueError) as exc:  # not UTF-8 (ValueError), not JSON or a wrong field (ValidationError)
+        raise ModelDirError(f"{path}: invalid lock file: {field_problems(exc)}; delete it to re-resolve") from None
     if lock.repo != source.hf or lock.revision != source.revision:
         log.info(
             "%s pins %s@%s; spec asks for %s@%s, re-resolving",
