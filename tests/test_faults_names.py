@@ -360,3 +360,19 @@ def test_an_hf_sources_revision_is_a_ref_name(tmp_path: Path, revision: str) -> 
     spec.write_text(f'name = "m"\nsource = {{ hf = "a/b", revision = {json.dumps(revision)} }}\ntargets = ["v79"]\n')
     with pytest.raises(SpecError, match=r"field 'source.*revision': expected a branch, tag or commit name"):
         load_spec(spec)
+
+
+def test_a_validation_error_a_task_or_worker_reports_is_one_line() -> None:
+    """A stage entry (or a cluster worker's task) raising pydantic's ValidationError failed with ``error_line``,
+    which is the task's failure line and a worker's answer: pydantic's dump, a line per field and per URL."""
+    from pydantic import ValidationError
+
+    from mnnbuild.base.errors import error_line
+    from mnnbuild.manifests.fetch import HfLock
+
+    with pytest.raises(ValidationError) as caught:
+        HfLock.model_validate({"repo": 1, "revision": "main"})
+    assert error_line(caught.value) == (
+        "ValidationError: invalid HfLock: field 'repo': Input should be a valid string (got 1); "
+        "field 'commit': Field required"
+    )

@@ -153,7 +153,9 @@ class BinaryCheckError(RuntimeBundleError):
 
 def error_line(exc: BaseException) -> str:
     """The one line a failure is reported with: the error's type and its message (`MnnbuildError` messages name the
-    file and field)."""
+    file and field; a pydantic ValidationError, its multi-line dump, becomes each field's problem)."""
+    if callable(getattr(exc, "errors", None)) and isinstance(getattr(exc, "title", None), str):
+        return f"{type(exc).__name__}: invalid {exc.title}: {field_problems(exc)}"  # type: ignore[attr-defined]
     return f"{type(exc).__name__}: {exc}"
 
 
