@@ -376,3 +376,58 @@ def test_a_validation_error_a_task_or_worker_reports_is_one_line() -> None:
         "ValidationError: invalid HfLock: field 'repo': Input should be a valid string (got 1); "
         "field 'commit': Field required"
     )
+
+
+def _net_sharing(shared: str, copies: int, size: int) -> bytes:
+    """A Net flatbuffer whose ``copies`` tensor names (``shared == "string"``) or ops (``"vector"``) are offsets to
+    one string of ``size`` bytes, or one op whose output indexes are a vector of ``size`` ints."""
+    import flatbuffers
+
+    from mnnbuild.mnn._generated import mnn_fb as fb
+
+    b = flatbuffers.Builder(0)
+    text = b.CreateString("x" * (size if shared == "string" else 1))
+    fb.NetStartTensorNameVector(b, copies if shared == "string" else 1)
+    for _ in range(copies if shared == "string" else 1):
+        b.PrependUOffsetTRelative(text)
+    names = b.EndVector()
+    op_name = b.CreateString("in")
+    fb.OpStartOutputIndexesVector(b, size if shared == "vector" else 1)
+    for _ in range(size if shared == "vector" else 1):
+        b.PrependInt32(0)
+    outputs = b.EndVector()
+    fb.OpStart(b)
+    fb.OpAddName(b, op_name)
+    fb.OpAddOutputIndexes(b, outputs)
+    op = fb.OpEnd(b)
+    fb.NetStartOplistsVector(b, copies if shared == "vector" else 1)
+    for _ in range(copies if shared == "vector" else 1):
+        b.PrependUOffsetTRelative(op)
+    ops = b.EndVector()
+    fb.NetStart(b)
+    fb.NetAddOplists(b, ops)
+    fb.NetAddTensorName(b, names)
+    b.Finish(fb.NetEnd(b))
+    return bytes(b.Output())
+
+
+@pytest.mark.parametrize(
+    ("shared", "expected"),
+    [("string", "its strings add up to more than its"), ("vector", "its vectors take 4000804 bytes of its 20896")],
+)
+def test_a_model_whose_offsets_share_its_strings_or_vectors_is_refused(
+    tmp_path: Path, shared: str, expected: str
+) -> None:
+    """A flatbuffer names each string and vector by offset, and nothing stops many offsets naming one: a 50 KB
+    ``.mnn`` whose 200 tensor names are one 50 KB string decoded to 10 MB of copies (a 1.4 MB one to 100 GB), and
+    the ops sharing one vector of output indexes became a list of ints per op. MNN writes each once."""
+    from mnnbuild.base.errors import MNNFormatError
+    from mnnbuild.mnn import load_model
+
+    path = tmp_path / "shared.mnn"
+    path.write_bytes(_net_sharing(shared, 200, 50_000 if shared == "string" else 5_000))
+    with pytest.raises(MNNFormatError) as caught:
+        load_model(path)
+    assert str(caught.value).startswith(f"{path}: ") and expected in str(caught.value), caught.value
+    path.write_bytes(_net_sharing(shared, 1, 50))
+    assert load_model(path, check_outputs=False).tensor_names, "the same Net, nothing shared, is read"

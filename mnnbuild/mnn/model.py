@@ -371,12 +371,33 @@ def plugin_attributes(op: Op) -> dict[str, Any]:
 
 class _StrictBytes(bytes):
     """bytes whose slices fail past the end: flatbuffers reads strings by slicing, which would
-    otherwise silently return a short string from a truncated file."""
+    otherwise silently return a short string from a truncated file. Nor may the strings read add up to more than
+    the buffer: MNN writes each string once, so more means many offsets naming one string (a file of a few MB
+    decoding to GBs of copies)."""
+
+    left = 0
 
     def __getitem__(self, key: Any) -> Any:
-        if isinstance(key, slice) and key.stop is not None and key.stop > len(self):
-            raise IndexError(f"read of bytes [{key.start}, {key.stop}) past end of data ({len(self)})")
+        if isinstance(key, slice):
+            if key.stop is not None and key.stop > len(self):
+                raise IndexError(f"read of bytes [{key.start}, {key.stop}) past end of data ({len(self)})")
+            self.left -= len(range(*key.indices(len(self))))
+            if self.left < 0:
+                raise ValueError(f"its strings add up to more than its {len(self)} bytes: offsets share strings")
         return super().__getitem__(key)
+
+
+def _vector_bytes(net: Any) -> int:
+    """The bytes the vectors of a decoded flatbuffer take in it, at least (a numeric vector its elements, a vector
+    of tables or strings 4 bytes per offset): no more than the buffer unless vectors are shared between tables."""
+    total = 0
+    for obj in _walk_t(net):
+        for value in vars(obj).values():
+            if isinstance(value, np.ndarray):
+                total += value.nbytes
+            elif isinstance(value, list):
+                total += 4 * len(value)
+    return total
 
 
 _READ_ERRORS = (struct.error, IndexError, ValueError, TypeError, OverflowError, UnicodeDecodeError)
@@ -450,6 +471,7 @@ def parse_model(data: bytes, where: str = "<bytes>", check_outputs: bool = True)
     accepts output names that name no tensor (MNN's ``compilefornpu`` leaves such names behind)."""
     _check_root(lambda offset, n: data[offset : offset + n], len(data), where)
     buf = _StrictBytes(data)
+    buf.left = len(buf)
     try:
         (root,) = struct.unpack_from("<I", buf, 0)
         net = fb.NetT.InitFromBuf(buf, root)
@@ -458,6 +480,10 @@ def parse_model(data: bytes, where: str = "<bytes>", check_outputs: bool = True)
         raise MNNFormatError(
             f"{where}: truncated or not an MNN model: decoding the Net flatbuffer failed ({exc})"
         ) from exc
+    if (vectors := _vector_bytes(net)) > len(data):  # checked before any vector is copied
+        raise MNNFormatError(
+            f"{where}: not an MNN model: its vectors take {vectors} bytes of its {len(data)}: offsets share them"
+        )
     op_ts = net.oplists or []
     if not op_ts:
         raise MNNFormatError(f"{where}: not an MNN model: the Net has no ops")
