@@ -431,3 +431,39 @@ def test_a_model_whose_offsets_share_its_strings_or_vectors_is_refused(
     assert str(caught.value).startswith(f"{path}: ") and expected in str(caught.value), caught.value
     path.write_bytes(_net_sharing(shared, 1, 50))
     assert load_model(path, check_outputs=False).tensor_names, "the same Net, nothing shared, is read"
+
+
+def test_names_from_the_model_cannot_put_markup_on_the_page() -> None:
+    """The page shows op, tensor, graph, plugin and model names read from the model and its records, in HTML
+    (Jinja2, autoescaped) and in inline SVG (`mnnbuild.report.svg`, escaped by hand): none may add an element."""
+    from mnnbuild.base.compare import TensorCheck, Tolerance
+    from mnnbuild.partition.records import CpuOpReport, PartitionReport, PluginReport
+    from mnnbuild.pipeline.manifest import FileRecord
+    from mnnbuild.report import OpCell, ReportData
+    from mnnbuild.report.data import StageCost
+    from mnnbuild.report.render import render_html
+    from mnnbuild.verify.verdict import GraphCheck, VerifyReport
+
+    evil = "<script>alert(1)</script>"
+    binary = f"qnn/{evil}.bin"
+    plugin = PluginReport(plugin=0, name=binary, graphs=[evil], op_count=1, op_types={evil: 1}, first_op=evil,
+                          last_op=evil, inputs=[], outputs=[], weight_bytes=10, parameters=10)  # fmt: skip
+    partition = PartitionReport(model=evil, sample_shapes=[1], source_ops=2, needed_ops=2, folded_ops=0,
+                                plugins=[plugin], cpu_ops=[CpuOpReport(index=1, name=evil, type=evil, reason=evil)],
+                                npu_op_count=1, npu_weight_bytes=10, total_weight_bytes=20, result_ops=2,
+                                max_abs_diff=[0.0])  # fmt: skip
+    output = TensorCheck(name=evil, shape=[1], max_abs_err=0.0, ref_max_abs=1.0, rel_err=0.0, cosine=1.0, passed=True)
+    verify = VerifyReport(model=evil, target="v79", soc="SM8750", bundle=evil, passed=False, failures=[evil],
+                          headline=[evil], graph_tolerance=Tolerance(), model_tolerance=Tolerance(),
+                          executed_note=evil,
+                          graphs=[GraphCheck(graph=evil, binary=binary, outputs=[output], passed=True)])  # fmt: skip
+    data = ReportData(
+        model=evil, target="v79", verify=verify, partition=partition,
+        ops=[OpCell(index=0, name=evil, type=evil, where=binary), OpCell(index=1, name=evil, type=evil, where="CPU",
+                                                                          reason=evil)],
+        plugin_binaries={binary: 100}, bundle_files=[FileRecord(path=evil, size=5, sha256="0" * 64)],
+        bundle_path=evil, costs=[StageCost(stage="io", label=evil, status="built", seconds=1.0, peak_rss=1)],
+    )  # fmt: skip
+    page = render_html(data)
+    assert "<svg" in page and evil.replace("<", "&lt;").replace(">", "&gt;") in page, "the names are shown"
+    assert "<script" not in page and "alert(1)</" not in page, "a name added markup"
