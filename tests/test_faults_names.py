@@ -1,6 +1,7 @@
-"""Trust, third round: names read from records (an origin record's cache key, ``npu_postreat.json``'s binaries, a
-bundle manifest's model name, a bundle config handed to MNN's engine) never lead a read, write or delete outside
-the artifact root, the cache or the bundle; malformed records are one line, not a traceback."""
+"""Trust, third and fourth rounds: names read from records (an origin record's cache key, ``npu_postreat.json``'s
+binaries, a bundle manifest's model name, a bundle config handed to MNN's engine, an HF lock, a plugin's binary
+stem) never lead a read, write or delete outside the artifact root, the cache or the bundle; malformed records
+(and driver results, model flatbuffers) are one line, not a traceback or a giant allocation."""
 
 from __future__ import annotations
 
@@ -107,6 +108,23 @@ def test_a_bundle_manifests_model_name_is_a_plain_directory_name(tmp_path: Path,
     assert "\n" not in message
 
 
+def _conform_refusal(tmp_path: Path, bundle: Path, original: Path, partition: Path) -> str:
+    """What conform refuses the bundle with (a ConformError), checked to come before its report dir is claimed."""
+    from mnnbuild.base.errors import ConformError
+    from mnnbuild.conform.run import conform_model
+    from mnnbuild.model.targets import soc_by_name
+
+    out_dir = tmp_path / "conform"
+    with pytest.raises(ConformError) as caught:
+        conform_model(
+            model="m", arch="v79", soc=soc_by_name("SM8750"), bundle_model_dir=bundle, original_dir=original,
+            context_dir=tmp_path, twin_dir=tmp_path, partition_dir=partition, out_dir=out_dir,
+            build=None, driver=tmp_path / "driver",  # type: ignore[arg-type] - refused before any build is used
+        )  # fmt: skip
+    assert not out_dir.exists(), "refused before the report dir is claimed"
+    return str(caught.value)
+
+
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
@@ -122,10 +140,6 @@ def test_conform_hands_mnns_engine_no_bundle_config_naming_files_outside(
     files): ``tmp_path`` made the engine write its memory-mapped files there, a file field read one outside the
     bundle. verify's runtime refuses both (`check_config_files`); conform now opens the bundle as the runtime does,
     before anything is written or run."""
-    from mnnbuild.base.errors import ConformError
-    from mnnbuild.conform.run import conform_model
-    from mnnbuild.model.targets import soc_by_name
-
     bundle = tmp_path / "bundle" / "model" / "m"
     bundle.mkdir(parents=True)
     (bundle / "config_qnn.json").write_text(json.dumps({"chunk_limits": [128], **config}))
@@ -133,15 +147,8 @@ def test_conform_hands_mnns_engine_no_bundle_config_naming_files_outside(
     original = tmp_path / "original"
     original.mkdir()
     (original / "config.json").write_text("{}")
-    out_dir = tmp_path / "conform"
-    with pytest.raises(ConformError) as caught:
-        conform_model(
-            model="m", arch="v79", soc=soc_by_name("SM8750"), bundle_model_dir=bundle, original_dir=original,
-            context_dir=tmp_path, twin_dir=tmp_path, partition_dir=tmp_path, out_dir=out_dir,
-            build=None, driver=tmp_path / "driver",  # type: ignore[arg-type] - refused before any build is used
-        )  # fmt: skip
-    assert expected in str(caught.value) and str(bundle) in str(caught.value), caught.value
-    assert not out_dir.exists(), "refused before the report dir is claimed"
+    message = _conform_refusal(tmp_path, bundle, original, tmp_path)
+    assert expected in message and str(bundle) in message, message
 
 
 @pytest.mark.parametrize("field", ["model_file", "weight_file"])
@@ -233,8 +240,9 @@ def test_a_manifest_or_graph_record_with_a_wrong_field_is_one_line(tmp_path: Pat
 @pytest.mark.parametrize("binary", ["qnn/...bin", "qnn/..bin"])
 def test_a_plugin_binary_names_a_plugin_dir_of_its_own(tmp_path: Path, binary: str) -> None:
     """A plugin's context and twin dirs are ``<arch>/context/<binary's stem>``: ``qnn/...bin`` is a file name inside
-    the partition, but its stem is ``..``, so the context task's dir was the target dir itself (replaced when
-    built; the report, verify and conform read its manifests there), and ``qnn/..bin`` (stem ``.``) the group dir."""
+    the partition, but its stem is ``..``, so the context task's dir was the target dir itself (only
+    ``check_replaceable`` kept it from being written over; the report, verify and conform read its manifests there),
+    and ``qnn/..bin`` (stem ``.``) the group dir."""
     from mnnbuild.base.errors import StageError, UpstreamError
     from mnnbuild.manifests.partition import read_merge
     from mnnbuild.stages import report
@@ -263,9 +271,6 @@ def test_conform_names_a_shipped_binary_the_bundle_lacks(tmp_path: Path, monkeyp
     import mnnbuild_runtime
     import mnnbuild_runtime.bundle
 
-    from mnnbuild.base.errors import ConformError
-    from mnnbuild.conform.run import conform_model
-    from mnnbuild.model.targets import soc_by_name
     from tests.conftest import TINY_MODEL_DIR
 
     bundle = tmp_path / "bundle" / "model" / "m"
@@ -277,19 +282,11 @@ def test_conform_names_a_shipped_binary_the_bundle_lacks(tmp_path: Path, monkeyp
     partition = tmp_path / "partition"
     partition.mkdir()
     (partition / "npu_postreat.json").write_text('{"merge": {"qnn/graphllm0.bin": ["qnn/graphllm0"]}}')
-    out_dir = tmp_path / "conform"
-    with pytest.raises(ConformError) as caught:
-        conform_model(
-            model="m", arch="v79", soc=soc_by_name("SM8750"), bundle_model_dir=bundle, original_dir=TINY_MODEL_DIR,
-            context_dir=tmp_path, twin_dir=tmp_path, partition_dir=partition, out_dir=out_dir,
-            build=None, driver=tmp_path / "driver",  # type: ignore[arg-type] - refused before any build is used
-        )  # fmt: skip
-    message = str(caught.value)
+    message = _conform_refusal(tmp_path, bundle, TINY_MODEL_DIR, partition)
     assert message.startswith(f"bundle {bundle}: cannot read its plugin binary 'qnn/graphllm0.bin' (No such file"), (
         message
     )
     assert message.endswith("run `doit bundle:m-v79`") and "\n" not in message
-    assert not out_dir.exists(), "refused before the report dir is claimed"
 
 
 @pytest.mark.parametrize(
