@@ -237,6 +237,20 @@ def test_a_manifest_or_graph_record_with_a_wrong_field_is_one_line(tmp_path: Pat
     assert "\n" not in str(caught.value)
 
 
+def test_a_manifest_that_cannot_be_read_is_one_line(tmp_path: Path) -> None:
+    """A directory where the manifest should be (or a file it may not read) raised IsADirectoryError from the read."""
+    from mnnbuild.base.errors import UpstreamError
+    from mnnbuild.manifests.bundle import BundleManifest
+
+    (tmp_path / BundleManifest.filename()).mkdir()
+    with pytest.raises(UpstreamError) as caught:
+        BundleManifest.read(tmp_path)
+    assert str(caught.value) == (
+        f"{tmp_path / BundleManifest.filename()}: cannot read the manifest (Is a directory); the bundle stage must be "
+        "re-run"
+    )
+
+
 @pytest.mark.parametrize("binary", ["qnn/...bin", "qnn/..bin"])
 def test_a_plugin_binary_names_a_plugin_dir_of_its_own(tmp_path: Path, binary: str) -> None:
     """A plugin's context and twin dirs are ``<arch>/context/<binary's stem>``: ``qnn/...bin`` is a file name inside

@@ -132,6 +132,9 @@ class Manifest(BaseModel):
             raise ManifestMissing(f"{path}: manifest missing; run the {cls.stage} stage first") from None
         except ValueError as exc:  # not UTF-8, not JSON
             raise UpstreamError(f"{path}: manifest is not valid JSON: {exc}") from None
+        except OSError as exc:  # a directory in its place, no permission
+            raise UpstreamError(f"{path}: cannot read the manifest ({exc.strerror or exc}); the {cls.stage} stage "
+                                "must be re-run") from None  # fmt: skip
         if not isinstance(data, dict):
             raise UpstreamError(f"{path}: expected a JSON object, got {type(data).__name__}; the {cls.stage} stage "
                                 "must be re-run")  # fmt: skip
