@@ -19,7 +19,7 @@ from pydantic import Field
 
 from mnnbuild.lowering.ops import REGISTRY
 from mnnbuild.lowering.support import CHECKS, LOWERED_OP_TYPES
-from mnnbuild.pipeline.fingerprint import DigestMemo, module_closure
+from mnnbuild.pipeline.fingerprint import DigestMemo, code_fingerprint, module_closure
 from mnnbuild.pipeline.manifest import Manifest
 from tests.conftest import copy_project, executed_tasks
 
@@ -98,6 +98,39 @@ def test_schema_hash_ignores_descriptions_and_titles() -> None:
 
     assert A.schema_hash() == B.schema_hash()
     assert A.schema_hash() != C.schema_hash()
+
+
+def test_a_schema_hash_is_remembered_by_code_and_a_bad_entry_is_made_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # every doit start keys its stages by their manifests' schema hashes: remembered, a run with unchanged code
+    # builds no JSON schema; an entry that is not a hash (the memo is in the user cache dir) is made again
+    from mnnbuild.manifests.config import ConfigManifest
+    from mnnbuild.pipeline import manifest as manifest_module
+
+    memo_file = tmp_path / "memo.json"
+    honest = ConfigManifest.schema_hash()
+    monkeypatch.setattr(manifest_module, "_SCHEMA_HASHES", {})
+    memo = DigestMemo(memo_file)
+    assert ConfigManifest.schema_hash(memo) == honest
+    memo.save()
+    (key,) = [k for k in json.loads(memo_file.read_text()) if k.startswith("schema ") and "ConfigManifest" in k]
+    assert key.endswith(code_fingerprint(ConfigManifest.__module__)), "keyed by the code that makes the schema"
+
+    made: list[str] = []
+
+    def make(cls: type[Manifest]) -> str:
+        made.append(cls.__name__)
+        return honest
+
+    monkeypatch.setattr(ConfigManifest, "_make_schema_hash", classmethod(make))
+    monkeypatch.setattr(manifest_module, "_SCHEMA_HASHES", {})  # as a new process starts
+    assert ConfigManifest.schema_hash(DigestMemo(memo_file)) == honest and made == []
+    for bad in ("not a hash", "A" * 16, 16, ["0" * 16]):
+        memo_file.write_text(json.dumps({key: bad}))
+        manifest_module._SCHEMA_HASHES.clear()
+        made.clear()
+        assert ConfigManifest.schema_hash(DigestMemo(memo_file)) == honest and made == ["ConfigManifest"], bad
 
 
 def test_code_digest_ignores_docs_not_code(tmp_path: Path) -> None:

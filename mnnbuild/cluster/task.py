@@ -84,11 +84,12 @@ def environment_difference(stage: Stage, client_config: str) -> tuple[str | None
     theirs = json.loads(client_config)
     memo = DigestMemo(scratch_base() / CODE_DIGESTS)  # by content: the next task parses no source again
     code = code_fingerprint(stage.entry.__module__, memo)
+    schema = stage.manifest.schema_hash(memo)
     memo.save()
     ours = {
         **theirs,
         "code": code,
-        "schema": stage.manifest.schema_hash(),
+        "schema": schema,
         "tools": stage.key_tools(),
     }
     mine = json.dumps(ours, sort_keys=True)

@@ -45,12 +45,13 @@ def stage_key(
     as their content would be through the file_dep.
     """
     code = code_fingerprint(stage_module, memo)
+    schema = manifest.schema_hash(memo)
     if memo is not None:
         memo.save()
     return json.dumps(
         {
             "code": code,
-            "schema": manifest.schema_hash(),
+            "schema": schema,
             "inputs": input_identity(inputs),
             "params": params.model_dump(mode="json"),
             "tools": tools,

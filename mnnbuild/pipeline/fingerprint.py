@@ -246,6 +246,16 @@ class DigestMemo:
         self.dirty = True
         return value
 
+    def remembered(self, key: str, compute: Callable[[], str], valid: Callable[[str], object]) -> str:
+        """The string remembered under ``key``, or ``compute()`` remembered: a value ``valid`` refuses (a memo that is
+        not ours: edited, damaged) is made again."""
+        value = self._remembered(key, compute)
+        if isinstance(value, str) and valid(value):
+            return value
+        value = self.entries[key] = compute()
+        self.dirty = True
+        return value
+
     def digest(self, path: Path) -> str:
         return str(self._remembered(f"digest {_content_sha(path)}", lambda: _source_digest(path)))
 

@@ -9,20 +9,30 @@ from __future__ import annotations
 
 import functools
 import json
+import re
+import sys
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import pydantic
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 import mnnbuild
 from mnnbuild.base.errors import ManifestMissing, MnnbuildError, UpstreamError, field_problems
 from mnnbuild.base.fsutil import atomic_write_text, hash_stamped, parse_json, sha256_bytes
+from mnnbuild.pipeline.fingerprint import DigestMemo, code_fingerprint
 from mnnbuild.pipeline.layout import manifest_file
 
 M = TypeVar("M", bound="Manifest")
+
+_SCHEMA_HASH = re.compile(r"[0-9a-f]{16}")
+"""What `Manifest.schema_hash` is: a memo's entry that is not one is made again."""
+_SCHEMA_HASHES: dict[type, str] = {}
+"""`Manifest.schema_hash` by class, once per process (as `functools.cache` would): a class's schema cannot change
+while the process runs."""
 
 
 def _without_docs(schema: Any) -> Any:
@@ -97,12 +107,28 @@ class Manifest(BaseModel):
     outputs: list[FileRecord] = Field(default_factory=list, description="Files written, relative to the output dir.")
 
     @classmethod
-    @functools.cache
-    def schema_hash(cls) -> str:
+    def schema_hash(cls, memo: DigestMemo | None = None) -> str:
         """A short hash of this model's JSON schema: changes exactly when the manifest format does.
 
-        Descriptions and titles are left out: fixing a field's wording is not a new format.
+        Descriptions and titles are left out: fixing a field's wording is not a new format. With a ``memo`` (a doit
+        run's), remembered across runs by the code digest of the model's module and its imports of ours, with the
+        Python and pydantic versions, which together make the schema: a run whose code is unchanged builds no schema
+        (its stage keys ask first, with the memo; its manifest reads after them, without).
         """
+        known = _SCHEMA_HASHES.get(cls)
+        if known is not None:
+            return known
+        if memo is None:
+            made = cls._make_schema_hash()
+        else:
+            code = code_fingerprint(cls.__module__, memo)
+            made_of = f"{sys.version_info[0]}.{sys.version_info[1]} {pydantic.VERSION} {code}"
+            made = memo.remembered(f"schema {cls.__module__}.{cls.__qualname__} {made_of}", cls._make_schema_hash,
+                                   _SCHEMA_HASH.fullmatch)  # fmt: skip
+        return _SCHEMA_HASHES.setdefault(cls, made)
+
+    @classmethod
+    def _make_schema_hash(cls) -> str:
         schema = json.dumps(_without_docs(cls.model_json_schema()), sort_keys=True)
         return sha256_bytes(f"{cls.stage}:{schema}".encode())[:16]
 
