@@ -69,7 +69,8 @@ def _fresh_processes(source: GraphSource) -> multiprocessing.context.BaseContext
     with the first binary a process composes, with that one's preloads.
     """
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__, "mnnbuild.mnn._generated.mnn_fb", type(source).__module__])
+    # tqdm: each child's progress bar imports it (about 60 ms a child, once in the server)
+    ctx.set_forkserver_preload([__name__, "mnnbuild.mnn._generated.mnn_fb", type(source).__module__, "tqdm"])
     return ctx
 
 
