@@ -14,6 +14,7 @@ from mnnbuild.stages.chain import CHAIN
 
 dag.configure_logging()  # MNNBUILD_LOG_LEVEL: a value that is no level is one line
 dag.handle_interrupts()  # SIGTERM cleans up like Ctrl-C; `doit -n` workers die with their parent
+dag.skip_final_collection()  # the OS frees this process's objects at exit, not a last collection over them
 PROJECT = dag.Project.load(Path(__file__).resolve().parent, CHAIN, sys.argv[1:])  # named tasks: their files
 DOIT_CONFIG = PROJECT.doit_config()
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mnnbuild
+from mnnbuild.base.child import skip_final_collection
 from mnnbuild.base.errors import MnnbuildError
 from mnnbuild.base.logs import configure_logging
 from mnnbuild.base.sizes import human_bytes, parse_size
@@ -226,4 +227,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    skip_final_collection()
     raise SystemExit(main())

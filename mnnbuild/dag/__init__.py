@@ -8,6 +8,8 @@
 - ``reporter``: the closing build summary.
 - ``interrupts``: SIGTERM handled as Ctrl-C, workers that die with their parent.
 
+`skip_final_collection` (from `mnnbuild.base.child`): the doit process ends without a last garbage collection.
+
 Every stage task: its action calls the stage's entry ``(inputs, params, out_dir) -> Manifest``; its
 target is the manifest the stage writes; it depends on the files it reads by content, and is up to
 date while its parameters, the tools it calls, its own code (the stage module and the library code it
@@ -15,6 +17,7 @@ imports; stages never import each other) and its manifest schema are unchanged. 
 re-run leaves its manifest byte-identical leaves the stages after it up to date.
 """
 
+from mnnbuild.base.child import skip_final_collection
 from mnnbuild.dag.interrupts import handle_interrupts
 from mnnbuild.dag.project import DEFAULT_MODEL, Project, configure_logging, doit_runs_tasks
 from mnnbuild.dag.tasks import stage_runs, stage_tasks, task_creators
@@ -27,6 +30,7 @@ __all__ = [
     "configure_logging",
     "doit_runs_tasks",
     "handle_interrupts",
+    "skip_final_collection",
     "stage_runs",
     "stage_tasks",
     "task_creators",
