@@ -40,11 +40,26 @@ def pytest_configure(config: pytest.Config) -> None:
     all."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    _pin_worker(config)
     if not hasattr(config, "workerinput"):
         # one user cache dir for the whole run (the xdist workers and every process they start inherit it): the
         # builds share mnnbuild's code-digest memo there, and no test reads or fills the user's own ~/.cache
         config.stash[USER_CACHE] = Path(tempfile.mkdtemp(prefix="mnnbuild-tests-cache-"))
         os.environ["XDG_CACHE_HOME"] = str(config.stash[USER_CACHE])
+
+
+def _pin_worker(config: pytest.Config) -> None:
+    """An xdist worker (and everything it starts: doit, its children, MNN's and QNN's threads) runs on its own share
+    of the CPUs. MNN sizes its thread pool by the CPUs a process may use (`mnnbuild.cpu.usable_cpus`), and its
+    threads wait for each other at every op: with a worker per core, unpinned, each worker's MNN ran two threads on
+    cores the other worker kept busy (the Eagle pair's CPU loop beside one busy core: 29.7 s unpinned, 14.4 s on a
+    core of its own). Values do not depend on the thread count (`tests/test_segments.py`)."""
+    info = getattr(config, "workerinput", None)
+    if info is None or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus, workers = sorted(os.sched_getaffinity(0)), int(info["workercount"])
+    worker = int(str(info["workerid"]).removeprefix("gw"))
+    os.sched_setaffinity(0, cpus[worker % workers :: workers] or [cpus[worker % len(cpus)]])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
