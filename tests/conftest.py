@@ -53,7 +53,9 @@ def _pin_worker(config: pytest.Config) -> None:
     of the CPUs. MNN sizes its thread pool by the CPUs a process may use (`mnnbuild.cpu.usable_cpus`), and its
     threads wait for each other at every op: with a worker per core, unpinned, each worker's MNN ran two threads on
     cores the other worker kept busy (the Eagle pair's CPU loop beside one busy core: 29.7 s unpinned, 14.4 s on a
-    core of its own). Values do not depend on the thread count (`tests/test_segments.py`)."""
+    core of its own). MNN's values do not depend on its thread count (`tests/test_segments.py`); numpy's BLAS sums
+    in an order that follows its threads, so a module's builds and its tests share one worker's CPUs and compare
+    equal (docs/benchmarks.md, "Round five")."""
     info = getattr(config, "workerinput", None)
     if info is None or not hasattr(os, "sched_setaffinity"):
         return
